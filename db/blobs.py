@@ -70,7 +70,9 @@ class BlobStore:
         try:
             data = p.read_bytes()
         except FileNotFoundError:
-            raise ArtifactNotFound(f"blob {content_hash} is missing from {self.root}; run `cli.py fsck` to see what else is missing") from None
+            raise ArtifactNotFound(
+                f"blob {content_hash} is missing from {self.root}; run `cli.py fsck` to see what else is missing"
+            ) from None
         actual = sha256_bytes(data)
         if actual != content_hash:
             raise IntegrityError(

@@ -21,8 +21,17 @@ MAX_HEADER_BYTES = 1 << 20  # 1 MiB of JSON is far beyond any real header (18 la
 _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}
 _DTYPES_BACK = {v: k for k, v in _DTYPES.items()}
 _REQUIRED_META = (
-    "format", "model_fingerprint", "tokenizer_fingerprint", "dtype", "start", "length",
-    "layer_types", "seen", "parent", "text_sha256", "probe_sha256",
+    "format",
+    "model_fingerprint",
+    "tokenizer_fingerprint",
+    "dtype",
+    "start",
+    "length",
+    "layer_types",
+    "seen",
+    "parent",
+    "text_sha256",
+    "probe_sha256",
 )
 
 
@@ -136,7 +145,9 @@ def loads(data: bytes) -> KVArtifact:
             numel *= s
         itemsize = torch.empty((), dtype=dtype).element_size()
         if lo != expected_offset or hi - lo != numel * itemsize or hi > body:
-            raise IntegrityError(f"artifact integrity check failed: tensor {name} offsets do not match its shape or the file size")
+            raise IntegrityError(
+                f"artifact integrity check failed: tensor {name} offsets do not match its shape or the file size"
+            )
         expected_offset = hi
         raw = bytearray(data[base + lo : base + hi])
         t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)

@@ -149,7 +149,13 @@ def _fingerprints(model, tokenizer, source: Path | str) -> tuple[str, str, str]:
     combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
     if cache_file is not None:
         try:
-            payload = {"version": _FINGERPRINT_VERSION, "stamp": stamp, "weights": weights, "tokenizer": tok, "combined": combined}
+            payload = {
+                "version": _FINGERPRINT_VERSION,
+                "stamp": stamp,
+                "weights": weights,
+                "tokenizer": tok,
+                "combined": combined,
+            }
             cache_file.write_text(json.dumps(payload))
         except OSError:
             pass  # read-only model folder: recompute next time

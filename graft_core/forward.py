@@ -1,0 +1,100 @@
+"""The engine's only calls into the model: one chunk forward, and greedy decoding after it.
+
+Purely token ids and caches: nothing here tokenises, reads files or knows about artifacts. Every
+call passes `position_ids` explicitly (transformers 5.x derives masks from the cache, positions
+from these ids), and `cache=` (the 5.x name of `past_key_values`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+def new_cache(model) -> DynamicCache:
+    """A fresh cache laid out for this model (sliding layers only when built with the config)."""
+    return DynamicCache(config=model.config)
+
+
+@torch.inference_mode()
+def forward_chunk(model, cache: DynamicCache, ids: list[int], start: int, all_logits: bool = False) -> torch.Tensor:
+    """Run `ids` at positions [start, start+len) on `cache` (mutated). Returns logits [n or 1, vocab]."""
+    input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)
+    position_ids = torch.arange(start, start + len(ids), dtype=torch.long, device=model.device).unsqueeze(0)
+    out = model(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=0 if all_logits else 1,
+    )
+    return out.logits[0].float()
+
+
+@dataclass
+class Decoded:
+    """Greedy continuation of a prompt chunk, with the logits rows when they were kept."""
+
+    prompt_rows: torch.Tensor | None  # [n_prompt, vocab] when collected, else None
+    token_ids: list[int]  # generated tokens, including a stop token if one was hit
+    step_rows: list[torch.Tensor]  # [vocab] logits row that chose each generated token (first from the prompt)
+    prompt_s: float  # prompt forward, seconds
+    first_token_s: float  # prompt forward + choosing the first token
+    total_s: float
+    stopped: str  # "stop" | "eos" | "length"
+
+
+@torch.inference_mode()
+def prompt_and_decode(
+    model,
+    cache: DynamicCache,
+    prompt_ids: list[int],
+    start: int,
+    max_new_tokens: int,
+    is_stop: Callable[[list[int]], bool] | None = None,
+    eos_ids: frozenset[int] = frozenset(),
+    keep_prompt_rows: bool = False,
+    on_token: Callable[[int], None] | None = None,
+) -> Decoded:
+    """Prefill `prompt_ids` at `start` then decode greedily, one token per forward (batch 1)."""
+    assert prompt_ids, "the prompt chunk must hold at least one token"
+    t0 = time.perf_counter()
+    logits = forward_chunk(model, cache, prompt_ids, start, all_logits=keep_prompt_rows)
+    prompt_s = time.perf_counter() - t0
+    row = logits[-1]
+    pos = start + len(prompt_ids)
+    generated: list[int] = []
+    rows: list[torch.Tensor] = []
+    first_token_s = 0.0
+    stopped = "length"
+    while len(generated) < max_new_tokens:
+        tok = int(torch.argmax(row).item())
+        generated.append(tok)
+        rows.append(row)
+        if len(generated) == 1:
+            first_token_s = time.perf_counter() - t0
+        if on_token is not None:
+            on_token(tok)
+        if tok in eos_ids:
+            stopped = "eos"
+            break
+        if is_stop is not None and is_stop(generated):
+            stopped = "stop"
+            break
+        if len(generated) == max_new_tokens:
+            break
+        row = forward_chunk(model, cache, [tok], pos)[-1]
+        pos += 1
+    return Decoded(
+        prompt_rows=logits if keep_prompt_rows else None,
+        token_ids=generated,
+        step_rows=rows,
+        prompt_s=prompt_s,
+        first_token_s=first_token_s or prompt_s,
+        total_s=time.perf_counter() - t0,
+        stopped=stopped,
+    )

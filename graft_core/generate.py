@@ -1,0 +1,179 @@
+"""Greedy generation after a graft, with token accounting and timing.
+
+`answer()` restores a chain (or nothing), computes only the prompt's tokens, decodes greedily until
+the template's end of answer, and reports what was grafted, computed and decoded, the time to first
+token and estimated FLOPs both ways. `baseline()` measures the no-graft run over the same tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from . import templates
+from .accounting import TokenSavings, savings
+from .artifact import KVArtifact
+from .capture import logits_sha256
+from .errors import InputTooLong, InvalidInput
+from .forward import new_cache, prompt_and_decode
+from .graft import restore, restore_relocated
+from .model import LoadedModel
+from .verify import ExactnessCheck, check
+
+MAX_NEW_TOKENS_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str  # the answer (cut at the template's end of answer unless raw)
+    completion: str  # everything decoded
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    tier: str  # "exact" | "relocated" | "none"
+    artifact_ids: tuple[str, ...]
+    restore_s: float
+    prompt_s: float
+    ttft_s: float  # read (given) + restore + prompt forward + first token
+    total_s: float
+    savings: TokenSavings
+    output_sha256: str  # sha256 of the generated token ids (int64 little-endian)
+    logits_sha256: str  # sha256 of the logits rows that chose each generated token
+    stopped: str
+    check: ExactnessCheck | None = None
+
+    @property
+    def grafted_tokens(self) -> int:
+        return self.savings.grafted_tokens
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.savings.computed_tokens
+
+    @property
+    def decode_tokens(self) -> int:
+        return self.savings.decode_tokens
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["savings"] = self.savings.as_dict()
+        d["check"] = self.check.as_dict() if self.check else None
+        return d
+
+
+def tokens_sha256(ids) -> str:
+    return hashlib.sha256(b"".join(int(i).to_bytes(8, "little", signed=True) for i in ids)).hexdigest()
+
+
+def encode_prompt(lm: LoadedModel, question: str, grafted: bool, raw: bool = False) -> list[int]:
+    """Token ids of the prompt chunk; a prompt with nothing grafted before it starts with BOS."""
+    if not question or not question.strip():
+        raise InvalidInput("the question is empty; type a question")
+    text = question if raw else templates.query_prompt(question)
+    ids = lm.tokenizer(text, add_special_tokens=not grafted)["input_ids"]
+    if not ids:
+        raise InvalidInput("the question tokenises to zero tokens")
+    return list(ids)
+
+
+def _bound(lm: LoadedModel, start: int, prompt: int, max_new_tokens: int) -> None:
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+        raise InvalidInput(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens}")
+    limit = lm.info.max_positions
+    if start + prompt + max_new_tokens > limit:
+        raise InputTooLong(
+            f"{start} grafted + {prompt} prompt + {max_new_tokens} new tokens exceed the model's {limit}-token context; "
+            "shorten the question, lower max new tokens or graft fewer artifacts"
+        )
+
+
+def _stopper(lm: LoadedModel, raw: bool) -> Callable[[list[int]], bool] | None:
+    if raw:
+        return None
+    return lambda ids: templates.is_answer_complete(lm.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def _eos(lm: LoadedModel) -> frozenset[int]:
+    eos = lm.tokenizer.eos_token_id
+    ids = eos if isinstance(eos, list) else [eos]
+    return frozenset(i for i in ids if i is not None)
+
+
+def answer(
+    lm: LoadedModel,
+    chain: list[KVArtifact],
+    question: str,
+    max_new_tokens: int = 32,
+    raw: bool = False,
+    run_check: bool = False,
+    read_s: float = 0.0,
+    relocated: bool = False,
+    on_token: Callable[[int], None] | None = None,
+    baseline_decode_tokens: int | None = None,
+) -> Answer:
+    """Graft `chain` (own position; or, with `relocated`, independent roots re-rotated), then answer."""
+    prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw)
+    t0 = time.perf_counter()
+    if not chain:
+        cache, start, tier = new_cache(lm.model), 0, "none"
+    elif relocated:
+        g = restore_relocated(lm, chain)
+        cache, start, tier = g.cache, g.next_position, "relocated"
+    else:
+        cache, start, tier = restore(lm, chain), chain[-1].end, "exact"
+    restore_s = time.perf_counter() - t0
+    _bound(lm, start, len(prompt_ids), max_new_tokens)
+    dec = prompt_and_decode(
+        lm.model, cache, prompt_ids, start, max_new_tokens, is_stop=_stopper(lm, raw), eos_ids=_eos(lm), on_token=on_token
+    )
+    completion = lm.tokenizer.decode(dec.token_ids, skip_special_tokens=True)
+    exactness = check(lm, chain, prompt_ids) if (run_check and chain and not relocated) else None
+    grafted = start
+    return Answer(
+        text=completion.strip() if raw else templates.cut_answer(completion),
+        completion=completion,
+        prompt_ids=tuple(prompt_ids),
+        token_ids=tuple(dec.token_ids),
+        tier=tier,
+        artifact_ids=tuple(a.key for a in chain),
+        restore_s=restore_s,
+        prompt_s=dec.prompt_s,
+        ttft_s=read_s + restore_s + dec.first_token_s,
+        total_s=read_s + restore_s + dec.total_s,
+        savings=savings(lm.info, grafted, len(prompt_ids), len(dec.token_ids), baseline_decode_tokens),
+        output_sha256=tokens_sha256(dec.token_ids),
+        logits_sha256=logits_sha256(dec.step_rows),
+        stopped=dec.stopped,
+        check=exactness,
+    )
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The no-graft run over the same context: prefix + prompt prefilled, then the same decoding."""
+
+    prefill_tokens: int
+    decode_tokens: int
+    ttft_s: float
+    total_s: float
+    text: str
+    output_sha256: str
+
+
+def baseline(lm: LoadedModel, chain: list[KVArtifact], question: str, max_new_tokens: int = 32, raw: bool = False) -> Baseline:
+    """Recompute the grafted prefix and the prompt in one prefill (logits_to_keep=1), then decode."""
+    prefix = [t for a in chain for t in a.token_ids.tolist()]
+    prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw)
+    ids = prefix + prompt_ids
+    _bound(lm, 0, len(ids), max_new_tokens)
+    dec = prompt_and_decode(lm.model, new_cache(lm.model), ids, 0, max_new_tokens, is_stop=_stopper(lm, raw), eos_ids=_eos(lm))
+    completion = lm.tokenizer.decode(dec.token_ids, skip_special_tokens=True)
+    return Baseline(
+        prefill_tokens=len(ids),
+        decode_tokens=len(dec.token_ids),
+        ttft_s=dec.first_token_s,
+        total_s=dec.total_s,
+        text=completion.strip() if raw else templates.cut_answer(completion),
+        output_sha256=tokens_sha256(dec.token_ids),
+    )

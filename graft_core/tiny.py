@@ -1,0 +1,87 @@
+"""Tiny, randomly initialised models built from configs in code, for fast tests and demos.
+
+`build(kind, folder)` writes an ordinary Hugging Face model folder (weights, config, a byte-level
+tokenizer) that `model.load(folder)` loads through the same path as any other model. Kinds:
+"gemma3" (sliding-window layers with a window of a few tokens plus full layers, two RoPE thetas)
+and "llama" (full attention only). Seeded: the same folder bytes on every run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for ch in sorted(byte_chars):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    ), len(vocab)
+
+
+def config(kind: str, vocab_size: int, window: int = 4, max_positions: int = 512):
+    if kind == "gemma3":
+        from transformers import Gemma3TextConfig
+
+        return Gemma3TextConfig(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+            sliding_window=window,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            max_position_embeddings=max_positions,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            },
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+    if kind == "llama":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_positions,
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+    raise ValueError(f"unknown tiny model kind {kind!r}; use 'gemma3' or 'llama'")
+
+
+def build(kind: str, folder: str | Path, window: int = 4, seed: int = 0) -> Path:
+    """Write a tiny random model of `kind` to `folder` (created) and return the folder."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    tokenizer, vocab_size = _tokenizer()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config(kind, vocab_size, window=window), dtype=torch.float32)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

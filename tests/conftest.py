@@ -1,0 +1,77 @@
+"""Shared fixtures: an isolated data directory for every test, tiny models built once per session,
+and the real default model loaded once per session for the integration tier."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def kvgraft_home(tmp_path, monkeypatch) -> Path:
+    """Every test gets its own store; nothing touches the user's ~/.local/share/kvgraft."""
+    home = tmp_path / "kvgraft-home"
+    monkeypatch.setenv("KVGRAFT_HOME", str(home))
+    monkeypatch.delenv("KVGRAFT_DB_URL", raising=False)
+    monkeypatch.delenv("KVGRAFT_ADMIN_TOKEN", raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    from graft_core import tiny
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {kind: tiny.build(kind, root / kind) for kind in ("gemma3", "llama")}
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma(tiny_dirs):
+    from graft_core import model
+
+    return model.load(str(tiny_dirs["gemma3"]))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_dirs):
+    from graft_core import model
+
+    return model.load(str(tiny_dirs["llama"]))
+
+
+@pytest.fixture(scope="session")
+def real_lm():
+    """The packaged Gemma 3 270M, converted into the user's model cache on first use (about a minute)."""
+    from graft_core import model
+
+    return model.load()
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A throwaway PostgreSQL cluster for the session (tests/pgserver.py). Without PostgreSQL
+    installed the test is skipped, unless the CI environment variable is set: then it fails."""
+    from tests import pgserver
+
+    try:
+        server = pgserver.start()
+    except pgserver.PgUnavailable as e:
+        if os.environ.get("CI", ""):
+            pytest.fail(f"CI is set but PostgreSQL cannot run: {e}", pytrace=False)
+        pytest.skip(f"{e} (set CI=true to make this a failure)")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(pg_server) -> str:
+    """URL of an empty database (postgresql+psycopg://kvgraft@127.0.0.1:PORT/kvgraft) on the session cluster."""
+    return pg_server.create_database("kvgraft")
