@@ -1,0 +1,237 @@
+"""Fast tier: the engine on tiny random models (a Gemma-3-like one with a 4-token sliding window and
+a Llama-like one). Identity is asserted as identity: byte equality, never a tolerance."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from db.blobs import BlobStore
+from graft_core import codec, generate, verify
+from graft_core.artifact import KVArtifact
+from graft_core.capture import capture, probe_restored
+from graft_core.errors import IncompatibleArtifact, InputTooLong, IntegrityError, InvalidInput
+from graft_core.graft import restore
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "Fact: the lighthouse of Varnek Isle was built by Osric Pellamy in 1874.\n"
+
+
+def ids(lm, text, bos=True):
+    return lm.tokenizer(text, add_special_tokens=bos)["input_ids"]
+
+
+def assert_exact(c):
+    assert c.exact, f"graft differs from fresh: max |diff| {c.max_abs_diff}, KL {c.kl}"
+    assert c.fresh_sha256 == c.grafted_sha256
+    assert c.kl == 0.0 and c.argmax_agreement == 1.0 and c.max_abs_diff == 0.0
+
+
+@pytest.mark.parametrize("kind", ["gemma", "llama"])
+@pytest.mark.parametrize("text", ["Hi", TEXT * 3], ids=["shorter-than-window", "longer-than-window"])
+def test_graft_is_byte_equal_to_fresh(kind, text, request):
+    lm = request.getfixturevalue(f"tiny_{kind}")
+    art, _ = capture(lm, ids(lm, text))
+    if kind == "gemma3":
+        w = lm.info.sliding_window
+        sliding = [i for i, t in enumerate(art.layer_types) if t == "sliding_attention"]
+        assert all(art.keys[i].shape[2] == min(art.length, w - 1) for i in sliding)
+        assert all(art.seen[i] == art.length for i in sliding)
+    assert_exact(verify.check(lm, [art], ids(lm, "Question: who?\nAnswer:", bos=False), decode_steps=6))
+
+
+@pytest.mark.parametrize("kind", ["gemma", "llama"])
+def test_chain_restores_exactly_and_stores_only_own_rows(kind, request):
+    lm = request.getfixturevalue(f"tiny_{kind}")
+    a, _ = capture(lm, ids(lm, TEXT))
+    b, _ = capture(lm, ids(lm, "Fact: Mira Tolland kept it.\n", bos=False), parents=[a])
+    c, _ = capture(lm, ids(lm, "Fact: it burned in 1901.\n", bos=False), parents=[a, b])
+    assert (b.parent, b.start, c.parent, c.start) == (a.key, a.end, b.key, b.end)
+    full = [i for i, t in enumerate(c.layer_types) if t == "full_attention"]
+    assert all(c.keys[i].shape[2] == c.length for i in full)
+    assert_exact(verify.check(lm, [a, b, c], ids(lm, "Question: when?\nAnswer:", bos=False)))
+    assert probe_restored(lm, [a, b, c])
+    with pytest.raises(IncompatibleArtifact, match="does not continue"):
+        restore(lm, [a, c])
+    with pytest.raises(IncompatibleArtifact, match="is not a chain root"):
+        restore(lm, [b])
+
+
+def test_relocation_is_measured_and_never_called_exact(tiny_gemma):
+    lm = tiny_gemma
+    art, _ = capture(lm, ids(lm, TEXT))
+    q = ids(lm, "Question: who?\nAnswer:", bos=False)
+    for offset in (1, 37, 300):
+        r = verify.check_relocated(lm, art, q, offset=offset)
+        assert r.tier == "relocated" and r.offset == offset
+        assert r.exact is False  # labelled approximate whatever it measures
+        assert r.max_abs_diff >= 0.0 and 0.0 <= r.argmax_agreement <= 1.0 and r.rows == len(q) + r.decode_steps
+    # the measured divergence is real: re-rotation under float32 RoPE changes the bytes
+    assert (
+        verify.check_relocated(lm, art, q, offset=300).fresh_sha256
+        != verify.check_relocated(lm, art, q, offset=300).grafted_sha256
+    )
+
+
+def test_codec_round_trip_is_byte_identical(tiny_gemma):
+    lm = tiny_gemma
+    a, _ = capture(lm, ids(lm, TEXT))
+    b, _ = capture(lm, ids(lm, "more\n", bos=False), parents=[a])
+    for art in (a, b):
+        data = codec.dumps(art)
+        back = codec.loads(data)
+        assert codec.dumps(back) == data
+        assert back.key == art.key and back.seen == art.seen and back.start == art.start
+        assert all(torch.equal(x, y) for x, y in zip(back.keys + back.values, art.keys + art.values))
+        # and it is a standard safetensors file
+        from safetensors.torch import load as st_load
+
+        tensors = st_load(data)
+        assert torch.equal(tensors["token_ids"], art.token_ids)
+
+
+def test_artifact_bytes_per_token_overhead(tiny_gemma):
+    art, _ = capture(tiny_gemma, ids(tiny_gemma, TEXT * 6))
+    data = codec.dumps(art)
+    header = struct.unpack("<Q", data[:8])[0] + 8
+    assert len(data) - header == art.kv_bytes() + art.token_ids.numel() * 8
+
+
+def _golden_artifact() -> KVArtifact:
+    g = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(1, 1, 3, 8) / 7
+    return KVArtifact(
+        keys=(g, g[:, :, :2].contiguous()),
+        values=(g + 1, g[:, :, :2].contiguous() - 1),
+        token_ids=torch.tensor([2, 10, 11], dtype=torch.int64),
+        model_fingerprint="m" * 64,
+        tokenizer_fingerprint="t" * 64,
+        dtype="float32",
+        start=0,
+        layer_types=("full_attention", "sliding_attention"),
+        seen=(3, 3),
+        text_sha256="0" * 64,
+        probe_sha256="1" * 64,
+    )
+
+
+GOLDEN_HEADER = (
+    '{"__metadata__":{"dtype":"float32","format":"kvgraft/1",'
+    '"id":"KEY","layer_types":"full_attention,sliding_attention","length":"3",'
+    '"model_fingerprint":"' + "m" * 64 + '","parent":"","probe_sha256":"' + "1" * 64 + '","seen":"3,3","start":"0",'
+    '"text_sha256":"' + "0" * 64 + '","tokenizer_fingerprint":"' + "t" * 64 + '"},'
+    '"layers.0.keys":{"dtype":"F32","shape":[1,1,3,8],"data_offsets":[0,96]},'
+    '"layers.0.values":{"dtype":"F32","shape":[1,1,3,8],"data_offsets":[96,192]},'
+    '"layers.1.keys":{"dtype":"F32","shape":[1,1,2,8],"data_offsets":[192,256]},'
+    '"layers.1.values":{"dtype":"F32","shape":[1,1,2,8],"data_offsets":[256,320]},'
+    '"token_ids":{"dtype":"I64","shape":[3],"data_offsets":[320,344]}}'
+)
+
+
+def test_golden_header_pins_format_v1():
+    art = _golden_artifact()
+    data = codec.dumps(art)
+    n = struct.unpack("<Q", data[:8])[0]
+    assert n % 8 == 0
+    assert data[8 : 8 + n].decode().rstrip(" ") == GOLDEN_HEADER.replace("KEY", art.key)
+    assert art.key == "d6ed8f635b15558f437f1b0e6feed1d2d276ab7c181ddc1c16ef4aade95e35dd"
+    assert hashlib.sha256(data).hexdigest() == GOLDEN_SHA256
+
+
+GOLDEN_SHA256 = "f412b0a92bf1a862bba8d07649bc392d3123ab0148e942a034c9688b61bfe954"
+
+
+def test_identical_bytes_across_two_processes(tiny_dirs):
+    script = (
+        "import hashlib,sys; from graft_core import model, codec; from graft_core.capture import capture;"
+        "lm=model.load(sys.argv[1]); a,_=capture(lm, lm.tokenizer(sys.argv[2])['input_ids']);"
+        "print(hashlib.sha256(codec.dumps(a)).hexdigest())"
+    )
+    outs = [
+        subprocess.run(
+            [sys.executable, "-c", script, str(tiny_dirs["gemma3"]), TEXT], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for _ in range(2)
+    ]
+    assert len(outs[0]) == 64 and outs[0] == outs[1]
+
+
+def test_tampered_blob_raises_integrity_error(tiny_gemma, tmp_path):
+    store = BlobStore(tmp_path / "blobs")
+    art, _ = capture(tiny_gemma, ids(tiny_gemma, TEXT))
+    h = store.put(codec.dumps(art))
+    assert codec.loads(store.get(h)).key == art.key
+    p = store.path(h)
+    raw = bytearray(p.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    p.write_bytes(bytes(raw))
+    with pytest.raises(IntegrityError, match="integrity"):
+        store.get(h)
+
+
+@pytest.mark.parametrize("cut", [0, 7, 8, 20, -1])
+def test_truncated_bytes_raise_integrity_error(tiny_gemma, cut):
+    art, _ = capture(tiny_gemma, ids(tiny_gemma, "abc"))
+    data = codec.dumps(art)
+    n = struct.unpack("<Q", data[:8])[0]
+    end = {0: 0, 7: 7, 8: 8, 20: 20, -1: len(data) - 1}[cut]
+    if cut == 20:
+        end = 8 + n + 3  # inside the data section
+    with pytest.raises(IntegrityError, match="integrity"):
+        codec.loads(data[:end])
+
+
+def test_incompatible_artifacts_are_refused_naming_the_difference(tiny_gemma, tiny_llama):
+    art, _ = capture(tiny_llama, ids(tiny_llama, TEXT))
+    with pytest.raises(IncompatibleArtifact, match="model fingerprint") as exc:
+        restore(tiny_gemma, [art])
+    assert "layers" in str(exc.value)
+    own, _ = capture(tiny_gemma, ids(tiny_gemma, TEXT))
+    half = replace(own, keys=tuple(k.half() for k in own.keys), values=tuple(v.half() for v in own.values), dtype="float16")
+    with pytest.raises(IncompatibleArtifact, match="dtype float16 != float32"):
+        restore(tiny_gemma, [half])
+    data = codec.dumps(own).replace(b'"format":"kvgraft/1"', b'"format":"kvgraft/9"')
+    with pytest.raises(IncompatibleArtifact, match="format is 'kvgraft/9'"):
+        codec.loads(data)
+
+
+def test_generate_reports_accounting(tiny_gemma):
+    lm = tiny_gemma
+    art, _ = capture(lm, ids(lm, TEXT * 2))
+    ans = generate.answer(lm, [art], "who?", max_new_tokens=5, run_check=True)
+    assert ans.tier == "exact" and ans.grafted_tokens == art.length
+    assert ans.computed_tokens == len(ids(lm, "Question: who?\nAnswer:", bos=False))
+    assert 1 <= ans.decode_tokens <= 5 and ans.ttft_s > 0
+    assert ans.savings.baseline_prefill_tokens == art.length + ans.computed_tokens
+    assert ans.savings.baseline_flops_estimate > ans.savings.flops_estimate
+    assert_exact(ans.check)
+    plain = generate.answer(lm, [], "who?", max_new_tokens=5)
+    assert plain.tier == "none" and plain.grafted_tokens == 0 and plain.prompt_ids[0] == lm.tokenizer.bos_token_id
+
+
+def test_inputs_are_bounded(tiny_gemma):
+    lm = tiny_gemma
+    with pytest.raises(InvalidInput, match="the question is empty"):
+        generate.answer(lm, [], "   ")
+    with pytest.raises(InputTooLong, match="exceed the model's 512-token context"):
+        generate.answer(lm, [], "x" * 600)
+    with pytest.raises(InputTooLong, match="exceeds the model's 512-token context"):
+        capture(lm, [5] * 513)
+    with pytest.raises(InvalidInput, match="max_new_tokens must be between 1 and 1024"):
+        generate.answer(lm, [], "hi", max_new_tokens=0)
+
+
+def test_header_metadata_is_str_to_str_and_json(tiny_gemma):
+    art, _ = capture(tiny_gemma, ids(tiny_gemma, "abc"))
+    data = codec.dumps(art)
+    n = struct.unpack("<Q", data[:8])[0]
+    meta = json.loads(data[8 : 8 + n])["__metadata__"]
+    assert all(isinstance(v, str) for v in meta.values()) and meta["format"] == "kvgraft/1"
+    assert "time" not in json.dumps(meta) and "host" not in json.dumps(meta)
