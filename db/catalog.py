@@ -1,0 +1,499 @@
+"""The catalog: every SQL statement kvgraft runs, behind one class that speaks in frozen rows.
+
+It records artifacts (with their source text, verifier records and embeddings), the answer ledger,
+and a `version` that replicas poll. It never opens a blob: `add_deposit` is handed a `write_blob`
+callable and only stores the content hash it returns. Every multi-row write is one transaction.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, case, delete, func, insert, or_, select, update
+from sqlalchemy import exc as sa_exc
+
+from db import engine as dbengine
+from db import migrations
+from db.rows import HEX64, KINDS, ArtifactRow, LedgerRow, LedgerTotals, SourceRow, VerificationRow
+from db.schema import artifacts, embeddings, ledger, meta, sources, verifications
+from graft_core.errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
+
+EXPORT_FORMAT = "kvgraft-catalog/1"
+MIN_PREFIX = 8
+LIST_HINT = "list ids with `cli.py list`"
+
+Embedding = tuple[str, bytes, int, str]  # (embedder_id, float32 little-endian vector, dim, text_sha256)
+
+
+def _artifact(m: Any) -> ArtifactRow:
+    return ArtifactRow(
+        id=m.id,
+        content_sha256=m.content_sha256,
+        model_fingerprint=m.model_fingerprint,
+        tokens=m.tokens,
+        start=m.start,
+        kind=m.kind,
+        title=m.title,
+        parent_id=m.parent_id,
+        bytes=m.bytes,
+        root_id=m.root_id,
+        depth=m.depth,
+        created_at=m.created_at,
+    )
+
+
+def _artifact_values(row: ArtifactRow) -> dict[str, Any]:
+    return {**asdict(row), "end_pos": row.end_pos}
+
+
+def _new(row: VerificationRow | LedgerRow) -> dict[str, Any]:
+    """Column values of a row about to be inserted: its id is the database's to assign."""
+    return {k: v for k, v in asdict(row).items() if k != "id"}
+
+
+def _verification(m: Any) -> VerificationRow:
+    return VerificationRow(**{c: m._mapping[c] for c in verifications.c.keys()})
+
+
+def _ledger(m: Any) -> LedgerRow:
+    values = dict(m._mapping)
+    values["artifact_ids"] = tuple(json.loads(values["artifact_ids"]))
+    values["output_token_ids"] = tuple(json.loads(values["output_token_ids"]))
+    return LedgerRow(**values)
+
+
+def _check_embedding(embedding: Embedding) -> None:
+    embedder_id, vector, dim, text_sha256 = embedding
+    if not embedder_id:
+        raise InvalidInput("embedder_id must not be empty")
+    if dim <= 0 or len(vector) != 4 * dim:
+        raise InvalidInput(f"embedding vector must be {dim} float32 values ({4 * dim} bytes); got {len(vector)} bytes")
+    if not HEX64.match(text_sha256):
+        raise InvalidInput(f"text_sha256 must be 64 lowercase hex digits (a SHA-256); got {text_sha256!r}")
+
+
+class Catalog:
+    """Open with `Catalog.open(url, home)`; close with `.close()` (or use it as a context manager)."""
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+
+    @classmethod
+    def open(cls, url: str | None, home: Path) -> Catalog:
+        """url None or "": SQLite at `<home>/catalog.sqlite3`. Runs pending migrations."""
+        engine = dbengine.create(url, Path(home))
+        try:
+            migrations.migrate(engine)
+        except sa_exc.OperationalError as e:
+            engine.dispose()
+            reason = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
+            shown = engine.url.render_as_string(hide_password=True)
+            raise KvgraftError(
+                f"cannot open the catalog at {shown}: {reason}; check KVGRAFT_DB_URL and that the database server is running"
+            ) from e
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine)
+
+    @property
+    def url(self) -> str:
+        """The database URL with any password masked, for display."""
+        return self._engine.url.render_as_string(hide_password=True)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- artifacts: reads ------------------------------------------------------------------------
+
+    def _resolve(self, conn: Connection, ref: str) -> str:
+        """Full id for a 64-hex id or a unique prefix of at least 8 hex digits."""
+        key = (ref or "").strip().lower()
+        if not (MIN_PREFIX <= len(key) <= 64 and all(c in "0123456789abcdef" for c in key)):
+            raise ArtifactNotFound(
+                f"{ref!r} is not an artifact id: give the 64-hex id or a unique prefix of at least {MIN_PREFIX} hex digits; {LIST_HINT}"
+            )
+        if len(key) == 64:
+            found = list(conn.scalars(select(artifacts.c.id).where(artifacts.c.id == key)))
+        else:
+            found = list(
+                conn.scalars(select(artifacts.c.id).where(artifacts.c.id.startswith(key)).order_by(artifacts.c.id).limit(3))
+            )
+        if not found:
+            raise ArtifactNotFound(f"no artifact {key} in this catalog; {LIST_HINT}")
+        if len(found) > 1:
+            raise ArtifactNotFound(
+                f"id prefix {key} matches more than one artifact ({', '.join(f[:16] for f in found[:2])}, ...); give more hex digits"
+            )
+        return found[0]
+
+    def _row(self, conn: Connection, artifact_id: str) -> ArtifactRow | None:
+        m = conn.execute(select(artifacts).where(artifacts.c.id == artifact_id)).first()
+        return _artifact(m) if m else None
+
+    def get(self, ref: str) -> ArtifactRow:
+        """The artifact with this id (or unique id prefix of >= 8 hex digits); ArtifactNotFound otherwise."""
+        with dbengine.read(self._engine) as conn:
+            row = self._row(conn, self._resolve(conn, ref))
+            assert row is not None, "a resolved id must have a row"
+            return row
+
+    def source(self, ref: str) -> SourceRow:
+        with dbengine.read(self._engine) as conn:
+            m = conn.execute(select(sources).where(sources.c.artifact_id == self._resolve(conn, ref))).first()
+            assert m is not None, "every artifact is deposited with its source"
+            return SourceRow(**m._mapping)
+
+    def verifications(self, ref: str) -> list[VerificationRow]:
+        with dbengine.read(self._engine) as conn:
+            key = self._resolve(conn, ref)
+            rows = conn.execute(select(verifications).where(verifications.c.artifact_id == key).order_by(verifications.c.id))
+            return [_verification(m) for m in rows]
+
+    def chain(self, ref: str) -> list[ArtifactRow]:
+        """The artifact and its ancestors, root first: the order in which they are grafted."""
+        with dbengine.read(self._engine) as conn:
+            return self._chain(conn, self._resolve(conn, ref))
+
+    def _chain(self, conn: Connection, key: str) -> list[ArtifactRow]:
+        out: list[ArtifactRow] = []
+        next_id: str | None = key
+        while next_id is not None:
+            row = self._row(conn, next_id)
+            assert row is not None, f"artifact {next_id} is referenced as a parent but missing"
+            out.append(row)
+            next_id = row.parent_id
+        out.reverse()
+        assert out[0].depth == 0 and len(out) == out[-1].depth + 1, f"chain of {key} is inconsistent with its depth"
+        return out
+
+    def children(self, ref: str) -> list[ArtifactRow]:
+        """Artifacts deposited with this one as their parent, oldest first."""
+        with dbengine.read(self._engine) as conn:
+            key = self._resolve(conn, ref)
+            rows = conn.execute(
+                select(artifacts).where(artifacts.c.parent_id == key).order_by(artifacts.c.created_at, artifacts.c.id)
+            )
+            return [_artifact(m) for m in rows]
+
+    def list_artifacts(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[ArtifactRow]:
+        """Newest first. `query` matches case-insensitively (ASCII case) anywhere in the title or source text."""
+        if kind is not None and kind not in KINDS:
+            raise InvalidInput(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+        if limit < 0 or offset < 0:
+            raise InvalidInput(f"limit and offset must be >= 0; got limit={limit}, offset={offset}")
+        stmt = select(artifacts).join(sources, sources.c.artifact_id == artifacts.c.id)
+        if query:
+            stmt = stmt.where(
+                or_(artifacts.c.title.icontains(query, autoescape=True), sources.c.text.icontains(query, autoescape=True))
+            )
+        if kind is not None:
+            stmt = stmt.where(artifacts.c.kind == kind)
+        stmt = stmt.order_by(artifacts.c.created_at.desc(), artifacts.c.id).limit(limit).offset(offset)
+        with dbengine.read(self._engine) as conn:
+            return [_artifact(m) for m in conn.execute(stmt)]
+
+    def count_artifacts(self) -> int:
+        with dbengine.read(self._engine) as conn:
+            return int(conn.scalar(select(func.count()).select_from(artifacts)) or 0)
+
+    def total_tokens(self) -> int:
+        """Sum of every artifact's own tokens: what the store holds, chains counted once."""
+        with dbengine.read(self._engine) as conn:
+            return int(conn.scalar(select(func.coalesce(func.sum(artifacts.c.tokens), 0))) or 0)
+
+    def content_refcount(self, content_sha256: str) -> int:
+        """How many artifact rows point at this blob (0: the blob may be removed)."""
+        with dbengine.read(self._engine) as conn:
+            return int(
+                conn.scalar(select(func.count()).select_from(artifacts).where(artifacts.c.content_sha256 == content_sha256)) or 0
+            )
+
+    def all_content_hashes(self) -> set[str]:
+        """Every blob the catalog references (fsck compares this with the blob store)."""
+        with dbengine.read(self._engine) as conn:
+            return set(conn.scalars(select(artifacts.c.content_sha256).distinct()))
+
+    def version(self) -> int:
+        """Bumped by every change to artifacts or embeddings; a replica whose index was built at an
+        older version must rebuild it."""
+        with dbengine.read(self._engine) as conn:
+            return int(conn.scalar(select(meta.c.version).where(meta.c.id == 1)))
+
+    # -- artifacts: writes -----------------------------------------------------------------------
+
+    @staticmethod
+    def _bump(conn: Connection) -> None:
+        conn.execute(update(meta).where(meta.c.id == 1).values(version=meta.c.version + 1))
+
+    def _lineage(self, conn: Connection, row: ArtifactRow) -> ArtifactRow:
+        """`row` with root_id and depth derived from its parent, after checking the parent fits."""
+        if row.parent_id is None:
+            return replace(row, root_id=row.id, depth=0)
+        parent = self._row(conn, row.parent_id)
+        if parent is None:
+            raise ArtifactNotFound(
+                f"parent artifact {row.parent_id} of {row.id} is not in this catalog; deposit or import the parent first"
+            )
+        if parent.model_fingerprint != row.model_fingerprint:
+            raise IncompatibleArtifact(
+                f"artifact {row.id} was made by model {row.model_fingerprint[:16]} but its parent {parent.id} by {parent.model_fingerprint[:16]}; "
+                "a chain must use one model"
+            )
+        if row.start != parent.end_pos:
+            raise InvalidInput(
+                f"artifact {row.id} starts at position {row.start} but its parent ends at {parent.end_pos}; a child continues where its parent ends"
+            )
+        return replace(row, root_id=parent.root_id, depth=parent.depth + 1)
+
+    @staticmethod
+    def _insert_embedding(conn: Connection, artifact_id: str, embedding: Embedding) -> None:
+        embedder_id, vector, dim, text_sha256 = embedding
+        conn.execute(
+            insert(embeddings).values(
+                artifact_id=artifact_id, embedder_id=embedder_id, dim=dim, vector=bytes(vector), text_sha256=text_sha256
+            )
+        )
+
+    def add_deposit(
+        self,
+        artifact: ArtifactRow,
+        source: SourceRow,
+        verification: VerificationRow | None,
+        embedding: Embedding | None,
+        write_blob: Callable[[], str],
+    ) -> ArtifactRow:
+        """Record a new artifact in ONE transaction, calling `write_blob()` inside it before commit.
+
+        `write_blob` writes the file atomically and returns its content hash; if `artifact.content_sha256`
+        is set it must match. If anything raises, nothing is recorded (a blob already written stays
+        behind as an orphan for fsck). Depositing an id that exists returns the existing row and does
+        not call `write_blob`, also when a concurrent writer got there first."""
+        if source.artifact_id != artifact.id:
+            raise InvalidInput(f"source.artifact_id {source.artifact_id!r} must be the artifact's id {artifact.id}")
+        if verification is not None:
+            if verification.verdict != "pass":
+                raise InvalidInput(
+                    "a deposit's verification must have verdict 'pass'; record refused items with record_refusal()"
+                )
+            if verification.artifact_id not in (None, artifact.id):
+                raise InvalidInput(
+                    f"verification.artifact_id {verification.artifact_id!r} must be None or the artifact's id {artifact.id}"
+                )
+        if embedding is not None:
+            _check_embedding(embedding)
+        try:
+            with dbengine.write(self._engine) as conn:
+                existing = self._row(conn, artifact.id)
+                if existing is not None:
+                    return existing
+                row = self._lineage(conn, artifact)
+                content = write_blob()
+                assert isinstance(content, str) and HEX64.match(content), (
+                    f"write_blob must return a SHA-256 hex digest, got {content!r}"
+                )
+                if artifact.content_sha256 and artifact.content_sha256 != content:
+                    raise IntegrityError(
+                        f"blob written for artifact {artifact.id} hashes to {content}, not the expected {artifact.content_sha256}; nothing was recorded"
+                    )
+                row = replace(row, content_sha256=content)
+                conn.execute(insert(artifacts).values(**_artifact_values(row)))
+                conn.execute(insert(sources).values(**asdict(source)))
+                if verification is not None:
+                    conn.execute(insert(verifications).values(**_new(replace(verification, artifact_id=row.id))))
+                if embedding is not None:
+                    self._insert_embedding(conn, row.id, embedding)
+                self._bump(conn)
+                return row
+        except sa_exc.IntegrityError:
+            with dbengine.read(self._engine) as conn:  # lost a race to a concurrent deposit of the same id?
+                existing = self._row(conn, artifact.id)
+            if existing is None:
+                raise
+            return existing
+
+    def record_refusal(self, verification: VerificationRow) -> VerificationRow:
+        """Record an item the verifier refused (nothing was deposited); returns it with its id."""
+        if verification.verdict != "refused":
+            raise InvalidInput(
+                "record_refusal takes a verification with verdict 'refused'; passing items are recorded by add_deposit"
+            )
+        with dbengine.write(self._engine) as conn:
+            new_id = conn.execute(insert(verifications).values(**_new(verification)).returning(verifications.c.id)).scalar_one()
+        return replace(verification, id=new_id)
+
+    def embeddings(self, embedder_id: str) -> list[tuple[str, bytes]]:
+        """(artifact id, float32 little-endian vector) for every artifact embedded by `embedder_id`, by id."""
+        with dbengine.read(self._engine) as conn:
+            rows = conn.execute(
+                select(embeddings.c.artifact_id, embeddings.c.vector)
+                .where(embeddings.c.embedder_id == embedder_id)
+                .order_by(embeddings.c.artifact_id)
+            )
+            return [(a, bytes(v)) for a, v in rows]
+
+    def set_embedding(self, artifact_id: str, embedder_id: str, vector: bytes, dim: int, text_sha256: str) -> None:
+        """Add or replace the artifact's embedding by `embedder_id` (bumps the version)."""
+        embedding = (embedder_id, vector, dim, text_sha256)
+        _check_embedding(embedding)
+        with dbengine.write(self._engine) as conn:
+            key = self._resolve(conn, artifact_id)
+            conn.execute(delete(embeddings).where(embeddings.c.artifact_id == key, embeddings.c.embedder_id == embedder_id))
+            self._insert_embedding(conn, key, embedding)
+            self._bump(conn)
+
+    def delete(self, ref: str) -> str:
+        """Remove an artifact, its source and embeddings; its verifier records stay, unlinked. Refuses
+        while other artifacts continue its chain. Returns its content hash: remove the blob when
+        `content_refcount` of it is 0."""
+        with dbengine.write(self._engine) as conn:
+            key = self._resolve(conn, ref)
+            kids = list(conn.scalars(select(artifacts.c.id).where(artifacts.c.parent_id == key).order_by(artifacts.c.id)))
+            if kids:
+                raise KvgraftError(
+                    f"cannot delete artifact {key}: {len(kids)} artifact(s) continue its chain (first: {kids[0]}); delete those first, leaves before parents"
+                )
+            content = conn.scalar(select(artifacts.c.content_sha256).where(artifacts.c.id == key))
+            conn.execute(delete(embeddings).where(embeddings.c.artifact_id == key))
+            conn.execute(delete(sources).where(sources.c.artifact_id == key))
+            conn.execute(update(verifications).where(verifications.c.artifact_id == key).values(artifact_id=None))
+            conn.execute(delete(artifacts).where(artifacts.c.id == key))
+            self._bump(conn)
+            return content
+
+    # -- ledger ----------------------------------------------------------------------------------
+
+    def add_ledger(self, entry: LedgerRow) -> int:
+        """Append one answer; returns its ledger id."""
+        values = _new(entry)
+        values["artifact_ids"] = json.dumps(list(entry.artifact_ids))
+        values["output_token_ids"] = json.dumps(list(entry.output_token_ids))
+        with dbengine.write(self._engine) as conn:
+            return int(conn.execute(insert(ledger).values(**values).returning(ledger.c.id)).scalar_one())
+
+    def ledger(self, last: int | None = None) -> list[LedgerRow]:
+        """Ledger entries, oldest first; only the newest `last` of them when given."""
+        stmt = select(ledger).order_by(ledger.c.id.desc())
+        if last is not None:
+            stmt = stmt.limit(max(last, 0))
+        with dbengine.read(self._engine) as conn:
+            rows = [_ledger(m) for m in conn.execute(stmt)]
+        rows.reverse()
+        return rows
+
+    def ledger_totals(self) -> LedgerTotals:
+        """Sums over every ledger entry; see LedgerTotals for what `tokens_saved` counts."""
+        c = ledger.c
+        saved = c.baseline_tokens - c.computed_tokens - case((c.baseline_measured.is_(True), c.decode_tokens), else_=0)
+        columns = [
+            func.count(),
+            *(
+                func.coalesce(func.sum(x), 0)
+                for x in (
+                    c.grafted_tokens,
+                    c.computed_tokens,
+                    c.decode_tokens,
+                    c.baseline_tokens,
+                    saved,
+                    c.flops,
+                    c.baseline_flops,
+                )
+            ),
+            func.coalesce(func.sum(case((c.exact.is_(True), 1), else_=0)), 0),
+            func.coalesce(func.sum(case((c.exact.is_(False), 1), else_=0)), 0),
+        ]
+        with dbengine.read(self._engine) as conn:
+            values = [int(v) for v in conn.execute(select(*columns)).one()]
+        return LedgerTotals(*values)
+
+    # -- portable rows ---------------------------------------------------------------------------
+
+    def export_rows(self, ids: Iterable[str]) -> dict[str, Any]:
+        """JSON-serialisable rows of these artifacts and all their ancestors (a child is unusable
+        without its chain), parents before children, with sources, verifier records and embeddings."""
+        with dbengine.read(self._engine) as conn:
+            chosen: dict[str, ArtifactRow] = {}
+            for ref in ids:
+                for row in self._chain(conn, self._resolve(conn, ref)):
+                    chosen[row.id] = row
+            keys = list(chosen)
+            rows = sorted(chosen.values(), key=lambda r: (r.depth, r.id))
+            srcs = conn.execute(select(sources).where(sources.c.artifact_id.in_(keys)).order_by(sources.c.artifact_id))
+            vers = conn.execute(select(verifications).where(verifications.c.artifact_id.in_(keys)).order_by(verifications.c.id))
+            embs = conn.execute(
+                select(embeddings)
+                .where(embeddings.c.artifact_id.in_(keys))
+                .order_by(embeddings.c.artifact_id, embeddings.c.embedder_id)
+            )
+            return {
+                "format": EXPORT_FORMAT,
+                "artifacts": [{**asdict(r), "created_at": r.created_at.isoformat()} for r in rows],
+                "sources": [dict(m._mapping) for m in srcs],
+                "verifications": [{**asdict(v), "created_at": v.created_at.isoformat()} for v in map(_verification, vers)],
+                "embeddings": [{**dict(m._mapping), "vector": base64.b64encode(m.vector).decode("ascii")} for m in embs],
+            }
+
+    def import_rows(self, data: dict[str, Any]) -> list[str]:
+        """Add the artifacts of an `export_rows` dict in ONE transaction; returns the ids that were new.
+
+        Artifacts already present are skipped (their content hash must agree, else IntegrityError).
+        Write the blobs first: rows are recorded as referencing them."""
+        if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise InvalidInput(f"not a kvgraft catalog export: format is {found!r}, expected {EXPORT_FORMAT!r}")
+        try:
+            rows = [ArtifactRow(**{**a, "created_at": datetime.fromisoformat(a["created_at"])}) for a in data["artifacts"]]
+            srcs = {s["artifact_id"]: SourceRow(**s) for s in data["sources"]}
+            vers = [
+                VerificationRow(**{**v, "created_at": datetime.fromisoformat(v["created_at"]), "id": None})
+                for v in data["verifications"]
+            ]
+            embs = [
+                (e["artifact_id"], (e["embedder_id"], base64.b64decode(e["vector"]), int(e["dim"]), e["text_sha256"]))
+                for e in data["embeddings"]
+            ]
+        except (KeyError, TypeError, ValueError) as e:
+            raise InvalidInput(f"catalog export is malformed ({type(e).__name__}: {e}); re-export it") from None
+        for _, embedding in embs:
+            _check_embedding(embedding)
+        new: list[str] = []
+        with dbengine.write(self._engine) as conn:
+            for row in sorted(rows, key=lambda r: r.depth):
+                existing = self._row(conn, row.id)
+                if existing is not None:
+                    if existing.content_sha256 != row.content_sha256:
+                        raise IntegrityError(
+                            f"artifact {row.id} is already in this catalog with content {existing.content_sha256}, "
+                            f"but the import says {row.content_sha256}; one of the two stores is corrupt, run `cli.py fsck` on both"
+                        )
+                    continue
+                if row.id not in srcs:
+                    raise InvalidInput(f"catalog export has no source row for artifact {row.id}; re-export it")
+                if not row.content_sha256:
+                    raise InvalidInput(f"catalog export has no content hash for artifact {row.id}; re-export it")
+                row = self._lineage(conn, row)
+                conn.execute(insert(artifacts).values(**_artifact_values(row)))
+                conn.execute(insert(sources).values(**asdict(srcs[row.id])))
+                new.append(row.id)
+            fresh = set(new)
+            for v in vers:
+                if v.artifact_id in fresh:
+                    conn.execute(insert(verifications).values(**_new(v)))
+            for artifact_id, embedding in embs:
+                if artifact_id in fresh:
+                    self._insert_embedding(conn, artifact_id, embedding)
+            if new:
+                self._bump(conn)
+        return new

@@ -1,0 +1,88 @@
+"""Connecting to the catalog database: URL choice, SQLite pragmas, and the two kinds of transaction.
+
+SQLite (the default, `<home>/catalog.sqlite3`) runs in WAL mode with a busy timeout and foreign keys
+on, all set by a connect listener. SQLAlchemy, not the sqlite3 module, emits BEGIN, so DDL is
+transactional and a write transaction can start with `BEGIN IMMEDIATE` (it takes the write lock up
+front, so two writers queue on the busy timeout instead of failing on a stale snapshot). PostgreSQL
+is used through psycopg 3. This module knows no table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from graft_core.errors import InvalidInput
+
+SQLITE_NAME = "catalog.sqlite3"
+BUSY_TIMEOUT_MS = 15_000
+_WRITE = "kvgraft_write"  # execution option that marks a write transaction
+
+
+def resolve_url(url: str | None, home: Path) -> URL:
+    """None or "" -> SQLite in `home`; postgres:// and postgresql:// get the psycopg (3) driver."""
+    if not url:
+        home.mkdir(parents=True, exist_ok=True)
+        return URL.create("sqlite", database=str(Path(home) / SQLITE_NAME))
+    for bare in ("postgres://", "postgresql://"):
+        if url.startswith(bare):
+            url = "postgresql+psycopg://" + url[len(bare) :]
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise InvalidInput(f"catalog URL {url.split('@')[-1]!r} is not a database URL; {_URL_HINT}") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        return parsed
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "psycopg":
+        return parsed
+    raise InvalidInput(f"catalog URL {parsed.render_as_string(hide_password=True)!r} is not supported; {_URL_HINT}")
+
+
+_URL_HINT = "use postgresql+psycopg://user@host:port/dbname, or leave KVGRAFT_DB_URL unset for SQLite in the home folder"
+
+
+def create(url: str | None, home: Path) -> Engine:
+    resolved = resolve_url(url, home)
+    if resolved.get_backend_name() == "postgresql":
+        return create_engine(resolved, pool_pre_ping=True)
+    engine = create_engine(resolved)
+    event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection, _record) -> None:
+    dbapi_connection.isolation_level = None  # the driver emits no BEGIN of its own; _sqlite_on_begin does
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")  # first: switching to WAL may wait for a lock
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(conn: Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
+
+
+@contextmanager
+def write(engine: Engine) -> Iterator[Connection]:
+    """One write transaction: commits when the block ends, rolls back if it raises."""
+    with engine.connect() as conn:
+        conn.execution_options(**{_WRITE: True})
+        with conn.begin():
+            yield conn
+
+
+@contextmanager
+def read(engine: Engine) -> Iterator[Connection]:
+    """A connection for reads; its transaction begins on first use and is rolled back at the end."""
+    with engine.connect() as conn:
+        yield conn

@@ -1,0 +1,191 @@
+"""The catalog's schema history: an ordered list of named steps, each applied once, in its own
+transaction, and recorded in `schema_migrations` in that same transaction.
+
+A step is a function of a Connection. It declares the tables it creates in its own frozen MetaData,
+never `schema.py`'s (which describes the latest state and will move on); to change the schema,
+append a step `m002_...` and update `schema.py` to match. Concurrent openers are serialised (SQLite:
+`BEGIN IMMEDIATE`; PostgreSQL: a transaction-scoped advisory lock), so a step never runs twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    Connection,
+    DateTime,
+    Engine,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    insert,
+    select,
+    text,
+)
+
+from db import engine as dbengine
+from db.rows import KINDS, TIERS, VERDICTS, VERIFIERS, utcnow
+from db.schema import schema_migrations
+from graft_core.errors import KvgraftError
+
+_LOCK_KEY = 0x6B76_6772_6166_7401  # pg_advisory_xact_lock key: "kvgraft" migrations
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def m001_initial(conn: Connection) -> None:
+    """artifacts, sources, verifications, embeddings, ledger, and the one-row meta (version 0)."""
+    md = MetaData()
+    h, when = String(64), DateTime(timezone=True)
+    Table(
+        "artifacts",
+        md,
+        Column("id", h, primary_key=True),
+        Column("content_sha256", h, nullable=False, index=True),
+        Column("model_fingerprint", Text, nullable=False),
+        Column("tokens", Integer, nullable=False),
+        Column("start", Integer, nullable=False),
+        Column("end_pos", Integer, nullable=False),
+        Column("parent_id", h, ForeignKey("artifacts.id"), nullable=True, index=True),
+        Column("root_id", h, nullable=False, index=True),
+        Column("depth", Integer, nullable=False),
+        Column("title", Text, nullable=False),
+        Column("kind", String(16), nullable=False),
+        Column("bytes", BigInteger, nullable=False),
+        Column("created_at", when, nullable=False),
+        CheckConstraint("tokens > 0", name="ck_artifacts_tokens"),
+        CheckConstraint("start >= 0 AND end_pos = start + tokens", name="ck_artifacts_span"),
+        CheckConstraint(
+            "(parent_id IS NULL AND depth = 0 AND root_id = id) OR (parent_id IS NOT NULL AND depth > 0)",
+            name="ck_artifacts_lineage",
+        ),
+        CheckConstraint("bytes >= 0", name="ck_artifacts_bytes"),
+        CheckConstraint(_in("kind", KINDS), name="ck_artifacts_kind"),
+    )
+    Table(
+        "sources",
+        md,
+        Column("artifact_id", h, ForeignKey("artifacts.id"), primary_key=True),
+        Column("text", Text, nullable=False),
+        Column("question", Text, nullable=True),
+        Column("solution", Text, nullable=True),
+        Column("answer", Text, nullable=True),
+    )
+    Table(
+        "verifications",
+        md,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("artifact_id", h, ForeignKey("artifacts.id"), nullable=True, index=True),
+        Column("item_sha256", h, nullable=False),
+        Column("verifier", String(16), nullable=False),
+        Column("reference", Text, nullable=True),
+        Column("verdict", String(16), nullable=False),
+        Column("detail", Text, nullable=False),
+        Column("created_at", when, nullable=False),
+        CheckConstraint(_in("verifier", VERIFIERS), name="ck_verifications_verifier"),
+        CheckConstraint(_in("verdict", VERDICTS), name="ck_verifications_verdict"),
+    )
+    Table(
+        "embeddings",
+        md,
+        Column("artifact_id", h, ForeignKey("artifacts.id"), primary_key=True),
+        Column("embedder_id", String(200), primary_key=True, index=True),
+        Column("dim", Integer, nullable=False),
+        Column("vector", LargeBinary, nullable=False),
+        Column("text_sha256", h, nullable=False),
+        CheckConstraint("dim > 0 AND length(vector) = 4 * dim", name="ck_embeddings_float32"),
+    )
+    Table(
+        "ledger",
+        md,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("created_at", when, nullable=False),
+        Column("query_sha256", h, nullable=False),
+        Column("query", Text, nullable=False),
+        Column("prompt_sha256", h, nullable=False),
+        Column("artifact_ids", Text, nullable=False),
+        Column("tier", String(16), nullable=False),
+        Column("model_fingerprint", Text, nullable=False),
+        Column("output_token_ids", Text, nullable=False),
+        Column("output_sha256", h, nullable=False),
+        Column("logits_sha256", h, nullable=True),
+        Column("grafted_tokens", Integer, nullable=False),
+        Column("computed_tokens", Integer, nullable=False),
+        Column("decode_tokens", Integer, nullable=False),
+        Column("baseline_tokens", Integer, nullable=False),
+        Column("baseline_measured", Boolean, nullable=False),
+        Column("ttft_s", Float, nullable=False),
+        Column("baseline_ttft_s", Float, nullable=True),
+        Column("total_s", Float, nullable=False),
+        Column("exact", Boolean, nullable=True),
+        Column("check_json", Text, nullable=True),
+        Column("flops", BigInteger, nullable=False),
+        Column("baseline_flops", BigInteger, nullable=False),
+        CheckConstraint(_in("tier", TIERS), name="ck_ledger_tier"),
+        CheckConstraint(
+            "grafted_tokens >= 0 AND computed_tokens >= 0 AND decode_tokens >= 0 AND baseline_tokens >= 0",
+            name="ck_ledger_tokens",
+        ),
+    )
+    meta = Table(
+        "meta",
+        md,
+        Column("id", Integer, primary_key=True, autoincrement=False),
+        Column("version", BigInteger, nullable=False),
+        CheckConstraint("id = 1", name="ck_meta_one_row"),
+    )
+    md.create_all(conn)
+    conn.execute(insert(meta).values(id=1, version=0))
+
+
+STEPS: tuple[tuple[str, Callable[[Connection], None]], ...] = (("m001_initial", m001_initial),)
+
+
+def _begin_step(conn: Connection) -> set[str]:
+    """Serialise against other openers, make sure the record table exists, return applied names."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
+    schema_migrations.create(conn, checkfirst=True)
+    return set(conn.scalars(select(schema_migrations.c.name)))
+
+
+def migrate(engine: Engine) -> list[str]:
+    """Apply every step not yet recorded, in order; returns the names applied now (empty: up to date).
+
+    Raises KvgraftError when the database records steps this code does not know (a newer kvgraft
+    migrated it)."""
+    known = [name for name, _ in STEPS]
+    applied_now: list[str] = []
+    for name, step in STEPS:
+        with dbengine.write(engine) as conn:
+            applied = _begin_step(conn)
+            unknown = sorted(applied - set(known))
+            if unknown:
+                raise KvgraftError(
+                    f"this catalog was migrated by a newer kvgraft (unknown steps: {', '.join(unknown)}); "
+                    "upgrade kvgraft to open it"
+                )
+            if name in applied:
+                continue
+            step(conn)
+            conn.execute(insert(schema_migrations).values(name=name, applied_at=utcnow()))
+            applied_now.append(name)
+    return applied_now
+
+
+def applied(engine: Engine) -> list[str]:
+    """Names recorded in schema_migrations, in order of application."""
+    with dbengine.read(engine) as conn:
+        rows = conn.execute(select(schema_migrations.c.name).order_by(schema_migrations.c.applied_at, schema_migrations.c.name))
+        return [r[0] for r in rows]

@@ -1,0 +1,165 @@
+"""The values that cross the catalog's boundary: frozen dataclasses, one per kind of row.
+
+They know nothing about SQL. Each checks its enumerated fields on construction and raises
+`InvalidInput` naming the field; numeric invariants (tokens > 0, end = start + tokens) are the
+database's CHECK constraints. Timestamps are timezone-aware UTC; a naive datetime is taken as UTC.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from graft_core.errors import InvalidInput
+
+KINDS = ("verified", "text", "attested")
+VERIFIERS = ("exact", "numeric", "sympy", "attested", "none")
+VERDICTS = ("pass", "refused")
+TIERS = ("exact", "relocated", "none")
+
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def as_utc(when: datetime) -> datetime:
+    """Aware UTC datetime; naive input is taken to be UTC already (SQLite hands those back)."""
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise InvalidInput(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _hex64(name: str, value: str) -> None:
+    if not HEX64.match(value):
+        raise InvalidInput(f"{name} must be 64 lowercase hex digits (a SHA-256); got {value!r}")
+
+
+@dataclass(frozen=True)
+class ArtifactRow:
+    """One deposited artifact. `content_sha256` may be "" going in: `add_deposit` takes it from the
+    blob writer. `root_id` and `depth` are derived from `parent_id` by the catalog (a root is its own
+    root at depth 0); values passed in are replaced."""
+
+    id: str
+    content_sha256: str
+    model_fingerprint: str
+    tokens: int
+    start: int
+    kind: str
+    title: str = ""
+    parent_id: str | None = None
+    bytes: int = 0
+    root_id: str = ""
+    depth: int = 0
+    created_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _hex64("artifact id", self.id)
+        if self.content_sha256:
+            _hex64("content_sha256", self.content_sha256)
+        if self.parent_id is not None:
+            _hex64("parent_id", self.parent_id)
+        _one_of("kind", self.kind, KINDS)
+        object.__setattr__(self, "created_at", as_utc(self.created_at))
+
+    @property
+    def end_pos(self) -> int:
+        """First position after this artifact's own tokens: where a child or a query continues."""
+        return self.start + self.tokens
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    """The exact text that was deposited; question/solution/answer are None for free text."""
+
+    artifact_id: str
+    text: str
+    question: str | None = None
+    solution: str | None = None
+    answer: str | None = None
+
+
+@dataclass(frozen=True)
+class VerificationRow:
+    """One verifier run. A refused item has no artifact (`artifact_id` None). `id` is assigned by
+    the catalog."""
+
+    artifact_id: str | None
+    item_sha256: str
+    verifier: str
+    verdict: str
+    reference: str | None = None
+    detail: str = ""
+    created_at: datetime = field(default_factory=utcnow)
+    id: int | None = None
+
+    def __post_init__(self) -> None:
+        _one_of("verifier", self.verifier, VERIFIERS)
+        _one_of("verdict", self.verdict, VERDICTS)
+        object.__setattr__(self, "created_at", as_utc(self.created_at))
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """One answered query with its hashes and token/second/FLOP accounting. `baseline_tokens` is
+    what a no-graft run needs for the same context: prefix + prompt prefill, plus the baseline's own
+    decode tokens when `baseline_measured`. `exact` is None when no exactness check ran."""
+
+    query_sha256: str
+    query: str
+    prompt_sha256: str
+    artifact_ids: tuple[str, ...]
+    tier: str
+    model_fingerprint: str
+    output_token_ids: tuple[int, ...]
+    output_sha256: str
+    grafted_tokens: int
+    computed_tokens: int
+    decode_tokens: int
+    baseline_tokens: int
+    baseline_measured: bool
+    ttft_s: float
+    total_s: float
+    flops: int
+    baseline_flops: int
+    logits_sha256: str | None = None
+    baseline_ttft_s: float | None = None
+    exact: bool | None = None
+    check_json: str | None = None
+    created_at: datetime = field(default_factory=utcnow)
+    id: int | None = None
+
+    def __post_init__(self) -> None:
+        _one_of("tier", self.tier, TIERS)
+        object.__setattr__(self, "artifact_ids", tuple(self.artifact_ids))
+        object.__setattr__(self, "output_token_ids", tuple(int(t) for t in self.output_token_ids))
+        object.__setattr__(self, "created_at", as_utc(self.created_at))
+
+
+@dataclass(frozen=True)
+class LedgerTotals:
+    """Sums over the whole ledger.
+
+    tokens_saved = sum of (baseline_tokens - computed_tokens - decode_tokens) over rows whose baseline
+    was measured (its decode is in baseline_tokens) plus (baseline_tokens - computed_tokens) over rows
+    whose baseline is the prefill-only count (the same decode on both sides cancels). It is the
+    number of token forward passes the grafted answers did not have to run.
+    checks_passed / checks_failed count rows whose exactness check ran (`exact` True / False).
+    """
+
+    answers: int
+    grafted_tokens: int
+    computed_tokens: int
+    decode_tokens: int
+    baseline_tokens: int
+    tokens_saved: int
+    flops: int
+    baseline_flops: int
+    checks_passed: int
+    checks_failed: int
