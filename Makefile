@@ -1,0 +1,55 @@
+# kvgraft: `make run` starts the app, `make test` installs what the tests need and runs them.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: run test test-fast lint bench eval demo install install-dev system-deps clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: requirements.txt $(BIN)/python
+	$(BIN)/pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+# Debian packages the tests drive for real: PostgreSQL (catalog tests) and chromium (browser tests).
+system-deps:
+	@if [ "$$(id -u)" = 0 ] && { ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ ! -x /usr/bin/chromium ]; }; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql chromium >/dev/null; fi
+
+run: install
+	$(BIN)/python app.py
+
+demo: install
+	$(BIN)/python scripts/demo.py
+
+lint: install-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: install-dev system-deps lint
+	$(BIN)/python -m pytest -q
+
+test-fast: install-dev
+	$(BIN)/python -m pytest -q -m "not integration and not browser"
+
+bench: install-dev
+	$(BIN)/python bench/engine.py
+	$(BIN)/python bench/retrieval.py
+
+eval: install-dev
+	$(BIN)/python eval/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

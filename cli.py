@@ -1,0 +1,218 @@
+"""kvgraft's command line: thin over services.py; each command calls one service and formats it.
+
+Errors print one line on stderr and exit non-zero (2 for a kvgraft error, 1 for a failed check);
+`--debug` shows the traceback. Command and JSON field names are stable: scripts rely on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _emit(args, payload: dict, human: str) -> None:
+    print(json.dumps(payload, indent=2, default=str) if args.json else human)
+
+
+def _library(args):
+    import services
+
+    return services.Library(home=args.home, db_url=args.db_url, model_name=args.model)
+
+
+def cmd_deposit(args) -> int:
+    lib = _library(args)
+    if args.question is not None:
+        missing = [f for f in ("solution", "answer", "verifier", "reference") if getattr(args, f) is None]
+        if missing:
+            raise SystemExit(f"error: a verified deposit needs --{' --'.join(missing)}")
+        d = lib.deposit_item(
+            args.question,
+            args.solution,
+            args.answer,
+            args.verifier,
+            args.reference,
+            parent=args.parent,
+            title=args.title or "",
+            admin=args.admin,
+        )
+    elif args.text_file is not None:
+        text = sys.stdin.read() if args.text_file == "-" else Path(args.text_file).read_text(encoding="utf-8")
+        d = lib.deposit_text(text, parent=args.parent, title=args.title or "", attested_by=args.attested_by, admin=args.admin)
+    else:
+        raise SystemExit("error: give --text-file F, or --question/--solution/--answer/--verifier/--reference")
+    payload = {
+        "id": d.id,
+        "content_sha256": d.content_sha256,
+        "tokens": d.tokens,
+        "start": d.start,
+        "bytes": d.bytes,
+        "prefill_s": d.prefill_s,
+        "verified": d.verified,
+        "verifier": d.verifier,
+        "kind": d.kind,
+        "created": d.created,
+    }
+    _emit(
+        args,
+        payload,
+        f"{'deposited' if d.created else 'already deposited'} {d.id} ({d.tokens} tokens at {d.start}, "
+        f"{d.bytes:,} bytes, {d.kind}, prefill {d.prefill_s:.2f} s)",
+    )
+    return 0
+
+
+def cmd_ask(args) -> int:
+    lib = _library(args)
+    r = lib.answer(
+        args.question,
+        k=args.k,
+        artifact=args.artifact,
+        graft=not args.no_graft,
+        max_new_tokens=args.max_new_tokens,
+        raw=args.raw,
+        check=args.check,
+        compare=args.compare,
+        relocated=args.relocated,
+    )
+    payload = r.as_json()
+    lines = [
+        r.answer,
+        "",
+        f"tier {r.tier}; grafted {r.grafted_tokens}, computed {r.computed_tokens}, decoded {r.decode_tokens} tokens; "
+        f"ttft {r.ttft_s * 1000:.0f} ms",
+    ]
+    if r.note:
+        lines.append(r.note)
+    for h in r.retrieved:
+        lines.append(f"  retrieved {h.id[:12]} {h.score:.3f} {h.title}")
+    if r.check:
+        lines.append(
+            f"check: {'EXACT (sha256 equal)' if r.check['exact'] else 'NOT EXACT'} fresh {r.check['fresh_sha256'][:16]} "
+            f"grafted {r.check['grafted_sha256'][:16]} KL {r.check['kl']:.3g}"
+        )
+    _emit(args, payload, "\n".join(lines))
+    return 1 if (r.check and r.check["tier"] == "exact" and not r.check["exact"]) else 0
+
+
+def cmd_verify(args) -> int:
+    lib = _library(args)
+    rep = lib.verify_samples(args.samples, relocate=args.relocate, seed=args.seed)
+    payload = rep.as_dict()
+    if not args.rows:
+        payload = {k: v for k, v in payload.items() if k != "rows"} | {
+            "rows": [
+                {
+                    k: r[k]
+                    for k in (
+                        "artifact",
+                        "query",
+                        "exact",
+                        "tier",
+                        "kl",
+                        "max_abs_diff",
+                        "argmax_agreement",
+                        "fresh_sha256",
+                        "grafted_sha256",
+                    )
+                }
+                for r in rep.rows
+            ]
+        }
+    tier = f"relocated to offset {args.relocate} (approximate)" if args.relocate is not None else "own position (exact tier)"
+    _emit(
+        args,
+        payload,
+        f"{rep.byte_equal}/{rep.samples} byte-equal, {tier}; max KL {rep.max_kl:.3g}, "
+        f"argmax agreement {rep.argmax_agreement:.4f}",
+    )
+    if args.relocate is None and rep.byte_equal != rep.samples:
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cli.py", description="kvgraft: byte-exact KV-cache grafting")
+    p.add_argument("--home", default=None, help="store folder (default $KVGRAFT_HOME or ~/.local/share/kvgraft)")
+    p.add_argument("--db-url", default=None, help="catalog URL (default $KVGRAFT_DB_URL or SQLite in the home)")
+    p.add_argument("--model", default=None, help="model folder or id (default $KVGRAFT_MODEL or the packaged Gemma 3 270M)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("deposit", help="deposit free text or a verified item")
+    d.add_argument("--text-file", help="UTF-8 text file to deposit ('-' for stdin)")
+    d.add_argument("--question")
+    d.add_argument("--solution")
+    d.add_argument("--answer")
+    d.add_argument("--verifier", choices=["exact", "numeric", "sympy", "attested"])
+    d.add_argument("--reference")
+    d.add_argument("--parent", help="artifact id to continue (chains compose exactly)")
+    d.add_argument("--title")
+    d.add_argument("--attested-by", help="name of the person who vouches for a free-text deposit (admin)")
+    d.add_argument("--admin", action="store_true", help="act as admin (the CLI runs with the store owner's rights)")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_deposit)
+
+    a = sub.add_parser("ask", help="answer a question, grafting retrieved artifacts")
+    a.add_argument("question")
+    g = a.add_mutually_exclusive_group()
+    g.add_argument("--artifact", help="graft this artifact (and its chain) instead of retrieving")
+    g.add_argument("--no-graft", action="store_true", help="plain baseline: nothing grafted")
+    a.add_argument("--k", type=int, default=3, help="retrieval depth (1-16)")
+    a.add_argument("--raw", action="store_true", help="append the text verbatim instead of the question template")
+    a.add_argument("--max-new-tokens", type=int, default=32)
+    a.add_argument("--check", action="store_true", help="check graft vs fresh recomputation byte for byte")
+    a.add_argument("--compare", action="store_true", help="also run and time the no-graft baseline")
+    a.add_argument("--relocated", action="store_true", help="compose several retrieved roots by re-rotation (approximate)")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=cmd_ask)
+
+    v = sub.add_parser("verify", help="N-sample exactness check (or the relocation experiment)")
+    v.add_argument("--samples", type=int, default=10)
+    v.add_argument("--relocate", type=int, default=None, metavar="OFFSET", help="graft roots at OFFSET (approximate tier)")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--rows", action="store_true", help="include every field of every sample in --json")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_verify)
+
+    try:
+        import cli_upkeep
+
+        cli_upkeep.register(sub)
+    except ImportError:
+        pass
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        import retrieval  # noqa: F401  (faiss before torch)
+        from graft_core.errors import KvgraftError
+
+        try:
+            return args.func(args)
+        except KvgraftError as exc:
+            if args.debug:
+                raise
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except (OSError, UnicodeDecodeError) as exc:
+            if args.debug:
+                raise
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
