@@ -1,0 +1,446 @@
+"""The verification gate: decides whether a verified item's answer matches its reference.
+
+It owns the four verifier kinds (exact, numeric, sympy, attested) and the item's canonical hash. It
+knows nothing about models, storage or who is calling: services enforce that only an admin may use
+`attested`, and turn a refused `Verdict` into `VerificationFailed`.
+
+A malformed reference or item raises `InvalidInput`; an answer that cannot be read as its kind
+(not a number, not a safe expression) is a refused `Verdict` that says why.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import keyword
+import math
+import re
+import threading
+import unicodedata
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Protocol
+
+from graft_core.errors import InvalidInput
+
+FIELD_BOUNDS = MappingProxyType({"question": 4_000, "solution": 16_000, "answer": 1_000, "reference": 1_000})
+
+
+@dataclass(frozen=True)
+class VerifiedItem:
+    question: str
+    solution: str
+    answer: str
+    verifier: str
+    reference: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    verifier: str
+    detail: str
+
+
+class Verifier(Protocol):
+    name: str
+
+    def check(self, answer: str, reference: str) -> Verdict: ...
+
+
+def _q(text: str, limit: int = 80) -> str:
+    """Quote text for a message: single quotes, newlines escaped, long text cut with an ellipsis."""
+    text = text.replace("\n", "\\n")
+    return "'" + (text if len(text) <= limit else text[: limit - 1] + "…") + "'"
+
+
+def _require_text(field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(f"{field} must be text, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidInput(f"{field} is empty; give a non-empty {field}")
+    bound = FIELD_BOUNDS.get(field)
+    if bound is not None and len(value) > bound:
+        raise InvalidInput(f"{field} is {len(value):,} characters; the bound for {field} is {bound:,} characters, shorten it")
+    return value
+
+
+# --- exact ------------------------------------------------------------------------------------
+
+_EDGE_PUNCTUATION = ".,;:!?\"'`()[]{}«»‘’‚“”„‹›"
+
+
+def normalise_text(text: str) -> str:
+    """NFKC, casefold, collapse whitespace, strip surrounding punctuation (a trailing period included)."""
+    text = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+    while text and (text[0] in _EDGE_PUNCTUATION or text[-1] in _EDGE_PUNCTUATION):
+        text = text.strip(_EDGE_PUNCTUATION).strip()
+    return text
+
+
+class ExactVerifier:
+    """Equal after `normalise_text`: 'Osric Pellamy.' matches 'osric  pellamy'."""
+
+    name = "exact"
+
+    def check(self, answer: str, reference: str) -> Verdict:
+        a, r = normalise_text(_require_text("answer", answer)), normalise_text(_require_text("reference", reference))
+        if not r:
+            raise InvalidInput(f"reference {_q(reference)} is only punctuation; give the expected text")
+        if a == r:
+            return Verdict(True, self.name, f"answer {_q(answer)} equals reference {_q(reference)} (exact, normalised)")
+        return Verdict(
+            False,
+            self.name,
+            f"answer {_q(answer)} does not equal reference {_q(reference)} (exact, normalised {_q(a)} vs {_q(r)})",
+        )
+
+
+# --- numeric ----------------------------------------------------------------------------------
+
+_DECIMAL = r"[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,4})?"
+_RATIO = r"[+-]?\d+\s*/\s*\d+"
+_NUMBER_RE = re.compile(rf"(?P<num>{_RATIO}|{_DECIMAL})(?:\s*(?P<unit>%|[^\W\d_]+))?")
+_TOLERANCE_SPLIT = re.compile(r"\s*(?:±|\+/-|\+-)\s*")
+
+
+def _parse_number(text: str) -> tuple[Fraction, str | None]:
+    """'1,234.5 km' -> (Fraction(2469, 2), 'km'); raises ValueError when the text is not one number."""
+    text = unicodedata.normalize("NFKC", text).strip().replace("\u2212", "-")
+    match = _NUMBER_RE.fullmatch(text)
+    if match is None:
+        raise ValueError("is not a number")
+    num = match["num"].replace(",", "").replace(" ", "")
+    try:
+        value = Fraction(num)
+    except ZeroDivisionError:
+        raise ValueError("has a zero denominator") from None
+    unit = match["unit"]
+    return value, (unit.casefold() if unit else None)
+
+
+class NumericVerifier:
+    """One number each: '1,234.5', '-3', '3/4', '2.5e3', optionally followed by one unit word ('42 km', '50%').
+
+    Equal within `rel_tol` (default 1e-9, relative to the larger magnitude) or within the absolute
+    tolerance a reference states as '42 ± 0.01' / '42 +- 0.01'. An answer's unit must be the
+    reference's; a bare number is accepted against a reference with a unit.
+    """
+
+    name = "numeric"
+
+    def __init__(self, rel_tol: float = 1e-9):
+        self.rel_tol = rel_tol
+
+    def _reference(self, reference: str) -> tuple[Fraction, str | None, Fraction | None, str]:
+        """Returns (value, unit, absolute tolerance or None, tolerance description)."""
+        main, *rest = _TOLERANCE_SPLIT.split(reference.strip(), maxsplit=1)
+        try:
+            value, unit = _parse_number(main)
+            tol = None
+            if rest:
+                tol, tol_unit = _parse_number(rest[0])
+                unit = unit or tol_unit  # '42 ± 1 km' means 42 km ± 1 km
+                if tol < 0 or (tol_unit is not None and tol_unit != unit):
+                    raise ValueError("bad tolerance")
+        except ValueError:
+            raise InvalidInput(
+                f"reference {_q(reference)} is not a number; write e.g. '42', '-3', '3/4', '1,234.5', '2.5e3', '42 km' or '42 ± 0.01'"
+            ) from None
+        how = f"abs tol {rest[0].strip()}" if tol is not None else f"rel tol {self.rel_tol!r}"
+        return value, unit, tol, how
+
+    def check(self, answer: str, reference: str) -> Verdict:
+        _require_text("answer", answer)
+        r, r_unit, abs_tol, how = self._reference(_require_text("reference", reference))
+        try:
+            a, a_unit = _parse_number(answer)
+        except ValueError as e:
+            return Verdict(False, self.name, f"answer {_q(answer)} {e} (numeric)")
+        if a_unit is not None and a_unit != r_unit:
+            theirs = f"unit {_q(r_unit)}" if r_unit else "none"
+            return Verdict(
+                False,
+                self.name,
+                f"answer {_q(answer)} has unit {_q(a_unit)} but reference {_q(reference)} has {theirs} (numeric)",
+            )
+        diff = abs(a - r)
+        ok = diff <= abs_tol if abs_tol is not None else diff <= Fraction(self.rel_tol) * max(abs(a), abs(r))
+        verb = "matches" if ok else "does not equal"
+        return Verdict(ok, self.name, f"answer {_q(answer)} {verb} reference {_q(reference)} (numeric, {how})")
+
+
+# --- sympy ------------------------------------------------------------------------------------
+
+SYMPY_MAX_CHARS = 200
+SYMPY_MAX_EXPONENT = 1_000  # largest |numeric exponent|
+SYMPY_MAX_BITS = 8_192  # largest integer any eager evaluation may build (about 2,466 digits)
+SYMPY_MAX_DEGREE = 100  # largest polynomial degree
+SYMPY_MAX_NODES = 200
+SYMPY_FUNCTIONS = MappingProxyType(
+    {"sqrt": (1, 1), "sin": (1, 1), "cos": (1, 1), "exp": (1, 1), "log": (1, 2), "Rational": (1, 2)}
+)
+SYMPY_CONSTANTS = ("pi", "E")
+_RESERVED = frozenset({"Integer", "Float", "Symbol"})  # names the parser's generated code calls
+_ALLOWED_CHARS = re.compile(r"[A-Za-z0-9 .+\-*/^(),]*")
+_TOKEN = re.compile(r"(?P<name>[A-Za-z][A-Za-z0-9]*)|(?P<num>\d+\.?\d*|\.\d+)|(?P<space> +)|(?P<op>\*\*|.)")
+_abandoned: list[threading.Thread] = []
+_abandoned_lock = threading.Lock()
+_MAX_ABANDONED = 2
+
+
+class _Unsafe(ValueError):
+    """The text is not an expression this verifier will evaluate; the message says why."""
+
+
+@dataclass(frozen=True)
+class _Size:
+    bits: int  # upper bound on the bit length of any number built eagerly
+    degree: int  # upper bound on the polynomial degree
+    value: Fraction | None  # exact value when the subtree is a rational constant
+
+
+def _check_tokens(text: str) -> list[str]:
+    """Character and token rules; returns the identifiers that are symbols."""
+    if len(text) > SYMPY_MAX_CHARS:
+        raise _Unsafe(f"it is longer than {SYMPY_MAX_CHARS} characters")
+    if not _ALLOWED_CHARS.fullmatch(text):
+        bad = next(c for c in text if not _ALLOWED_CHARS.fullmatch(c))
+        raise _Unsafe(f"character {bad!r} is not allowed")
+    symbols: list[str] = []
+    previous = None
+    for token in _TOKEN.finditer(text):
+        if token["name"]:
+            name = token["name"]
+            if previous == "num":
+                raise _Unsafe(f"a number runs into {name!r}; write 2*x, not 2x")
+            if keyword.iskeyword(name) or name in _RESERVED or len(name) > 16:
+                raise _Unsafe(f"name {name!r} is not allowed")
+            if name not in SYMPY_FUNCTIONS and name not in SYMPY_CONSTANTS and name not in symbols:
+                symbols.append(name)
+        previous = token.lastgroup
+    return symbols
+
+
+def _measure(node: ast.AST, source: str, counter: list[int]) -> _Size:
+    """Walks the Python AST of the expression, allowing only arithmetic, and bounds its cost."""
+    counter[0] += 1
+    if counter[0] > SYMPY_MAX_NODES:
+        raise _Unsafe(f"it has more than {SYMPY_MAX_NODES} parts")
+    if isinstance(node, ast.Expression):
+        return _measure(node.body, source, counter)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        value = Fraction(ast.get_source_segment(source, node) or "0")  # the literal as written, exactly
+        return _Size(max(value.numerator.bit_length(), value.denominator.bit_length(), 1), 0, value)
+    if isinstance(node, ast.Name):
+        if node.id in SYMPY_FUNCTIONS:
+            raise _Unsafe(f"{node.id!r} must be called, as in {node.id}(x)")
+        return _Size(2, 0, None) if node.id in SYMPY_CONSTANTS else _Size(1, 1, None)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd | ast.USub):
+        s = _measure(node.operand, source, counter)
+        return _Size(s.bits, s.degree, None if s.value is None else (-s.value if isinstance(node.op, ast.USub) else s.value))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult | ast.Div | ast.Pow):
+        left, right = _measure(node.left, source, counter), _measure(node.right, source, counter)
+        both = left.value is not None and right.value is not None
+        if isinstance(node.op, ast.Add | ast.Sub):
+            value = (left.value + right.value if isinstance(node.op, ast.Add) else left.value - right.value) if both else None
+            size = _Size(max(left.bits, right.bits) + 1, max(left.degree, right.degree), value)
+        elif isinstance(node.op, ast.Mult):
+            size = _Size(left.bits + right.bits, left.degree + right.degree, left.value * right.value if both else None)
+        elif isinstance(node.op, ast.Div):
+            value = left.value / right.value if both and right.value != 0 else None
+            size = _Size(left.bits + right.bits, left.degree + right.degree, value)
+        else:
+            size = _measure_pow(left, right)
+        if size.bits > SYMPY_MAX_BITS:
+            raise _Unsafe(f"it builds numbers larger than {SYMPY_MAX_BITS} bits")
+        if size.degree > SYMPY_MAX_DEGREE:
+            raise _Unsafe(f"its degree exceeds {SYMPY_MAX_DEGREE}")
+        return size
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in SYMPY_FUNCTIONS and not node.keywords:
+        low, high = SYMPY_FUNCTIONS[node.func.id]
+        if not low <= len(node.args) <= high:
+            raise _Unsafe(f"{node.func.id} takes {low} to {high} arguments")
+        args = [_measure(arg, source, counter) for arg in node.args]
+        if node.func.id == "Rational":
+            if any(a.value is None for a in args):
+                raise _Unsafe("Rational takes numbers only")
+            value = args[0].value if len(args) == 1 else (args[0].value / args[1].value if args[1].value else None)
+            return _Size(sum(a.bits for a in args), 0, value)
+        degree = max(a.degree for a in args)
+        return _Size(max(a.bits for a in args), degree if node.func.id == "sqrt" else min(degree, 1), None)
+    what = (
+        f"calling {ast.unparse(node.func)!r}" if isinstance(node, ast.Call) else f"{type(node).__name__} ({ast.unparse(node)!r})"
+    )
+    raise _Unsafe(f"{what} is not allowed; use numbers, symbols, + - * / ^ and {', '.join(SYMPY_FUNCTIONS)}")
+
+
+def _measure_pow(base: _Size, exponent: _Size) -> _Size:
+    if exponent.value is None:  # symbolic or irrational exponent: nothing is computed, but keep its numbers small
+        if exponent.bits > 10:
+            raise _Unsafe("the numbers in a symbolic exponent are too large")
+        factor = 2**exponent.bits
+        return _Size(base.bits * factor, base.degree * factor, None)
+    if abs(exponent.value) > SYMPY_MAX_EXPONENT:
+        raise _Unsafe(f"exponent {exponent.value} is larger than {SYMPY_MAX_EXPONENT}")
+    n = max(1, math.ceil(abs(exponent.value)))
+    bits, degree = base.bits * n, base.degree * n
+    if bits > SYMPY_MAX_BITS:
+        raise _Unsafe(f"it builds numbers larger than {SYMPY_MAX_BITS} bits")
+    value = base.value**exponent.value if base.value is not None and exponent.value.denominator == 1 and base.value != 0 else None
+    return _Size(bits, degree, value)
+
+
+def _validate_expression(text: str) -> tuple[str, list[str]]:
+    """Raises _Unsafe unless text is a small arithmetic expression; returns (python text, symbol names)."""
+    symbols = _check_tokens(text)
+    python = text.replace("^", "**").strip()
+    try:
+        tree = ast.parse(python, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise _Unsafe("it is not a well-formed expression") from None
+    _measure(tree, python, [0])
+    return python, symbols
+
+
+def _build(python: str, symbols: list[str]):
+    """Only ever called on text that passed _validate_expression; the namespaces hold nothing else."""
+    import sympy
+    from sympy.parsing.sympy_parser import auto_number, parse_expr, rationalize
+
+    allowed = {"sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "exp": sympy.exp, "log": sympy.log}
+    allowed |= {"pi": sympy.pi, "E": sympy.E, "Rational": sympy.Rational}
+    global_dict = {"__builtins__": {}, "Integer": sympy.Integer, "Float": sympy.Float, "Symbol": sympy.Symbol} | allowed
+    local_dict = {name: sympy.Symbol(name) for name in symbols}
+    return parse_expr(python, local_dict=local_dict, global_dict=global_dict, transformations=(auto_number, rationalize))
+
+
+def _difference(answer: tuple[str, list[str]], reference: tuple[str, list[str]]):
+    import sympy
+
+    return sympy.simplify(_build(*answer) - _build(*reference))
+
+
+class SympyVerifier:
+    """Symbolic equality, simplify(answer - reference) == 0, on expressions that pass a strict gate.
+
+    Neither string is ever given to `sympify`. Each must match an allow-list of characters, parse (as
+    Python syntax, never run) into numbers, symbols, + - * / ** and calls of SYMPY_FUNCTIONS only, and
+    stay within bounds on size, exponents, integer bits and degree; only then is it built with
+    `parse_expr` in a namespace without builtins. Simplification runs in a daemon thread and a
+    check that exceeds `timeout_s` is refused.
+    """
+
+    name = "sympy"
+
+    def __init__(self, timeout_s: float = 2.0):
+        self.timeout_s = timeout_s
+
+    def check(self, answer: str, reference: str) -> Verdict:
+        _require_text("answer", answer)
+        try:
+            ref = _validate_expression(_require_text("reference", reference))
+        except _Unsafe as e:
+            raise InvalidInput(
+                f"reference {_q(reference)} is not a safe expression: {e}; use numbers, letters as symbols, "
+                f"+ - * / ^ **, parentheses and {', '.join(SYMPY_FUNCTIONS)}, {', '.join(SYMPY_CONSTANTS)}"
+            ) from None
+        try:
+            ans = _validate_expression(answer)
+        except _Unsafe as e:
+            return Verdict(False, self.name, f"answer {_q(answer)} is not a safe expression: {e} (sympy)")
+        import sympy  # noqa: F401  (the first import takes ~0.3 s; keep it out of the timed part)
+
+        with _abandoned_lock:
+            _abandoned[:] = [t for t in _abandoned if t.is_alive()]
+            if len(_abandoned) >= _MAX_ABANDONED:
+                return Verdict(
+                    False,
+                    self.name,
+                    f"sympy verifier is busy: {len(_abandoned)} earlier checks are still running; try again later",
+                )
+        result: dict = {}
+
+        def work() -> None:
+            try:
+                result["diff"] = _difference(ans, ref)
+            except Exception as e:  # sympy raises many kinds on odd but safe input (e.g. Rational(x))
+                result["error"] = e
+
+        worker = threading.Thread(target=work, name="kvgraft-sympy-check", daemon=True)
+        worker.start()
+        worker.join(self.timeout_s)
+        if worker.is_alive():
+            with _abandoned_lock:
+                _abandoned.append(worker)
+            return Verdict(
+                False,
+                self.name,
+                f"answer {_q(answer)} vs reference {_q(reference)}: simplify did not finish within {self.timeout_s} s (sympy)",
+            )
+        if "error" in result:
+            e = result["error"]
+            return Verdict(
+                False,
+                self.name,
+                f"answer {_q(answer)} vs reference {_q(reference)}: sympy could not compare them ({type(e).__name__}) (sympy)",
+            )
+        diff = result["diff"]
+        if diff == 0:
+            return Verdict(
+                True,
+                self.name,
+                f"answer {_q(answer)} equals reference {_q(reference)} (sympy, simplify(answer - reference) == 0)",
+            )
+        return Verdict(
+            False,
+            self.name,
+            f"answer {_q(answer)} does not equal reference {_q(reference)} (sympy, simplify(answer - reference) = {_q(str(diff))})",
+        )
+
+
+# --- attested ---------------------------------------------------------------------------------
+
+_NAME_RE = re.compile(r"[^\W\d_][\w .,'’-]{0,199}")
+
+
+class AttestedVerifier:
+    """A named person vouches for the answer; the reference is their name. Services allow it to admins only."""
+
+    name = "attested"
+
+    def check(self, answer: str, reference: str) -> Verdict:
+        _require_text("answer", answer)
+        person = " ".join(_require_text("reference", reference).split())
+        if not _NAME_RE.fullmatch(person):
+            raise InvalidInput(
+                f"reference {_q(reference)} is not a name; for attested give the name of the person who vouches, e.g. 'Dr. A. Rivera'"
+            )
+        return Verdict(True, self.name, f"attested by {person}")
+
+
+VERIFIERS: MappingProxyType[str, Verifier] = MappingProxyType(
+    {v.name: v for v in (ExactVerifier(), NumericVerifier(), SympyVerifier(), AttestedVerifier())}
+)
+
+
+def check(item: VerifiedItem) -> Verdict:
+    """Validates every field, then asks the item's verifier whether its answer matches its reference."""
+    if not isinstance(item, VerifiedItem):
+        raise InvalidInput(f"item must be a VerifiedItem, got {type(item).__name__}")
+    for field in ("question", "solution", "answer", "verifier", "reference"):
+        _require_text(field, getattr(item, field))
+    verifier = VERIFIERS.get(item.verifier)
+    if verifier is None:
+        raise InvalidInput(f"unknown verifier {_q(item.verifier)}; valid kinds are: {', '.join(sorted(VERIFIERS))}")
+    return verifier.check(item.answer, item.reference)
+
+
+def item_sha256(item: VerifiedItem) -> str:
+    """SHA-256 of the canonical JSON of the item: keys sorted, no spaces, UTF-8, no ASCII escaping."""
+    if not isinstance(item, VerifiedItem):
+        raise InvalidInput(f"item must be a VerifiedItem, got {type(item).__name__}")
+    canonical = json.dumps(asdict(item), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
