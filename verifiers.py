@@ -407,12 +407,15 @@ _NAME_RE = re.compile(r"[^\W\d_][\w .,'’-]{0,199}")
 
 
 class AttestedVerifier:
-    """A named person vouches for the answer; the reference is their name. Services allow it to admins only."""
+    """A named person vouches for the answer (or, with an empty answer, for a text); the reference is their name.
+
+    Services allow it to admins only."""
 
     name = "attested"
 
     def check(self, answer: str, reference: str) -> Verdict:
-        _require_text("answer", answer)
+        if answer != "":  # the answer may be empty: attesting free text vouches for the text itself
+            _require_text("answer", answer)
         person = " ".join(_require_text("reference", reference).split())
         if not _NAME_RE.fullmatch(person):
             raise InvalidInput(

@@ -232,6 +232,7 @@ def test_sympy_any_text_gives_a_verdict_or_invalid_input(text):
 def test_attested_names_the_person():
     assert check(item("anything", "attested", "  Dr. A.  Rivera ")) == Verdict(True, "attested", "attested by Dr. A. Rivera")
     assert check(item("x", "attested", "Siobhán O’Neill-Ruiz")).detail == "attested by Siobhán O’Neill-Ruiz"
+    assert verifiers.AttestedVerifier().check("", "Dr. A. Rivera") == Verdict(True, "attested", "attested by Dr. A. Rivera")
 
 
 @pytest.mark.parametrize("reference", ["123", "-", "Dr. <script>", "a\nb" + "c" * 300])
