@@ -1,0 +1,796 @@
+"""kvgraft's web app: a Gradio Blocks front end, thin over services.py.
+
+Each callback calls one `Library` method and formats its result (HTML, tables, matplotlib
+figures); it knows nothing about torch or SQL. The model runs one request at a time behind
+Gradio's queue (every model event shares the concurrency group "model"; reads of the catalog run
+beside it). Named API endpoints for `gradio_client`: `/answer`, `/deposit`, `/verify`.
+
+Run `python app.py` (host/port from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, store from
+KVGRAFT_HOME, deposits enabled by KVGRAFT_ADMIN_TOKEN). An empty store is seeded with the built-in
+verified library in `library_seed/` at startup.
+"""
+
+from __future__ import annotations
+
+import hmac
+import html
+import json
+import logging
+import os
+import queue
+import tempfile
+import threading
+import time
+import unicodedata
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import gradio as gr  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+import services  # noqa: E402
+from graft_core.errors import KvgraftError  # noqa: E402  (a type, not the engine)
+
+log = logging.getLogger("kvgraft.app")
+
+HERE = Path(__file__).resolve().parent
+SEED_DIR = HERE / "library_seed"
+STATIC = HERE / "static"
+QUEUE_MAX = 64
+VERIFIERS = ["exact", "numeric", "sympy", "attested"]
+ADMIN_HELP = (
+    "Deposits are disabled: no admin token is configured. Set the environment variable "
+    "`KVGRAFT_ADMIN_TOKEN` to a secret and restart the app (`KVGRAFT_ADMIN_TOKEN=... python app.py`)."
+)
+
+
+# ---- the built-in library ------------------------------------------------------------------
+
+
+class SeedStatus:
+    """What the startup seeding is doing, for the status line (thread-safe enough: one writer)."""
+
+    def __init__(self, message: str = "", done: bool = True):
+        self.message, self.done, self.fraction = message, done, 1.0 if done else 0.0
+
+    def update(self, fraction: float, message: str, done: bool = False) -> None:
+        self.fraction, self.message, self.done = fraction, message, done
+        log.info("seed: %s", message)
+
+
+def seed_items(folder: Path = SEED_DIR) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The verified items (items.jsonl) and the fact sheets (*.txt: (title, text)) of a seed folder."""
+    items = [json.loads(line) for line in (folder / "items.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    sheets = [(p.stem, p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.txt"))]
+    return items, sheets
+
+
+def seed_library(
+    library: services.Library, folder: Path = SEED_DIR, on_progress: Callable[[float, str], None] | None = None
+) -> int:
+    """Deposit the built-in library (each item through its verifier); returns how many were new."""
+    progress = on_progress or (lambda f, m: None)
+    items, sheets = seed_items(folder)
+    total, created = len(items) + len(sheets), 0
+    for i, it in enumerate(items):
+        progress(i / total, f"seeding the built-in library: {i + 1}/{total} {it['question']}")
+        created += library.deposit_item(**it).created
+    for j, (title, text) in enumerate(sheets, start=len(items)):
+        progress(j / total, f"seeding the built-in library: {j + 1}/{total} fact sheet '{title}'")
+        created += library.deposit_text(text, title=title, attested_by="kvgraft built-in library", admin=True).created
+    progress(1.0, f"built-in library ready: {total} artifacts ({created} new)")
+    return created
+
+
+# ---- input checks and formatting -----------------------------------------------------------
+
+
+def input_problem(text: object) -> str | None:
+    """A clear message for input the app refuses before it reaches the model, or None."""
+    if not isinstance(text, str):
+        return "Send the question as plain text."
+    if not text.strip():
+        return "The question is empty: type a question."
+    if "\x00" in text:
+        return "The question contains NUL bytes (binary data?): send plain text."
+    junk = sum(1 for c in text if unicodedata.category(c) in ("Cc", "Cs", "Co", "Cn") and c not in "\n\r\t")
+    if junk:
+        return f"The question contains {junk} control or unassigned characters (binary data?): send plain text."
+    return None
+
+
+def _shown(text: object, limit: int = 600) -> str:
+    """User text as it is echoed in the chat: control characters made visible, long text cut."""
+    s = text if isinstance(text, str) else repr(text)
+    s = "".join(c if c in "\n\t" or unicodedata.category(c)[0] != "C" else "\ufffd" for c in s)
+    return s if len(s) <= limit else s[:limit] + f" … ({len(s):,} characters)"
+
+
+def _e(x: object) -> str:
+    return html.escape(str(x))
+
+
+def _ms(s: float | None) -> str:
+    return "–" if s is None else f"{s * 1000:.1f} ms"
+
+
+def _badge(r: services.AnswerResult) -> str:
+    if r.check is None:
+        why = "check off" if r.tier != "none" else "nothing grafted"
+        return f'<span class="kv-nocheck">NOT CHECKED</span> <span class="kv-muted">({why})</span>'
+    ok = bool(r.check["exact"])
+    cls, text = ("kv-pass", "EXACT") if ok else ("kv-fail", "NOT EXACT")
+    return f'<span class="kv-badge {cls}">{text}</span>'
+
+
+def evidence_html(r: services.AnswerResult) -> str:
+    """The evidence panel for one answer: retrieval, tier, token accounting, timing, exactness."""
+    sv = r.savings
+    base_decode = sv.get("baseline_decode_tokens")
+    baseline_total = sv["baseline_prefill_tokens"] + (base_decode if base_decode is not None else r.decode_tokens)
+    ours = r.computed_tokens + r.decode_tokens
+    measured = r.baseline is not None
+    parts = [
+        f'<div class="kv-evidence"><div class="kv-head">{_badge(r)} <span class="kv-tier kv-tier-{_e(r.tier)}">tier {_e(r.tier)}</span></div>'
+    ]
+    rows = [
+        ("tokens grafted (restored, not computed)", f"{r.grafted_tokens:,}"),
+        ("tokens computed (prompt)", f"{r.computed_tokens:,}"),
+        ("tokens decoded", f"{r.decode_tokens:,}"),
+        (
+            "no-graft baseline" + (" (measured)" if measured else " (estimate: baseline not run)"),
+            f"{baseline_total:,} tokens → {baseline_total / max(1, ours):.1f}× fewer with graft",
+        ),
+        ("time to first token", _ms(r.ttft_s)),
+    ]
+    if measured:
+        rows.append(
+            (
+                "baseline time to first token (measured)",
+                f"{_ms(r.baseline['ttft_s'])} → {r.baseline['ttft_speedup']:.2f}× speedup",
+            )
+        )
+    rows += [("artifact read", _ms(r.read_s)), ("total", _ms(r.total_s))]
+    parts.append('<table class="kv-table">' + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</table>")
+    if r.check is not None:
+        c = r.check
+        crow = [
+            ("fresh logits SHA-256", c["fresh_sha256"]),
+            ("grafted logits SHA-256", c["grafted_sha256"]),
+            ("KL(fresh ‖ grafted)", f"{c['kl']:.3g}"),
+            ("argmax agreement", f"{c['argmax_agreement'] * 100:.2f}% over {c['rows']} rows"),
+            ("max |diff|", f"{c['max_abs_diff']:.3g}"),
+        ]
+        if c.get("monolithic_max_abs_diff") is not None:
+            crow.append(
+                (
+                    "one-pass forward (another schedule, never 'exact')",
+                    f"max |diff| {c['monolithic_max_abs_diff']:.3g}, argmax {c['monolithic_argmax_agreement'] * 100:.2f}%",
+                )
+            )
+        parts.append(
+            '<div class="kv-sub">Exactness check (graft vs fresh recomputation, same schedule)</div><table class="kv-table kv-hash">'
+            + "".join(f"<tr><th>{_e(k)}</th><td><code>{_e(v)}</code></td></tr>" for k, v in crow)
+            + "</table>"
+        )
+    if r.retrieved:
+        grafted = set(r.artifact_ids)
+        trs = "".join(
+            f"<tr><td>{'●' if h.id in grafted else '○'}</td><td>{_e(h.title)}</td><td>{h.score:.3f}</td><td>{h.tokens}</td>"
+            f"<td>{_e(h.verifier)}: {_e(h.verdict)}</td></tr>"
+            for h in r.retrieved
+        )
+        parts.append(
+            '<div class="kv-sub">Retrieved artifacts (● grafted)</div><table class="kv-table kv-hits">'
+            "<tr><th></th><th>title</th><th>similarity</th><th>tokens</th><th>verifier</th></tr>" + trs + "</table>"
+        )
+    if r.note:
+        parts.append(f'<div class="kv-note">{_e(r.note)}</div>')
+    parts.append(
+        f'<div class="kv-muted">output sha256 <code>{_e(r.output_sha256[:16])}…</code> · ledger #{_e(r.ledger_id)}</div></div>'
+    )
+    return "".join(parts)
+
+
+def evidence_summary(r: services.AnswerResult) -> tuple[str, str]:
+    """(title, markdown) of the collapsible evidence note under an answer in the chat."""
+    verdict = "not checked" if r.check is None else ("EXACT" if r.check["exact"] else "NOT EXACT")
+    title = f"Evidence · {verdict} · tier {r.tier} · {r.grafted_tokens} grafted / {r.computed_tokens} computed / {r.decode_tokens} decoded"
+    lines = [f"- {h.title} (similarity {h.score:.3f}, {h.tokens} tokens, {h.verifier}: {h.verdict})" for h in r.retrieved]
+    if r.check is not None:
+        lines.append(
+            f"- fresh `{r.check['fresh_sha256'][:16]}…` vs grafted `{r.check['grafted_sha256'][:16]}…`, KL {r.check['kl']:.3g}"
+        )
+    lines.append(
+        f"- time to first token {_ms(r.ttft_s)}" + (f", baseline {_ms(r.baseline['ttft_s'])} (measured)" if r.baseline else "")
+    )
+    if r.note:
+        lines.append(f"- {r.note}")
+    return title, "\n".join(lines)
+
+
+def _warn(message: str) -> dict:
+    return {"role": "assistant", "content": f"⚠️ {message}"}
+
+
+# ---- plots (matplotlib Figure objects, no pyplot state) ------------------------------------
+
+
+def _figure(w: float = 6.4, h: float = 3.2) -> tuple[Figure, object]:
+    fig = Figure(figsize=(w, h), dpi=100, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def tokens_plot(entries) -> Figure:
+    fig, ax = _figure()
+    if not entries:
+        ax.text(0.5, 0.5, "no answers yet: ask something in the Chat tab", ha="center", va="center")
+        ax.set_axis_off()
+        return fig
+    xs = list(range(len(entries)))
+    ours = [e.computed_tokens + e.decode_tokens for e in entries]
+    base = [e.baseline_tokens for e in entries]
+    ax.bar([x - 0.2 for x in xs], base, width=0.4, label="no-graft baseline", color="#c9ced6")
+    ax.bar([x + 0.2 for x in xs], ours, width=0.4, label="computed with graft", color="#2f6fde")
+    est = [x for x, e in zip(xs, entries) if not e.baseline_measured]
+    if est:
+        ax.scatter(est, [base[x] for x in est], marker="x", color="#6b7280", s=14, label="baseline estimated", zorder=3)
+    ax.set_xlabel("answer (oldest → newest)")
+    ax.set_ylabel("tokens")
+    ax.set_title("Tokens per answer: computed vs baseline")
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+def speedup_plot(entries) -> Figure:
+    fig, ax = _figure()
+    speedups = [e.baseline_ttft_s / max(e.ttft_s, 1e-9) for e in entries if e.baseline_ttft_s is not None]
+    if not speedups:
+        ax.text(0.5, 0.5, "no measured baseline yet:\ntick 'compare with no graft' in the Chat tab", ha="center", va="center")
+        ax.set_axis_off()
+        return fig
+    ax.hist(speedups, bins=min(20, max(3, len(speedups))), color="#16a34a")
+    ax.axvline(1.0, color="#6b7280", linestyle="--", linewidth=1)
+    ax.set_xlabel("time-to-first-token speedup (baseline / graft, measured)")
+    ax.set_ylabel("answers")
+    ax.set_title(f"TTFT speedup over {len(speedups)} measured answers")
+    return fig
+
+
+def store_plot(store_tokens: int, window: int) -> Figure:
+    fig, ax = _figure(6.4, 1.8)
+    ax.barh(["store"], [store_tokens], color="#7c3aed")
+    ax.axvline(window, color="#dc2626", linestyle="--", label=f"context window {window:,}")
+    ax.set_xlim(0, max(store_tokens, window) * 1.1)
+    ax.set_xlabel("tokens")
+    ax.set_title(f"Store: {store_tokens:,} tokens = {store_tokens / max(1, window):.2f}× the context window")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def verify_plot(rows: list[dict], relocate: int | None) -> Figure:
+    fig, ax = _figure()
+    if not rows:
+        ax.set_axis_off()
+        return fig
+    xs = list(range(1, len(rows) + 1))
+    if relocate is None:
+        ax.bar(xs, [1 if r["exact"] else 0 for r in rows], color=["#16a34a" if r["exact"] else "#dc2626" for r in rows])
+        ax.set_ylim(0, 1.2)
+        ax.set_ylabel("byte-equal (1 = SHA-256 equal)")
+        ax.set_title("Own position: graft vs fresh, per sample")
+    else:
+        ax.bar(xs, [max(r["max_abs_diff"], 1e-12) for r in rows], color="#f59e0b", label="max |diff|")
+        ax.set_yscale("log")
+        ax.set_ylabel("max |logit diff| (log)")
+        ax2 = ax.twinx()
+        ax2.plot(xs, [r["argmax_agreement"] * 100 for r in rows], "o-", color="#2f6fde", label="argmax agreement %")
+        ax2.set_ylim(0, 105)
+        ax2.set_ylabel("argmax agreement %")
+        ax.set_title(f"Relocated to offset {relocate} (approximate tier)")
+    ax.set_xlabel("sample")
+    return fig
+
+
+# ---- the app ------------------------------------------------------------------------------
+
+_DONE = object()
+
+
+def launch_kwargs() -> dict:
+    """What `launch()` needs besides host and port (Gradio 6 takes css/theme there)."""
+    return {"css_paths": [STATIC / "app.css"], "theme": gr.themes.Soft(primary_hue="blue")}
+
+
+def build_app(library: services.Library, admin_token: str | None = None, seed_status: SeedStatus | None = None) -> gr.Blocks:
+    """The Blocks app over one Library. `admin_token` defaults to $KVGRAFT_ADMIN_TOKEN (read now)."""
+    token = admin_token if admin_token is not None else os.environ.get("KVGRAFT_ADMIN_TOKEN", "")
+    status = seed_status or SeedStatus()
+    window = library.lm.info.max_positions
+
+    def admin_ok(given: str | None) -> None:
+        if not token:
+            raise gr.Error(ADMIN_HELP)
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
+            raise gr.Error("Admin token refused: give the value of KVGRAFT_ADMIN_TOKEN set on the server.")
+
+    # -- chat --------------------------------------------------------------------------------
+
+    def chat(message, history, graft, k, max_new, check, compare):
+        history = list(history or [])
+        problem = input_problem(message)
+        if problem:
+            if isinstance(message, str) and message.strip():
+                history.append({"role": "user", "content": _shown(message)})
+            history.append(_warn(problem))
+            yield history, gr.skip(), message
+            return
+        history.append({"role": "user", "content": _shown(message)})
+        history.append({"role": "assistant", "content": "…"})
+        yield history, gr.skip(), ""
+        q: queue.Queue = queue.Queue()
+        out: dict = {}
+
+        def work():
+            try:
+                out["r"] = library.answer(
+                    message,
+                    k=int(k),
+                    graft=bool(graft),
+                    max_new_tokens=int(max_new),
+                    check=bool(check),
+                    compare=bool(compare),
+                    on_token=q.put,
+                )
+            except KvgraftError as exc:
+                out["e"] = str(exc)
+            except Exception as exc:  # the app must stay up; the message says what broke
+                log.exception("answer failed")
+                out["e"] = f"internal error ({type(exc).__name__}: {exc}); the app is still running"
+            finally:
+                q.put(_DONE)
+
+        threading.Thread(target=work, daemon=True).start()
+        last, done = None, False
+        while not done:
+            item = q.get()
+            done = item is _DONE
+            while not done and not q.empty():  # only the newest partial answer matters
+                nxt = q.get()
+                done = nxt is _DONE
+                item = item if done else nxt
+            if item is not _DONE and item != last:
+                last = item
+                history[-1] = {"role": "assistant", "content": item or "…"}
+                yield history, gr.skip(), ""
+        if "e" in out:
+            history[-1] = _warn(f"Not answered: {out['e']}")
+            yield history, gr.skip(), ""
+            return
+        r = out["r"]
+        history[-1] = {"role": "assistant", "content": r.answer or "(empty answer)"}
+        title, md = evidence_summary(r)
+        history.append({"role": "assistant", "content": md, "metadata": {"title": title, "status": "done"}})
+        yield history, evidence_html(r), ""
+
+    def answer_api(
+        question: str, k: int = 3, graft: bool = True, max_new_tokens: int = 32, check: bool = True, compare: bool = False
+    ) -> dict:
+        """Answer a question; returns the same JSON object as `cli.py ask --json`."""
+        problem = input_problem(question)
+        if problem:
+            raise gr.Error(problem)
+        try:
+            r = library.answer(
+                question,
+                k=int(k),
+                graft=bool(graft),
+                max_new_tokens=int(max_new_tokens),
+                check=bool(check),
+                compare=bool(compare),
+            )
+        except KvgraftError as exc:
+            raise gr.Error(str(exc)) from None
+        return json.loads(json.dumps(r.as_json(), default=str))
+
+    # -- deposit -----------------------------------------------------------------------------
+
+    def do_deposit(
+        admin_token, question, solution, answer, verifier, reference, text, title, attested_by, on_progress=None
+    ) -> dict:
+        admin_ok(admin_token)
+        try:
+            if question and question.strip():
+                d = library.deposit_item(
+                    question,
+                    solution or "",
+                    answer or "",
+                    verifier or "exact",
+                    reference or "",
+                    title=title or "",
+                    admin=True,
+                    on_progress=on_progress,
+                )
+            elif text and text.strip():
+                d = library.deposit_text(
+                    text, title=title or "", attested_by=attested_by or None, admin=True, on_progress=on_progress
+                )
+            else:
+                raise gr.Error(
+                    "Nothing to deposit: fill in a verified item (question, solution, answer, reference) or free text."
+                )
+        except KvgraftError as exc:
+            raise gr.Error(f"Refused, nothing deposited: {exc}" if "refused" not in str(exc) else str(exc)) from None
+        return d.as_dict()
+
+    def deposit_api(
+        admin_token: str,
+        question: str = "",
+        solution: str = "",
+        answer: str = "",
+        verifier: str = "exact",
+        reference: str = "",
+        text: str = "",
+        title: str = "",
+        attested_by: str = "",
+    ) -> dict:
+        """Deposit a verified item (question/solution/answer/verifier/reference) or free text; admin token required."""
+        return do_deposit(admin_token, question, solution, answer, verifier, reference, text, title, attested_by)
+
+    def deposit_ui(
+        admin_token, mode, question, solution, answer, verifier, reference, text, title, attested_by, progress=gr.Progress()
+    ):
+        if mode == "verified item":
+            text, attested_by = "", ""
+        else:
+            question = ""
+        d = do_deposit(
+            admin_token,
+            question,
+            solution,
+            answer,
+            verifier,
+            reference,
+            text,
+            title,
+            attested_by,
+            on_progress=lambda f, m: progress(f, desc=m),
+        )
+        verb = "Deposited" if d["created"] else "Already deposited (nothing computed)"
+        return (
+            f"**{verb}** `{d['id'][:16]}…` — {d['tokens']} tokens at position {d['start']}, {d['bytes']:,} bytes, "
+            f"{d['kind']}, verifier {d['verifier']}, prefill {d['prefill_s']:.2f} s"
+        )
+
+    # -- library -----------------------------------------------------------------------------
+
+    def table(search: str = ""):
+        rows = []
+        for a in library.catalog.list_artifacts(query=(search or "").strip(), limit=500):
+            vs = library.catalog.verifications(a.id)
+            last = vs[-1] if vs else None
+            rows.append(
+                [
+                    a.id[:16],
+                    a.title,
+                    a.kind,
+                    a.tokens,
+                    a.start,
+                    last.verifier if last else "none",
+                    last.verdict if last else "unverified",
+                    a.created_at.strftime("%Y-%m-%d %H:%M"),
+                ]
+            )
+        return rows
+
+    def show(ref: str):
+        ref = (ref or "").strip()
+        if not ref:
+            return "", {}
+        try:
+            row = library.catalog.get(ref)
+            src = library.catalog.source(row.id)
+            manifest = {
+                "artifact": asdict(row),
+                "chain": [r.id for r in library.catalog.chain(row.id)],
+                "verifications": [asdict(v) for v in library.catalog.verifications(row.id)],
+            }
+        except KvgraftError as exc:
+            raise gr.Error(str(exc)) from None
+        return src.text, json.loads(json.dumps(manifest, default=str))
+
+    def pick(evt: gr.SelectData, data):
+        rid = evt.row_value[0] if evt.row_value else ""
+        return (rid, *show(rid))
+
+    def maintenance_fn(name: str):
+        try:
+            import maintenance
+        except ImportError:
+            raise gr.Error(f"maintenance.py is not installed in this build; '{name}' is unavailable") from None
+        fn = getattr(maintenance, name, None)
+        if fn is None:
+            raise gr.Error(f"maintenance.{name} is not available in this build")
+        return fn
+
+    def export_bundle(ref: str):
+        fn = maintenance_fn("export")
+        ids = [s.strip() for s in (ref or "").replace(",", " ").split() if s.strip()]
+        out = Path(tempfile.mkdtemp(prefix="kvgraft-export-")) / f"kvgraft-bundle-{time.strftime('%Y%m%d-%H%M%S')}.tar"
+        try:
+            res = fn(library, [library.catalog.get(i).id for i in ids] or None, out)
+        except KvgraftError as exc:
+            raise gr.Error(str(exc)) from None
+        path = Path(res) if isinstance(res, (str, os.PathLike)) else out
+        return str(path)
+
+    def import_bundle(admin_token, file):
+        admin_ok(admin_token)
+        if not file:
+            raise gr.Error("Choose a bundle file to import.")
+        fn = maintenance_fn("import_")
+        try:
+            res = fn(library, Path(file if isinstance(file, str) else file.name))
+        except KvgraftError as exc:
+            raise gr.Error(str(exc)) from None
+        return f"Imported: {res}", table("")
+
+    def delete_artifact(admin_token, ref):
+        admin_ok(admin_token)
+        if not (ref or "").strip():
+            raise gr.Error("Select an artifact (click a row) or paste its id first.")
+        fn = maintenance_fn("delete")
+        try:
+            res = fn(library, ref.strip())
+        except KvgraftError as exc:
+            raise gr.Error(str(exc)) from None
+        return f"Deleted: {res}", table("")
+
+    # -- verify ------------------------------------------------------------------------------
+
+    def run_verify(samples: int, relocate: int | None, on_progress=None):
+        try:
+            return library.verify_samples(
+                int(samples), relocate=None if relocate is None else int(relocate), on_progress=on_progress
+            )
+        except KvgraftError as exc:
+            raise gr.Error(str(exc)) from None
+
+    def verify_api(samples: int = 10, relocate: int | None = None) -> dict:
+        """N-sample exactness check; with `relocate` the relocation experiment at that offset (approximate tier)."""
+        rep = run_verify(samples, relocate).as_dict()
+        keep = ("artifact", "query", "exact", "tier", "kl", "max_abs_diff", "argmax_agreement", "fresh_sha256", "grafted_sha256")
+        rep["rows"] = [{k: r.get(k) for k in keep} for r in rep["rows"]]
+        return json.loads(json.dumps(rep, default=str))
+
+    def verify_ui(samples, do_relocate, offset, progress=gr.Progress()):
+        relocate = int(offset) if do_relocate else None
+        rep = run_verify(samples, relocate, on_progress=lambda f, m: progress(f, desc=m))
+        tier = f"relocated to offset {relocate} (approximate tier)" if relocate is not None else "own position (exact tier)"
+        badge = (
+            '<span class="kv-badge kv-pass">EXACT</span>'
+            if rep.byte_equal == rep.samples
+            else '<span class="kv-badge kv-fail">NOT EXACT</span>'
+        )
+        summary = (
+            f'<div class="kv-evidence">{badge} <b>{rep.byte_equal}/{rep.samples}</b> byte-equal, {_e(tier)}; '
+            f"max KL {rep.max_kl:.3g}, argmax agreement {rep.argmax_agreement * 100:.2f}%</div>"
+        )
+        rows = [
+            [
+                r["artifact"][:12],
+                r["query"],
+                "yes" if r["exact"] else "no",
+                f"{r['kl']:.3g}",
+                f"{r['max_abs_diff']:.3g}",
+                f"{r['argmax_agreement'] * 100:.1f}%",
+                r["fresh_sha256"][:16],
+                r["grafted_sha256"][:16],
+            ]
+            for r in rep.rows
+        ]
+        return summary, rows, verify_plot(rep.rows, relocate)
+
+    # -- dashboard ---------------------------------------------------------------------------
+
+    def dashboard():
+        t = library.catalog.ledger_totals()
+        entries = library.catalog.ledger(last=60)
+        store = library.catalog.total_tokens()
+        n = library.catalog.count_artifacts()
+        checks = t.checks_passed + t.checks_failed
+        md = (
+            f'<div class="kv-stats">'
+            f'<div class="kv-stat"><b>{t.tokens_saved:,}</b><span>tokens saved (cumulative)</span></div>'
+            f'<div class="kv-stat"><b>{t.answers:,}</b><span>answers</span></div>'
+            f'<div class="kv-stat"><b>{t.grafted_tokens:,}</b><span>tokens grafted</span></div>'
+            f'<div class="kv-stat"><b>{t.baseline_flops / max(1, t.flops):.1f}×</b><span>fewer FLOPs (estimate)</span></div>'
+            f'<div class="kv-stat"><b>{store:,}</b><span>tokens in store ({n} artifacts) / window {window:,}</span></div>'
+            f'<div class="kv-stat"><b class="{"kv-ok" if not t.checks_failed else "kv-bad"}">{t.checks_passed}/{checks}</b>'
+            f"<span>exactness checks passed ({t.checks_failed} failed)</span></div></div>"
+        )
+        return md, tokens_plot(entries), speedup_plot(entries), store_plot(store, window)
+
+    def status_line():
+        msg = status.message or f"Library: {library.catalog.count_artifacts()} artifacts."
+        cls = "kv-status-busy" if not status.done else "kv-status"
+        return f'<div class="{cls}">{_e(msg)}</div>', gr.Timer(active=not status.done)
+
+    # -- layout ------------------------------------------------------------------------------
+
+    with gr.Blocks(title="kvgraft") as demo:
+        with gr.Row(elem_classes="kv-top"):
+            gr.Markdown("## kvgraft · verified knowledge, grafted byte-exact into a frozen model")
+            status_md = gr.HTML(elem_id="kv-status")
+        status_timer = gr.Timer(1.0)
+
+        with gr.Tab("Chat", id="chat"):
+            with gr.Row():
+                with gr.Column(scale=3):
+                    chatbot = gr.Chatbot(label="Chat", height=460, elem_id="kv-chat")
+                    with gr.Row():
+                        box = gr.Textbox(
+                            placeholder="Ask a question, e.g. Who founded the town of Velmora?",
+                            show_label=False,
+                            scale=5,
+                            elem_id="kv-question",
+                        )
+                        send = gr.Button("Ask", variant="primary", scale=1, elem_id="kv-ask")
+                    with gr.Row():
+                        graft = gr.Checkbox(True, label="graft")
+                        check = gr.Checkbox(True, label="check exactness")
+                        compare = gr.Checkbox(False, label="compare with no graft (measured)")
+                    with gr.Row():
+                        k = gr.Slider(1, services.MAX_K, 3, step=1, label="k (retrieved)")
+                        max_new = gr.Slider(1, 128, 32, step=1, label="max new tokens")
+                    clear = gr.Button("Clear chat", size="sm")
+                with gr.Column(scale=2):
+                    gr.Markdown("### Evidence")
+                    evidence = gr.HTML(
+                        '<div class="kv-evidence kv-muted">Ask a question to see what was grafted and whether it was exact.</div>',
+                        elem_id="kv-evidence",
+                    )
+            chat_inputs = [box, chatbot, graft, k, max_new, check, compare]
+            for trigger in (box.submit, send.click):
+                trigger(chat, chat_inputs, [chatbot, evidence, box], concurrency_id="model", api_visibility="private")
+            clear.click(lambda: ([], ""), None, [chatbot, evidence], api_visibility="private", queue=False)
+
+        with gr.Tab("Deposit", id="deposit"):
+            if not token:
+                gr.Markdown(f"> ⚠️ {ADMIN_HELP}", elem_id="kv-admin-help")
+            tok = gr.Textbox(label="admin token", type="password")
+            mode = gr.Radio(["verified item", "free text"], value="verified item", label="what to deposit")
+            with gr.Group():
+                dq = gr.Textbox(label="question")
+                ds = gr.Textbox(label="solution (the fact or worked solution)", lines=3)
+                with gr.Row():
+                    da = gr.Textbox(label="answer")
+                    dv = gr.Dropdown(VERIFIERS, value="exact", label="verifier")
+                    dr = gr.Textbox(label="reference (what the verifier compares the answer with)")
+            with gr.Group():
+                dt = gr.Textbox(label="free text (fact sheet, document)", lines=5)
+                dat = gr.Textbox(label="attested by (optional: marks the text as vouched for)")
+            dtitle = gr.Textbox(label="title (optional)")
+            dbtn = gr.Button("Deposit", variant="primary")
+            dout = gr.Markdown()
+            dbtn.click(
+                deposit_ui,
+                [tok, mode, dq, ds, da, dv, dr, dt, dtitle, dat],
+                dout,
+                concurrency_id="model",
+                api_visibility="private",
+            )
+
+        with gr.Tab("Library", id="library") as lib_tab:
+            with gr.Row():
+                search = gr.Textbox(placeholder="search titles and text", show_label=False, scale=4)
+                refresh = gr.Button("Search", scale=1)
+            tbl = gr.Dataframe(
+                headers=["id", "title", "kind", "tokens", "start", "verifier", "verdict", "created"],
+                interactive=False,
+                wrap=True,
+                elem_id="kv-library",
+            )
+            sel = gr.Textbox(label="selected artifact id (click a row, or paste an id or prefix)")
+            with gr.Row():
+                src_text = gr.Textbox(label="deposited text", lines=8)
+                manifest = gr.JSON(label="manifest (row, chain, verifier record)")
+            with gr.Accordion("Export / import / delete", open=False):
+                with gr.Row():
+                    exp_btn = gr.Button("Export bundle (selected id, or all when empty)")
+                    exp_file = gr.File(label="bundle")
+                ltok = gr.Textbox(label="admin token (import, delete)", type="password")
+                with gr.Row():
+                    imp_file = gr.File(label="bundle to import", type="filepath")
+                    imp_btn = gr.Button("Import")
+                    del_btn = gr.Button("Delete selected", variant="stop")
+                lout = gr.Markdown()
+            reads = {"concurrency_id": "reads", "concurrency_limit": 4, "api_visibility": "private"}
+            refresh.click(table, search, tbl, **reads)
+            search.submit(table, search, tbl, **reads)
+            lib_tab.select(table, search, tbl, **reads)
+            tbl.select(pick, tbl, [sel, src_text, manifest], **reads)
+            sel.submit(show, sel, [src_text, manifest], **reads)
+            exp_btn.click(export_bundle, sel, exp_file, concurrency_id="model", api_visibility="private")
+            imp_btn.click(import_bundle, [ltok, imp_file], [lout, tbl], concurrency_id="model", api_visibility="private")
+            del_btn.click(delete_artifact, [ltok, sel], [lout, tbl], concurrency_id="model", api_visibility="private")
+
+        with gr.Tab("Verify", id="verify"):
+            gr.Markdown(
+                "Draw N (artifact, query) pairs from the store and compare the grafted logits with a fresh "
+                "recomputation byte for byte. With *relocate*, roots are grafted at another offset (keys re-rotated): "
+                "the approximate tier, measured."
+            )
+            with gr.Row():
+                vn = gr.Slider(1, 100, 10, step=1, label="samples")
+                vrel = gr.Checkbox(False, label="relocate")
+                voff = gr.Number(64, precision=0, minimum=0, label="offset")
+                vbtn = gr.Button("Run", variant="primary")
+            vsum = gr.HTML()
+            with gr.Row():
+                vtbl = gr.Dataframe(
+                    headers=["artifact", "query", "byte-equal", "KL", "max |diff|", "argmax", "fresh sha256", "grafted sha256"],
+                    interactive=False,
+                )
+                vplot = gr.Plot(label="per sample")
+            vbtn.click(verify_ui, [vn, vrel, voff], [vsum, vtbl, vplot], concurrency_id="model", api_visibility="private")
+
+        with gr.Tab("Dashboard", id="dashboard"):
+            stats = gr.HTML(elem_id="kv-stats")
+            with gr.Row():
+                p_tokens = gr.Plot(label="computed vs baseline tokens", elem_id="kv-plot-tokens")
+                p_speed = gr.Plot(label="time-to-first-token speedup", elem_id="kv-plot-ttft")
+            p_store = gr.Plot(label="store size vs context window", elem_id="kv-plot-store")
+            timer = gr.Timer(5.0)
+            dash_out = [stats, p_tokens, p_speed, p_store]
+            timer.tick(dashboard, None, dash_out, show_progress="hidden", **reads)
+
+        gr.api(answer_api, api_name="answer", concurrency_id="model")
+        gr.api(deposit_api, api_name="deposit", concurrency_id="model")
+        gr.api(verify_api, api_name="verify", concurrency_id="model")
+
+        status_timer.tick(status_line, None, [status_md, status_timer], show_progress="hidden", **reads)
+        demo.load(status_line, None, [status_md, status_timer], **reads)
+        demo.load(dashboard, None, dash_out, **reads)
+        demo.load(table, None, tbl, **reads)
+
+    demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX)
+    return demo
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    library = services.Library()
+    log.info("store %s; loading the model", library.home)
+    status = SeedStatus()
+    demo = build_app(library, seed_status=status)
+    if library.catalog.count_artifacts() == 0:
+        status.update(0.0, "empty store: seeding the built-in library…")
+
+        def seed():
+            try:
+                seed_library(library, on_progress=lambda f, m: status.update(f, m))
+                status.update(
+                    1.0,
+                    f"Built-in library ready: {library.catalog.count_artifacts()} artifacts. Try: Who founded the town of Velmora?",
+                    done=True,
+                )
+            except Exception as exc:  # the app stays up; the status line says what failed
+                log.exception("seeding failed")
+                status.update(1.0, f"Seeding the built-in library failed: {exc}", done=True)
+
+        threading.Thread(target=seed, name="kvgraft-seed", daemon=True).start()
+    demo.launch(
+        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        **launch_kwargs(),
+    )
+
+
+if __name__ == "__main__":
+    main()
