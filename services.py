@@ -206,6 +206,16 @@ class Library:
         self._index = idx
         return idx
 
+    def rebuild_index(self) -> VectorIndex:
+        """Rebuild the FAISS index from the catalog's embeddings and save it, whatever is on disk."""
+        version = self.catalog.version()
+        idx = VectorIndex(self.embedder.dim, self.embedder.embedder_id)
+        pairs = [(aid, np.frombuffer(vec, dtype="<f4")) for aid, vec in self.catalog.embeddings(self.embedder.embedder_id)]
+        idx.build(pairs, version)
+        idx.save(self.home / "index")
+        self._index = idx
+        return idx
+
     # ---- reading artifacts -------------------------------------------------------------------
 
     def load_artifact(self, artifact_id: str) -> KVArtifact:

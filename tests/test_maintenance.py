@@ -1,0 +1,365 @@
+"""Upkeep on tiny models: bundles (round trip, determinism, every refusal of a malicious tar),
+rebuild-and-compare, fsck and its repair, ledger replay, delete, and two processes sharing one
+PostgreSQL catalog and one blob folder."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import maintenance
+import services
+from db import bundles
+from db.schema import ledger
+from graft_core.errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
+from retrieval import HashEmbedder
+
+ROOT_TEXT = "Zorblat is the capital of Quendia. It has nine bridges."
+CHILD_TEXT = "The tallest bridge of Zorblat is the Ivory Span."
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_lib(home: Path, lm, db_url: str | None = None) -> services.Library:
+    return services.Library(home=home, db_url=db_url, embedder=HashEmbedder(), lm=lm)
+
+
+@pytest.fixture
+def lib(kvgraft_home, tiny_gemma):
+    return make_lib(kvgraft_home, tiny_gemma)
+
+
+@pytest.fixture
+def chain(lib):
+    root = lib.deposit_text(ROOT_TEXT, title="root")
+    child = lib.deposit_text(CHILD_TEXT, parent=root.id, title="child")
+    return root, child
+
+
+def files_under(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def add_member(tar: tarfile.TarFile, name: str, data: bytes = b"", **kw) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data) if kw.get("type", tarfile.REGTYPE) == tarfile.REGTYPE else 0
+    for k, v in kw.items():
+        setattr(info, k, v)
+    tar.addfile(info, io.BytesIO(data) if info.size else None)
+
+
+def read_members(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def rewrite(path: Path, out: Path, members: dict[str, bytes]) -> Path:
+    """A bundle with the same member order as `path` but some contents replaced (a tamperer's tar)."""
+    with tarfile.open(out, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members.items():
+            add_member(tar, name, data)
+    return out
+
+
+# ---- bundles --------------------------------------------------------------------------------------
+
+
+def test_export_import_round_trip_is_byte_identical_and_deterministic(lib, chain, tmp_path, tiny_gemma):
+    root, child = chain
+    out = tmp_path / "b.tar"
+    rep = maintenance.export_bundle(lib, [child.id[:12]], out)
+    assert rep.artifacts == (root.id, child.id)  # ancestors come along, parents first
+    again = maintenance.export_bundle(lib, [child.id], tmp_path / "again.tar")
+    assert out.read_bytes() == (tmp_path / "again.tar").read_bytes() and rep.bundle_sha256 == again.bundle_sha256
+    with tarfile.open(out) as tar:
+        infos = tar.getmembers()
+    assert [m.name for m in infos] == sorted(m.name for m in infos)
+    assert all(m.mtime == 0 and m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == "" and m.isreg() for m in infos)
+    manifest = json.loads(read_members(out)["manifest.json"])
+    assert manifest["format"] == maintenance.BUNDLE_FORMAT and manifest["artifact_format"] == "kvgraft/1"
+    assert {a["id"]: a["content_sha256"] for a in manifest["artifacts"]} == {
+        root.id: root.content_sha256,
+        child.id: child.content_sha256,
+    }
+    assert manifest["model_fingerprints"] == [tiny_gemma.fingerprint]
+
+    other = make_lib(tmp_path / "other-home", tiny_gemma)
+    imp = maintenance.import_bundle(other, out)
+    assert imp.new == (root.id, child.id) and imp.blobs_written == 2 and imp.model_checked
+    for d in (root, child):
+        assert other.blobs.get(d.content_sha256) == lib.blobs.get(d.content_sha256)
+        assert other.catalog.get(d.id).content_sha256 == d.content_sha256
+    assert other.catalog.source(child.id).text == lib.catalog.source(child.id).text
+    assert [r.id for r in other.catalog.chain(child.id)] == [root.id, child.id]
+    assert not [p for p in other.home.iterdir() if p.name.startswith(".import-")], "staging must be removed"
+    assert maintenance.import_bundle(other, out).new == ()  # idempotent
+    assert maintenance.fsck(other, repair=True).consistent
+
+
+def test_import_without_model_check_and_wrong_model(lib, chain, tmp_path, tiny_llama):
+    out = tmp_path / "b.tar"
+    maintenance.export_bundle(lib, [chain[1].id], out)
+    llama_lib = make_lib(tmp_path / "llama-home", tiny_llama)
+    before = files_under(tmp_path)
+    with pytest.raises(IncompatibleArtifact, match="this store's model is"):
+        maintenance.import_bundle(llama_lib, out)
+    assert files_under(tmp_path) == before
+    assert llama_lib.catalog.count_artifacts() == 0
+    # without loading the model the bundle is still checked against itself
+    unloaded = services.Library(home=tmp_path / "unloaded", embedder=HashEmbedder(), model_name="/nonexistent")
+    assert maintenance.import_bundle(unloaded, out, check_model=False).model_checked is False
+    assert unloaded._lm is None, "check_model=False must not load the model"
+
+
+def _tampered(src: Path, dst: Path, edit) -> Path:
+    members = read_members(src)
+    edit(members)
+    return rewrite(src, dst, members)
+
+
+def _assert_refused(lib, bundle: Path, tmp_path: Path, exc, match: str, limits: bundles.Limits = bundles.Limits()):
+    before = files_under(tmp_path)
+    n = lib.catalog.count_artifacts()
+    with pytest.raises(exc, match=match):
+        maintenance.import_bundle(lib, bundle, limits=limits)
+    assert files_under(tmp_path) == before, "a refused import must leave no file behind"
+    assert lib.catalog.count_artifacts() == n
+
+
+def test_import_refuses_tampered_blob_catalog_and_fingerprint(lib, chain, tmp_path, tiny_gemma):
+    out = tmp_path / "b.tar"
+    maintenance.export_bundle(lib, [chain[1].id], out)
+    target = make_lib(tmp_path / "target", tiny_gemma)
+    blob = f"blobs/{chain[0].content_sha256}.safetensors"
+
+    def flip(m):
+        data = bytearray(m[blob])
+        data[-1] ^= 1
+        m[blob] = bytes(data)
+
+    _assert_refused(target, _tampered(out, tmp_path / "t1.tar", flip), tmp_path, IntegrityError, "blob integrity check failed")
+
+    def catalog(m):
+        m["catalog.json"] = m["catalog.json"].replace(b'"title": "root"', b'"title": "evil"')
+
+    _assert_refused(target, _tampered(out, tmp_path / "t2.tar", catalog), tmp_path, IntegrityError, "catalog.json hashes to")
+
+    def fingerprint(m):
+        man = json.loads(m["manifest.json"])
+        man["artifacts"][0]["model_fingerprint"] = "0" * 64
+        m["manifest.json"] = json.dumps(man).encode()
+
+    _assert_refused(
+        target, _tampered(out, tmp_path / "t3.tar", fingerprint), tmp_path, IncompatibleArtifact, "manifest says 0000"
+    )
+
+    def extra(m):
+        m["notes.txt"] = b"hello"
+
+    _assert_refused(target, _tampered(out, tmp_path / "t4.tar", extra), tmp_path, InvalidInput, "'notes.txt' is not listed")
+
+    def no_manifest(m):
+        del m["manifest.json"]
+
+    _assert_refused(target, _tampered(out, tmp_path / "t5.tar", no_manifest), tmp_path, InvalidInput, "no manifest.json")
+    _assert_refused(target, out, tmp_path, InvalidInput, "the limit is 100", bundles.Limits(max_member_bytes=100))
+
+
+@pytest.mark.parametrize(
+    ("name", "kw", "match"),
+    [
+        ("../evil.txt", {}, "escapes the bundle"),
+        ("blobs/../../evil.txt", {}, "escapes the bundle"),
+        ("/tmp/evil-kvgraft.txt", {}, "absolute path"),
+        ("link", {"type": tarfile.SYMTYPE, "linkname": "/etc/passwd"}, "symbolic link"),
+        ("hard", {"type": tarfile.LNKTYPE, "linkname": "manifest.json"}, "hard link"),
+        ("dev", {"type": tarfile.CHRTYPE, "devmajor": 1, "devminor": 3}, "a device"),
+        ("fifo", {"type": tarfile.FIFOTYPE}, "a fifo"),
+        ("manifest.json", {}, "appears twice"),
+    ],
+)
+def test_import_refuses_unsafe_members(lib, tmp_path, name, kw, match):
+    bad = tmp_path / "bad.tar"
+    with tarfile.open(bad, "w", format=tarfile.GNU_FORMAT) as tar:
+        add_member(tar, "manifest.json", b"{}")
+        add_member(tar, name, b"owned", **kw)
+    _assert_refused(lib, bad, tmp_path, InvalidInput, match)
+    assert not (tmp_path.parent / "evil.txt").exists() and not Path("/tmp/evil-kvgraft.txt").exists()
+
+
+def test_import_refuses_too_many_or_too_large(lib, tmp_path):
+    bad = tmp_path / "many.tar"
+    with tarfile.open(bad, "w") as tar:
+        for i in range(5):
+            add_member(tar, f"f{i}", b"x" * 10)
+    _assert_refused(lib, bad, tmp_path, InvalidInput, "more than 3 members", bundles.Limits(max_members=3))
+    _assert_refused(lib, bad, tmp_path, InvalidInput, "more than 25 bytes", bundles.Limits(max_total_bytes=25))
+    _assert_refused(lib, bad, tmp_path, InvalidInput, "'f0' is 10 bytes; the limit is 9", bundles.Limits(max_member_bytes=9))
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"\x1f\x8b not a tar at all" * 40)
+    _assert_refused(lib, junk, tmp_path, InvalidInput, "not an uncompressed tar bundle|damaged tar")
+
+
+# ---- rebuild, fsck, replay, delete ----------------------------------------------------------------
+
+
+def test_rebuild_verify_reproduces_bytes_and_detects_a_changed_blob(lib, chain):
+    root, child = chain
+    r = maintenance.rebuild_verify(lib, child.id)
+    assert r.equal and r.rebuilt_sha256 == r.stored_sha256 == r.blob_sha256 == child.content_sha256, r
+    path = lib.blobs.path(child.content_sha256)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    r = maintenance.rebuild_verify(lib, child.id)
+    assert not r.equal and r.rebuilt_sha256 == child.content_sha256 and r.blob_sha256 != child.content_sha256
+
+
+def test_fsck_reports_and_repairs_without_touching_referenced_blobs(lib, chain):
+    root, child = chain
+    lib.index()
+    clean = maintenance.fsck(lib)
+    assert clean.consistent and clean.index["status"] == "ok" and clean.artifacts == 2, clean
+    orphan = lib.blobs.put(b"nobody refers to me")
+    partial = lib.blobs.path(orphan).parent / ".tmp-abc.part"
+    partial.write_bytes(b"half")
+    corrupt_path = lib.blobs.path(child.content_sha256)
+    good = corrupt_path.read_bytes()
+    corrupt_path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    missing_path = lib.blobs.path(root.content_sha256)
+    missing_bytes = missing_path.read_bytes()
+    missing_path.unlink()
+    (lib.home / "index" / "index.json").unlink()
+
+    r = maintenance.fsck(lib)
+    d = r.as_dict()
+    assert not r.consistent
+    assert d["counts"] == {"missing": 1, "orphans": 1, "corrupt": 1, "partials": 1}
+    assert r.missing[0]["id"] == root.id and r.corrupt[0]["id"] == child.id and r.orphans == (orphan,)
+    assert r.index["status"] == "missing"
+    young = maintenance.fsck(lib, repair=True)  # default grace: too young, maybe a deposit in flight
+    assert young.repaired == {"orphans_removed": [], "partials_removed": [], "index_rebuilt": True}
+    assert lib.blobs.exists(orphan) and partial.exists() and maintenance.fsck(lib).index["status"] == "ok"
+
+    r = maintenance.fsck(lib, repair=True, grace_s=0)
+    assert r.repaired == {"orphans_removed": [orphan], "partials_removed": [".tmp-abc.part"], "index_rebuilt": False}
+    assert not r.consistent and corrupt_path.exists(), "a referenced blob is never deleted, even a corrupt one"
+    assert any("rebuild --verify" in a for a in r.advice)
+    assert not lib.blobs.exists(orphan) and not partial.exists()
+
+    missing_path.write_bytes(missing_bytes)
+    corrupt_path.write_bytes(good)
+    assert maintenance.fsck(lib).consistent
+
+
+def test_index_staleness_is_seen_by_fsck(lib, chain):
+    lib.index()
+    lib.deposit_text("Another fact about nothing in particular.")
+    assert maintenance.fsck(lib).index["status"] == "stale"
+    assert maintenance.fsck(lib, repair=True).consistent
+    assert maintenance.fsck(lib).index["status"] == "ok"
+
+
+def test_replay_confirms_every_tier_and_flags_a_changed_record(lib, chain):
+    root, child = chain
+    lib.answer("Which bridge is the tallest?", artifact=child.id, max_new_tokens=6)
+    lib.answer("Which bridge is the tallest?", graft=False, max_new_tokens=5)
+    lib.answer("Zorblat capital Quendia bridges", relocated=True, threshold=0.0, max_new_tokens=4)
+    rep = maintenance.replay(lib)
+    assert [e.tier for e in rep.entries] == ["exact", "none", "relocated"]
+    assert rep.ok and rep.matched == 3, rep
+    assert rep.entries[0].artifact_ids == (root.id, child.id)
+    assert maintenance.replay(lib, last=1).replayed == 1
+    with lib.catalog._engine.begin() as conn:
+        conn.execute(sa.update(ledger).where(ledger.c.id == rep.entries[1].ledger_id).values(logits_sha256="0" * 64))
+    rep = maintenance.replay(lib)
+    assert not rep.ok and rep.mismatched == 1 and rep.entries[1].output_equal and not rep.entries[1].logits_equal
+
+
+def test_replay_of_an_empty_ledger_says_what_to_do(lib):
+    with pytest.raises(ArtifactNotFound, match="ledger is empty"):
+        maintenance.replay(lib)
+
+
+def test_show_list_delete(lib, chain):
+    root, child = chain
+    s = maintenance.show(lib, child.id)
+    assert s.chain == (root.id, child.id) and s.children == () and s.blob_present
+    assert s.source["text"].startswith(CHILD_TEXT)
+    assert [r["id"] for r in maintenance.list_rows(lib)] == [child.id, root.id]
+    with pytest.raises(KvgraftError, match="continue its chain"):
+        maintenance.delete(lib, root.id)
+    d = maintenance.delete(lib, child.id)
+    assert d.blob_removed and not lib.blobs.exists(child.content_sha256)
+    with pytest.raises(ArtifactNotFound):
+        lib.catalog.get(child.id)
+    assert maintenance.fsck(lib, repair=True).consistent
+
+
+# ---- two processes, one PostgreSQL catalog, one blob folder ---------------------------------------
+
+_WORKER = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    import services
+    from retrieval import HashEmbedder
+    lib = services.Library(embedder=HashEmbedder())
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "deposit":
+            out = {"id": lib.deposit_text(cmd["text"]).id}
+        elif cmd["op"] == "answer":
+            r = lib.answer(cmd["q"], max_new_tokens=3, threshold=0.2)
+            out = {"tier": r.tier, "ids": list(r.artifact_ids), "version": lib.catalog.version()}
+        else:
+            break
+        print(json.dumps(out), flush=True)
+    """
+)
+
+
+@pytest.mark.postgres
+def test_two_processes_share_one_postgres_catalog_and_blob_folder(pg_server, tiny_dirs, tmp_path):
+    url = pg_server.create_database()
+    env = os.environ | {
+        "KVGRAFT_DB_URL": url,
+        "KVGRAFT_HOME": str(tmp_path / "shared-home"),
+        "KVGRAFT_MODEL": str(tiny_dirs["gemma3"]),
+        "OMP_NUM_THREADS": "1",
+    }
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+
+    def start():
+        return subprocess.Popen(
+            [sys.executable, str(script), str(REPO)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+
+    def ask(proc, **cmd):
+        proc.stdin.write(json.dumps(cmd) + "\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        assert line, f"worker exited with {proc.poll()}"
+        return json.loads(line)
+
+    a, b = start(), start()
+    try:
+        first = ask(b, op="answer", q="Zorblat capital Quendia")
+        assert first["tier"] == "none" and first["ids"] == []  # B's index is built, at the empty catalog's version
+        dep = ask(a, op="deposit", text=ROOT_TEXT)
+        second = ask(b, op="answer", q="Zorblat capital Quendia")
+        assert second["version"] > first["version"]
+        assert second["tier"] == "exact" and second["ids"] == [dep["id"]], second
+    finally:
+        for p in (a, b):
+            p.stdin.close()
+            p.wait(timeout=60)
