@@ -656,8 +656,15 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
                         elem_id="kv-evidence",
                     )
             chat_inputs = [box, chatbot, graft, k, max_new, check, compare]
-            for trigger in (box.submit, send.click):
-                trigger(chat, chat_inputs, [chatbot, evidence, box], concurrency_id="model", api_visibility="private")
+            box.submit(
+                chat,
+                chat_inputs,
+                [chatbot, evidence, box],
+                concurrency_id="model",
+                api_name="chat",
+                api_visibility="undocumented",
+            )
+            send.click(chat, chat_inputs, [chatbot, evidence, box], concurrency_id="model", api_visibility="private")
             clear.click(lambda: ([], ""), None, [chatbot, evidence], api_visibility="private", queue=False)
 
         with gr.Tab("Deposit", id="deposit"):

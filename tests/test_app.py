@@ -1,0 +1,179 @@
+"""The web app end to end through gradio_client: build_app over a tiny model and the hash embedder,
+launched on a free local port, driven exactly as an API user would."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client.exceptions import AppError  # noqa: E402
+
+TOKEN = "s3cret-token"
+ITEM = {
+    "question": "Who founded the town of Velmora?",
+    "solution": "The town of Velmora was founded by the cartographer Osric Pellamy.",
+    "answer": "Osric Pellamy",
+    "verifier": "exact",
+    "reference": "Osric Pellamy",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(library, token):
+    import app
+
+    demo = app.build_app(library, admin_token=token)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True)
+    return demo
+
+
+@pytest.fixture(scope="module")
+def library(tiny_gemma, tmp_path_factory):
+    import services
+    from retrieval import HashEmbedder
+
+    return services.Library(home=tmp_path_factory.mktemp("app-home"), lm=tiny_gemma, embedder=HashEmbedder())
+
+
+@pytest.fixture(scope="module")
+def served(library):
+    demo = _launch(library, TOKEN)
+    try:
+        yield demo.local_url
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return gradio_client.Client(served, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def deposited(client):
+    return client.predict(TOKEN, *ITEM.values(), api_name="/deposit")
+
+
+def answer_keys() -> set[str]:
+    import services
+
+    return {f.name for f in dataclasses.fields(services.AnswerResult)}
+
+
+def test_deposit_refused_without_token(client):
+    with pytest.raises(AppError, match="Admin token refused"):
+        client.predict("", *ITEM.values(), api_name="/deposit")
+    with pytest.raises(AppError, match="Admin token refused"):
+        client.predict("wrong", *ITEM.values(), api_name="/deposit")
+
+
+def test_deposit_accepted_with_token_and_answer_is_exact(client, deposited):
+    assert deposited["created"] and deposited["verified"] and deposited["verifier"] == "exact"
+    again = client.predict(TOKEN, *ITEM.values(), api_name="/deposit")
+    assert again["id"] == deposited["id"] and not again["created"]
+    r = client.predict(ITEM["question"], api_name="/answer")
+    assert set(r) == answer_keys()  # the `cli.py ask --json` object
+    assert r["tier"] == "exact" and r["artifact_ids"] == [deposited["id"]]
+    assert r["check"]["exact"] is True and r["check"]["fresh_sha256"] == r["check"]["grafted_sha256"]
+    assert r["retrieved"][0]["verifier"] == "exact" and r["retrieved"][0]["verdict"] == "pass"
+
+
+def test_deposit_refusal_is_explained(client):
+    bad = dict(ITEM, answer="Someone Else", question="Who else founded Velmora?")
+    with pytest.raises(AppError, match="refused, nothing deposited"):
+        client.predict(TOKEN, *bad.values(), api_name="/deposit")
+
+
+def test_deposits_disabled_without_configured_token(library):
+    demo = _launch(library, "")
+    try:
+        c = gradio_client.Client(demo.local_url, verbose=False)
+        with pytest.raises(AppError, match="KVGRAFT_ADMIN_TOKEN"):
+            c.predict("anything", *ITEM.values(), api_name="/deposit")
+    finally:
+        demo.close()
+
+
+@pytest.mark.parametrize(
+    ("question", "message"),
+    [
+        ("", "The question is empty"),
+        ("   \n", "The question is empty"),
+        ("what\x00is\x00this", "NUL bytes"),
+        ("\x01\x02\x03\x7f junk", "control or unassigned characters"),
+        ("why " * 1200, "the limit is 4,000"),
+        ("word " * 700, "context"),
+    ],
+)
+def test_bad_input_gets_clear_message(client, question, message):
+    with pytest.raises(AppError, match=message):
+        client.predict(question, api_name="/answer")
+
+
+def _text(message: dict) -> str:
+    """A chat message's text (Gradio 6 sends content as a list of typed parts)."""
+    c = message["content"]
+    return c if isinstance(c, str) else "".join(p.get("text", "") for p in c if isinstance(p, dict))
+
+
+def test_bad_input_in_chat_keeps_history(client, deposited):
+    history = [
+        {"role": "user", "content": [{"type": "text", "text": "earlier"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "kept"}]},
+    ]
+    args = (True, 3, 8, True, False)
+    out, _evidence, _box = client.predict("a\x00b", history, *args, api_name="/chat")
+    assert [_text(m) for m in out[:2]] == ["earlier", "kept"]
+    assert "NUL bytes" in _text(out[-1])
+    out, evidence, box = client.predict("word " * 700, out, *args, api_name="/chat")
+    assert [_text(m) for m in out[:2]] == ["earlier", "kept"] and "Not answered" in _text(out[-1])
+    out, evidence, box = client.predict(ITEM["question"], out, *args, api_name="/chat")
+    assert 'class="kv-badge kv-pass">EXACT<' in evidence and box == ""
+    assert out[-1]["metadata"]["title"].startswith("Evidence · EXACT")
+
+
+def test_verify_endpoint(client, deposited):
+    rep = client.predict(3, None, api_name="/verify")
+    assert rep["samples"] == 3 and rep["byte_equal"] == 3 and len(rep["rows"]) == 3
+    rel = client.predict(2, 5, api_name="/verify")
+    assert rel["relocate"] == 5 and all(r["tier"] == "relocated" for r in rel["rows"])
+
+
+def test_eight_concurrent_clients(served, deposited):
+    def ask(i: int) -> dict:
+        c = gradio_client.Client(served, verbose=False)
+        return c.predict(ITEM["question"], 3, True, 4, i % 2 == 0, False, api_name="/answer")
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(ask, range(8)))
+    assert len(results) == 8 and all(r["tier"] == "exact" for r in results)
+    assert all(r["check"]["exact"] for r in results[::2])
+
+
+@pytest.mark.integration
+def test_real_model_seed_item_answered_exactly(real_lm, tmp_path):
+    import app
+    import services
+    from retrieval import HashEmbedder
+
+    lib = services.Library(home=tmp_path / "real", lm=real_lm, embedder=HashEmbedder())
+    item = app.seed_items()[0][0]
+    demo = _launch(lib, TOKEN)
+    try:
+        c = gradio_client.Client(demo.local_url, verbose=False)
+        d = c.predict(TOKEN, *item.values(), api_name="/deposit")
+        r = c.predict(item["question"], api_name="/answer")
+    finally:
+        demo.close()
+    assert r["artifact_ids"] == [d["id"]] and r["tier"] == "exact"
+    assert r["answer"].strip().rstrip(".") == item["answer"], r["answer"]
+    assert r["check"]["exact"] is True and r["check"]["kl"] == 0.0
