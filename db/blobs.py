@@ -64,11 +64,19 @@ class BlobStore:
             os.close(dir_fd)
         return digest
 
-    def get(self, content_hash: str) -> bytes:
-        """Read and verify. Raises ArtifactNotFound or IntegrityError (message says 'integrity')."""
+    def get(self, content_hash: str) -> bytearray:
+        """Read and verify. Raises ArtifactNotFound or IntegrityError (message says 'integrity').
+
+        Returns a fresh `bytearray` the caller owns (codec.loads makes zero-copy tensors from it).
+        """
         p = self.path(content_hash)
         try:
-            data = p.read_bytes()
+            with open(p, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                data = bytearray(size)
+                got = f.readinto(data)
+                if got != size:
+                    del data[got:]
         except FileNotFoundError:
             raise ArtifactNotFound(
                 f"blob {content_hash} is missing from {self.root}; run `cli.py fsck` to see what else is missing"

@@ -112,9 +112,14 @@ def check_format(meta: dict) -> None:
         raise IntegrityError(f"artifact integrity check failed: header metadata lacks {', '.join(missing)}")
 
 
-def loads(data: bytes) -> KVArtifact:
-    """Parse bytes written by `dumps`. Malformed input raises IntegrityError/IncompatibleArtifact."""
+def loads(data: bytes | bytearray) -> KVArtifact:
+    """Parse bytes written by `dumps`. Malformed input raises IntegrityError/IncompatibleArtifact.
+
+    Given a `bytearray` the tensors are zero-copy views into it (the caller hands it over); given
+    `bytes` the data is copied once into a private buffer.
+    """
     meta, entries, base = read_header(data)
+    buf = data if isinstance(data, bytearray) else bytearray(data)
     check_format(meta)
     try:
         start, length = int(meta["start"]), int(meta["length"])
@@ -149,8 +154,10 @@ def loads(data: bytes) -> KVArtifact:
                 f"artifact integrity check failed: tensor {name} offsets do not match its shape or the file size"
             )
         expected_offset = hi
-        raw = bytearray(data[base + lo : base + hi])
-        t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        if numel:
+            t = torch.frombuffer(buf, dtype=dtype, count=numel, offset=base + lo)
+        else:
+            t = torch.empty(0, dtype=dtype)
         tensors[name] = t.reshape(shape)
     if expected_offset != body:
         raise IntegrityError("artifact integrity check failed: trailing bytes after the last tensor")
