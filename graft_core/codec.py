@@ -92,7 +92,7 @@ def read_header(data: bytes | memoryview) -> tuple[dict, dict, int]:
         raise IntegrityError("artifact integrity check failed: file is truncated inside the header")
     try:
         header = json.loads(bytes(data[8 : 8 + n]).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: deeply nested arrays
         raise IntegrityError(f"artifact integrity check failed: header is not valid JSON ({exc.__class__.__name__})") from None
     if not isinstance(header, dict):
         raise IntegrityError("artifact integrity check failed: header is not a JSON object")
@@ -110,6 +110,13 @@ def check_format(meta: dict) -> None:
     missing = [k for k in _REQUIRED_META if k not in meta]
     if missing:
         raise IntegrityError(f"artifact integrity check failed: header metadata lacks {', '.join(missing)}")
+
+
+def _json_int(x) -> int:
+    """A JSON integer, exactly: floats (1.5, 1e400 -> inf, NaN), booleans and strings are refused."""
+    if type(x) is not int:
+        raise TypeError(f"expected a JSON integer, got {type(x).__name__}")
+    return x
 
 
 def loads(data: bytes | bytearray) -> KVArtifact:
@@ -139,8 +146,8 @@ def loads(data: bytes | bytearray) -> KVArtifact:
         e = entries[name]
         try:
             dtype = _DTYPES_BACK[e["dtype"]]
-            shape = [int(s) for s in e["shape"]]
-            lo, hi = (int(x) for x in e["data_offsets"])
+            shape = [_json_int(s) for s in e["shape"]]
+            lo, hi = (_json_int(x) for x in e["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise IntegrityError(f"artifact integrity check failed: tensor {name} entry is malformed") from None
         numel = 1
@@ -162,6 +169,8 @@ def loads(data: bytes | bytearray) -> KVArtifact:
     if expected_offset != body:
         raise IntegrityError("artifact integrity check failed: trailing bytes after the last tensor")
     token_ids = tensors["token_ids"]
+    if token_ids.dtype != torch.int64:
+        raise IntegrityError(f"artifact integrity check failed: token_ids are {token_ids.dtype}, format {FORMAT} stores int64")
     if token_ids.dim() != 1 or token_ids.numel() != length:
         raise IntegrityError("artifact integrity check failed: token_ids length differs from the header")
     n = len(layer_types)
