@@ -747,7 +747,7 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
                 vplot = gr.Plot(label="per sample")
             vbtn.click(verify_ui, [vn, vrel, voff], [vsum, vtbl, vplot], concurrency_id="model", api_visibility="private")
 
-        with gr.Tab("Dashboard", id="dashboard"):
+        with gr.Tab("Dashboard", id="dashboard") as dash_tab:
             stats = gr.HTML(elem_id="kv-stats")
             with gr.Row():
                 p_tokens = gr.Plot(label="computed vs baseline tokens", elem_id="kv-plot-tokens")
@@ -756,6 +756,7 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
             timer = gr.Timer(5.0)
             dash_out = [stats, p_tokens, p_speed, p_store]
             timer.tick(dashboard, None, dash_out, show_progress="hidden", **reads)
+            dash_tab.select(dashboard, None, dash_out, show_progress="hidden", **reads)
 
         gr.api(answer_api, api_name="answer", concurrency_id="model")
         gr.api(deposit_api, api_name="deposit", concurrency_id="model")
@@ -770,28 +771,33 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
     return demo
 
 
+def start_seeding(library: services.Library, status: SeedStatus) -> threading.Thread | None:
+    """Seed an empty store with the built-in library in the background; the status line follows it."""
+    if library.catalog.count_artifacts() > 0:
+        return None
+    status.update(0.0, "Empty store: seeding the built-in library…")
+
+    def seed():
+        try:
+            seed_library(library, on_progress=lambda f, m: status.update(f, m))
+            n = library.catalog.count_artifacts()
+            status.update(1.0, f"Built-in library ready: {n} artifacts. Try: Who founded the town of Velmora?", done=True)
+        except Exception as exc:  # the app stays up; the status line says what failed
+            log.exception("seeding failed")
+            status.update(1.0, f"Seeding the built-in library failed: {exc}", done=True)
+
+    t = threading.Thread(target=seed, name="kvgraft-seed", daemon=True)
+    t.start()
+    return t
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     library = services.Library()
     log.info("store %s; loading the model", library.home)
     status = SeedStatus()
     demo = build_app(library, seed_status=status)
-    if library.catalog.count_artifacts() == 0:
-        status.update(0.0, "empty store: seeding the built-in library…")
-
-        def seed():
-            try:
-                seed_library(library, on_progress=lambda f, m: status.update(f, m))
-                status.update(
-                    1.0,
-                    f"Built-in library ready: {library.catalog.count_artifacts()} artifacts. Try: Who founded the town of Velmora?",
-                    done=True,
-                )
-            except Exception as exc:  # the app stays up; the status line says what failed
-                log.exception("seeding failed")
-                status.update(1.0, f"Seeding the built-in library failed: {exc}", done=True)
-
-        threading.Thread(target=seed, name="kvgraft-seed", daemon=True).start()
+    start_seeding(library, status)
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
