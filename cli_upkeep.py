@@ -8,6 +8,10 @@ ok, 1 a check found a difference (rebuild, fsck, replay), 2 a kvgraft error (pri
 from __future__ import annotations
 
 import json
+import os
+
+# Model loading draws a progress bar on stderr; these commands print one line there on error.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def _emit(args, payload, human: str) -> None:

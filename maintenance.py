@@ -150,8 +150,8 @@ def _manifest(staged: dict[str, Path]) -> dict:
     return manifest
 
 
-def _verify_staged(staged: dict[str, Path], expected_model: str | None) -> tuple[dict, dict, dict[str, bytes]]:
-    """Every check of a staged bundle: returns (manifest, catalog rows, content hash -> blob bytes)."""
+def _verify_staged(staged: dict[str, Path]) -> tuple[dict, dict, dict[str, bytes]]:
+    """Every check of a staged bundle against itself: (manifest, catalog rows, content hash -> blob bytes)."""
     manifest = _manifest(staged)
     entries = manifest["artifacts"]
     listed = {MANIFEST, manifest["catalog"]["member"], *(e["member"] for e in entries)}
@@ -200,11 +200,6 @@ def _verify_staged(staged: dict[str, Path], expected_model: str | None) -> tuple
                 raise IncompatibleArtifact(
                     f"artifact {e['id']} was made by model {art.model_fingerprint} but {what} says {fp}; nothing was imported"
                 )
-        if expected_model is not None and art.model_fingerprint != expected_model:
-            raise IncompatibleArtifact(
-                f"artifact {e['id']} was made by model {art.model_fingerprint[:16]}, this store's model is "
-                f"{expected_model[:16]}; import it into a store running that model (--model), nothing was imported"
-            )
         blobs[e["content_sha256"]] = data
     return manifest, rows, blobs
 
@@ -216,11 +211,17 @@ def import_bundle(
 
     Members are staged in a temporary folder inside the home, removed afterwards whatever happens.
     With `check_model` the library's model is loaded and every artifact must be its own."""
-    expected = lib.lm.fingerprint if check_model else None
     staging = Path(tempfile.mkdtemp(prefix=".import-", dir=lib.home))
     try:
         staged = bundles.stage(path, staging, limits)
-        manifest, rows, blobs = _verify_staged(staged, expected)
+        manifest, rows, blobs = _verify_staged(staged)
+        expected = lib.lm.fingerprint if check_model else None  # loaded only for a bundle that is sound
+        for e in manifest["artifacts"]:
+            if expected is not None and e["model_fingerprint"] != expected:
+                raise IncompatibleArtifact(
+                    f"artifact {e['id']} was made by model {e['model_fingerprint'][:16]}, this store's model is "
+                    f"{expected[:16]}; import it into a store running that model (--model), nothing was imported"
+                )
         written = []
         try:
             for digest, data in sorted(blobs.items()):

@@ -1,0 +1,154 @@
+"""The upkeep commands through `cli.main([...])`: --json fields, exit codes, and one-line errors
+without a traceback. The store is built in-process on the tiny Gemma; the CLI loads the same model
+folder (same fingerprint) and a HashEmbedder stands in for the sentence embedder."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+
+import pytest
+import sqlalchemy as sa
+
+import cli
+import services
+from db.schema import ledger
+from retrieval import HashEmbedder
+
+
+@pytest.fixture(autouse=True)
+def fake_embedder(monkeypatch):
+    monkeypatch.setattr(services, "SentenceEmbedder", HashEmbedder)
+
+
+@pytest.fixture(autouse=True)
+def quiet_progress_bars():
+    """What HF_HUB_DISABLE_PROGRESS_BARS (set by cli_upkeep) does in a fresh CLI process; here
+    transformers was imported before the CLI, so switch its bars off directly."""
+    from transformers.utils import logging
+
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    yield
+    if was:
+        logging.enable_progress_bar()
+
+
+@pytest.fixture
+def lib(kvgraft_home, tiny_gemma):
+    return services.Library(home=kvgraft_home, embedder=HashEmbedder(), lm=tiny_gemma)
+
+
+@pytest.fixture
+def chain(lib):
+    root = lib.deposit_text("Zorblat is the capital of Quendia.", title="root")
+    child = lib.deposit_text("Its tallest bridge is the Ivory Span.", parent=root.id, title="child")
+    return root, child
+
+
+@pytest.fixture
+def run(tiny_dirs, kvgraft_home, capsys):
+    """cli.main with the tiny model; returns (exit code, parsed JSON or stdout text, stderr)."""
+
+    def call(*argv: str, home=None, as_json: bool = True):
+        args = ["--home", str(home or kvgraft_home), "--model", str(tiny_dirs["gemma3"]), *argv]
+        code = cli.main([*args, "--json"] if as_json else args)
+        out, err = capsys.readouterr()
+        return code, (json.loads(out) if as_json and out.strip() else out), err
+
+    return call
+
+
+def assert_one_line_error(err: str, text: str) -> None:
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert text in err, err
+
+
+def test_list_and_show(run, chain):
+    root, child = chain
+    code, out, err = run("list")
+    assert code == 0 and out["count"] == 2 and [r["id"] for r in out["artifacts"]] == [child.id, root.id]
+    assert {"id", "content_sha256", "tokens", "start", "kind", "title", "parent_id", "end_pos"} <= set(out["artifacts"][0])
+    code, out, _ = run("show", child.id[:10])
+    assert code == 0 and out["chain"] == [root.id, child.id] and out["children"] == [] and out["blob_present"]
+    assert out["source"]["text"].startswith("Its tallest bridge") and out["artifact"]["parent_id"] == root.id
+    code, text, _ = run("list", "--kind", "text", as_json=False)
+    assert code == 0 and child.id in text and "child" in text
+
+
+def test_export_import_round_trip(run, chain, tmp_path):
+    root, child = chain
+    bundle = tmp_path / "b.tar"
+    code, out, _ = run("export", child.id, "--out", str(bundle))
+    assert code == 0 and out["artifacts"] == [root.id, child.id] and out["bytes"] == bundle.stat().st_size
+    assert len(out["bundle_sha256"]) == 64
+    other = tmp_path / "other"
+    code, out, _ = run("import", str(bundle), home=other)
+    assert code == 0 and out["new"] == [root.id, child.id] and out["blobs_written"] == 2 and out["model_checked"]
+    code, out, _ = run("import", str(bundle), "--no-model-check", home=other)
+    assert code == 0 and out["new"] == [] and out["model_checked"] is False
+
+
+def test_import_of_a_malicious_tar_is_one_line_error(run, tmp_path):
+    bad = tmp_path / "bad.tar"
+    with tarfile.open(bad, "w") as tar:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    code, out, err = run("import", str(bad))
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "escapes the bundle")
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_rebuild_verify_exit_codes(run, lib, chain):
+    root, child = chain
+    code, out, _ = run("rebuild", "--verify", child.id)
+    assert code == 0 and out["equal"] and out["rebuilt_sha256"] == out["stored_sha256"] == child.content_sha256
+    path = lib.blobs.path(child.content_sha256)
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    code, out, _ = run("rebuild", "--verify", child.id)
+    assert code == 1 and not out["equal"] and out["blob_sha256"] != out["stored_sha256"]
+
+
+def test_fsck_exit_codes_and_repair(run, lib, chain):
+    lib.index()
+    code, out, _ = run("fsck")
+    assert code == 0 and out["consistent"] and out["counts"] == {"missing": 0, "orphans": 0, "corrupt": 0, "partials": 0}
+    assert out["index"]["status"] == "ok" and out["artifacts"] == 2 and out["blobs"] == 2
+    orphan = lib.blobs.put(b"stray bytes")
+    os.utime(lib.blobs.path(orphan), (0, 0))  # old enough not to be a deposit in flight
+    code, out, _ = run("fsck")
+    assert code == 1 and out["orphans"] == [orphan] and out["advice"]
+    code, out, _ = run("fsck", "--repair")
+    assert code == 0 and out["repaired"]["orphans_removed"] == [orphan] and out["consistent"]
+    code, text, _ = run("fsck", as_json=False)
+    assert code == 0 and text.startswith("consistent")
+
+
+def test_replay_exit_codes(run, lib, chain):
+    lib.answer("Which bridge?", artifact=chain[1].id, max_new_tokens=4)
+    code, out, _ = run("replay", "--last", "5")
+    assert code == 0 and out["ok"] and out["replayed"] == 1 and out["entries"][0]["output_equal"]
+    with lib.catalog._engine.begin() as conn:
+        conn.execute(sa.update(ledger).values(output_sha256="0" * 64))
+    code, out, _ = run("replay")
+    assert code == 1 and out["mismatched"] == 1 and not out["entries"][0]["output_equal"]
+    code, out, err = run("replay", "--last", "0")
+    assert code == 2
+    assert_one_line_error(err, "--last must be at least 1")
+
+
+def test_delete_refuses_a_parent_and_removes_a_leaf(run, lib, chain):
+    root, child = chain
+    code, out, err = run("delete", root.id)
+    assert code == 2
+    assert_one_line_error(err, "continue its chain")
+    code, out, _ = run("delete", child.id)
+    assert code == 0 and out == {"id": child.id, "content_sha256": child.content_sha256, "blob_removed": True}
+    code, out, err = run("show", child.id)
+    assert code == 2
+    assert_one_line_error(err, "no artifact")
