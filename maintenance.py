@@ -115,7 +115,7 @@ class ImportReport:
     path: str
     artifacts: tuple[str, ...]  # every id in the bundle
     new: tuple[str, ...]  # ids that were not in this store before
-    blobs_written: int
+    blobs_written: int  # new blobs, and missing or corrupt ones restored from the bundle
     model_fingerprints: tuple[str, ...]
     model_checked: bool  # True when the fingerprints were compared with a loaded model
 
@@ -225,9 +225,14 @@ def import_bundle(
         written = []
         try:
             for digest, data in sorted(blobs.items()):
-                if not lib.blobs.exists(digest):
-                    lib.blobs.put(data)
-                    written.append(digest)
+                if lib.blobs.exists(digest):
+                    try:
+                        lib.blobs.get(digest)
+                        continue
+                    except IntegrityError:  # a corrupt copy: the bundle's verified bytes restore it
+                        lib.blobs.delete(digest)
+                lib.blobs.put(data)
+                written.append(digest)
             new = lib.catalog.import_rows(rows)
         except BaseException:
             for digest in written:  # undo: a blob no row refers to is an orphan
@@ -371,7 +376,7 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S) ->
         if h.hexdigest() != digest:
             corrupt += [{"id": i, "content_sha256": digest, "actual_sha256": h.hexdigest()} for i in sorted(ids)]
     orphans = sorted(on_disk - set(referenced))
-    partials = sorted(lib.blobs.partials())
+    partials = sorted(lib.blobs.partials()) + sorted(lib.home.glob(".import-*"))  # interrupted writes and imports
     index = _index_status(lib)
     removed_orphans, removed_partials, rebuilt = [], [], False
     if repair:
@@ -382,7 +387,10 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S) ->
                 removed_orphans.append(digest)
         for p in partials:
             if _older_than(p, grace_s):
-                p.unlink(missing_ok=True)
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
                 removed_partials.append(p.name)
         if index["status"] != "ok":
             lib.rebuild_index()

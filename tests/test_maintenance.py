@@ -104,6 +104,23 @@ def test_export_import_round_trip_is_byte_identical_and_deterministic(lib, chain
     assert maintenance.fsck(other, repair=True).consistent
 
 
+def test_import_restores_missing_and_corrupt_blobs(lib, chain, tmp_path):
+    root, child = chain
+    out = tmp_path / "b.tar"
+    maintenance.export_bundle(lib, [child.id], out)
+    lib.blobs.delete(root.content_sha256)
+    path = lib.blobs.path(child.content_sha256)
+    good = path.read_bytes()
+    path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    (lib.home / ".import-leftover").mkdir()
+    os.utime(lib.home / ".import-leftover", (0, 0))
+    r = maintenance.fsck(lib, repair=True)
+    assert len(r.missing) == 1 and len(r.corrupt) == 1 and r.repaired["partials_removed"] == [".import-leftover"]
+    imp = maintenance.import_bundle(lib, out)
+    assert imp.new == () and imp.blobs_written == 2
+    assert path.read_bytes() == good and maintenance.fsck(lib).consistent
+
+
 def test_import_without_model_check_and_wrong_model(lib, chain, tmp_path, tiny_llama):
     out = tmp_path / "b.tar"
     maintenance.export_bundle(lib, [chain[1].id], out)
