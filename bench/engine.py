@@ -1,0 +1,199 @@
+"""Engine benchmarks on the default model: time to first token grafted vs fresh prefill, restore vs a
+raw read of the same bytes, and artifact bytes per token vs the raw KV bytes.
+
+Ratios are measured within one run (the machine is shared and noisy) and reported as medians.
+Writes docs/bench/engine.json and prints a markdown table.  Usage:
+    .venv/bin/python bench/engine.py [--lengths 512,1024,2048,4096,8192,16384] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from db.blobs import BlobStore  # noqa: E402
+from graft_core import codec, generate, model  # noqa: E402
+from graft_core.capture import capture  # noqa: E402
+from graft_core.forward import forward_chunk, new_cache  # noqa: E402
+from graft_core.graft import restore  # noqa: E402
+
+CORPUS = (
+    "The harbour town of Quenmora keeps a ledger of every ship that docks: its name, its captain, "
+    "the cargo it carries and the day it leaves. In the year of the long winter the ledger recorded "
+    "{i} ships, each with salt, timber or wool, and the harbour master, a careful man named Osric "
+    "Pellamy, wrote a note beside entry {i} about the weather and the tides. "
+)
+
+
+def text_tokens(lm, n: int) -> list[int]:
+    ids: list[int] = [lm.tokenizer.bos_token_id]
+    i = 0
+    while len(ids) < n:
+        ids += lm.tokenizer(CORPUS.format(i=i), add_special_tokens=False)["input_ids"]
+        i += 1
+    return ids[:n]
+
+
+def drop_page_cache(path: Path) -> bool:
+    """Evict one file from the page cache (cold read) where the OS allows it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        return True
+    except (AttributeError, OSError):
+        return False
+
+
+def raw_read(path: Path) -> float:
+    t0 = time.perf_counter()
+    with open(path, "rb") as f:
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        f.readinto(data)
+    return time.perf_counter() - t0
+
+
+def read_and_restore(lm, store: BlobStore, h: str) -> float:
+    """What a graft costs from disk: read + SHA-256 check + decode + restore into a cache."""
+    t0 = time.perf_counter()
+    art = codec.loads(store.get(h))
+    restore(lm, [art])
+    return time.perf_counter() - t0
+
+
+def read_and_restore_unhashed(lm, path: Path) -> float:
+    """The same without the SHA-256 check, to show what the integrity check itself costs."""
+    t0 = time.perf_counter()
+    with open(path, "rb") as f:
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        f.readinto(data)
+    restore(lm, [codec.loads(data)])
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "engine.json"))
+    args = ap.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    lm = model.load()
+    question = "Who was the harbour master of Quenmora?"
+    q_ids = generate.encode_prompt(lm, question, grafted=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kvgraft-bench-") as tmp:
+        store = BlobStore(Path(tmp) / "blobs")
+        # warm-up: the first forward of a process pays one-off costs
+        forward_chunk(lm.model, new_cache(lm.model), text_tokens(lm, 64), 0)
+        for n in lengths:
+            ids = text_tokens(lm, n)
+            reps = args.repeats if n <= 4096 else 1
+            t0 = time.perf_counter()
+            art, stats = capture(lm, ids)
+            data = codec.dumps(art)
+            h = store.put(data)
+            path = store.path(h)
+            fresh, graft, warm_read, warm_restore, cold_read, cold_restore, warm_nohash = [], [], [], [], [], [], []
+            tok_fresh = tok_graft = None
+            for _ in range(reps):
+                # fresh: prefix + query prefilled from scratch (logits_to_keep=1), first token chosen
+                t = time.perf_counter()
+                row = forward_chunk(lm.model, new_cache(lm.model), ids + q_ids, 0)[-1]
+                tok_fresh = int(torch.argmax(row))
+                fresh.append(time.perf_counter() - t)
+                # grafted: read + hash-check + decode + restore + query forward + first token
+                drop_page_cache(path)
+                t = time.perf_counter()
+                a = codec.loads(store.get(h))
+                cache = restore(lm, [a])
+                row = forward_chunk(lm.model, cache, q_ids, a.end)[-1]
+                tok_graft = int(torch.argmax(row))
+                graft.append(time.perf_counter() - t)
+            for _ in range(max(3, reps)):
+                drop_page_cache(path)
+                cold_read.append(raw_read(path))
+                drop_page_cache(path)
+                cold_restore.append(read_and_restore(lm, store, h))
+                warm_read.append(raw_read(path))
+                warm_restore.append(read_and_restore(lm, store, h))
+                warm_nohash.append(read_and_restore_unhashed(lm, path))
+            med = statistics.median
+            row = {
+                "prefix_tokens": n,
+                "query_tokens": len(q_ids),
+                "repeats": reps,
+                "capture_prefill_s": stats.prefill_s,
+                "ttft_fresh_s": med(fresh),
+                "ttft_grafted_s": med(graft),
+                "ttft_speedup": med(fresh) / med(graft),
+                "first_token_equal": tok_fresh == tok_graft,
+                "file_bytes": len(data),
+                "kv_bytes": art.kv_bytes(),
+                "bytes_per_token": len(data) / n,
+                "file_over_kv": len(data) / art.kv_bytes(),
+                "raw_read_warm_s": med(warm_read),
+                "restore_warm_s": med(warm_restore),
+                "restore_over_read_warm": med(warm_restore) / med(warm_read),
+                "restore_unhashed_warm_s": med(warm_nohash),
+                "restore_unhashed_over_read_warm": med(warm_nohash) / med(warm_read),
+                "raw_read_cold_s": med(cold_read),
+                "restore_cold_s": med(cold_restore),
+                "restore_over_read_cold": med(cold_restore) / med(cold_read),
+                "artifact_sha256": hashlib.sha256(data).hexdigest(),
+                "wall_s": time.perf_counter() - t0,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            store.delete(h)
+    out = {
+        "benchmark": "engine",
+        "command": "make bench  (.venv/bin/python bench/engine.py)",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+        "model": lm.info.name,
+        "model_fingerprint": lm.fingerprint,
+        "config": lm.config.as_dict(),
+        "targets": {"ttft_speedup_at_4096": ">= 50", "restore_over_read": "<= 1.5", "file_over_kv": "<= 1.01"},
+        "note": "ttft_grafted includes blob read (page cache dropped), SHA-256 check, decode, restore, query forward and "
+        "the first token; ttft_fresh is one prefill of prefix+query with logits_to_keep=1. Medians.",
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(
+        "\n| prefix tokens | TTFT fresh (s) | TTFT grafted (s) | speedup | restore/read warm | restore/read cold | file/KV bytes |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['prefix_tokens']:,} | {r['ttft_fresh_s']:.3f} | {r['ttft_grafted_s']:.3f} | {r['ttft_speedup']:.1f}x | "
+            f"{r['restore_over_read_warm']:.2f}x | {r['restore_over_read_cold']:.2f}x | {r['file_over_kv']:.4f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
