@@ -240,10 +240,13 @@ def tokens_plot(entries) -> Figure:
     est = [x for x, e in zip(xs, entries) if not e.baseline_measured]
     if est:
         ax.scatter(est, [base[x] for x in est], marker="x", color="#6b7280", s=14, label="baseline estimated", zorder=3)
-    ax.set_xlabel("answer (oldest → newest)")
+    ax.set_xlim(-0.6, max(len(xs), 6) - 0.4)
+    step = max(1, len(xs) // 12)
+    ax.set_xticks(xs[::step], [f"#{e.id}" for e in entries][::step], fontsize=8)
+    ax.set_xlabel("answer (ledger id, oldest → newest)")
     ax.set_ylabel("tokens")
     ax.set_title("Tokens per answer: computed vs baseline")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper right")
     return fig
 
 
@@ -256,6 +259,7 @@ def speedup_plot(entries) -> Figure:
         return fig
     ax.hist(speedups, bins=min(20, max(3, len(speedups))), color="#16a34a")
     ax.axvline(1.0, color="#6b7280", linestyle="--", linewidth=1)
+    ax.set_xlim(0, max(max(speedups) * 1.2, 2.0))
     ax.set_xlabel("time-to-first-token speedup (baseline / graft, measured)")
     ax.set_ylabel("answers")
     ax.set_title(f"TTFT speedup over {len(speedups)} measured answers")
@@ -519,26 +523,31 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
         return fn
 
     def export_bundle(ref: str):
-        fn = maintenance_fn("export")
+        fn = maintenance_fn("export_bundle")
         ids = [s.strip() for s in (ref or "").replace(",", " ").split() if s.strip()]
-        out = Path(tempfile.mkdtemp(prefix="kvgraft-export-")) / f"kvgraft-bundle-{time.strftime('%Y%m%d-%H%M%S')}.tar"
         try:
-            res = fn(library, [library.catalog.get(i).id for i in ids] or None, out)
+            ids = ids or [a.id for a in library.catalog.list_artifacts(limit=100_000)]
+            if not ids:
+                raise gr.Error("The store is empty: nothing to export.")
+            out = Path(tempfile.mkdtemp(prefix="kvgraft-export-")) / f"kvgraft-bundle-{time.strftime('%Y%m%d-%H%M%S')}.tar"
+            rep = fn(library, ids, out)
         except KvgraftError as exc:
             raise gr.Error(str(exc)) from None
-        path = Path(res) if isinstance(res, (str, os.PathLike)) else out
-        return str(path)
+        return (
+            rep.path,
+            f"Exported {len(rep.artifacts)} artifacts, {rep.bytes:,} bytes, bundle sha256 `{rep.bundle_sha256[:16]}…`",
+        )
 
     def import_bundle(admin_token, file):
         admin_ok(admin_token)
         if not file:
             raise gr.Error("Choose a bundle file to import.")
-        fn = maintenance_fn("import_")
+        fn = maintenance_fn("import_bundle")
         try:
-            res = fn(library, Path(file if isinstance(file, str) else file.name))
+            rep = fn(library, Path(file if isinstance(file, str) else file.name))
         except KvgraftError as exc:
             raise gr.Error(str(exc)) from None
-        return f"Imported: {res}", table("")
+        return f"Imported {len(rep.artifacts)} artifacts ({len(rep.new)} new, {rep.blobs_written} blobs written).", table("")
 
     def delete_artifact(admin_token, ref):
         admin_ok(admin_token)
@@ -546,10 +555,10 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
             raise gr.Error("Select an artifact (click a row) or paste its id first.")
         fn = maintenance_fn("delete")
         try:
-            res = fn(library, ref.strip())
+            rep = fn(library, ref.strip())
         except KvgraftError as exc:
             raise gr.Error(str(exc)) from None
-        return f"Deleted: {res}", table("")
+        return f"Deleted `{rep.id[:16]}…` (blob {'removed' if rep.blob_removed else 'kept: still referenced'}).", table("")
 
     # -- verify ------------------------------------------------------------------------------
 
@@ -723,9 +732,25 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
             lib_tab.select(table, search, tbl, **reads)
             tbl.select(pick, tbl, [sel, src_text, manifest], **reads)
             sel.submit(show, sel, [src_text, manifest], **reads)
-            exp_btn.click(export_bundle, sel, exp_file, concurrency_id="model", api_visibility="private")
-            imp_btn.click(import_bundle, [ltok, imp_file], [lout, tbl], concurrency_id="model", api_visibility="private")
-            del_btn.click(delete_artifact, [ltok, sel], [lout, tbl], concurrency_id="model", api_visibility="private")
+            exp_btn.click(
+                export_bundle, sel, [exp_file, lout], concurrency_id="model", api_name="export", api_visibility="undocumented"
+            )
+            imp_btn.click(
+                import_bundle,
+                [ltok, imp_file],
+                [lout, tbl],
+                concurrency_id="model",
+                api_name="import",
+                api_visibility="undocumented",
+            )
+            del_btn.click(
+                delete_artifact,
+                [ltok, sel],
+                [lout, tbl],
+                concurrency_id="model",
+                api_name="delete",
+                api_visibility="undocumented",
+            )
 
         with gr.Tab("Verify", id="verify"):
             gr.Markdown(
@@ -744,15 +769,15 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
                     headers=["artifact", "query", "byte-equal", "KL", "max |diff|", "argmax", "fresh sha256", "grafted sha256"],
                     interactive=False,
                 )
-                vplot = gr.Plot(label="per sample")
+                vplot = gr.Plot(label="per sample", show_label=False)
             vbtn.click(verify_ui, [vn, vrel, voff], [vsum, vtbl, vplot], concurrency_id="model", api_visibility="private")
 
         with gr.Tab("Dashboard", id="dashboard") as dash_tab:
             stats = gr.HTML(elem_id="kv-stats")
             with gr.Row():
-                p_tokens = gr.Plot(label="computed vs baseline tokens", elem_id="kv-plot-tokens")
-                p_speed = gr.Plot(label="time-to-first-token speedup", elem_id="kv-plot-ttft")
-            p_store = gr.Plot(label="store size vs context window", elem_id="kv-plot-store")
+                p_tokens = gr.Plot(label="computed vs baseline tokens", show_label=False, elem_id="kv-plot-tokens")
+                p_speed = gr.Plot(label="time-to-first-token speedup", show_label=False, elem_id="kv-plot-ttft")
+            p_store = gr.Plot(label="store size vs context window", show_label=False, elem_id="kv-plot-store")
             timer = gr.Timer(5.0)
             dash_out = [stats, p_tokens, p_speed, p_store]
             timer.tick(dashboard, None, dash_out, show_progress="hidden", **reads)

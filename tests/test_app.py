@@ -159,6 +159,19 @@ def test_eight_concurrent_clients(served, deposited):
     assert all(r["check"]["exact"] for r in results[::2])
 
 
+def test_export_delete_import_round_trip(client, deposited):
+    path, message = client.predict(deposited["id"], api_name="/export")
+    assert message.startswith("Exported 1 artifacts")
+    with pytest.raises(AppError, match="Admin token refused"):
+        client.predict("nope", deposited["id"], api_name="/delete")
+    msg, _table = client.predict(TOKEN, deposited["id"], api_name="/delete")
+    assert msg.startswith("Deleted")
+    msg, table = client.predict(TOKEN, gradio_client.handle_file(path), api_name="/import")
+    assert msg.startswith("Imported 1 artifacts (1 new")
+    assert deposited["id"][:16] in [row[0] for row in table["data"]]
+    assert client.predict(ITEM["question"], api_name="/answer")["check"]["exact"] is True
+
+
 @pytest.mark.integration
 def test_real_model_seed_item_answered_exactly(real_lm, tmp_path):
     import app
