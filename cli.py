@@ -182,12 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_verify)
 
-    try:
-        import cli_upkeep
+    import cli_upkeep
 
-        cli_upkeep.register(sub)
-    except ImportError:
-        pass
+    cli_upkeep.register(sub)
     return p
 
 
