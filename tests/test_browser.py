@@ -91,6 +91,9 @@ def test_chat_answer_with_exact_badge(page, served):
 
 
 def test_dashboard_shows_plots(page):
+    for n, question in enumerate(("How tall is the Brannock Spire?", "What is the capital of the Duchy of Marrowind?"), start=2):
+        _ask(page, question)
+        playwright.expect(page.locator("#kv-evidence")).to_contain_text(f"ledger #{n}", timeout=120_000)
     page.get_by_role("tab", name="Dashboard").click()
     stats = page.locator("#kv-stats")
     playwright.expect(stats).to_contain_text("tokens saved", timeout=30_000)
