@@ -81,6 +81,7 @@ def cmd_ask(args) -> int:
         check=args.check,
         compare=args.compare,
         relocated=args.relocated,
+        compose=args.compose,
     )
     payload = r.as_json()
     lines = [
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--max-new-tokens", type=int, default=32)
     a.add_argument("--check", action="store_true", help="check graft vs fresh recomputation byte for byte")
     a.add_argument("--compare", action="store_true", help="also run and time the no-graft baseline")
+    a.add_argument("--compose", action="store_true", help="chain every retrieved item exactly (prefills each new link once)")
     a.add_argument("--relocated", action="store_true", help="compose several retrieved roots by re-rotation (approximate)")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_ask)

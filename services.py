@@ -29,7 +29,7 @@ from graft_core.artifact import KVArtifact, artifact_key, text_sha256
 from graft_core.capture import capture
 from graft_core.errors import ArtifactNotFound, InputTooLong, InvalidInput, KvgraftError, VerificationFailed
 from graft_core.verify import check as exact_check
-from graft_core.verify import check_relocated
+from graft_core.verify import check_composed, check_relocated
 from retrieval import DEFAULT_THRESHOLD, Hit, VectorIndex
 from retrieval.embedder import Embedder, SentenceEmbedder
 
@@ -404,6 +404,45 @@ class Library:
                 best, best_cover = h.id, cover
         return best
 
+    def compose(self, ids: list[str], on_progress: Callable[[float, str], None] | None = None) -> str:
+        """Chain several artifacts exactly: the first one's chain, then each other item's text
+        deposited as a child in order (one prefill each, the first time only: keys are
+        deterministic, so composing the same items again costs nothing). Returns the leaf id."""
+        if not ids:
+            raise InvalidInput("nothing to compose: give at least one artifact id")
+        leaf = self.catalog.get(ids[0])
+        have = {self.catalog.source(r.id).text for r in self.catalog.chain(leaf.id)}
+        todo = []
+        for other in ids[1:]:
+            for node in self.catalog.chain(other):
+                src = self.catalog.source(node.id)
+                if src.text not in have:
+                    have.add(src.text)
+                    todo.append((node, src))
+        for i, (node, src) in enumerate(todo):
+            if on_progress:
+                on_progress(i / max(1, len(todo)), f"composing {i + 1}/{len(todo)}")
+            passed = [v for v in self.catalog.verifications(node.id) if v.verdict == "pass"]
+            v = passed[-1] if passed else None
+            vrow = (
+                None
+                if v is None
+                else VerificationRow(
+                    artifact_id=None,
+                    item_sha256=v.item_sha256,
+                    verifier=v.verifier,
+                    verdict="pass",
+                    reference=v.reference,
+                    detail=v.detail,
+                )
+            )
+            parent = leaf.id
+            key = artifact_key(self.lm.fingerprint, parent, self.lm.tokenizer(src.text, add_special_tokens=False)["input_ids"])
+            source = SourceRow(artifact_id=key, text=src.text, question=src.question, solution=src.solution, answer=src.answer)
+            d = self._deposit(src.text, parent, node.title, node.kind, source, vrow, embed_text=src.question or src.text)
+            leaf = self.catalog.get(d.id)
+        return leaf.id
+
     def answer(
         self,
         question: str,
@@ -418,6 +457,7 @@ class Library:
         threshold: float = DEFAULT_THRESHOLD,
         on_token: Callable[[str], None] | None = None,
         record: bool = True,
+        compose: bool = False,
     ) -> AnswerResult:
         question = _bounded("question", question, MAX_QUESTION_CHARS)
         retrieved: list[Retrieved] = []
@@ -434,7 +474,15 @@ class Library:
                 chain_ids = [h.id for h in retrieved if self.catalog.get(h.id).parent_id is None]
                 note = "relocated composition of independent roots (approximate, labelled)"
             else:
-                chain_ids = [r.id for r in self.catalog.chain(self._choose(retrieved))]
+                leaf = self._choose(retrieved)
+                chain_ids = [r.id for r in self.catalog.chain(leaf)]
+                missing = [h.id for h in retrieved if h.id not in chain_ids]
+                if missing and compose:
+                    leaf = self.compose([leaf, *missing])
+                    chain_ids = [r.id for r in self.catalog.chain(leaf)]
+                    note = f"composed {len(missing) + 1} retrieved items into one exact chain"
+                elif missing:
+                    note = f"grafted the chain of the best hit; {len(missing)} other hit(s) not on it (use compose for an exact chain)"
         else:
             note = "graft off: plain baseline"
         with self.lock:
@@ -469,9 +517,7 @@ class Library:
             )
             reloc_check = None
             if check and relocated and chain:
-                reloc_check = check_relocated(
-                    lm, chain[0], list(ans.prompt_ids), offset=0 if len(chain) == 1 else chain[0].length
-                )
+                reloc_check = check_composed(lm, chain, list(ans.prompt_ids))
         checkd = ans.check.as_dict() if ans.check else (reloc_check.as_dict() if reloc_check else None)
         sv = ans.savings.as_dict()
         baseline = None

@@ -1,0 +1,100 @@
+"""services.Library on a tiny model and the fast fake embedder: the deposit gate, hash-before-work,
+retrieval and graft, exact composition through chains, and the labelled relocated composition."""
+
+from __future__ import annotations
+
+import pytest
+
+import services
+from graft_core.errors import InputTooLong, InvalidInput, VerificationFailed
+from retrieval import HashEmbedder
+
+FACTS = [
+    ("Who built the Varnek lighthouse?", "The Varnek lighthouse was built by Osric Pellamy.", "Osric Pellamy"),
+    ("What colour is the Quillon moth?", "The Quillon moth has copper-green wings.", "copper-green"),
+]
+
+
+@pytest.fixture
+def lib(tmp_path, tiny_gemma):
+    lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
+    yield lib
+    lib.catalog.close()
+
+
+def test_verified_deposit_and_refusal(lib):
+    q, s, a = FACTS[0]
+    d = lib.deposit_item(q, s, a, "exact", a)
+    assert d.created and d.verified and d.kind == "verified" and d.verifier == "exact" and d.start == 0
+    again = lib.deposit_item(q, s, a, "exact", a)
+    assert (again.id, again.created, again.prefill_s) == (d.id, False, 0.0)  # hash before work
+    with pytest.raises(VerificationFailed, match=r"refused, nothing deposited: answer 'Osric' does not equal reference"):
+        lib.deposit_item(q, s, "Osric", "exact", a)
+    assert lib.catalog.count_artifacts() == 1
+    with pytest.raises(VerificationFailed, match="admins only"):
+        lib.deposit_item(q, s, a, "attested", "Dr. A. Rivera")
+
+
+def test_text_deposit_is_unverified_unless_attested(lib):
+    d = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.")
+    assert d.kind == "text" and not d.verified
+    with pytest.raises(VerificationFailed, match="only an admin can attest"):
+        lib.deposit_text("Another sheet.", attested_by="Dr. A. Rivera")
+    att = lib.deposit_text("Another sheet.", attested_by="Dr. A. Rivera", admin=True)
+    assert att.kind == "attested" and att.verifier == "attested"
+
+
+def test_answer_retrieves_grafts_checks_and_records(lib):
+    ids = [lib.deposit_item(q, s, a, "exact", a).id for q, s, a in FACTS]
+    r = lib.answer(FACTS[0][0], k=2, check=True, max_new_tokens=4, threshold=0.0)
+    assert r.retrieved[0].id == ids[0] and r.tier == "exact"
+    assert r.check["exact"] and r.check["fresh_sha256"] == r.check["grafted_sha256"]
+    assert r.grafted_tokens == lib.catalog.get(ids[0]).end_pos
+    assert set(r.as_json()) >= {"answer", "grafted_tokens", "computed_tokens", "decode_tokens", "ttft_s", "check", "retrieved"}
+    row = lib.catalog.ledger()[-1]
+    assert row.id == r.ledger_id and row.exact is True and row.output_sha256 == r.output_sha256
+
+
+def test_no_hit_answers_without_graft_and_says_so(lib):
+    lib.deposit_item(*FACTS[0][:3], "exact", FACTS[0][2])
+    r = lib.answer("zzzz qqqq", threshold=0.99, max_new_tokens=3)
+    assert r.tier == "none" and r.grafted_tokens == 0 and r.note.startswith("no artifact above similarity 0.99")
+
+
+def test_compose_builds_an_exact_chain_once(lib):
+    a, b = (lib.deposit_item(q, s, ans, "exact", ans).id for q, s, ans in FACTS)
+    leaf = lib.compose([a, b])
+    chain = lib.catalog.chain(leaf)
+    assert [c.id for c in chain][0] == a and len(chain) == 2 and chain[1].parent_id == a
+    assert lib.compose([a, b]) == leaf  # deterministic keys: composing again costs nothing
+    r = lib.answer("anything", artifact=leaf, check=True, max_new_tokens=3)
+    assert r.tier == "exact" and r.check["exact"]
+
+
+def test_relocated_composition_is_labelled_with_its_divergence(lib):
+    for q, s, a in FACTS:
+        lib.deposit_item(q, s, a, "exact", a)
+    r = lib.answer(FACTS[1][0], k=2, relocated=True, check=True, max_new_tokens=3, threshold=0.0)
+    assert r.tier == "relocated" and "approximate" in r.note
+    assert r.check["tier"] == "relocated" and r.check["exact"] is False
+    assert r.check["max_abs_diff"] > 0  # later parts never saw the earlier ones: measured, not hidden
+
+
+def test_inputs_are_bounded(lib):
+    with pytest.raises(InvalidInput, match="question is empty"):
+        lib.answer("  ")
+    with pytest.raises(InputTooLong, match="question is 4,001 characters; the limit is 4,000"):
+        lib.answer("x" * 4001)
+    with pytest.raises(InvalidInput, match="contains NUL bytes"):
+        lib.answer("a\x00b")
+    with pytest.raises(InvalidInput, match="k must be between 1 and 16"):
+        lib.answer("hi", k=0)
+
+
+def test_verify_samples_reports_byte_equality(lib):
+    for q, s, a in FACTS:
+        lib.deposit_item(q, s, a, "exact", a)
+    rep = lib.verify_samples(4)
+    assert rep.samples == 4 and rep.byte_equal == 4 and rep.max_kl == 0.0 and rep.argmax_agreement == 1.0
+    rel = lib.verify_samples(2, relocate=50)
+    assert rel.byte_equal == 0 and all(r["tier"] == "relocated" for r in rel.rows)
