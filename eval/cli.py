@@ -1,0 +1,36 @@
+"""`cli.py replay-eval FILE [--rerun]`: register(subparsers) adds the command; it calls
+eval.replay.replay and formats the report. Exit 0 when everything matches, 1 on any mismatch."""
+
+from __future__ import annotations
+
+import json
+
+
+def cmd_replay_eval(args) -> int:
+    from eval import replay
+
+    rep = replay.replay(args.file, rerun_model=args.rerun)
+    if args.json:
+        print(json.dumps(rep.as_dict(), indent=2))
+    else:
+        checked = ", ".join(f"{n} {k}" for k, n in rep.checks.items())
+        print(f"{'OK' if rep.ok else 'MISMATCH'}: {rep.path}: {rep.outputs} outputs; checked {checked}")
+        for note in rep.notes:
+            print(f"note: {note}")
+        for p in rep.problems[:50]:
+            print(f"mismatch: {p}")
+        if len(rep.problems) > 50:
+            print(f"... and {len(rep.problems) - 50} more mismatches")
+    return 0 if rep.ok else 1
+
+
+def register(subparsers) -> None:
+    r = subparsers.add_parser(
+        "replay-eval", help="re-check an eval results file (hashes, scores); --rerun recomputes with the model"
+    )
+    r.add_argument("file", help="results file written by make eval (docs/eval/results.json)")
+    r.add_argument(
+        "--rerun", action="store_true", help="recompute every output with the model and compare token ids byte for byte"
+    )
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_replay_eval)

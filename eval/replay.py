@@ -1,0 +1,202 @@
+"""Re-check an evaluation results file: every hash and every score, without the model; with
+`rerun`, recompute every output with the model and compare token ids byte for byte.
+
+Knows the results layout (eval/harness.py) and nothing about grafting. Without `rerun` no model
+weights are loaded: token ids are decoded with the tokenizer files alone.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eval import harness
+from graft_core import generate, templates
+
+
+@dataclass
+class ReplayReport:
+    path: str
+    outputs: int = 0
+    checks: dict = field(default_factory=dict)  # name -> number of items checked
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def fail(self, msg: str) -> None:
+        self.problems.append(msg)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.checks[name] = self.checks.get(name, 0) + n
+
+    def as_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "outputs": self.outputs,
+            "checks": self.checks,
+            "problems": self.problems,
+            "notes": self.notes,
+        }
+
+
+def _canon(x) -> str:
+    return json.dumps(x, sort_keys=True)
+
+
+def _tokenizer(results: dict, report: ReplayReport):
+    """The tokenizer alone (no weights), or None with a note when its files are not on this machine."""
+    from graft_core import model as model_mod
+
+    name = results["model"]["name"]
+    if name == model_mod.DEFAULT_MODEL:
+        folder = model_mod.model_cache_dir() / "gemma-3-270m-f32"
+        if not (folder / "tokenizer_config.json").exists() and not (folder / "tokenizer.json").exists():
+            report.notes.append(f"tokenizer files not found in {folder}: token ids not decoded (stored text re-scored instead)")
+            return None
+    else:
+        folder = Path(name)
+        if not folder.exists():
+            report.notes.append(f"model folder {name} not found: token ids not decoded (stored text re-scored instead)")
+            return None
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    got = model_mod._hash_tokenizer(tok)
+    if got != results["model"]["tokenizer_sha256"]:
+        report.fail(f"tokenizer hash {got[:16]} differs from the recorded {results['model']['tokenizer_sha256'][:16]}")
+    report.count("tokenizer_hash")
+    return tok
+
+
+def check_offline(results: dict, report: ReplayReport) -> None:
+    """Data hashes, output token hashes, decoded text, verdicts and every aggregate."""
+    if results.get("format") != harness.FORMAT:
+        report.fail(f"format {results.get('format')!r} is not {harness.FORMAT}")
+        return
+    for path, sha in results["data"].items():
+        p = harness.resolve(path)
+        if not p.exists():
+            report.fail(f"data file {path} is missing")
+            continue
+        got = harness.file_sha256(p)
+        report.count("data_sha256")
+        if got != sha:
+            report.fail(f"data file {path}: sha256 {got} differs from the recorded {sha}")
+    roles = results["data_roles"]
+    rows = {}
+    for role in ("knowledge", "problems"):
+        p = harness.resolve(roles[role])
+        if p.exists():
+            rows.update({r["id"]: r for r in harness.read_jsonl(p)})
+    tok = _tokenizer(results, report)
+    outputs = results["outputs"]
+    report.outputs = len(outputs)
+    for i, o in enumerate(outputs):
+        where = f"output {i} ({o['item']} {o['condition']})"
+        if generate.tokens_sha256(o["token_ids"]) != o["output_sha256"]:
+            report.fail(
+                f"{where}: token ids hash to {generate.tokens_sha256(o['token_ids'])[:16]}, recorded {o['output_sha256'][:16]}"
+            )
+        report.count("output_sha256")
+        completion = o["completion"]
+        if tok is not None:
+            decoded = tok.decode(o["token_ids"], skip_special_tokens=True)
+            if decoded != completion:
+                report.fail(f"{where}: token ids decode to {decoded!r}, recorded {completion!r}")
+            completion = decoded
+            report.count("decoded_text")
+        answer = templates.cut_answer(completion)
+        if answer != o["answer"]:
+            report.fail(f"{where}: answer cut from the completion is {answer!r}, recorded {o['answer']!r}")
+        row = rows.get(o["item"])
+        if row is None:
+            report.fail(f"{where}: item {o['item']} is not in the data files")
+            continue
+        reference = row["answer"] if o["set"] == "knowledge" else row["reference"]
+        if (reference, row["verifier"]) != (o["reference"], o["verifier"]):
+            report.fail(f"{where}: the data file's reference/verifier differ from the recorded ones")
+        ok, _ = harness.score_answer(answer, row["verifier"], reference)
+        report.count("verdict")
+        if ok != o["correct"]:
+            report.fail(f"{where}: re-scored {'correct' if ok else 'wrong'}, recorded {'correct' if o['correct'] else 'wrong'}")
+    scores, counts, cost = harness.summarise(outputs)
+    for name, got, want in (
+        ("scores", scores, results["scores"]),
+        ("counts", counts, results["counts"]),
+        ("cost", cost, results["cost"]),
+    ):
+        report.count("aggregates")
+        if _canon(got) != _canon(want):
+            diff = [k for k in set(got) | set(want) if _canon(got.get(k)) != _canon(want.get(k))]
+            report.fail(f"{name} recomputed from the outputs differ from the recorded ones in: {', '.join(sorted(diff))}")
+
+
+def rerun(results: dict, report: ReplayReport, lm=None, embedder=None) -> None:
+    """Recompute every output with the model in a fresh store; token ids must be equal."""
+    import services
+    from retrieval.embedder import HashEmbedder
+
+    cfg = harness.EvalConfig(**(results["config"] | {"compare": False}))
+    eid = results["embedder"]
+    if embedder is None and eid.startswith("hash-"):
+        embedder = HashEmbedder(int(eid.split("-")[1].split("@")[0]))
+    roles = results["data_roles"]
+    with tempfile.TemporaryDirectory(prefix="kvgraft-replay-") as home:
+        name = None if lm is not None else results["model"]["name"]
+        lib = services.Library(home=home, model_name=name, embedder=embedder, lm=lm)
+        if lib.lm.fingerprint != results["model"]["fingerprint"]:
+            report.fail(
+                f"model fingerprint {lib.lm.fingerprint[:16]} differs from the recorded {results['model']['fingerprint'][:16]} (other weights or configuration)"
+            )
+        if lib.embedder.embedder_id != eid:
+            report.fail(f"embedder {lib.embedder.embedder_id} differs from the recorded {eid}")
+        new = harness.evaluate(
+            lib,
+            cfg,
+            harness.resolve(roles["knowledge"]),
+            harness.resolve(roles["problems"]),
+            sample_ids=results["sample"],
+            log=lambda m: None,
+        )
+        lib.catalog.close()
+    report.notes.append("rerun without the baseline runs (compare off): baseline timings are not re-measured")
+
+    def key(o):
+        return (o["set"], o["condition"], o["item"], o["paraphrase"])
+
+    old = {key(o): o for o in results["outputs"]}
+    fresh = {key(o): o for o in new["outputs"]}
+    if set(old) != set(fresh):
+        report.fail(f"rerun produced {len(fresh)} outputs for {len(old)} recorded ones")
+    for k, o in old.items():
+        n = fresh.get(k)
+        if n is None:
+            continue
+        report.count("rerun_token_ids")
+        if n["token_ids"] != o["token_ids"]:
+            report.fail(f"rerun {k}: token ids {n['token_ids']} differ from the recorded {o['token_ids']}")
+        if n["artifact_ids"] != o["artifact_ids"]:
+            report.fail(f"rerun {k}: grafted {n['artifact_ids']} instead of the recorded {o['artifact_ids']}")
+
+
+def replay(path: str | Path, rerun_model: bool = False, lm=None, embedder=None) -> ReplayReport:
+    report = ReplayReport(path=str(path))
+    try:
+        results = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        report.fail(f"cannot read {path}: {e}")
+        return report
+    try:
+        check_offline(results, report)
+    except (KeyError, TypeError) as e:
+        report.fail(f"results file is missing a field: {e!r}")
+        return report
+    if rerun_model:
+        rerun(results, report, lm=lm, embedder=embedder)
+    return report

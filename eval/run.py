@@ -1,0 +1,79 @@
+"""`make eval`: run the evaluation on the real model into a temporary store and write
+docs/eval/results.json, the plots and docs/eval/README.md. Bounded by default (a seeded sample);
+`--full` runs every item. Everything in the results file can be re-checked without the model by
+`python cli.py replay-eval docs/eval/results.json` (and with it, byte for byte, by `--rerun`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import retrieval  # noqa: E402,F401  (faiss before torch)
+from eval import harness  # noqa: E402
+
+OUT = harness.ROOT / "docs" / "eval"
+
+
+def write_results(results: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    d = harness.EvalConfig()
+    p.add_argument("--full", action="store_true", help="every item (540 facts, 200 deposited + 60 held-out problems): hours here")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--knowledge", type=int, default=d.knowledge_n, help="sampled knowledge items")
+    p.add_argument("--deposited", type=int, default=d.deposited_n, help="sampled deposited problems")
+    p.add_argument("--heldout", type=int, default=d.heldout_n, help="sampled held-out problems")
+    p.add_argument("--paraphrases", type=int, default=d.paraphrases, help="paraphrases asked per fact (0-2)")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--no-compare", action="store_true", help="skip the measured no-graft baseline")
+    p.add_argument("--threads", type=int, default=d.torch_threads, help="torch threads (logits are identical with 1 and 2)")
+    p.add_argument("--out", type=Path, default=OUT / "results.json")
+    p.add_argument("--model", default=None, help="model (default the packaged Gemma 3 270M)")
+    p.add_argument("--no-report", action="store_true", help="write results.json only (no plots, no README)")
+    args = p.parse_args(argv)
+    cfg = harness.EvalConfig(
+        seed=args.seed,
+        knowledge_n=args.knowledge,
+        deposited_n=args.deposited,
+        heldout_n=args.heldout,
+        full=args.full,
+        max_new_tokens=args.max_new_tokens,
+        paraphrases=args.paraphrases,
+        compare=not args.no_compare,
+        torch_threads=args.threads,
+    )
+    import services
+
+    with tempfile.TemporaryDirectory(prefix="kvgraft-eval-") as home:
+        lib = services.Library(home=home, model_name=args.model)
+        results = harness.evaluate(lib, cfg, log=lambda m: print(m, flush=True))
+        lib.catalog.close()
+    write_results(results, args.out)
+    print(json.dumps({"scores": results["scores"], "cost": results["cost"]}, indent=1))
+    print(f"wrote {args.out}")
+    if not args.no_report:
+        from eval import report
+
+        for path in report.write(results, args.out.parent):
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

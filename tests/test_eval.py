@@ -1,0 +1,131 @@
+"""The evaluation harness on the tiny model: the results file carries what replay needs, replay
+passes on an untouched file and fails (non-zero) when a token id or a data hash is altered."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from eval import cli as eval_cli
+from eval import harness, replay
+from retrieval.embedder import HashEmbedder
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def data(tmp_path) -> tuple[Path, Path]:
+    """Two facts from the dataset and two short problems of one template (one deposited, one
+    held-out), as files: the tiny model's byte-level tokenizer and 512 positions need short items."""
+    ks = harness.read_jsonl(ROOT / "datasets" / "knowledge.jsonl")[:2]
+    dep = {
+        "id": "p9001",
+        "template": "add",
+        "question": "What is 2 + 3?",
+        "solution": "2 + 3 = 5.\nAnswer: 5",
+        "answer": "5",
+        "verifier": "numeric",
+        "reference": "5",
+        "split": "deposited",
+    }
+    held = dep | {
+        "id": "p9002",
+        "question": "What is 4 + 3?",
+        "solution": "4 + 3 = 7.\nAnswer: 7",
+        "answer": "7",
+        "reference": "7",
+        "split": "heldout",
+    }
+    kp, pp = tmp_path / "knowledge.jsonl", tmp_path / "problems.jsonl"
+    kp.write_text("".join(json.dumps(r) + "\n" for r in ks))
+    pp.write_text("".join(json.dumps(r) + "\n" for r in (dep, held)))
+    return kp, pp
+
+
+@pytest.fixture
+def results_file(tiny_gemma, data, tmp_path) -> Path:
+    import services
+
+    cfg = harness.EvalConfig(knowledge_n=2, deposited_n=1, heldout_n=1, paraphrases=1, max_new_tokens=4, torch_threads=1)
+    lib = services.Library(home=tmp_path / "store", embedder=HashEmbedder(), lm=tiny_gemma)
+    results = harness.evaluate(lib, cfg, data[0], data[1], log=lambda m: None)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    return path
+
+
+def _cli(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    eval_cli.register(p.add_subparsers())
+    args = p.parse_args(["replay-eval", *argv])
+    return args.func(args)
+
+
+def test_results_file_fields(results_file, tiny_gemma):
+    r = json.loads(results_file.read_text())
+    assert {"data", "model", "determinism", "config", "sample", "outputs", "scores", "counts", "cost"} <= set(r)
+    assert "grafted_accuracy_recurring" in r["scores"]
+    assert r["determinism"] == tiny_gemma.config.as_dict()
+    assert r["model"]["fingerprint"] == tiny_gemma.fingerprint
+    assert all(len(sha) == 64 for sha in r["data"].values())
+    conds = {(o["set"], o["condition"]) for o in r["outputs"]}
+    assert conds == set(harness.CONDITIONS)
+    for o in r["outputs"]:
+        assert isinstance(o["token_ids"], list) and o["output_sha256"]
+    rec = [o for o in r["outputs"] if o["condition"] == "graft_recurring"]
+    assert all(o["tier"] == "exact" and o["baseline"] is not None for o in rec)
+    assert r["cost"]["baseline_measured"] == len(rec) == 3
+
+
+def test_replay_passes_untouched(results_file):
+    rep = replay.replay(results_file)
+    assert rep.ok, rep.problems
+    assert rep.checks["output_sha256"] == rep.outputs > 0
+    assert rep.checks["decoded_text"] == rep.outputs  # decoded with the tokenizer files alone
+    assert _cli([str(results_file)]) == 0
+
+
+def test_replay_fails_on_altered_token_id(results_file, capsys):
+    r = json.loads(results_file.read_text())
+    r["outputs"][1]["token_ids"][0] += 1
+    results_file.write_text(json.dumps(r))
+    assert _cli([str(results_file)]) == 1
+    assert "token ids hash to" in capsys.readouterr().out
+
+
+def test_replay_fails_on_altered_data_hash(results_file, capsys):
+    r = json.loads(results_file.read_text())
+    path = next(iter(r["data"]))
+    r["data"][path] = "0" * 64
+    results_file.write_text(json.dumps(r))
+    assert _cli([str(results_file)]) == 1
+    assert f"data file {path}: sha256" in capsys.readouterr().out
+
+
+def test_replay_fails_on_altered_score(results_file):
+    r = json.loads(results_file.read_text())
+    r["scores"]["grafted_accuracy_recurring"] = 1.5
+    results_file.write_text(json.dumps(r))
+    rep = replay.replay(results_file)
+    assert not rep.ok and any("grafted_accuracy_recurring" in p for p in rep.problems)
+
+
+def test_rerun_is_byte_exact_and_catches_a_changed_output(results_file, tiny_gemma, tmp_path):
+    rep = replay.replay(results_file, rerun_model=True, lm=tiny_gemma)
+    assert rep.ok, rep.problems
+    assert rep.checks["rerun_token_ids"] == rep.outputs
+    bad = tmp_path / "bad.json"
+    shutil.copy(results_file, bad)
+    r = json.loads(bad.read_text())
+    o = r["outputs"][0]
+    o["token_ids"] = o["token_ids"][:-1] + [o["token_ids"][-1] + 1] if o["token_ids"] else [1]
+    from graft_core.generate import tokens_sha256
+
+    o["output_sha256"] = tokens_sha256(o["token_ids"])  # consistent hash: only the rerun can catch it
+    bad.write_text(json.dumps(r))
+    rep = replay.replay(bad, rerun_model=True, lm=tiny_gemma)
+    assert not rep.ok and any("rerun" in p for p in rep.problems)
