@@ -86,6 +86,63 @@ def plots(results: dict, folder: Path) -> list[Path]:
     return [acc, tok]
 
 
+def _by_template(outputs: list[dict], set_name: str, condition: str) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for o in outputs:
+        if o["set"] == set_name and o["condition"] == condition:
+            c, n = out.get(o["template"], (0, 0))
+            out[o["template"]] = (c + int(o["correct"]), n + 1)
+    return out
+
+
+def reading(results: dict) -> list[str]:
+    """Sentences computed from the numbers, so the prose cannot drift from the table."""
+    s, outs = results["scores"], results["outputs"]
+
+    def pct(x):
+        return "n/a" if x is None else f"{x:.0%}"
+
+    lines = [
+        f"- Invented facts cannot be known without the graft: {pct(s['no_graft_accuracy_knowledge'])} without, "
+        f"{pct(s['grafted_accuracy_recurring_knowledge'])} with the retrieved artifact grafted.",
+        f"- Paraphrases are never deposited; retrieval put the fact's own artifact first for {pct(s['paraphrase_retrieval_top1'])} "
+        f"of them and the grafted answer was right for {pct(s['grafted_accuracy_paraphrase'])}.",
+        f"- Recurring problems (the same problem was deposited with its verified worked solution): "
+        f"{pct(s['no_graft_accuracy_problems'])} without, {pct(s['grafted_accuracy_recurring_problems'])} with the graft: "
+        "the model reads the verified answer back, it does not solve the problem.",
+    ]
+    d = None
+    if s["grafted_accuracy_heldout"] is not None and s["no_graft_accuracy_heldout"] is not None:
+        d = s["grafted_accuracy_heldout"] - s["no_graft_accuracy_heldout"]
+    verdict = "no transfer" if d is not None and d <= 0 else ("little transfer" if d is not None and d < 0.2 else "some transfer")
+    lines.append(
+        f"- Held-out problems (same template, new numbers; the retrieved graft is a worked example of the same template "
+        f"for {pct(s['heldout_retrieval_same_template'])} of them): {pct(s['no_graft_accuracy_heldout'])} without, "
+        f"{pct(s['grafted_accuracy_heldout'])} with the graft: **{verdict}** from a grafted worked example to a new "
+        "instance at this model size."
+    )
+    g, ng = _by_template(outs, "problems_heldout", "graft_heldout"), _by_template(outs, "problems_heldout", "no_graft")
+    wrong_copy = sum(
+        1 for o in outs if o["condition"] == "graft_heldout" and not o["correct"] and o["artifact_ids"] and _copied(o, outs)
+    )
+    if g:
+        lines += ["", "| held-out template | graft correct / n | no graft correct / n |", "|---|---|---|"]
+        for t in sorted(g):
+            lines.append(f"| {t} | {g[t][0]} / {g[t][1]} | {ng.get(t, (0, 0))[0]} / {ng.get(t, (0, 0))[1]} |")
+        lines += [
+            "",
+            f"{wrong_copy} wrong held-out answers with a graft repeat the grafted example's own answer "
+            "(copying the pattern's number instead of computing).",
+        ]
+    return lines
+
+
+def _copied(o: dict, outs: list[dict]) -> bool:
+    """Did this held-out answer repeat the answer of the artifact it grafted?"""
+    src = {x["artifact_ids"][-1]: x["answer"] for x in outs if x["condition"] == "graft_recurring" and x["artifact_ids"]}
+    return src.get(o["artifact_ids"][-1]) == o["answer"]
+
+
 def markdown(results: dict) -> str:
     c, s, cost = results["counts"], results["scores"], results["cost"]
     lines = [
@@ -134,11 +191,7 @@ def markdown(results: dict) -> str:
         "",
         "## Honest reading",
         "",
-        "- Invented facts cannot be known without the graft; the no-graft rows measure that floor.",
-        "- Paraphrases are never deposited: the graft helps only where retrieval finds the fact's artifact.",
-        "- Held-out problems: the grafted artifact is a worked example of the same template with other numbers. "
-        "Compare the held-out graft row with the held-out no-graft row: that difference is the transfer "
-        "(a 270M base model mostly does not do multi-step arithmetic from one example; where it does not, the table says so).",
+        *reading(results),
         "",
         "## Plots",
         "",
