@@ -134,6 +134,19 @@ def reading(results: dict) -> list[str]:
             f"{wrong_copy} wrong held-out answers with a graft repeat the grafted example's own answer "
             "(copying the pattern's number instead of computing).",
         ]
+    wrong = [o for o in outs if o["condition"] in ("graft_recurring", "graft_paraphrase") and not o["correct"]]
+    if wrong:
+        lines += [
+            "",
+            f"Wrong answers with a graft on facts and recurring problems ({len(wrong)}): the model's prior "
+            "can override the grafted fact (a common colour word for an invented one), or it answers with a whole sentence.",
+            "",
+            "| item | condition | query | answer | reference |",
+            "|---|---|---|---|---|",
+        ]
+        for o in wrong:
+            q = o["query"] if len(o["query"]) <= 70 else o["query"][:67] + "..."
+            lines.append(f"| {o['item']} | {o['condition']} | {q} | {o['answer']} | {o['reference']} |")
     return lines
 
 

@@ -46,7 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT / "results.json")
     p.add_argument("--model", default=None, help="model (default the packaged Gemma 3 270M)")
     p.add_argument("--no-report", action="store_true", help="write results.json only (no plots, no README)")
+    p.add_argument("--report-only", action="store_true", help="rewrite the plots and README from --out; run nothing")
     args = p.parse_args(argv)
+    if args.report_only:
+        from eval import report
+
+        for path in report.write(json.loads(args.out.read_text(encoding="utf-8")), args.out.parent):
+            print(f"wrote {path}")
+        return 0
     cfg = harness.EvalConfig(
         seed=args.seed,
         knowledge_n=args.knowledge,
