@@ -3,6 +3,7 @@ writes PNGs (matplotlib, Agg) and docs/eval/README.md; computes nothing that rep
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 ROWS = (
@@ -156,6 +157,16 @@ def _copied(o: dict, outs: list[dict]) -> bool:
     return src.get(o["artifact_ids"][-1]) == o["answer"]
 
 
+def _split(results: dict) -> str:
+    parts = []
+    for set_name, label in (("knowledge", "facts"), ("problems_deposited", "problems")):
+        d = sorted(o["decode_tokens"] for o in results["outputs"] if o["set"] == set_name and o["condition"] == "graft_recurring")
+        if d:
+            p95 = d[min(len(d) - 1, int(round(0.95 * (len(d) - 1))))]
+            parts.append(f"{label}: median {statistics.median(d):g}, p95 {p95}, max {d[-1]}")
+    return "; ".join(parts) + " (problem answers are long decimals or fractions, one token per digit)"
+
+
 def markdown(results: dict) -> str:
     c, s, cost = results["counts"], results["scores"], results["cost"]
     lines = [
@@ -196,7 +207,8 @@ def markdown(results: dict) -> str:
         f"| time to first token, sum (s) | {_fmt(cost['ttft_s_total'])} | {_fmt(cost['baseline_ttft_s_total'])} | {_fmt(cost['ttft_ratio'])} |",
         f"| total time, sum (s) | {_fmt(cost['total_s_total'])} | {_fmt(cost['baseline_total_s_total'])} | {_fmt(cost['total_ratio'])} |",
         "",
-        f"{_fmt(cost['decode_tokens_within_target'])} of recurring answers used <= 8 decode tokens (the count includes the newline that ends the answer). "
+        f"{_fmt(cost['decode_tokens_within_target'])} of recurring answers used <= 8 decode tokens (the count includes the newline that ends the answer); "
+        f"{_split(results)}. "
         f"The baseline recomputes the deposited prefix plus the prompt in one prefill and decodes to the same budget; "
         f"its output equalled the grafted output in {_fmt(cost['baseline_same_output'])} of cases. "
         "Graft time includes reading and hash-checking the artifact. Wall-clock figures were measured on 2 CPU cores shared with other jobs: "
