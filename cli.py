@@ -185,8 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_verify)
 
     import cli_upkeep
+    from eval import cli as eval_cli
 
     cli_upkeep.register(sub)
+    eval_cli.register(sub)
     return p
 
 
