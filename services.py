@@ -167,6 +167,7 @@ class Library:
         self._embedder = embedder
         self._index: VectorIndex | None = None
         self.lock = threading.RLock()
+        self._index_lock = threading.Lock()
         self._cache: dict[str, KVArtifact] = {}
 
     # ---- lazily loaded parts ----------------------------------------------------------------
@@ -185,34 +186,37 @@ class Library:
         return self._embedder
 
     def index(self) -> VectorIndex:
-        """The FAISS index, loaded from disk or rebuilt from the catalog when missing or stale."""
-        version = self.catalog.version()
-        idx = self._index
-        if idx is not None and not idx.is_stale(version, self.embedder.embedder_id):
-            return idx
-        folder = self.home / "index"
-        try:
-            idx = VectorIndex.load(folder)
-        except (KvgraftError, OSError):
-            idx = None
-        if idx is None or idx.is_stale(version, self.embedder.embedder_id):
-            idx = VectorIndex(self.embedder.dim, self.embedder.embedder_id)
-            pairs = [(aid, np.frombuffer(vec, dtype="<f4")) for aid, vec in self.catalog.embeddings(self.embedder.embedder_id)]
-            idx.build(pairs, version)
+        """The FAISS index, loaded from disk or rebuilt from the catalog when missing or stale.
+
+        One thread rebuilds at a time; the others wait and reuse its result."""
+        with self._index_lock:
+            version = self.catalog.version()
+            idx = self._index
+            if idx is not None and not idx.is_stale(version, self.embedder.embedder_id):
+                return idx
             try:
-                idx.save(folder)
-            except OSError:
-                pass
-        self._index = idx
-        return idx
+                idx = VectorIndex.load(self.home / "index")
+            except (KvgraftError, OSError):
+                idx = None
+            if idx is None or idx.is_stale(version, self.embedder.embedder_id):
+                return self._rebuild(version, must_save=False)
+            self._index = idx
+            return idx
 
     def rebuild_index(self) -> VectorIndex:
         """Rebuild the FAISS index from the catalog's embeddings and save it, whatever is on disk."""
-        version = self.catalog.version()
+        with self._index_lock:
+            return self._rebuild(self.catalog.version(), must_save=True)
+
+    def _rebuild(self, version: int, must_save: bool) -> VectorIndex:
         idx = VectorIndex(self.embedder.dim, self.embedder.embedder_id)
         pairs = [(aid, np.frombuffer(vec, dtype="<f4")) for aid, vec in self.catalog.embeddings(self.embedder.embedder_id)]
         idx.build(pairs, version)
-        idx.save(self.home / "index")
+        try:
+            idx.save(self.home / "index")
+        except OSError:
+            if must_save:
+                raise  # a read-only store still answers from the in-memory index
         self._index = idx
         return idx
 
