@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-fast lint bench eval demo install install-dev system-deps clean
+.PHONY: run test test-fast lint bench eval demo screenshots install install-dev system-deps clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -43,6 +43,10 @@ test: install-dev system-deps lint
 
 test-fast: install-dev
 	$(BIN)/python -m pytest -q -m "not integration and not browser"
+
+# Refresh docs/screenshots from the browser test (real model when its converted copy is cached).
+screenshots: install-dev system-deps
+	KVGRAFT_SCREENSHOTS=docs/screenshots $(BIN)/python -m pytest -q tests/test_browser.py
 
 bench: install-dev
 	$(BIN)/python bench/engine.py
