@@ -8,9 +8,9 @@ Two structures, chosen by size:
 - up to HNSW_THRESHOLD (20,000) vectors, FAISS `IndexFlatIP`: exact.
 - above it, `IndexHNSWFlat` (M=32, inner product): approximate, exact scores on its candidates.
 Measured on 2 cores, 384-d random unit vectors, one query, k=5, one OpenMP thread: flat 1.1 ms at
-20,000 and 5.4 ms p50 / 6.1 ms p99 at 100,000; HNSW at 100,000 with efSearch 256: 1.2 / 1.5 ms
+20,000 and 5.8 ms p50 / 6.6 ms p99 at 100,000; HNSW at 100,000 with efSearch 256: 1.3 / 1.5 ms
 (efSearch 128: 0.64 / 0.82 ms). Random 384-d data is HNSW's worst case (no clusters); there, with
-efConstruction 40 (a 22 s build on 2 threads; 80 took 49 s), top-1 agreement with exact search for a
+efConstruction 40 (a 13-22 s build on 2 threads; 80 took 39-49 s), top-1 agreement with exact search for a
 query at cosine ~0.72 to its stored vector was 0.39 / 0.79 / 0.92 / 0.99 at efSearch 16 / 64 / 128 /
 256. Hence efSearch 256: the 5 ms p99 budget affords it. `bench/retrieval.py` re-measures all this.
 
@@ -185,7 +185,7 @@ class VectorIndex:
 
     def build(self, pairs: Iterable[tuple[str, np.ndarray]], version: Version) -> None:
         """Replace the whole content with `pairs` and record `version`. Searches see the old content
-        until the new one is complete. Uses every OpenMP thread (HNSW at 100,000: ~22 s on 2 cores)."""
+        until the new one is complete. Uses every OpenMP thread (HNSW at 100,000: 13 s on 2 idle cores)."""
         ids: list[str | None] = []
         vectors: list[np.ndarray] = []
         seen: set[str] = set()
