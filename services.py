@@ -194,6 +194,8 @@ class Library:
             idx = self._index
             if idx is not None and not idx.is_stale(version, self.embedder.embedder_id):
                 return idx
+            if idx is not None and idx.embedder_id == self.embedder.embedder_id:
+                return self._sync(idx, version)
             try:
                 idx = VectorIndex.load(self.home / "index")
             except (KvgraftError, OSError):
@@ -207,6 +209,22 @@ class Library:
         """Rebuild the FAISS index from the catalog's embeddings and save it, whatever is on disk."""
         with self._index_lock:
             return self._rebuild(self.catalog.version(), must_save=True)
+
+    def _sync(self, idx: VectorIndex, version: int) -> VectorIndex:
+        """Bring a live index up to the catalog by adding and removing only what changed: a deposit
+        made by another process costs one insert here, not a rebuild (HNSW builds take seconds)."""
+        pairs = dict(self.catalog.embeddings(self.embedder.embedder_id))
+        have = idx.ids()
+        for gone in have - pairs.keys():
+            idx.remove(gone)
+        for aid in pairs.keys() - have:
+            idx.add(aid, np.frombuffer(pairs[aid], dtype="<f4"))
+        idx.mark_version(version)
+        try:
+            idx.save(self.home / "index")
+        except OSError:
+            pass
+        return idx
 
     def _rebuild(self, version: int, must_save: bool) -> VectorIndex:
         idx = VectorIndex(self.embedder.dim, self.embedder.embedder_id)

@@ -158,6 +158,16 @@ class VectorIndex:
     def __contains__(self, artifact_id: object) -> bool:
         return artifact_id in self._rows
 
+    def mark_version(self, version: Version) -> None:
+        """Record the catalog version this index now reflects (after an incremental sync)."""
+        with self._lock:
+            self._version = version
+
+    def ids(self) -> frozenset[str]:
+        """The artifact ids currently searchable."""
+        with self._lock:
+            return frozenset(self._rows)
+
     def is_stale(self, catalog_version: Version, embedder_id: str) -> bool:
         """True when this index was built for another catalog version or another embedder: rebuild it."""
         return self._version != catalog_version or self._embedder_id != embedder_id

@@ -98,3 +98,17 @@ def test_verify_samples_reports_byte_equality(lib):
     assert rep.samples == 4 and rep.byte_equal == 4 and rep.max_kl == 0.0 and rep.argmax_agreement == 1.0
     rel = lib.verify_samples(2, relocate=50)
     assert rel.byte_equal == 0 and all(r["tier"] == "relocated" for r in rel.rows)
+
+
+def test_index_follows_the_catalog_incrementally(lib, tmp_path):
+    a = lib.deposit_item(*FACTS[0][:3], "exact", FACTS[0][2]).id
+    idx = lib.index()
+    assert idx.ids() == {a}
+    other = services.Library(home=lib.home, lm=lib.lm, embedder=lib.embedder)  # another replica on the same store
+    b = other.deposit_item(*FACTS[1][:3], "exact", FACTS[1][2]).id
+    synced = lib.index()
+    assert synced is idx  # updated in place, not rebuilt
+    assert synced.ids() == {a, b} and synced.version == lib.catalog.version()
+    other.catalog.delete(b)
+    assert lib.index().ids() == {a}
+    other.catalog.close()
