@@ -459,6 +459,8 @@ def markdown(r: dict, path: Path) -> Path:
         f"{r['layout']['sliding_bytes_per_artifact_max']:,} B per artifact).",
         f"- Disk: {r['disk']['free_bytes_before'] / 2**30:.0f} GiB free before, store estimated at {r['disk']['estimated_store_bytes'] / 2**30:.1f} GiB. "
         + " ".join(r["notes"]),
+        "- Latencies were measured on 2 CPU cores shared with other jobs: differences between levels follow the machine's load, "
+        "not the store's size (retrieval is one FAISS search; load and restore touch only the retrieved artifact).",
         "- The temporary store was deleted afterwards." if r.get("cleaned_up") else "- The store was kept (--keep).",
         "",
     ]
