@@ -7,6 +7,7 @@ re-hashes the bytes; a mismatch raises `IntegrityError` and nothing is recompute
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -22,6 +23,31 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_file(target: Path, prefix: str = ".tmp-") -> Iterator:
+    """Write `target` through a temporary file in its folder: fsynced, then `os.replace`d into place.
+
+    A reader sees the old file or the whole new one, never a partial one; on error the temporary
+    file is removed and the error propagates."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 class BlobStore:
@@ -43,25 +69,8 @@ class BlobStore:
         target = self.path(digest)
         if target.exists():
             return digest
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        with atomic_file(target) as f:
+            f.write(data)
         return digest
 
     def get(self, content_hash: str) -> bytearray:

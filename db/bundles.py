@@ -15,10 +15,10 @@ import io
 import os
 import re
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from db.blobs import atomic_file
 from graft_core.errors import InvalidInput
 
 GiB = 1 << 30
@@ -54,30 +54,18 @@ def check_name(name: str) -> str:
 def write(path: str | os.PathLike, members: dict[str, bytes]) -> int:
     """Write a deterministic tar of `members` (name -> bytes) to `path` atomically; returns its size."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-                for name in sorted(members):
-                    data = members[name]
-                    info = tarfile.TarInfo(check_name(name))
-                    info.size = len(data)
-                    info.mtime = 0
-                    info.mode = 0o644
-                    info.uid = info.gid = 0
-                    info.uname = info.gname = ""
-                    info.type = tarfile.REGTYPE
-                    tar.addfile(info, io.BytesIO(data))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_file(target, prefix=f".{target.name}.") as f:
+        with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for name in sorted(members):
+                data = members[name]
+                info = tarfile.TarInfo(check_name(name))
+                info.size = len(data)
+                info.mtime = 0
+                info.mode = 0o644
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.type = tarfile.REGTYPE
+                tar.addfile(info, io.BytesIO(data))
     return target.stat().st_size
 
 
