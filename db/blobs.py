@@ -13,6 +13,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from graft_core.errors import ArtifactNotFound, IntegrityError
@@ -50,6 +51,40 @@ def atomic_file(target: Path, prefix: str = ".tmp-") -> Iterator:
         os.close(dir_fd)
 
 
+_CHUNK = 4 << 20
+
+
+def _read_hashed(f) -> tuple[bytearray, str]:
+    """Read a whole file into one bytearray and SHA-256 it, hashing chunk i while reading chunk i+1.
+
+    hashlib and readinto both release the GIL, so on a cold page cache the hash hides behind the
+    disk read instead of following it."""
+    size = os.fstat(f.fileno()).st_size
+    data = bytearray(size)
+    h = hashlib.sha256()
+    pos = 0
+    with memoryview(data) as view:
+        if size <= 2 * _CHUNK:
+            pos = f.readinto(view)
+            h.update(view[:pos])
+        else:
+            with ThreadPoolExecutor(1, thread_name_prefix="blob-hash") as pool:
+                pending = None
+                while pos < size:
+                    n = f.readinto(view[pos : pos + _CHUNK])
+                    if not n:
+                        break
+                    if pending is not None:
+                        pending.result()
+                    pending = pool.submit(h.update, view[pos : pos + n])
+                    pos += n
+                if pending is not None:
+                    pending.result()
+    if pos != size:  # the file shrank under us: hand back what was read, the hash decides
+        data = data[:pos]
+    return data, h.hexdigest()
+
+
 class BlobStore:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
@@ -81,16 +116,11 @@ class BlobStore:
         p = self.path(content_hash)
         try:
             with open(p, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                data = bytearray(size)
-                got = f.readinto(data)
-                if got != size:
-                    del data[got:]
+                data, actual = _read_hashed(f)
         except FileNotFoundError:
             raise ArtifactNotFound(
                 f"blob {content_hash} is missing from {self.root}; run `cli.py fsck` to see what else is missing"
             ) from None
-        actual = sha256_bytes(data)
         if actual != content_hash:
             raise IntegrityError(
                 f"blob integrity check failed for {content_hash}: its bytes hash to {actual}. "
