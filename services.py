@@ -91,6 +91,7 @@ class AnswerResult:
     logits_sha256: str
     ledger_id: int | None
     note: str = ""
+    output_token_ids: tuple[int, ...] = ()
 
     def as_json(self) -> dict:
         d = asdict(self)
@@ -590,6 +591,7 @@ class Library:
             logits_sha256=ans.logits_sha256,
             ledger_id=ledger_id,
             note=note,
+            output_token_ids=ans.token_ids,
         )
 
     # ---- verify -----------------------------------------------------------------------------

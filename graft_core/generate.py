@@ -159,6 +159,7 @@ class Baseline:
     total_s: float
     text: str
     output_sha256: str
+    token_ids: tuple[int, ...] = ()
 
 
 def baseline(lm: LoadedModel, chain: list[KVArtifact], question: str, max_new_tokens: int = 32, raw: bool = False) -> Baseline:
@@ -176,4 +177,5 @@ def baseline(lm: LoadedModel, chain: list[KVArtifact], question: str, max_new_to
         total_s=dec.total_s,
         text=completion.strip() if raw else templates.cut_answer(completion),
         output_sha256=tokens_sha256(dec.token_ids),
+        token_ids=tuple(dec.token_ids),
     )
