@@ -823,6 +823,11 @@ def start_seeding(library: services.Library, status: SeedStatus) -> threading.Th
     return t
 
 
+def server_address() -> tuple[str, int]:
+    """Host and port from Gradio's own variables; loopback unless the operator says otherwise."""
+    return os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), int(os.environ.get("GRADIO_SERVER_PORT", "7860"))
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     library = services.Library()
@@ -830,11 +835,8 @@ def main() -> None:
     status = SeedStatus()
     demo = build_app(library, seed_status=status)
     start_seeding(library, status)
-    demo.launch(
-        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
-        **launch_kwargs(),
-    )
+    host, port = server_address()
+    demo.launch(server_name=host, server_port=port, **launch_kwargs())
 
 
 if __name__ == "__main__":
