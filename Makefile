@@ -48,9 +48,13 @@ test-fast: install-dev
 screenshots: install-dev system-deps
 	KVGRAFT_SCREENSHOTS=docs/screenshots $(BIN)/python -m pytest -q tests/test_browser.py
 
+# Engine, retrieval and serving take ~10 min on 2 cores; scale deposits real text for a time budget,
+# then writes ~18 GB of labelled synthetic artifacts to a temp store (~30 min) and deletes it.
 bench: install-dev
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/retrieval.py
+	$(BIN)/python bench/serving.py
+	$(BIN)/python bench/scale.py
 
 eval: install-dev
 	$(BIN)/python eval/run.py
