@@ -13,7 +13,6 @@ verified library in `library_seed/` at startup.
 from __future__ import annotations
 
 import hmac
-import html
 import json
 import logging
 import os
@@ -21,7 +20,6 @@ import queue
 import tempfile
 import threading
 import time
-import unicodedata
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -31,9 +29,20 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import gradio as gr  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
 
 import services  # noqa: E402
+from app_views import (  # noqa: E402
+    esc,
+    evidence_html,
+    evidence_summary,
+    input_problem,
+    shown,
+    speedup_plot,
+    store_plot,
+    tokens_plot,
+    verify_plot,
+    warn,
+)
 from graft_core.errors import KvgraftError  # noqa: E402  (a type, not the engine)
 
 log = logging.getLogger("kvgraft.app")
@@ -87,223 +96,6 @@ def seed_library(
     return created
 
 
-# ---- input checks and formatting -----------------------------------------------------------
-
-
-def input_problem(text: object) -> str | None:
-    """A clear message for input the app refuses before it reaches the model, or None."""
-    if not isinstance(text, str):
-        return "Send the question as plain text."
-    if not text.strip():
-        return "The question is empty: type a question."
-    if "\x00" in text:
-        return "The question contains NUL bytes (binary data?): send plain text."
-    junk = sum(1 for c in text if unicodedata.category(c) in ("Cc", "Cs", "Co", "Cn") and c not in "\n\r\t")
-    if junk:
-        return f"The question contains {junk} control or unassigned characters (binary data?): send plain text."
-    return None
-
-
-def _shown(text: object, limit: int = 600) -> str:
-    """User text as it is echoed in the chat: control characters made visible, long text cut."""
-    s = text if isinstance(text, str) else repr(text)
-    s = "".join(c if c in "\n\t" or unicodedata.category(c)[0] != "C" else "\ufffd" for c in s)
-    return s if len(s) <= limit else s[:limit] + f" … ({len(s):,} characters)"
-
-
-def _e(x: object) -> str:
-    return html.escape(str(x))
-
-
-def _ms(s: float | None) -> str:
-    return "–" if s is None else f"{s * 1000:.1f} ms"
-
-
-def _badge(r: services.AnswerResult) -> str:
-    if r.check is None:
-        why = "check off" if r.tier != "none" else "nothing grafted"
-        return f'<span class="kv-nocheck">NOT CHECKED</span> <span class="kv-muted">({why})</span>'
-    ok = bool(r.check["exact"])
-    cls, text = ("kv-pass", "EXACT") if ok else ("kv-fail", "NOT EXACT")
-    return f'<span class="kv-badge {cls}">{text}</span>'
-
-
-def evidence_html(r: services.AnswerResult) -> str:
-    """The evidence panel for one answer: retrieval, tier, token accounting, timing, exactness."""
-    sv = r.savings
-    base_decode = sv.get("baseline_decode_tokens")
-    baseline_total = sv["baseline_prefill_tokens"] + (base_decode if base_decode is not None else r.decode_tokens)
-    ours = r.computed_tokens + r.decode_tokens
-    measured = r.baseline is not None
-    parts = [
-        f'<div class="kv-evidence"><div class="kv-head">{_badge(r)} <span class="kv-tier kv-tier-{_e(r.tier)}">tier {_e(r.tier)}</span></div>'
-    ]
-    rows = [
-        ("tokens grafted (restored, not computed)", f"{r.grafted_tokens:,}"),
-        ("tokens computed (prompt)", f"{r.computed_tokens:,}"),
-        ("tokens decoded", f"{r.decode_tokens:,}"),
-        (
-            "no-graft baseline" + (" (measured)" if measured else " (estimate: baseline not run)"),
-            f"{baseline_total:,} tokens → {baseline_total / max(1, ours):.1f}× fewer with graft",
-        ),
-        ("time to first token", _ms(r.ttft_s)),
-    ]
-    if measured:
-        rows.append(
-            (
-                "baseline time to first token (measured)",
-                f"{_ms(r.baseline['ttft_s'])} → {r.baseline['ttft_speedup']:.2f}× speedup",
-            )
-        )
-    rows += [("artifact read", _ms(r.read_s)), ("total", _ms(r.total_s))]
-    parts.append('<table class="kv-table">' + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</table>")
-    if r.check is not None:
-        c = r.check
-        crow = [
-            ("fresh logits SHA-256", c["fresh_sha256"]),
-            ("grafted logits SHA-256", c["grafted_sha256"]),
-            ("KL(fresh ‖ grafted)", f"{c['kl']:.3g}"),
-            ("argmax agreement", f"{c['argmax_agreement'] * 100:.2f}% over {c['rows']} rows"),
-            ("max |diff|", f"{c['max_abs_diff']:.3g}"),
-        ]
-        if c.get("monolithic_max_abs_diff") is not None:
-            crow.append(
-                (
-                    "one-pass forward (another schedule, never 'exact')",
-                    f"max |diff| {c['monolithic_max_abs_diff']:.3g}, argmax {c['monolithic_argmax_agreement'] * 100:.2f}%",
-                )
-            )
-        parts.append(
-            '<div class="kv-sub">Exactness check (graft vs fresh recomputation, same schedule)</div><table class="kv-table kv-hash">'
-            + "".join(f"<tr><th>{_e(k)}</th><td><code>{_e(v)}</code></td></tr>" for k, v in crow)
-            + "</table>"
-        )
-    if r.retrieved:
-        grafted = set(r.artifact_ids)
-        trs = "".join(
-            f"<tr><td>{'●' if h.id in grafted else '○'}</td><td>{_e(h.title)}</td><td>{h.score:.3f}</td><td>{h.tokens}</td>"
-            f"<td>{_e(h.verifier)}: {_e(h.verdict)}</td></tr>"
-            for h in r.retrieved
-        )
-        parts.append(
-            '<div class="kv-sub">Retrieved artifacts (● grafted)</div><table class="kv-table kv-hits">'
-            "<tr><th></th><th>title</th><th>similarity</th><th>tokens</th><th>verifier</th></tr>" + trs + "</table>"
-        )
-    if r.note:
-        parts.append(f'<div class="kv-note">{_e(r.note)}</div>')
-    parts.append(
-        f'<div class="kv-muted">output sha256 <code>{_e(r.output_sha256[:16])}…</code> · ledger #{_e(r.ledger_id)}</div></div>'
-    )
-    return "".join(parts)
-
-
-def evidence_summary(r: services.AnswerResult) -> tuple[str, str]:
-    """(title, markdown) of the collapsible evidence note under an answer in the chat."""
-    verdict = "not checked" if r.check is None else ("EXACT" if r.check["exact"] else "NOT EXACT")
-    title = f"Evidence · {verdict} · tier {r.tier} · {r.grafted_tokens} grafted / {r.computed_tokens} computed / {r.decode_tokens} decoded"
-    lines = [f"- {h.title} (similarity {h.score:.3f}, {h.tokens} tokens, {h.verifier}: {h.verdict})" for h in r.retrieved]
-    if r.check is not None:
-        lines.append(
-            f"- fresh `{r.check['fresh_sha256'][:16]}…` vs grafted `{r.check['grafted_sha256'][:16]}…`, KL {r.check['kl']:.3g}"
-        )
-    lines.append(
-        f"- time to first token {_ms(r.ttft_s)}" + (f", baseline {_ms(r.baseline['ttft_s'])} (measured)" if r.baseline else "")
-    )
-    if r.note:
-        lines.append(f"- {r.note}")
-    return title, "\n".join(lines)
-
-
-def _warn(message: str) -> dict:
-    return {"role": "assistant", "content": f"⚠️ {message}"}
-
-
-# ---- plots (matplotlib Figure objects, no pyplot state) ------------------------------------
-
-
-def _figure(w: float = 6.4, h: float = 3.2) -> tuple[Figure, object]:
-    fig = Figure(figsize=(w, h), dpi=100, layout="constrained")
-    return fig, fig.add_subplot()
-
-
-def tokens_plot(entries) -> Figure:
-    fig, ax = _figure()
-    if not entries:
-        ax.text(0.5, 0.5, "no answers yet: ask something in the Chat tab", ha="center", va="center")
-        ax.set_axis_off()
-        return fig
-    xs = list(range(len(entries)))
-    ours = [e.computed_tokens + e.decode_tokens for e in entries]
-    base = [e.baseline_tokens for e in entries]
-    ax.bar([x - 0.2 for x in xs], base, width=0.4, label="no-graft baseline", color="#c9ced6")
-    ax.bar([x + 0.2 for x in xs], ours, width=0.4, label="computed with graft", color="#2f6fde")
-    est = [x for x, e in zip(xs, entries) if not e.baseline_measured]
-    if est:
-        ax.scatter(est, [base[x] for x in est], marker="x", color="#6b7280", s=14, label="baseline estimated", zorder=3)
-    ax.set_xlim(-0.6, max(len(xs), 6) - 0.4)
-    step = max(1, len(xs) // 12)
-    ax.set_xticks(xs[::step], [f"#{e.id}" for e in entries][::step], fontsize=8)
-    ax.set_xlabel("answer (ledger id, oldest → newest)")
-    ax.set_ylabel("tokens")
-    ax.set_title("Tokens per answer: computed vs baseline")
-    ax.legend(fontsize=8, loc="upper right")
-    return fig
-
-
-def speedup_plot(entries) -> Figure:
-    fig, ax = _figure()
-    speedups = [e.baseline_ttft_s / max(e.ttft_s, 1e-9) for e in entries if e.baseline_ttft_s is not None]
-    if not speedups:
-        ax.text(0.5, 0.5, "no measured baseline yet:\ntick 'compare with no graft' in the Chat tab", ha="center", va="center")
-        ax.set_axis_off()
-        return fig
-    top = max(max(speedups) * 1.15, 2.0)
-    ax.hist(speedups, bins=[top * i / 24 for i in range(25)], color="#16a34a", edgecolor="white")
-    ax.axvline(1.0, color="#6b7280", linestyle="--", linewidth=1, label="no speedup")
-    ax.set_xlim(0, top)
-    ax.yaxis.get_major_locator().set_params(integer=True)
-    ax.legend(fontsize=8, loc="upper right")
-    ax.set_xlabel("time-to-first-token speedup (baseline / graft, measured)")
-    ax.set_ylabel("answers")
-    ax.set_title(f"TTFT speedup over {len(speedups)} measured answers")
-    return fig
-
-
-def store_plot(store_tokens: int, window: int) -> Figure:
-    fig, ax = _figure(6.4, 1.8)
-    ax.barh(["store"], [store_tokens], color="#7c3aed")
-    ax.axvline(window, color="#dc2626", linestyle="--", label=f"context window {window:,}")
-    ax.set_xlim(0, max(store_tokens, window) * 1.1)
-    ax.set_xlabel("tokens")
-    ax.set_title(f"Store: {store_tokens:,} tokens = {store_tokens / max(1, window):.2f}× the context window")
-    ax.legend(fontsize=8, loc="lower right")
-    return fig
-
-
-def verify_plot(rows: list[dict], relocate: int | None) -> Figure:
-    fig, ax = _figure()
-    if not rows:
-        ax.set_axis_off()
-        return fig
-    xs = list(range(1, len(rows) + 1))
-    if relocate is None:
-        ax.bar(xs, [1 if r["exact"] else 0 for r in rows], color=["#16a34a" if r["exact"] else "#dc2626" for r in rows])
-        ax.set_ylim(0, 1.2)
-        ax.set_ylabel("byte-equal (1 = SHA-256 equal)")
-        ax.set_title("Own position: graft vs fresh, per sample")
-    else:
-        ax.bar(xs, [max(r["max_abs_diff"], 1e-12) for r in rows], color="#f59e0b", label="max |diff|")
-        ax.set_yscale("log")
-        ax.set_ylabel("max |logit diff| (log)")
-        ax2 = ax.twinx()
-        ax2.plot(xs, [r["argmax_agreement"] * 100 for r in rows], "o-", color="#2f6fde", label="argmax agreement %")
-        ax2.set_ylim(0, 105)
-        ax2.set_ylabel("argmax agreement %")
-        ax.set_title(f"Relocated to offset {relocate} (approximate tier)")
-    ax.set_xlabel("sample")
-    return fig
-
-
 # ---- the app ------------------------------------------------------------------------------
 
 _DONE = object()
@@ -333,11 +125,11 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
         problem = input_problem(message)
         if problem:
             if isinstance(message, str) and message.strip():
-                history.append({"role": "user", "content": _shown(message)})
-            history.append(_warn(problem))
+                history.append({"role": "user", "content": shown(message)})
+            history.append(warn(problem))
             yield history, gr.skip(), message
             return
-        history.append({"role": "user", "content": _shown(message)})
+        history.append({"role": "user", "content": shown(message)})
         history.append({"role": "assistant", "content": "…"})
         yield history, gr.skip(), ""
         q: queue.Queue = queue.Queue()
@@ -376,7 +168,7 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
                 history[-1] = {"role": "assistant", "content": item or "…"}
                 yield history, gr.skip(), ""
         if "e" in out:
-            history[-1] = _warn(f"Not answered: {out['e']}")
+            history[-1] = warn(f"Not answered: {out['e']}")
             yield history, gr.skip(), ""
             return
         r = out["r"]
@@ -590,7 +382,7 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
             else '<span class="kv-badge kv-fail">NOT EXACT</span>'
         )
         summary = (
-            f'<div class="kv-evidence">{badge} <b>{rep.byte_equal}/{rep.samples}</b> byte-equal, {_e(tier)}; '
+            f'<div class="kv-evidence">{badge} <b>{rep.byte_equal}/{rep.samples}</b> byte-equal, {esc(tier)}; '
             f"max KL {rep.max_kl:.3g}, argmax agreement {rep.argmax_agreement * 100:.2f}%</div>"
         )
         rows = [
@@ -631,7 +423,7 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
     def status_line():
         msg = status.message or f"Library: {library.catalog.count_artifacts()} artifacts."
         cls = "kv-status-busy" if not status.done else "kv-status"
-        return f'<div class="{cls}">{_e(msg)}</div>', gr.Timer(active=not status.done)
+        return f'<div class="{cls}">{esc(msg)}</div>', gr.Timer(active=not status.done)
 
     # -- layout ------------------------------------------------------------------------------
 
