@@ -262,11 +262,13 @@ class Library:
         parent: str | None,
         title: str,
         kind: str,
-        source: SourceRow | None,
+        item: tuple[str | None, str | None, str | None],
         verification: VerificationRow | None,
         embed_text: str,
         on_progress: Callable[[float, str], None] | None = None,
     ) -> Deposited:
+        """Tokenise, name (before any work), prefill, write the blob and the catalog rows in one
+        transaction. `item` is the source's (question, solution, answer), all None for free text."""
         progress = on_progress or (lambda f, m: None)
         lm = self.lm
         parent_row = self.catalog.get(parent) if parent else None
@@ -302,7 +304,8 @@ class Library:
             parent_id=parent_row.id if parent_row else None,
             bytes=len(data),
         )
-        src = source or SourceRow(artifact_id=key, text=text)
+        question, solution, answer = item
+        src = SourceRow(artifact_id=key, text=text, question=question, solution=solution, answer=answer)
         emb = (self.embedder.embedder_id, np.asarray(vec, dtype="<f4").tobytes(), int(vec.shape[0]), text_sha256(embed_text))
         row = self.catalog.add_deposit(row, src, verification, emb, lambda: self.blobs.put(data))
         progress(1.0, "deposited")
@@ -354,7 +357,9 @@ class Library:
             )
             kind = "attested"
         title = title or text.strip().splitlines()[0][:80]
-        return self._deposit(text, parent, title, kind, None, verification, embed_text=text, on_progress=on_progress)
+        return self._deposit(
+            text, parent, title, kind, (None, None, None), verification, embed_text=text, on_progress=on_progress
+        )
 
     def deposit_item(
         self,
@@ -387,12 +392,16 @@ class Library:
             self.catalog.record_refusal(vrow)
             raise VerificationFailed(f"refused, nothing deposited: {verdict.detail}")
         text = templates.item_text(question, solution, answer)
-        probe = self.lm.tokenizer(text, add_special_tokens=parent is None)["input_ids"]
-        key = artifact_key(self.lm.fingerprint, self.catalog.get(parent).id if parent else "", probe)
-        source = SourceRow(artifact_id=key, text=text, question=question, solution=solution, answer=answer)
         kind = "attested" if verifier == "attested" else "verified"
         return self._deposit(
-            text, parent, title or question[:80], kind, source, vrow, embed_text=question, on_progress=on_progress
+            text,
+            parent,
+            title or question[:80],
+            kind,
+            (question, solution, answer),
+            vrow,
+            embed_text=question,
+            on_progress=on_progress,
         )
 
     # ---- answer -----------------------------------------------------------------------------
@@ -459,10 +468,8 @@ class Library:
                     detail=v.detail,
                 )
             )
-            parent = leaf.id
-            key = artifact_key(self.lm.fingerprint, parent, self.lm.tokenizer(src.text, add_special_tokens=False)["input_ids"])
-            source = SourceRow(artifact_id=key, text=src.text, question=src.question, solution=src.solution, answer=src.answer)
-            d = self._deposit(src.text, parent, node.title, node.kind, source, vrow, embed_text=src.question or src.text)
+            item = (src.question, src.solution, src.answer)
+            d = self._deposit(src.text, leaf.id, node.title, node.kind, item, vrow, embed_text=src.question or src.text)
             leaf = self.catalog.get(d.id)
         return leaf.id
 
