@@ -101,9 +101,12 @@ def seed_library(
 _DONE = object()
 
 
+MAX_UPLOAD = "4gb"  # a bundle upload; bundle import applies its own per-member and total limits after
+
+
 def launch_kwargs() -> dict:
-    """What `launch()` needs besides host and port (Gradio 6 takes css/theme there)."""
-    return {"css_paths": [STATIC / "app.css"], "theme": gr.themes.Soft(primary_hue="blue")}
+    """What `launch()` needs besides host and port (Gradio 6 takes css/theme there); uploads bounded."""
+    return {"css_paths": [STATIC / "app.css"], "theme": gr.themes.Soft(primary_hue="blue"), "max_file_size": MAX_UPLOAD}
 
 
 def build_app(library: services.Library, admin_token: str | None = None, seed_status: SeedStatus | None = None) -> gr.Blocks:
