@@ -23,7 +23,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Protocol
 
-from graft_core.errors import InvalidInput
+from errors import InvalidInput
 
 FIELD_BOUNDS = MappingProxyType({"question": 4_000, "solution": 16_000, "answer": 1_000, "reference": 1_000})
 

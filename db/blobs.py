@@ -7,16 +7,15 @@ re-hashes the bytes; a mismatch raises `IntegrityError` and nothing is recompute
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
-import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from graft_core.errors import ArtifactNotFound, IntegrityError
+from errors import ArtifactNotFound, IntegrityError
+from files import atomic_file
 
 SUFFIX = ".safetensors"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -24,31 +23,6 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@contextlib.contextmanager
-def atomic_file(target: Path, prefix: str = ".tmp-") -> Iterator:
-    """Write `target` through a temporary file in its folder: fsynced, then `os.replace`d into place.
-
-    A reader sees the old file or the whole new one, never a partial one; on error the temporary
-    file is removed and the error propagates."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 _CHUNK = 4 << 20
@@ -127,6 +101,18 @@ class BlobStore:
                 f"The file {p} is corrupt or was modified; restore it from a bundle or run `cli.py rebuild --verify`"
             )
         return data
+
+    def actual_sha256(self, content_hash: str) -> str | None:
+        """What the file stored under `content_hash` hashes to now (None when it is missing), streamed:
+        fsck compares it with the name without holding the blob in memory."""
+        h = hashlib.sha256()
+        try:
+            with open(self.path(content_hash), "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+        except FileNotFoundError:
+            return None
+        return h.hexdigest()
 
     def delete(self, content_hash: str) -> bool:
         try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from db.blobs import atomic_file
-from graft_core.errors import InvalidInput
+from errors import InvalidInput
 
 GiB = 1 << 30
 _SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")

@@ -22,7 +22,7 @@ from db import engine as dbengine
 from db import migrations
 from db.rows import HEX64, KINDS, ArtifactRow, LedgerRow, LedgerTotals, SourceRow, VerificationRow
 from db.schema import artifacts, embeddings, ledger, meta, sources, verifications
-from graft_core.errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
+from errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
 
 EXPORT_FORMAT = "kvgraft-catalog/1"
 MIN_PREFIX = 8

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from graft_core.errors import InvalidInput
+from errors import InvalidInput
 
 SQLITE_NAME = "catalog.sqlite3"
 BUSY_TIMEOUT_MS = 15_000

@@ -35,7 +35,7 @@ from sqlalchemy import (
 from db import engine as dbengine
 from db.rows import KINDS, TIERS, VERDICTS, VERIFIERS, utcnow
 from db.schema import schema_migrations
-from graft_core.errors import KvgraftError
+from errors import KvgraftError
 
 _LOCK_KEY = 0x6B76_6772_6166_7401  # pg_advisory_xact_lock key: "kvgraft" migrations
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from graft_core.errors import InvalidInput
+from errors import InvalidInput
 
 KINDS = ("verified", "text", "attested")
 VERIFIERS = ("exact", "numeric", "sympy", "attested", "none")

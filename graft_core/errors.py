@@ -1,32 +1,24 @@
-"""The error hierarchy every layer raises. Messages say what happened and what to do next.
+"""Compatibility re-export: the error hierarchy lives in the top-level, dependency-free `errors.py`.
 
-Nothing here knows about torch, SQL or HTTP: the CLI and the web app turn these into one clear line.
+Kept so `from graft_core.errors import ...` (and `from .errors import ...` inside the engine) keeps working.
 """
 
+from errors import (
+    ArtifactNotFound,
+    IncompatibleArtifact,
+    InputTooLong,
+    IntegrityError,
+    InvalidInput,
+    KvgraftError,
+    VerificationFailed,
+)
 
-class KvgraftError(Exception):
-    """Base of every error kvgraft raises on purpose."""
-
-
-class IntegrityError(KvgraftError):
-    """Stored bytes do not match the hash they were stored under (corruption or tampering)."""
-
-
-class IncompatibleArtifact(KvgraftError):
-    """An artifact was made by another model, dtype, configuration or format version."""
-
-
-class ArtifactNotFound(KvgraftError):
-    """No artifact with the given id exists in this store."""
-
-
-class VerificationFailed(KvgraftError):
-    """A verified item's answer did not pass its verifier; nothing was deposited."""
-
-
-class InputTooLong(KvgraftError):
-    """Input is larger than the bound that applies to it (context window, request size)."""
-
-
-class InvalidInput(KvgraftError):
-    """Input is malformed (empty, not text, wrong shape); the message says which field."""
+__all__ = [
+    "ArtifactNotFound",
+    "IncompatibleArtifact",
+    "InputTooLong",
+    "IntegrityError",
+    "InvalidInput",
+    "KvgraftError",
+    "VerificationFailed",
+]

@@ -5,7 +5,7 @@ It owns the embedder and the persisted FAISS index; it knows nothing about how K
 faiss is imported here first, before anything below can pull in torch: importing faiss after torch
 segfaulted on macOS (faiss#3401). Entry points that need both should import `retrieval` (or faiss)
 before torch; on Linux either order works, and tests/test_retrieval.py checks torch-then-retrieval.
-(Importing `graft_core.errors` runs `graft_core/__init__`, which imports torch: hence faiss before it.)
+Nothing in `retrieval` imports torch itself (errors come from the dependency-free `errors.py`).
 The real embedder imports sentence-transformers lazily, on first use.
 """
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from graft_core.errors import InvalidInput
+from errors import InvalidInput
 
 DEFAULT_NAME = "all-MiniLM-L6-v2"
 WEIGHTS_FILE = "model.safetensors"

@@ -38,7 +38,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -47,7 +46,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from graft_core.errors import IntegrityError, InvalidInput
+from errors import IntegrityError, InvalidInput
+from files import write_atomic
 
 DEFAULT_THRESHOLD = 0.45
 HNSW_THRESHOLD = 20_000
@@ -87,20 +87,6 @@ def _new_faiss(dim: int, count: int, hnsw_threshold: int) -> faiss.Index:
     index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
     index.hnsw.efSearch = HNSW_EF_SEARCH
     return index
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 class VectorIndex:
@@ -309,8 +295,8 @@ class VectorIndex:
                     "faiss_sha256": hashlib.sha256(data).hexdigest(),
                     "ids": list(self._ids),
                 }
-            _write_atomic(folder / FAISS_FILE, data)
-            _write_atomic(folder / META_FILE, json.dumps(meta, indent=1).encode("utf-8"))
+            write_atomic(folder / FAISS_FILE, data)
+            write_atomic(folder / META_FILE, json.dumps(meta, indent=1).encode("utf-8"))
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> VectorIndex:

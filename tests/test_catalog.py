@@ -18,7 +18,7 @@ from db import migrations, schema
 from db.blobs import BlobStore
 from db.catalog import Catalog
 from db.rows import ArtifactRow, LedgerRow, LedgerTotals, SourceRow, VerificationRow
-from graft_core.errors import ArtifactNotFound, IntegrityError, InvalidInput, KvgraftError
+from errors import ArtifactNotFound, IntegrityError, InvalidInput, KvgraftError
 
 FP = "f" * 64  # a model fingerprint
 EMBEDDER = "all-MiniLM-L6-v2"
@@ -58,7 +58,7 @@ def store(tmp_path) -> BlobStore:
 
 
 class Depositor:
-    """Builds rows the way services.py will: key known first, blob written inside the transaction."""
+    """Builds rows the way services/deposit.py does: key known first, blob written inside the transaction."""
 
     def __init__(self, cat: Catalog, store: BlobStore):
         self.cat, self.store, self.blob_calls = cat, store, 0

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from db.blobs import BlobStore
+from errors import IncompatibleArtifact, InputTooLong, IntegrityError, InvalidInput
 from graft_core import codec, generate, verify
 from graft_core.artifact import KVArtifact
 from graft_core.capture import capture, probe_restored
-from graft_core.errors import IncompatibleArtifact, InputTooLong, IntegrityError, InvalidInput
 from graft_core.graft import restore
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ import faiss  # noqa: F401  (before graft_core pulls in torch: see retrieval/__i
 import numpy as np
 import pytest
 
-from graft_core.errors import IntegrityError, InvalidInput
+from errors import IntegrityError, InvalidInput
 from retrieval import DEFAULT_THRESHOLD, HashEmbedder, Hit, SentenceEmbedder, VectorIndex
 from retrieval.embedder import MAX_CHARS
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import verifiers
-from graft_core.errors import InvalidInput
+from errors import InvalidInput
 from verifiers import SympyVerifier, Verdict, VerifiedItem, check, item_sha256
 
 
