@@ -1,6 +1,6 @@
-"""What the web app shows: input checks, the evidence panel, and the dashboard and verify plots.
+"""What the web app shows: input checks, the evidence panel, the library/verify/dashboard tables and plots.
 
-Pure formatting of values that services.py returns (HTML strings and matplotlib Figure objects,
+Pure formatting of values that `services` returns (HTML strings and matplotlib Figure objects,
 no pyplot state); no Gradio, torch or SQL here, so it can be tested without a server.
 """
 
@@ -49,17 +49,15 @@ def badge(r: services.AnswerResult) -> str:
     if r.check is None:
         why = "check off" if r.tier != "none" else "nothing grafted"
         return f'<span class="kv-nocheck">NOT CHECKED</span> <span class="kv-muted">({why})</span>'
-    ok = bool(r.check["exact"])
+    ok = r.check.exact
     cls, text = ("kv-pass", "EXACT") if ok else ("kv-fail", "NOT EXACT")
     return f'<span class="kv-badge {cls}">{text}</span>'
 
 
 def evidence_html(r: services.AnswerResult) -> str:
     """The evidence panel for one answer: retrieval, tier, token accounting, timing, exactness."""
-    sv = r.savings
-    base_decode = sv.get("baseline_decode_tokens")
-    baseline_total = sv["baseline_prefill_tokens"] + (base_decode if base_decode is not None else r.decode_tokens)
-    ours = r.computed_tokens + r.decode_tokens
+    baseline_total = r.savings.baseline_total
+    ours = r.savings.computed_total
     measured = r.baseline is not None
     parts = [
         f'<div class="kv-evidence"><div class="kv-head">{badge(r)} <span class="kv-tier kv-tier-{esc(r.tier)}">tier {esc(r.tier)}</span></div>'
@@ -78,7 +76,7 @@ def evidence_html(r: services.AnswerResult) -> str:
         rows.append(
             (
                 "baseline time to first token (measured)",
-                f"{ms(r.baseline['ttft_s'])} → {r.baseline['ttft_speedup']:.2f}× speedup",
+                f"{ms(r.baseline.ttft_s)} → {r.ttft_speedup:.2f}× speedup",
             )
         )
     rows += [("artifact read", ms(r.read_s)), ("total", ms(r.total_s))]
@@ -88,17 +86,17 @@ def evidence_html(r: services.AnswerResult) -> str:
     if r.check is not None:
         c = r.check
         crow = [
-            ("fresh logits SHA-256", c["fresh_sha256"]),
-            ("grafted logits SHA-256", c["grafted_sha256"]),
-            ("KL(fresh ‖ grafted)", f"{c['kl']:.3g}"),
-            ("argmax agreement", f"{c['argmax_agreement'] * 100:.2f}% over {c['rows']} rows"),
-            ("max |diff|", f"{c['max_abs_diff']:.3g}"),
+            ("fresh logits SHA-256", c.fresh_sha256),
+            ("grafted logits SHA-256", c.grafted_sha256),
+            ("KL(fresh ‖ grafted)", f"{c.kl:.3g}"),
+            ("argmax agreement", f"{c.argmax_agreement * 100:.2f}% over {c.rows} rows"),
+            ("max |diff|", f"{c.max_abs_diff:.3g}"),
         ]
-        if c.get("monolithic_max_abs_diff") is not None:
+        if c.monolithic_max_abs_diff is not None:
             crow.append(
                 (
                     "one-pass forward (another schedule, never 'exact')",
-                    f"max |diff| {c['monolithic_max_abs_diff']:.3g}, argmax {c['monolithic_argmax_agreement'] * 100:.2f}%",
+                    f"max |diff| {c.monolithic_max_abs_diff:.3g}, argmax {c.monolithic_argmax_agreement * 100:.2f}%",
                 )
             )
         parts.append(
@@ -127,19 +125,81 @@ def evidence_html(r: services.AnswerResult) -> str:
 
 def evidence_summary(r: services.AnswerResult) -> tuple[str, str]:
     """(title, markdown) of the collapsible evidence note under an answer in the chat."""
-    verdict = "not checked" if r.check is None else ("EXACT" if r.check["exact"] else "NOT EXACT")
+    verdict = "not checked" if r.check is None else ("EXACT" if r.check.exact else "NOT EXACT")
     title = f"Evidence · {verdict} · tier {r.tier} · {r.grafted_tokens} grafted / {r.computed_tokens} computed / {r.decode_tokens} decoded"
     lines = [f"- {h.title} (similarity {h.score:.3f}, {h.tokens} tokens, {h.verifier}: {h.verdict})" for h in r.retrieved]
     if r.check is not None:
-        lines.append(
-            f"- fresh `{r.check['fresh_sha256'][:16]}…` vs grafted `{r.check['grafted_sha256'][:16]}…`, KL {r.check['kl']:.3g}"
-        )
+        lines.append(f"- fresh `{r.check.fresh_sha256[:16]}…` vs grafted `{r.check.grafted_sha256[:16]}…`, KL {r.check.kl:.3g}")
     lines.append(
-        f"- time to first token {ms(r.ttft_s)}" + (f", baseline {ms(r.baseline['ttft_s'])} (measured)" if r.baseline else "")
+        f"- time to first token {ms(r.ttft_s)}"
+        + (f", baseline {ms(r.baseline.ttft_s)} (measured)" if r.baseline is not None else "")
     )
     if r.note:
         lines.append(f"- {r.note}")
     return title, "\n".join(lines)
+
+
+LIBRARY_HEADERS = ["id", "title", "kind", "tokens", "start", "verifier", "verdict", "created"]
+
+
+def library_table(entries: list[services.LibraryEntry]) -> list[list]:
+    """The Library tab's rows (LIBRARY_HEADERS order)."""
+    return [
+        [
+            e.row.id[:16],
+            e.row.title,
+            e.row.kind,
+            e.row.tokens,
+            e.row.start,
+            e.verifier,
+            e.verdict,
+            e.row.created_at.strftime("%Y-%m-%d %H:%M"),
+        ]
+        for e in entries
+    ]
+
+
+def verify_summary(rep: services.VerifyReport) -> tuple[str, list[list]]:
+    """The Verify tab's summary line (HTML) and table rows for one report."""
+    relocate = rep.relocate
+    tier = f"relocated to offset {relocate} (approximate tier)" if relocate is not None else "own position (exact tier)"
+    ok = rep.byte_equal == rep.samples
+    badge = f'<span class="kv-badge {"kv-pass" if ok else "kv-fail"}">{"EXACT" if ok else "NOT EXACT"}</span>'
+    summary = (
+        f'<div class="kv-evidence">{badge} <b>{rep.byte_equal}/{rep.samples}</b> byte-equal, {esc(tier)}; '
+        f"max KL {rep.max_kl:.3g}, argmax agreement {rep.argmax_agreement * 100:.2f}%</div>"
+    )
+    rows = [
+        [
+            r.artifact[:12],
+            r.query,
+            "yes" if r.check.exact else "no",
+            f"{r.check.kl:.3g}",
+            f"{r.check.max_abs_diff:.3g}",
+            f"{r.check.argmax_agreement * 100:.1f}%",
+            r.check.fresh_sha256[:16],
+            r.check.grafted_sha256[:16],
+        ]
+        for r in rep.rows
+    ]
+    return summary, rows
+
+
+def stats_html(s: services.StoreStats) -> str:
+    """The dashboard's figures: ledger sums and the store against the context window."""
+    t = s.totals
+    checks = t.checks_passed + t.checks_failed
+    md = (
+        f'<div class="kv-stats">'
+        f'<div class="kv-stat"><b>{t.tokens_saved:,}</b><span>tokens saved (cumulative)</span></div>'
+        f'<div class="kv-stat"><b>{t.answers:,}</b><span>answers</span></div>'
+        f'<div class="kv-stat"><b>{t.grafted_tokens:,}</b><span>tokens grafted</span></div>'
+        f'<div class="kv-stat"><b>{s.flops_ratio:.1f}×</b><span>fewer FLOPs (estimate)</span></div>'
+        f'<div class="kv-stat"><b>{s.store_tokens:,}</b><span>tokens in store ({s.artifacts} artifacts) / window {s.window:,}</span></div>'
+        f'<div class="kv-stat"><b class="{"kv-ok" if not t.checks_failed else "kv-bad"}">{t.checks_passed}/{checks}</b>'
+        f"<span>exactness checks passed ({t.checks_failed} failed)</span></div></div>"
+    )
+    return md
 
 
 def warn(message: str) -> dict:
@@ -208,23 +268,23 @@ def store_plot(store_tokens: int, window: int) -> Figure:
     return fig
 
 
-def verify_plot(rows: list[dict], relocate: int | None) -> Figure:
+def verify_plot(rows: tuple[services.VerifySample, ...], relocate: int | None) -> Figure:
     fig, ax = figure()
     if not rows:
         ax.set_axis_off()
         return fig
     xs = list(range(1, len(rows) + 1))
     if relocate is None:
-        ax.bar(xs, [1 if r["exact"] else 0 for r in rows], color=["#16a34a" if r["exact"] else "#dc2626" for r in rows])
+        ax.bar(xs, [1 if r.check.exact else 0 for r in rows], color=["#16a34a" if r.check.exact else "#dc2626" for r in rows])
         ax.set_ylim(0, 1.2)
         ax.set_ylabel("byte-equal (1 = SHA-256 equal)")
         ax.set_title("Own position: graft vs fresh, per sample")
     else:
-        ax.bar(xs, [max(r["max_abs_diff"], 1e-12) for r in rows], color="#f59e0b", label="max |diff|")
+        ax.bar(xs, [max(r.check.max_abs_diff, 1e-12) for r in rows], color="#f59e0b", label="max |diff|")
         ax.set_yscale("log")
         ax.set_ylabel("max |logit diff| (log)")
         ax2 = ax.twinx()
-        ax2.plot(xs, [r["argmax_agreement"] * 100 for r in rows], "o-", color="#2f6fde", label="argmax agreement %")
+        ax2.plot(xs, [r.check.argmax_agreement * 100 for r in rows], "o-", color="#2f6fde", label="argmax agreement %")
         ax2.set_ylim(0, 105)
         ax2.set_ylabel("argmax agreement %")
         ax.set_title(f"Relocated to offset {relocate} (approximate tier)")

@@ -1,4 +1,4 @@
-"""kvgraft's command line: thin over services.py; each command calls one service and formats it.
+"""kvgraft's command line: thin over `services`; each command calls one service and formats it.
 
 Errors print one line on stderr and exit non-zero (2 for a kvgraft error, 1 for a failed check);
 `--debug` shows the traceback. Command and JSON field names are stable: scripts rely on them.
@@ -48,21 +48,9 @@ def cmd_deposit(args) -> int:
         d = lib.deposit_text(text, parent=args.parent, title=args.title or "", attested_by=args.attested_by, admin=args.admin)
     else:
         raise SystemExit("error: give --text-file F, or --question/--solution/--answer/--verifier/--reference")
-    payload = {
-        "id": d.id,
-        "content_sha256": d.content_sha256,
-        "tokens": d.tokens,
-        "start": d.start,
-        "bytes": d.bytes,
-        "prefill_s": d.prefill_s,
-        "verified": d.verified,
-        "verifier": d.verifier,
-        "kind": d.kind,
-        "created": d.created,
-    }
     _emit(
         args,
-        payload,
+        d.to_json(),
         f"{'deposited' if d.created else 'already deposited'} {d.id} ({d.tokens} tokens at {d.start}, "
         f"{d.bytes:,} bytes, {d.kind}, prefill {d.prefill_s:.2f} s)",
     )
@@ -83,7 +71,7 @@ def cmd_ask(args) -> int:
         relocated=args.relocated,
         compose=args.compose,
     )
-    payload = r.as_json()
+    payload = r.to_json()
     lines = [
         r.answer,
         "",
@@ -94,39 +82,19 @@ def cmd_ask(args) -> int:
         lines.append(r.note)
     for h in r.retrieved:
         lines.append(f"  retrieved {h.id[:12]} {h.score:.3f} {h.title}")
-    if r.check:
+    if r.check is not None:
         lines.append(
-            f"check: {'EXACT (sha256 equal)' if r.check['exact'] else 'NOT EXACT'} fresh {r.check['fresh_sha256'][:16]} "
-            f"grafted {r.check['grafted_sha256'][:16]} KL {r.check['kl']:.3g}"
+            f"check: {'EXACT (sha256 equal)' if r.check.exact else 'NOT EXACT'} fresh {r.check.fresh_sha256[:16]} "
+            f"grafted {r.check.grafted_sha256[:16]} KL {r.check.kl:.3g}"
         )
     _emit(args, payload, "\n".join(lines))
-    return 1 if (r.check and r.check["tier"] == "exact" and not r.check["exact"]) else 0
+    return 1 if (r.check is not None and r.check.tier == "exact" and not r.check.exact) else 0
 
 
 def cmd_verify(args) -> int:
     lib = _library(args)
     rep = lib.verify_samples(args.samples, relocate=args.relocate, seed=args.seed)
-    payload = rep.as_dict()
-    if not args.rows:
-        payload = {k: v for k, v in payload.items() if k != "rows"} | {
-            "rows": [
-                {
-                    k: r[k]
-                    for k in (
-                        "artifact",
-                        "query",
-                        "exact",
-                        "tier",
-                        "kl",
-                        "max_abs_diff",
-                        "argmax_agreement",
-                        "fresh_sha256",
-                        "grafted_sha256",
-                    )
-                }
-                for r in rep.rows
-            ]
-        }
+    payload = rep.to_json(every_field=args.rows)
     tier = f"relocated to offset {args.relocate} (approximate)" if args.relocate is not None else "own position (exact tier)"
     _emit(
         args,
@@ -196,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         import retrieval  # noqa: F401  (faiss before torch)
-        from graft_core.errors import KvgraftError
+        from errors import KvgraftError
 
         try:
             return args.func(args)

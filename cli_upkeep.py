@@ -1,7 +1,7 @@
 """Upkeep commands for cli.py: export, import, rebuild, fsck, replay, list, show, delete.
 
-`register(subparsers)` adds them; each handler calls one function of maintenance.py and formats its
-report (`--json` prints the report's fields; see maintenance.py for their meaning). Exit codes: 0
+`register(subparsers)` adds them; each handler calls one function of `maintenance` (or one `Library`
+method: list, show, delete) and formats its report (`--json` prints the report's `to_json()`). Exit codes: 0
 ok, 1 a check found a difference (rebuild, fsck, replay), 2 a kvgraft error (printed by cli.main).
 """
 
@@ -28,7 +28,7 @@ def cmd_export(args) -> int:
     import maintenance
 
     r = maintenance.export_bundle(_library(args), args.ids, args.out)
-    _emit(args, r.as_dict(), f"exported {len(r.artifacts)} artifact(s) to {r.path} ({r.bytes:,} bytes, sha256 {r.bundle_sha256})")
+    _emit(args, r.to_json(), f"exported {len(r.artifacts)} artifact(s) to {r.path} ({r.bytes:,} bytes, sha256 {r.bundle_sha256})")
     return 0
 
 
@@ -40,7 +40,7 @@ def cmd_import(args) -> int:
     r = maintenance.import_bundle(_library(args), args.bundle, limits=limits, check_model=not args.no_model_check)
     _emit(
         args,
-        r.as_dict(),
+        r.to_json(),
         f"imported {len(r.new)} new of {len(r.artifacts)} artifact(s) from {r.path}; {r.blobs_written} blob(s) written"
         + ("" if r.model_checked else " (model fingerprint not checked against a loaded model)"),
     )
@@ -53,7 +53,7 @@ def cmd_rebuild(args) -> int:
     r = maintenance.rebuild_verify(_library(args), args.verify)
     _emit(
         args,
-        r.as_dict(),
+        r.to_json(),
         f"{'EQUAL' if r.equal else 'DIFFERENT'}: stored {r.stored_sha256} (file {r.blob_sha256 or 'missing'}), "
         f"rebuilt {r.rebuilt_sha256}",
     )
@@ -64,21 +64,21 @@ def cmd_fsck(args) -> int:
     import maintenance
 
     r = maintenance.fsck(_library(args), repair=args.repair)
-    d = r.as_dict()
+    d = r.to_json()
     c = d["counts"]
     lines = [
         f"{'consistent' if r.consistent else 'NOT consistent'}: {r.artifacts} artifact(s), {r.blobs} blob(s); "
         f"missing {c['missing']}, corrupt {c['corrupt']}, orphans {c['orphans']}, partials {c['partials']}, "
-        f"index {r.index['status']}"
+        f"index {r.index.status}"
     ]
     if args.repair:
         rep = r.repaired
         lines.append(
-            f"repaired: removed {len(rep['orphans_removed'])} orphan(s), {len(rep['partials_removed'])} partial(s); "
-            f"index {'rebuilt' if rep['index_rebuilt'] else 'untouched'}"
+            f"repaired: removed {len(rep.orphans_removed)} orphan(s), {len(rep.partials_removed)} partial(s); "
+            f"index {'rebuilt' if rep.index_rebuilt else 'untouched'}"
         )
-    lines += [f"  missing {m['id']} (blob {m['content_sha256']})" for m in r.missing]
-    lines += [f"  corrupt {m['id']} (blob {m['content_sha256']} hashes to {m['actual_sha256']})" for m in r.corrupt]
+    lines += [f"  missing {m.id} (blob {m.content_sha256})" for m in r.missing]
+    lines += [f"  corrupt {m.id} (blob {m.content_sha256} hashes to {m.actual_sha256})" for m in r.corrupt]
     lines += list(r.advice)
     _emit(args, d, "\n".join(lines))
     return 0 if r.consistent else 1
@@ -94,42 +94,37 @@ def cmd_replay(args) -> int:
         for e in r.entries
     ]
     lines.append(f"{r.matched}/{r.replayed} replayed byte-identical")
-    _emit(args, r.as_dict(), "\n".join(lines))
+    _emit(args, r.to_json(), "\n".join(lines))
     return 0 if r.ok else 1
 
 
 def cmd_list(args) -> int:
-    import maintenance
-
-    rows = maintenance.list_rows(_library(args), query=args.query or "", kind=args.kind, limit=args.limit, offset=args.offset)
-    human = "\n".join(f"{r['id']}  {r['tokens']:>6} tok @{r['start']:<6} {r['kind']:<8} {r['title']}" for r in rows)
-    _emit(args, {"artifacts": rows, "count": len(rows)}, human or "no artifacts")
+    entries = _library(args).entries(query=args.query or "", kind=args.kind, limit=args.limit, offset=args.offset)
+    rows = [e.row for e in entries]
+    human = "\n".join(f"{r.id}  {r.tokens:>6} tok @{r.start:<6} {r.kind:<8} {r.title}" for r in rows)
+    _emit(args, {"artifacts": [e.to_json() for e in entries], "count": len(rows)}, human or "no artifacts")
     return 0
 
 
 def cmd_show(args) -> int:
-    import maintenance
-
-    r = maintenance.show(_library(args), args.id)
+    r = _library(args).show(args.id)
     a = r.artifact
     lines = [
-        f"{a['id']}  {a['kind']}  {a['tokens']} tokens at {a['start']}  {a['bytes']:,} bytes  blob {a['content_sha256']}"
+        f"{a.id}  {a.kind}  {a.tokens} tokens at {a.start}  {a.bytes:,} bytes  blob {a.content_sha256}"
         + ("" if r.blob_present else " (MISSING)"),
-        f"title: {a['title']}",
+        f"title: {a.title}",
         f"chain: {' -> '.join(i[:12] for i in r.chain)}",
         f"children: {', '.join(i[:12] for i in r.children) or 'none'}",
     ]
-    lines += [f"verification: {v['verifier']} {v['verdict']} {v['detail']}" for v in r.verifications]
-    lines += ["", r.source["text"]]
-    _emit(args, r.as_dict(), "\n".join(lines))
+    lines += [f"verification: {v.verifier} {v.verdict} {v.detail}" for v in r.verifications]
+    lines += ["", r.source.text]
+    _emit(args, r.to_json(), "\n".join(lines))
     return 0
 
 
 def cmd_delete(args) -> int:
-    import maintenance
-
-    r = maintenance.delete(_library(args), args.id)
-    _emit(args, r.as_dict(), f"deleted {r.id}" + ("; blob removed" if r.blob_removed else "; blob kept (still referenced)"))
+    r = _library(args).delete(args.id)
+    _emit(args, r.to_json(), f"deleted {r.id}" + ("; blob removed" if r.blob_removed else "; blob kept (still referenced)"))
     return 0
 
 

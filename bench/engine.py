@@ -3,7 +3,7 @@ raw read of the same bytes, and artifact bytes per token vs the raw KV bytes.
 
 Ratios are measured within one run (the machine is shared and noisy) and reported as medians.
 Writes docs/bench/engine.json and prints a markdown table.  Usage:
-    .venv/bin/python bench/engine.py [--lengths 512,1024,2048,4096,8192,16384] [--repeats 3]
+    .venv/bin/python -m bench.engine [--lengths 512,1024,2048,4096,8192,16384] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -15,13 +15,11 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -166,7 +164,7 @@ def main() -> None:
             store.delete(h)
     out = {
         "benchmark": "engine",
-        "command": "make bench  (.venv/bin/python bench/engine.py)",
+        "command": "make bench  (.venv/bin/python -m bench.engine)",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpus": os.cpu_count(),

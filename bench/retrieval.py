@@ -1,6 +1,6 @@
 """Retrieval latency: FAISS flat vs HNSW32 search, real-embedder query latency, and both together.
 
-Run from the repository root: `.venv/bin/python bench/retrieval.py` (about a minute on 2 cores).
+Run from the repository root: `.venv/bin/python -m bench.retrieval` (about a minute on 2 cores).
 Writes docs/bench/retrieval.json and prints a markdown table. Target: search <= 5 ms p99 at 100,000.
 Other processes on the machine inflate the tails: the JSON records the load average before and after.
 Vectors are seeded random unit vectors (HNSW's hardest case: no clusters), so the recall figures are
@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import faiss  # noqa: E402  (before torch; see retrieval/__init__.py)
@@ -137,7 +136,7 @@ def main() -> None:
     search_p99 = next(r["p99_ms"] for r in rows if r["vectors"] == max(SIZES) and r["index"] == "hnsw")
     result = {
         "bench": "retrieval",
-        "command": ".venv/bin/python bench/retrieval.py",
+        "command": ".venv/bin/python -m bench.retrieval",
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpu_count": os.cpu_count(),

@@ -9,8 +9,8 @@ store and measures its RSS and the latency of retrieve + load_artifact + restore
 artifacts, so the writer's own buffers never count. Writes docs/bench/scale.json and prints a
 table. The temporary store is deleted at the end (unless --keep).
 
-    .venv/bin/python bench/scale.py                     # defaults below
-    .venv/bin/python bench/scale.py --real-tokens 100000 --real-budget-s 900
+    .venv/bin/python -m bench.scale                     # defaults below
+    .venv/bin/python -m bench.scale --real-tokens 100000 --real-budget-s 900
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -133,7 +132,7 @@ def add_synthetic(lib, synth: Synth, n: int) -> int:
     text = f"SYNTHETIC artifact #{synth.count}: random float32 tensors in the model's shapes"
     src = SourceRow(artifact_id=key, text=text)
     emb = (lib.embedder.embedder_id, vec.tobytes(), int(vec.shape[0]), hashlib.sha256(text.encode()).hexdigest())
-    lib.catalog.add_deposit(row, src, None, emb, lambda: lib.blobs.put(data))
+    lib._catalog.add_deposit(row, src, None, emb, lambda: lib._blobs.put(data))
     return len(data)
 
 
@@ -169,7 +168,7 @@ def probe(home: str, queries: list[str], threads: int) -> dict:
             synth_top += 1
         if not real:
             continue
-        chain = [lib.load_artifact(r.id) for r in lib.catalog.chain(real[0].id)]
+        chain = [lib.load_artifact(r.id) for r in lib._catalog.chain(real[0].id)]
         t2 = time.perf_counter()
         cache = restore(lm, chain)
         t3 = time.perf_counter()
@@ -190,8 +189,8 @@ def probe(home: str, queries: list[str], threads: int) -> dict:
         return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
     return {
-        "artifacts": lib.catalog.count_artifacts(),
-        "tokens": lib.catalog.total_tokens(),
+        "artifacts": lib.count(),
+        "tokens": lib._catalog.total_tokens(),
         "index_kind": idx.kind,
         "index_build_or_load_s": index_s,
         "rss_open_bytes": rss_open,
@@ -211,7 +210,8 @@ def run_probe(home: str, queries: list[str], threads: int) -> dict:
     qfile = Path(home) / "probe-queries.json"
     qfile.write_text(json.dumps(queries))
     out = subprocess.run(
-        [sys.executable, __file__, "--probe", home, "--probe-queries", str(qfile), "--threads", str(threads)],
+        [sys.executable, "-m", "bench.scale", "--probe", home, "--probe-queries", str(qfile), "--threads", str(threads)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,
@@ -228,7 +228,7 @@ def du(path: Path) -> int:
 # ---- the run ----------------------------------------------------------------------------------
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target-tokens", type=int, default=TARGET_TOKENS)
     p.add_argument("--real-tokens", type=int, default=100_000, help="stop real deposits at this many tokens")
@@ -242,7 +242,11 @@ def main(argv=None) -> int:
     p.add_argument("--report", type=Path, help="only rewrite the markdown table from this scale.json")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe-queries", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     if args.report:
         path = markdown(json.loads(args.report.read_text()), args.report.with_suffix(".md"))
         print(f"wrote {path}")
@@ -265,20 +269,7 @@ def main(argv=None) -> int:
         lib = services.Library(home=home)
         lm = lib.lm
         info = lm.info
-        full = sum(1 for t in info.layer_types if t != "sliding_attention")
-        sliding = info.num_layers - full
-        per_tok_full = full * 2 * info.num_kv_heads * info.head_dim * 4
-        per_art_sliding = sliding * 2 * info.num_kv_heads * (info.sliding_window - 1) * info.head_dim * 4
-        est = args.target_tokens * (per_tok_full + 8) + (args.target_tokens // args.synthetic_tokens + 1) * per_art_sliding
-        free = shutil.disk_usage(tmp).free
-        result["disk"] = {"free_bytes_before": free, "estimated_store_bytes": est, "path": str(tmp)}
-        target = args.target_tokens
-        if est > free - 8 * 2**30:
-            target = int(args.target_tokens * (free - 8 * 2**30) / est)
-            result["notes"].append(
-                f"disk: {free / 2**30:.1f} GiB free, the full store needs ~{est / 2**30:.1f} GiB; measured up to {target:,} tokens "
-                "and extrapolated the rest (labelled)"
-            )
+        target, layout = _disk_plan(info, tmp, args, result)
         result["measured_target_tokens"] = target
         levels = [int(target * f) for f in (0.01, 0.10, 1.0)]
         queries_pool: list[str] = []
@@ -351,34 +342,8 @@ def main(argv=None) -> int:
             "write_s": time.perf_counter() - t1,
         }
         result["writer_rss_bytes_end"] = psutil.Process().memory_info().rss
-        if target < args.target_tokens:
-            top = result["levels"][-1]
-            result["extrapolated_100pct"] = {
-                "label": "EXTRAPOLATED, not measured",
-                "tokens": args.target_tokens,
-                "blob_bytes": int(
-                    top["blob_bytes"] + (args.target_tokens - top["tokens"]) * result["synthetic"]["bytes_per_token"]
-                ),
-            }
-        base = result["levels"][0]["rss_open_bytes"]
-        for lv in result["levels"]:
-            lv["rss_growth_vs_empty"] = lv["rss_after_queries_bytes"] / base - 1
-            lv["rss_open_growth_vs_empty"] = lv["rss_open_bytes"] / base - 1
-        result["tokens_over_window"] = result["levels"][-1]["tokens"] / WINDOW
-        result["layout"] = {
-            "layers": info.num_layers,
-            "full_layers": full,
-            "sliding_layers": sliding,
-            "window": info.sliding_window,
-            "kv_heads": info.num_kv_heads,
-            "head_dim": info.head_dim,
-            "dtype": "float32",
-            "full_bytes_per_token": per_tok_full,
-            "sliding_bytes_per_artifact_max": per_art_sliding,
-        }
-        result["model_fingerprint"] = lm.fingerprint
-        result["threads"] = args.threads
-        lib.catalog.close()
+        _summarise(result, args, target, lm.fingerprint, layout)
+        lib.close()
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -388,6 +353,55 @@ def main(argv=None) -> int:
     print(table(result))
     print(f"wrote {args.out} and {markdown(result, args.out.with_suffix('.md'))}")
     return 0
+
+
+def _disk_plan(info, tmp: Path, args, result: dict) -> tuple[int, dict]:
+    """How many tokens this disk can hold (the rest is extrapolated, labelled) and the artifact layout."""
+    full = sum(1 for t in info.layer_types if t != "sliding_attention")
+    sliding = info.num_layers - full
+    per_tok_full = full * 2 * info.num_kv_heads * info.head_dim * 4
+    per_art_sliding = sliding * 2 * info.num_kv_heads * (info.sliding_window - 1) * info.head_dim * 4
+    est = args.target_tokens * (per_tok_full + 8) + (args.target_tokens // args.synthetic_tokens + 1) * per_art_sliding
+    free = shutil.disk_usage(tmp).free
+    result["disk"] = {"free_bytes_before": free, "estimated_store_bytes": est, "path": str(tmp)}
+    target = args.target_tokens
+    if est > free - 8 * 2**30:
+        target = int(args.target_tokens * (free - 8 * 2**30) / est)
+        result["notes"].append(
+            f"disk: {free / 2**30:.1f} GiB free, the full store needs ~{est / 2**30:.1f} GiB; measured up to {target:,} tokens "
+            "and extrapolated the rest (labelled)"
+        )
+    layout = {
+        "layers": info.num_layers,
+        "full_layers": full,
+        "sliding_layers": sliding,
+        "window": info.sliding_window,
+        "kv_heads": info.num_kv_heads,
+        "head_dim": info.head_dim,
+        "dtype": "float32",
+        "full_bytes_per_token": per_tok_full,
+        "sliding_bytes_per_artifact_max": per_art_sliding,
+    }
+    return target, layout
+
+
+def _summarise(result: dict, args, target: int, fingerprint: str, layout: dict) -> None:
+    """The figures derived from the measured levels: extrapolation (labelled), RSS growth, layout."""
+    if target < args.target_tokens:
+        top = result["levels"][-1]
+        result["extrapolated_100pct"] = {
+            "label": "EXTRAPOLATED, not measured",
+            "tokens": args.target_tokens,
+            "blob_bytes": int(top["blob_bytes"] + (args.target_tokens - top["tokens"]) * result["synthetic"]["bytes_per_token"]),
+        }
+    base = result["levels"][0]["rss_open_bytes"]
+    for lv in result["levels"]:
+        lv["rss_growth_vs_empty"] = lv["rss_after_queries_bytes"] / base - 1
+        lv["rss_open_growth_vs_empty"] = lv["rss_open_bytes"] / base - 1
+    result["tokens_over_window"] = result["levels"][-1]["tokens"] / WINDOW
+    result["layout"] = layout
+    result["model_fingerprint"] = fingerprint
+    result["threads"] = args.threads
 
 
 def table(r: dict) -> str:

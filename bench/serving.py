@@ -4,7 +4,7 @@ exactness check off (the default chat path is measured elsewhere). Throughput an
 at 1, 4 and 8 users; bounded in request count and time. The model runs one request at a time per
 process behind Gradio's queue, so throughput is expected flat and latency to grow with users.
 
-Writes docs/bench/serving.json.  Usage: .venv/bin/python bench/serving.py [--users 1,4,8] [--per-user 4]
+Writes docs/bench/serving.json.  Usage: .venv/bin/python -m bench.serving [--users 1,4,8] [--per-user 4]
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ import json
 import os
 import socket
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import app  # noqa: E402
@@ -96,10 +94,10 @@ def main() -> None:
                 print(json.dumps(level), flush=True)
         finally:
             demo.close()
-            lib.catalog.close()
+            lib.close()
     out = {
         "benchmark": "serving",
-        "command": ".venv/bin/python bench/serving.py",
+        "command": ".venv/bin/python -m bench.serving",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count()},
         "setup": f"real default model, built-in seed library, /answer with retrieval on and check off, max_new_tokens 16, "

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import verifiers
+from errors import InvalidInput
 from graft_core import generate, templates
-from graft_core.errors import InvalidInput
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMAT = "kvgraft-eval/1"
@@ -274,7 +274,7 @@ class Runner:
     ) -> dict:
         lib, cfg = self.lib, self.cfg
         r = lib.answer(query, k=cfg.k, graft=graft, max_new_tokens=cfg.max_new_tokens, compare=compare)
-        entry = lib.catalog.ledger(last=1)[0]
+        entry = lib.ledger(last=1)[0]
         assert entry.id == r.ledger_id, "the ledger's newest entry must be this answer (one writer per eval store)"
         ids = list(entry.output_token_ids)
         assert generate.tokens_sha256(ids) == r.output_sha256, "ledger token ids must hash to the answer's output_sha256"
@@ -311,15 +311,17 @@ class Runner:
             "ttft_s": r.ttft_s,
             "total_s": r.total_s,
             "read_s": r.read_s,
-            "savings": r.savings,
+            "savings": r.savings.as_dict(),
             "baseline": None,
             "ledger_id": r.ledger_id,
             "logits_sha256": r.logits_sha256,
         }
         if r.baseline:
             b = r.baseline
-            out["baseline"] = {k: b[k] for k in ("prefill_tokens", "decode_tokens", "ttft_s", "total_s", "text", "output_sha256")}
-            bok, _ = score_answer(b["text"], row["verifier"], reference)
+            out["baseline"] = {
+                k: getattr(b, k) for k in ("prefill_tokens", "decode_tokens", "ttft_s", "total_s", "text", "output_sha256")
+            }
+            bok, _ = score_answer(b.text, row["verifier"], reference)
             out["baseline"]["correct"] = bok
         self.outputs.append(out)
         return out

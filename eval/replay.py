@@ -164,7 +164,7 @@ def rerun(results: dict, report: ReplayReport, lm=None, embedder=None) -> None:
             sample_ids=results["sample"],
             log=lambda m: None,
         )
-        lib.catalog.close()
+        lib.close()
     report.notes.append("rerun without the baseline runs (compare off): baseline timings are not re-measured")
 
     def key(o):

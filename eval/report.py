@@ -228,7 +228,7 @@ def markdown(results: dict) -> str:
         "",
         "```",
         "make eval                                                     # bounded sample (this file)",
-        ".venv/bin/python eval/run.py --full                           # every item (hours on 2 cores)",
+        ".venv/bin/python -m eval.run --full                            # every item (hours on 2 cores)",
         "python cli.py replay-eval docs/eval/results.json              # re-check hashes and scores, no model",
         "python cli.py replay-eval docs/eval/results.json --rerun      # recompute with the model, token ids byte for byte",
         "```",

@@ -13,7 +13,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -70,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kvgraft-eval-") as home:
         lib = services.Library(home=home, model_name=args.model)
         results = harness.evaluate(lib, cfg, log=lambda m: print(m, flush=True))
-        lib.catalog.close()
+        lib.close()
     write_results(results, args.out)
     print(json.dumps({"scores": results["scores"], "cost": results["cost"]}, indent=1))
     print(f"wrote {args.out}")

@@ -8,7 +8,7 @@ no partial file visible as a blob, and every id the child printed is in the cata
 partial files are allowed (a kill between the blob write and the commit leaves them; fsck --repair
 removes them), and are repaired before the next round so that every round starts clean.
 
-    python scripts/crash_deposits.py --kills 50            # the figure in docs/RELIABILITY.md
+    python -m scripts.crash_deposits --kills 50            # the figure in docs/RELIABILITY.md
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -107,7 +105,7 @@ class _Lines:
 def _run_forked(home: Path, model_dir: str, kills: int, rng: random.Random, seed: int, max_delay_s: float, env: dict):
     """Yield (delay, committed ids) per kill of a child forked from a warm zygote (no import per kill)."""
     z = subprocess.Popen(
-        [sys.executable, __file__, "--zygote", str(home), model_dir],
+        [sys.executable, "-m", "scripts.crash_deposits", "--zygote", str(home), model_dir],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -176,7 +174,6 @@ def _check(home: Path, model_dir: str, committed: list[str]) -> dict:
     """fsck the store after a kill; raise AssertionError on any inconsistency, repair leftovers."""
     import maintenance
     import services
-    from db.blobs import sha256_bytes
     from retrieval import HashEmbedder
 
     lib = services.Library(home=home, model_name=model_dir, embedder=HashEmbedder())
@@ -184,28 +181,28 @@ def _check(home: Path, model_dir: str, committed: list[str]) -> dict:
         rep = maintenance.fsck(lib)
         assert not rep.missing, f"catalog rows without their blob: {rep.missing}"
         assert not rep.corrupt, f"corrupt blobs: {rep.corrupt}"
-        blobs = list(lib.blobs)
+        blobs = list(lib._blobs)
         for h in blobs:  # every visible blob, referenced or orphan, is complete and hash-valid
-            assert sha256_bytes(lib.blobs.path(h).read_bytes()) == h, f"blob {h} is visible but not hash-valid"
+            assert lib._blobs.actual_sha256(h) == h, f"blob {h} is visible but not hash-valid"
         assert not any(Path(p).name.endswith(".safetensors") for p in rep.partials), "a partial file looks like a blob"
-        ids = {r.id for r in lib.catalog.list_artifacts(limit=max(lib.catalog.count_artifacts(), 1))}
+        ids = set(lib.artifact_ids())
         lost = [c for c in committed if c not in ids]
         assert not lost, f"committed deposits lost after SIGKILL: {lost}"
         fixed = maintenance.fsck(lib, repair=True, grace_s=0)
-        assert fixed.consistent, f"store not consistent after repair: {fixed.as_dict()}"
+        assert fixed.consistent, f"store not consistent after repair: {fixed.to_json()}"
         return {
             "artifacts": rep.artifacts,
             "orphans": len(rep.orphans),
             "partials": len(rep.partials),
-            "index": rep.index["status"],
+            "index": rep.index.status,
         }
     finally:
-        lib.catalog.close()
+        lib.close()
 
 
 def _start(home: Path, model_dir: str, seed: int, env: dict) -> tuple[subprocess.Popen, list[str]]:
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--child", str(home), model_dir, str(seed)],
+        [sys.executable, "-m", "scripts.crash_deposits", "--child", str(home), model_dir, str(seed)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,

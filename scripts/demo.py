@@ -1,16 +1,13 @@
 """A one-minute end-to-end demo on the default model, in a throwaway store:
 deposit a verified item, ask its question with and without the graft, and print the byte-exactness
-check and the measured savings.  Usage: make demo  (or .venv/bin/python scripts/demo.py)
+check and the measured savings.  Usage: make demo  (or .venv/bin/python -m scripts.demo)
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import services  # noqa: E402
@@ -39,16 +36,16 @@ def main() -> None:
         print(f"  grafted {r.grafted_tokens} tokens, computed {r.computed_tokens}, decoded {r.decode_tokens}")
         c = r.check
         print(
-            f"  exactness: {'EXACT' if c['exact'] else 'NOT EXACT'}  fresh {c['fresh_sha256'][:16]}  grafted {c['grafted_sha256'][:16]}"
-            f"  KL {c['kl']}  argmax agreement {c['argmax_agreement']:.0%} over {c['rows']} rows"
+            f"  exactness: {'EXACT' if c.exact else 'NOT EXACT'}  fresh {c.fresh_sha256[:16]}  grafted {c.grafted_sha256[:16]}"
+            f"  KL {c.kl}  argmax agreement {c.argmax_agreement:.0%} over {c.rows} rows"
         )
-        print(f"  one-pass forward (another schedule, never 'exact'): max |diff| {c['monolithic_max_abs_diff']:.2e}")
+        print(f"  one-pass forward (another schedule, never 'exact'): max |diff| {c.monolithic_max_abs_diff:.2e}")
         b = r.baseline
         print(
-            f"  no-graft baseline (measured): {b['prefill_tokens']} prefill tokens, TTFT {b['ttft_s'] * 1000:.0f} ms vs "
-            f"{r.ttft_s * 1000:.0f} ms grafted ({b['ttft_speedup']:.1f}x); FLOPs ratio {r.savings['flops_ratio']:.1f}x (estimate)"
+            f"  no-graft baseline (measured): {b.prefill_tokens} prefill tokens, TTFT {b.ttft_s * 1000:.0f} ms vs "
+            f"{r.ttft_s * 1000:.0f} ms grafted ({r.ttft_speedup:.1f}x); FLOPs ratio {r.savings.flops_ratio:.1f}x (estimate)"
         )
-        lib.catalog.close()
+        lib.close()
 
 
 if __name__ == "__main__":

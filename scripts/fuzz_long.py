@@ -6,7 +6,7 @@ truncations, a rewritten 8-byte length, one header field replaced, deleted or nu
 random JSON header) and handed to `codec.loads`. Every case must end in a `KvgraftError` subclass or
 a valid artifact that writes back; any other exception, or a case running over 10 s, fails the run.
 
-    python scripts/fuzz_long.py --cases 10000 --seed 1     # the figure in docs/RELIABILITY.md
+    python -m scripts.fuzz_long --cases 10000 --seed 1     # the figure in docs/RELIABILITY.md
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -22,8 +22,6 @@ from fractions import Fraction
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a file: make the top-level modules importable
-    sys.path.insert(0, str(ROOT))
 
 import verifiers  # noqa: E402
 

@@ -82,7 +82,7 @@ def test_depositors_and_askers_at_once(tiny_gemma, tmp_path):
     assert all("answer" in a and a["tier"] in ("exact", "none") for a in answers)
     assert all(a["check"] is None or a["check"]["exact"] for a in answers)
     report = maintenance.fsck(lib)
-    assert report.consistent, report.as_dict()
-    assert lib.catalog.count_artifacts() == DEPOSITORS + 1
-    assert lib.index().ids() == {r.id for r in lib.catalog.list_artifacts(limit=100)}
-    assert len(lib.catalog.ledger()) == ASKERS * PER_ASKER
+    assert report.consistent, report.to_json()
+    assert lib.count() == DEPOSITORS + 1
+    assert lib.index().ids() == {r.id for r in lib._catalog.list_artifacts(limit=100)}
+    assert len(lib.ledger()) == ASKERS * PER_ASKER

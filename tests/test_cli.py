@@ -20,7 +20,7 @@ from retrieval import HashEmbedder
 
 @pytest.fixture(autouse=True)
 def fake_embedder(monkeypatch):
-    monkeypatch.setattr(services, "SentenceEmbedder", HashEmbedder)
+    monkeypatch.setattr(services.library, "SentenceEmbedder", HashEmbedder)
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +107,7 @@ def test_rebuild_verify_exit_codes(run, lib, chain):
     root, child = chain
     code, out, _ = run("rebuild", "--verify", child.id)
     assert code == 0 and out["equal"] and out["rebuilt_sha256"] == out["stored_sha256"] == child.content_sha256
-    path = lib.blobs.path(child.content_sha256)
+    path = lib._blobs.path(child.content_sha256)
     data = path.read_bytes()
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     code, out, _ = run("rebuild", "--verify", child.id)
@@ -119,8 +119,8 @@ def test_fsck_exit_codes_and_repair(run, lib, chain):
     code, out, _ = run("fsck")
     assert code == 0 and out["consistent"] and out["counts"] == {"missing": 0, "orphans": 0, "corrupt": 0, "partials": 0}
     assert out["index"]["status"] == "ok" and out["artifacts"] == 2 and out["blobs"] == 2
-    orphan = lib.blobs.put(b"stray bytes")
-    os.utime(lib.blobs.path(orphan), (0, 0))  # old enough not to be a deposit in flight
+    orphan = lib._blobs.put(b"stray bytes")
+    os.utime(lib._blobs.path(orphan), (0, 0))  # old enough not to be a deposit in flight
     code, out, _ = run("fsck")
     assert code == 1 and out["orphans"] == [orphan] and out["advice"]
     code, out, _ = run("fsck", "--repair")
@@ -133,7 +133,7 @@ def test_replay_exit_codes(run, lib, chain):
     lib.answer("Which bridge?", artifact=chain[1].id, max_new_tokens=4)
     code, out, _ = run("replay", "--last", "5")
     assert code == 0 and out["ok"] and out["replayed"] == 1 and out["entries"][0]["output_equal"]
-    with lib.catalog._engine.begin() as conn:
+    with lib._catalog._engine.begin() as conn:
         conn.execute(sa.update(ledger).values(output_sha256="0" * 64))
     code, out, _ = run("replay")
     assert code == 1 and out["mismatched"] == 1 and not out["entries"][0]["output_equal"]
@@ -152,3 +152,17 @@ def test_delete_refuses_a_parent_and_removes_a_leaf(run, lib, chain):
     code, out, err = run("show", child.id)
     assert code == 2
     assert_one_line_error(err, "no artifact")
+
+
+def test_deposit_json_is_the_web_object(run, chain, lib, tmp_path):
+    """`cli.py deposit --json` prints Deposited.to_json(): the object /deposit returns (title and parent included)."""
+    root, _ = chain
+    path = tmp_path / "sheet.txt"
+    path.write_text("The Ivory Span has nine arches.", encoding="utf-8")
+    code, out, _ = run("deposit", "--text-file", str(path), "--parent", root.id, "--title", "arches")
+    assert code == 0 and out["created"] and out["title"] == "arches" and out["parent"] == root.id
+    again = lib.deposit_text("The Ivory Span has nine arches.", parent=root.id, title="arches").to_json()
+    assert list(out) == list(again)  # same fields, same order
+    assert {k: v for k, v in out.items() if k not in ("created", "prefill_s")} == {
+        k: v for k, v in again.items() if k not in ("created", "prefill_s")
+    }

@@ -20,7 +20,7 @@ import maintenance
 import services
 from db import bundles
 from db.schema import ledger
-from graft_core.errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
+from errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
 from retrieval import HashEmbedder
 
 ROOT_TEXT = "Zorblat is the capital of Quendia. It has nine bridges."
@@ -95,10 +95,10 @@ def test_export_import_round_trip_is_byte_identical_and_deterministic(lib, chain
     imp = maintenance.import_bundle(other, out)
     assert imp.new == (root.id, child.id) and imp.blobs_written == 2 and imp.model_checked
     for d in (root, child):
-        assert other.blobs.get(d.content_sha256) == lib.blobs.get(d.content_sha256)
-        assert other.catalog.get(d.id).content_sha256 == d.content_sha256
-    assert other.catalog.source(child.id).text == lib.catalog.source(child.id).text
-    assert [r.id for r in other.catalog.chain(child.id)] == [root.id, child.id]
+        assert other._blobs.get(d.content_sha256) == lib._blobs.get(d.content_sha256)
+        assert other._catalog.get(d.id).content_sha256 == d.content_sha256
+    assert other._catalog.source(child.id).text == lib._catalog.source(child.id).text
+    assert [r.id for r in other._catalog.chain(child.id)] == [root.id, child.id]
     assert not [p for p in other.home.iterdir() if p.name.startswith(".import-")], "staging must be removed"
     assert maintenance.import_bundle(other, out).new == ()  # idempotent
     assert maintenance.fsck(other, repair=True).consistent
@@ -108,14 +108,14 @@ def test_import_restores_missing_and_corrupt_blobs(lib, chain, tmp_path):
     root, child = chain
     out = tmp_path / "b.tar"
     maintenance.export_bundle(lib, [child.id], out)
-    lib.blobs.delete(root.content_sha256)
-    path = lib.blobs.path(child.content_sha256)
+    lib._blobs.delete(root.content_sha256)
+    path = lib._blobs.path(child.content_sha256)
     good = path.read_bytes()
     path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
     (lib.home / ".import-leftover").mkdir()
     os.utime(lib.home / ".import-leftover", (0, 0))
     r = maintenance.fsck(lib, repair=True)
-    assert len(r.missing) == 1 and len(r.corrupt) == 1 and r.repaired["partials_removed"] == [".import-leftover"]
+    assert len(r.missing) == 1 and len(r.corrupt) == 1 and r.repaired.partials_removed == (".import-leftover",)
     imp = maintenance.import_bundle(lib, out)
     assert imp.new == () and imp.blobs_written == 2
     assert path.read_bytes() == good and maintenance.fsck(lib).consistent
@@ -129,7 +129,7 @@ def test_import_without_model_check_and_wrong_model(lib, chain, tmp_path, tiny_l
     with pytest.raises(IncompatibleArtifact, match="this store's model is"):
         maintenance.import_bundle(llama_lib, out)
     assert files_under(tmp_path) == before
-    assert llama_lib.catalog.count_artifacts() == 0
+    assert llama_lib.count() == 0
     # without loading the model the bundle is still checked against itself
     unloaded = services.Library(home=tmp_path / "unloaded", embedder=HashEmbedder(), model_name="/nonexistent")
     assert maintenance.import_bundle(unloaded, out, check_model=False).model_checked is False
@@ -144,11 +144,11 @@ def _tampered(src: Path, dst: Path, edit) -> Path:
 
 def _assert_refused(lib, bundle: Path, tmp_path: Path, exc, match: str, limits: bundles.Limits = bundles.Limits()):
     before = files_under(tmp_path)
-    n = lib.catalog.count_artifacts()
+    n = lib.count()
     with pytest.raises(exc, match=match):
         maintenance.import_bundle(lib, bundle, limits=limits)
     assert files_under(tmp_path) == before, "a refused import must leave no file behind"
-    assert lib.catalog.count_artifacts() == n
+    assert lib.count() == n
 
 
 def test_import_refuses_tampered_blob_catalog_and_fingerprint(lib, chain, tmp_path, tiny_gemma):
@@ -232,7 +232,7 @@ def test_rebuild_verify_reproduces_bytes_and_detects_a_changed_blob(lib, chain):
     root, child = chain
     r = maintenance.rebuild_verify(lib, child.id)
     assert r.equal and r.rebuilt_sha256 == r.stored_sha256 == r.blob_sha256 == child.content_sha256, r
-    path = lib.blobs.path(child.content_sha256)
+    path = lib._blobs.path(child.content_sha256)
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
     path.write_bytes(bytes(data))
@@ -244,33 +244,34 @@ def test_fsck_reports_and_repairs_without_touching_referenced_blobs(lib, chain):
     root, child = chain
     lib.index()
     clean = maintenance.fsck(lib)
-    assert clean.consistent and clean.index["status"] == "ok" and clean.artifacts == 2, clean
-    orphan = lib.blobs.put(b"nobody refers to me")
-    partial = lib.blobs.path(orphan).parent / ".tmp-abc.part"
+    assert clean.consistent and clean.index.status == "ok" and clean.artifacts == 2, clean
+    orphan = lib._blobs.put(b"nobody refers to me")
+    partial = lib._blobs.path(orphan).parent / ".tmp-abc.part"
     partial.write_bytes(b"half")
-    corrupt_path = lib.blobs.path(child.content_sha256)
+    corrupt_path = lib._blobs.path(child.content_sha256)
     good = corrupt_path.read_bytes()
     corrupt_path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
-    missing_path = lib.blobs.path(root.content_sha256)
+    missing_path = lib._blobs.path(root.content_sha256)
     missing_bytes = missing_path.read_bytes()
     missing_path.unlink()
     (lib.home / "index" / "index.json").unlink()
 
     r = maintenance.fsck(lib)
-    d = r.as_dict()
+    d = r.to_json()
     assert not r.consistent
     assert d["counts"] == {"missing": 1, "orphans": 1, "corrupt": 1, "partials": 1}
-    assert r.missing[0]["id"] == root.id and r.corrupt[0]["id"] == child.id and r.orphans == (orphan,)
-    assert r.index["status"] == "missing"
+    assert r.missing[0].id == root.id and r.corrupt[0].id == child.id and r.orphans == (orphan,)
+    assert r.index.status == "missing"
     young = maintenance.fsck(lib, repair=True)  # default grace: too young, maybe a deposit in flight
-    assert young.repaired == {"orphans_removed": [], "partials_removed": [], "index_rebuilt": True}
-    assert lib.blobs.exists(orphan) and partial.exists() and maintenance.fsck(lib).index["status"] == "ok"
+    assert young.repaired == maintenance.Repaired((), (), index_rebuilt=True)
+    assert lib._blobs.exists(orphan) and partial.exists() and maintenance.fsck(lib).index.status == "ok"
 
     r = maintenance.fsck(lib, repair=True, grace_s=0)
-    assert r.repaired == {"orphans_removed": [orphan], "partials_removed": [".tmp-abc.part"], "index_rebuilt": False}
+    assert r.repaired == maintenance.Repaired((orphan,), (".tmp-abc.part",), index_rebuilt=False)
+    assert r.to_json()["repaired"] == {"orphans_removed": [orphan], "partials_removed": [".tmp-abc.part"], "index_rebuilt": False}
     assert not r.consistent and corrupt_path.exists(), "a referenced blob is never deleted, even a corrupt one"
     assert any("rebuild --verify" in a for a in r.advice)
-    assert not lib.blobs.exists(orphan) and not partial.exists()
+    assert not lib._blobs.exists(orphan) and not partial.exists()
 
     missing_path.write_bytes(missing_bytes)
     corrupt_path.write_bytes(good)
@@ -280,9 +281,9 @@ def test_fsck_reports_and_repairs_without_touching_referenced_blobs(lib, chain):
 def test_index_staleness_is_seen_by_fsck(lib, chain):
     lib.index()
     lib.deposit_text("Another fact about nothing in particular.")
-    assert maintenance.fsck(lib).index["status"] == "stale"
+    assert maintenance.fsck(lib).index.status == "stale"
     assert maintenance.fsck(lib, repair=True).consistent
-    assert maintenance.fsck(lib).index["status"] == "ok"
+    assert maintenance.fsck(lib).index.status == "ok"
 
 
 def test_replay_confirms_every_tier_and_flags_a_changed_record(lib, chain):
@@ -295,7 +296,7 @@ def test_replay_confirms_every_tier_and_flags_a_changed_record(lib, chain):
     assert rep.ok and rep.matched == 3, rep
     assert rep.entries[0].artifact_ids == (root.id, child.id)
     assert maintenance.replay(lib, last=1).replayed == 1
-    with lib.catalog._engine.begin() as conn:
+    with lib._catalog._engine.begin() as conn:
         conn.execute(sa.update(ledger).where(ledger.c.id == rep.entries[1].ledger_id).values(logits_sha256="0" * 64))
     rep = maintenance.replay(lib)
     assert not rep.ok and rep.mismatched == 1 and rep.entries[1].output_equal and not rep.entries[1].logits_equal
@@ -308,16 +309,16 @@ def test_replay_of_an_empty_ledger_says_what_to_do(lib):
 
 def test_show_list_delete(lib, chain):
     root, child = chain
-    s = maintenance.show(lib, child.id)
+    s = lib.show(child.id)
     assert s.chain == (root.id, child.id) and s.children == () and s.blob_present
-    assert s.source["text"].startswith(CHILD_TEXT)
-    assert [r["id"] for r in maintenance.list_rows(lib)] == [child.id, root.id]
+    assert s.source.text.startswith(CHILD_TEXT) and s.to_json()["source"]["text"] == s.source.text
+    assert [e.row.id for e in lib.entries()] == [child.id, root.id]
     with pytest.raises(KvgraftError, match="continue its chain"):
-        maintenance.delete(lib, root.id)
-    d = maintenance.delete(lib, child.id)
-    assert d.blob_removed and not lib.blobs.exists(child.content_sha256)
+        lib.delete(root.id)
+    d = lib.delete(child.id)
+    assert d.blob_removed and not lib._blobs.exists(child.content_sha256)
     with pytest.raises(ArtifactNotFound):
-        lib.catalog.get(child.id)
+        lib._catalog.get(child.id)
     assert maintenance.fsck(lib, repair=True).consistent
 
 
@@ -336,7 +337,7 @@ _WORKER = textwrap.dedent(
             out = {"id": lib.deposit_text(cmd["text"]).id}
         elif cmd["op"] == "answer":
             r = lib.answer(cmd["q"], max_new_tokens=3, threshold=0.2)
-            out = {"tier": r.tier, "ids": list(r.artifact_ids), "version": lib.catalog.version()}
+            out = {"tier": r.tier, "ids": list(r.artifact_ids), "version": lib._catalog.version()}
         else:
             break
         print(json.dumps(out), flush=True)

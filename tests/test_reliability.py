@@ -34,10 +34,10 @@ from hypothesis import strategies as st
 import maintenance
 import services
 from db.blobs import BlobStore
+from errors import IncompatibleArtifact, InputTooLong, IntegrityError, InvalidInput, KvgraftError
 from graft_core import codec, graft, templates
 from graft_core.artifact import KVArtifact
 from graft_core.capture import capture
-from graft_core.errors import IncompatibleArtifact, InputTooLong, IntegrityError, InvalidInput, KvgraftError
 from retrieval import HashEmbedder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -407,8 +407,8 @@ def test_sigkill_during_deposits_loses_nothing_committed(tmp_path):
 def _assert_store_agrees(lib: services.Library, expected_ids: set[str]) -> None:
     lib.index()  # the index is rebuilt from the catalog when stale, as every reader does
     rep = maintenance.fsck(lib)
-    assert rep.consistent, rep.as_dict()
-    ids = {r.id for r in lib.catalog.list_artifacts(limit=1000)}
+    assert rep.consistent, rep.to_json()
+    ids = {r.id for r in lib._catalog.list_artifacts(limit=1000)}
     assert ids == expected_ids, (len(ids), len(expected_ids))
     idx = lib.index()
     assert all(i in idx for i in ids) and len(idx) == len(ids)
@@ -453,8 +453,8 @@ def test_threads_deposit_and_ask_at_once_through_one_library(kvgraft_home, tiny_
     assert not any(t.is_alive() for t in threads), "a thread did not finish within 120 s"
     assert errors == []
     assert len(deposited) == depositors * per
-    assert len(lib.catalog.ledger()) == askers * 2
-    seed = lib.catalog.list_artifacts(query="Seed fact")[0].id
+    assert len(lib.ledger()) == askers * 2
+    seed = lib._catalog.list_artifacts(query="Seed fact")[0].id
     _assert_store_agrees(lib, set(deposited) | {seed})
 
 
@@ -510,7 +510,7 @@ def test_processes_share_one_sqlite_home(kvgraft_home, tiny_dirs, tiny_gemma):
         assert got["errors"] == [], got["errors"]
         ids |= set(got["ids"])
     assert len(ids) == 1 + 2 * 2 * 3  # 2 processes x 2 depositor threads x 3 deposits
-    assert len(lib.catalog.ledger()) == 2 * 8 * 2  # 2 processes x 8 asker threads x 2 answers
+    assert len(lib.ledger()) == 2 * 8 * 2  # 2 processes x 8 asker threads x 2 answers
     _assert_store_agrees(lib, ids)
 
 
@@ -539,7 +539,7 @@ def test_inputs_are_bounded_with_exact_messages(kvgraft_home, tiny_gemma):
         with pytest.raises(cls) as exc:
             call()
         assert str(exc.value) == message
-    assert lib.catalog.count_artifacts() == 0 and list(lib.blobs) == []
+    assert lib.count() == 0 and list(lib._blobs) == []
 
 
 # ---- incompatible artifacts ------------------------------------------------------------------------

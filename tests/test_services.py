@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import services
-from graft_core.errors import InputTooLong, InvalidInput, VerificationFailed
+from errors import InputTooLong, InvalidInput, VerificationFailed
 from retrieval import HashEmbedder
 
 FACTS = [
@@ -19,7 +19,7 @@ FACTS = [
 def lib(tmp_path, tiny_gemma):
     lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
     yield lib
-    lib.catalog.close()
+    lib.close()
 
 
 def test_verified_deposit_and_refusal(lib):
@@ -30,7 +30,7 @@ def test_verified_deposit_and_refusal(lib):
     assert (again.id, again.created, again.prefill_s) == (d.id, False, 0.0)  # hash before work
     with pytest.raises(VerificationFailed, match=r"refused, nothing deposited: answer 'Osric' does not equal reference"):
         lib.deposit_item(q, s, "Osric", "exact", a)
-    assert lib.catalog.count_artifacts() == 1
+    assert lib.count() == 1
     with pytest.raises(VerificationFailed, match="admins only"):
         lib.deposit_item(q, s, a, "attested", "Dr. A. Rivera")
 
@@ -48,10 +48,10 @@ def test_answer_retrieves_grafts_checks_and_records(lib):
     ids = [lib.deposit_item(q, s, a, "exact", a).id for q, s, a in FACTS]
     r = lib.answer(FACTS[0][0], k=2, check=True, max_new_tokens=4, threshold=0.0)
     assert r.retrieved[0].id == ids[0] and r.tier == "exact"
-    assert r.check["exact"] and r.check["fresh_sha256"] == r.check["grafted_sha256"]
-    assert r.grafted_tokens == lib.catalog.get(ids[0]).end_pos
-    assert set(r.as_json()) >= {"answer", "grafted_tokens", "computed_tokens", "decode_tokens", "ttft_s", "check", "retrieved"}
-    row = lib.catalog.ledger()[-1]
+    assert r.check.exact and r.check.fresh_sha256 == r.check.grafted_sha256
+    assert r.grafted_tokens == lib._catalog.get(ids[0]).end_pos
+    assert set(r.to_json()) >= {"answer", "grafted_tokens", "computed_tokens", "decode_tokens", "ttft_s", "check", "retrieved"}
+    row = lib.ledger()[-1]
     assert row.id == r.ledger_id and row.exact is True and row.output_sha256 == r.output_sha256
 
 
@@ -64,11 +64,11 @@ def test_no_hit_answers_without_graft_and_says_so(lib):
 def test_compose_builds_an_exact_chain_once(lib):
     a, b = (lib.deposit_item(q, s, ans, "exact", ans).id for q, s, ans in FACTS)
     leaf = lib.compose([a, b])
-    chain = lib.catalog.chain(leaf)
+    chain = lib._catalog.chain(leaf)
     assert [c.id for c in chain][0] == a and len(chain) == 2 and chain[1].parent_id == a
     assert lib.compose([a, b]) == leaf  # deterministic keys: composing again costs nothing
     r = lib.answer("anything", artifact=leaf, check=True, max_new_tokens=3)
-    assert r.tier == "exact" and r.check["exact"]
+    assert r.tier == "exact" and r.check.exact
 
 
 def test_relocated_composition_is_labelled_with_its_divergence(lib):
@@ -76,8 +76,8 @@ def test_relocated_composition_is_labelled_with_its_divergence(lib):
         lib.deposit_item(q, s, a, "exact", a)
     r = lib.answer(FACTS[1][0], k=2, relocated=True, check=True, max_new_tokens=3, threshold=0.0)
     assert r.tier == "relocated" and "approximate" in r.note
-    assert r.check["tier"] == "relocated" and r.check["exact"] is False
-    assert r.check["max_abs_diff"] > 0  # later parts never saw the earlier ones: measured, not hidden
+    assert r.check.tier == "relocated" and r.check.exact is False
+    assert r.check.max_abs_diff > 0  # later parts never saw the earlier ones: measured, not hidden
 
 
 def test_inputs_are_bounded(lib):
@@ -97,7 +97,7 @@ def test_verify_samples_reports_byte_equality(lib):
     rep = lib.verify_samples(4)
     assert rep.samples == 4 and rep.byte_equal == 4 and rep.max_kl == 0.0 and rep.argmax_agreement == 1.0
     rel = lib.verify_samples(2, relocate=50)
-    assert rel.byte_equal == 0 and all(r["tier"] == "relocated" for r in rel.rows)
+    assert rel.byte_equal == 0 and all(r.check.tier == "relocated" for r in rel.rows)
 
 
 def test_index_follows_the_catalog_incrementally(lib, tmp_path):
@@ -108,7 +108,7 @@ def test_index_follows_the_catalog_incrementally(lib, tmp_path):
     b = other.deposit_item(*FACTS[1][:3], "exact", FACTS[1][2]).id
     synced = lib.index()
     assert synced is idx  # updated in place, not rebuilt
-    assert synced.ids() == {a, b} and synced.version == lib.catalog.version()
-    other.catalog.delete(b)
+    assert synced.ids() == {a, b} and synced.version == lib._catalog.version()
+    other._catalog.delete(b)
     assert lib.index().ids() == {a}
-    other.catalog.close()
+    other.close()

@@ -1,0 +1,31 @@
+"""The pipelines: deposit, answer, verify, and the views of the store. The only package that wires the
+engine (`graft_core`), the catalog and blobs (`db`) and retrieval (`retrieval`) together.
+
+Front ends (cli.py, app.py) call one method of `Library` and format its result with `to_json()` or
+the result's typed fields. Modules: `library` (the door), `deposit`, `answer`, `verify`, `index`
+(the pipelines mixed into it), `exchange` and `checks` (upkeep, named by `maintenance.py`), `results`
+(what they return), `limits` (input bounds).
+"""
+
+import retrieval  # noqa: F401  (faiss before torch: see retrieval/__init__.py)
+
+from .library import DeleteReport, Library, default_home
+from .limits import MAX_K, MAX_QUESTION_CHARS, MAX_TEXT_CHARS
+from .results import AnswerResult, Deposited, LibraryEntry, Retrieved, ShowReport, StoreStats, VerifyReport, VerifySample
+
+__all__ = [
+    "MAX_K",
+    "MAX_QUESTION_CHARS",
+    "MAX_TEXT_CHARS",
+    "AnswerResult",
+    "DeleteReport",
+    "Deposited",
+    "Library",
+    "LibraryEntry",
+    "Retrieved",
+    "ShowReport",
+    "StoreStats",
+    "VerifyReport",
+    "VerifySample",
+    "default_home",
+]

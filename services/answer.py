@@ -1,0 +1,189 @@
+"""The answer pipeline of a Library: retrieve, choose the chain to graft, generate with token
+accounting (and, when asked, the exactness check and the measured no-graft baseline), record the
+answer in the ledger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+
+from db.rows import LedgerRow
+from errors import InvalidInput
+from graft_core import generate, templates
+from graft_core.verify import ExactnessCheck, check_composed
+from retrieval import DEFAULT_THRESHOLD, Hit
+
+from .limits import MAX_K, MAX_QUESTION_CHARS, bounded
+from .results import AnswerResult, Retrieved
+
+
+class AnswerPipeline:
+    """Mixed into `Library`; uses its `_catalog`, `_lock`, `lm`, `embedder`, `index`, `load_artifact`, `compose`."""
+
+    def _describe(self, hit: Hit) -> Retrieved:
+        row = self._catalog.get(hit.artifact_id)
+        vs = self._catalog.verifications(row.id)
+        last = vs[-1] if vs else None
+        return Retrieved(
+            id=row.id,
+            title=row.title,
+            score=round(float(hit.score), 4),
+            tokens=row.end_pos,
+            kind=row.kind,
+            verifier=last.verifier if last else "none",
+            verdict=last.verdict if last else "unverified",
+        )
+
+    def retrieve(self, question: str, k: int = 3, threshold: float = DEFAULT_THRESHOLD) -> list[Retrieved]:
+        """The artifacts nearest to `question` (at most `k`, similarity at least `threshold`), best first."""
+        if not 1 <= k <= MAX_K:
+            raise InvalidInput(f"k must be between 1 and {MAX_K}, got {k}")
+        vec = self.embedder.embed(question)
+        return [self._describe(h) for h in self.index().search(vec, k=k, threshold=threshold)]
+
+    def _choose(self, hits: list[Retrieved]) -> str:
+        """The leaf to graft: the deepest hit whose chain contains the most other hits (exact composition)."""
+        best, best_cover = hits[0].id, -1
+        for h in hits:
+            chain_ids = {r.id for r in self._catalog.chain(h.id)}
+            cover = sum(1 for o in hits if o.id in chain_ids)
+            if cover > best_cover:
+                best, best_cover = h.id, cover
+        return best
+
+    def _plan(
+        self, question: str, k: int, artifact: str | None, graft: bool, relocated: bool, threshold: float, compose: bool
+    ) -> tuple[list[Retrieved], list[str], str]:
+        """(what was retrieved, the artifact ids to graft root first, a note saying why)."""
+        if not graft:
+            return [], [], "graft off: plain baseline"
+        if artifact:
+            return [], [r.id for r in self._catalog.chain(artifact)], "artifact chosen by the caller"
+        retrieved = self.retrieve(question, k=k, threshold=threshold)
+        if not retrieved:
+            return retrieved, [], f"no artifact above similarity {threshold}: answered without graft"
+        if relocated:
+            roots = [h.id for h in retrieved if self._catalog.get(h.id).parent_id is None]
+            return retrieved, roots, "relocated composition of independent roots (approximate, labelled)"
+        leaf = self._choose(retrieved)
+        chain_ids = [r.id for r in self._catalog.chain(leaf)]
+        missing = [h.id for h in retrieved if h.id not in chain_ids]
+        if missing and compose:
+            leaf = self.compose([leaf, *missing])
+            return (
+                retrieved,
+                [r.id for r in self._catalog.chain(leaf)],
+                f"composed {len(missing) + 1} retrieved items into one exact chain",
+            )
+        if missing:
+            return (
+                retrieved,
+                chain_ids,
+                f"grafted the chain of the best hit; {len(missing)} other hit(s) not on it (use compose for an exact chain)",
+            )
+        return retrieved, chain_ids, ""
+
+    def _token_callback(self, on_token: Callable[[str], None] | None, raw: bool) -> Callable[[int], None] | None:
+        """Turns generated token ids into the growing answer text for a streaming caller."""
+        if on_token is None:
+            return None
+        tokenizer, got = self.lm.tokenizer, []
+
+        def tok_cb(t: int) -> None:
+            got.append(t)
+            text = tokenizer.decode(got, skip_special_tokens=True)
+            on_token(text if raw else templates.cut_answer(text))
+
+        return tok_cb
+
+    def _record(self, question: str, ans: generate.Answer, base: generate.Baseline | None, check: ExactnessCheck | None) -> int:
+        checkd = check.as_dict() if check else None
+        return self._catalog.add_ledger(
+            LedgerRow(
+                query_sha256=hashlib.sha256(question.encode()).hexdigest(),
+                query=question,
+                prompt_sha256=generate.tokens_sha256(ans.prompt_ids),
+                artifact_ids=ans.artifact_ids,
+                tier=ans.tier,
+                model_fingerprint=self.lm.fingerprint,
+                output_token_ids=ans.token_ids,
+                output_sha256=ans.output_sha256,
+                grafted_tokens=ans.grafted_tokens,
+                computed_tokens=ans.computed_tokens,
+                decode_tokens=ans.decode_tokens,
+                baseline_tokens=ans.savings.baseline_total,
+                baseline_measured=base is not None,
+                ttft_s=ans.ttft_s,
+                total_s=ans.total_s,
+                flops=int(ans.savings.flops_estimate),
+                baseline_flops=int(ans.savings.baseline_flops_estimate),
+                logits_sha256=ans.logits_sha256,
+                baseline_ttft_s=base.ttft_s if base else None,
+                exact=checkd["exact"] if checkd else None,
+                check_json=json.dumps(checkd) if checkd else None,
+            )
+        )
+
+    def answer(
+        self,
+        question: str,
+        k: int = 3,
+        artifact: str | None = None,
+        graft: bool = True,
+        max_new_tokens: int = 32,
+        raw: bool = False,
+        check: bool = False,
+        compare: bool = False,
+        relocated: bool = False,
+        threshold: float = DEFAULT_THRESHOLD,
+        on_token: Callable[[str], None] | None = None,
+        record: bool = True,
+        compose: bool = False,
+    ) -> AnswerResult:
+        question = bounded("question", question, MAX_QUESTION_CHARS)
+        retrieved, chain_ids, note = self._plan(question, k, artifact, graft, relocated, threshold, compose)
+        with self._lock:
+            lm = self.lm
+            t0 = time.perf_counter()
+            chain = [self.load_artifact(i) for i in chain_ids]
+            read_s = time.perf_counter() - t0
+            base = generate.baseline(lm, chain, question, max_new_tokens, raw) if (compare and chain) else None
+            ans = generate.answer(
+                lm,
+                chain,
+                question,
+                max_new_tokens=max_new_tokens,
+                raw=raw,
+                run_check=check and not relocated,
+                read_s=read_s,
+                relocated=relocated and len(chain) > 0,
+                on_token=self._token_callback(on_token, raw),
+                baseline_decode_tokens=base.decode_tokens if base else None,
+            )
+            exactness = ans.check
+            if check and relocated and chain:
+                exactness = check_composed(lm, chain, list(ans.prompt_ids))
+        ledger_id = self._record(question, ans, base, exactness) if record else None
+        return AnswerResult(
+            answer=ans.text,
+            tier=ans.tier,
+            retrieved=tuple(retrieved),
+            artifact_ids=ans.artifact_ids,
+            grafted_tokens=ans.grafted_tokens,
+            computed_tokens=ans.computed_tokens,
+            decode_tokens=ans.decode_tokens,
+            ttft_s=ans.ttft_s,
+            total_s=ans.total_s,
+            read_s=read_s,
+            savings=ans.savings,
+            check=exactness,
+            baseline=base,
+            output_sha256=ans.output_sha256,
+            logits_sha256=ans.logits_sha256,
+            ledger_id=ledger_id,
+            note=note,
+            output_token_ids=ans.token_ids,
+        )

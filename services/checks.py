@@ -1,0 +1,335 @@
+"""Checks of a store against itself and against recomputation: rebuild-and-compare, fsck, ledger replay.
+
+Each function takes a `Library` and returns a frozen report with `to_json()`; it formats
+nothing. Blob files are hashed through the library's blob store (`BlobStore.actual_sha256`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from db.blobs import sha256_bytes
+from errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
+from graft_core import codec, generate
+from graft_core.artifact import text_sha256
+from graft_core.capture import capture
+from retrieval import VectorIndex
+
+if TYPE_CHECKING:
+    from .library import Library
+
+ORPHAN_GRACE_S = 60.0  # an orphan or partial younger than this may be a deposit in flight
+
+
+# ---- rebuild --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    id: str
+    equal: bool  # rebuilt bytes equal the catalog's content hash
+    stored_sha256: str  # what the catalog says
+    blob_sha256: str | None  # what the file on disk hashes to (None: missing)
+    rebuilt_sha256: str
+    rebuilt_id: str
+    bytes: int
+    prefill_s: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def rebuild_verify(lib: Library, artifact_id: str) -> RebuildReport:
+    """Recompute the artifact from its source text on this machine and compare bytes with the stored blob."""
+    row = lib._catalog.get(artifact_id)
+    lm = lib.lm
+    if row.model_fingerprint != lm.fingerprint:
+        raise IncompatibleArtifact(
+            f"artifact {row.id} was made by model {row.model_fingerprint[:16]}, this model is {lm.fingerprint[:16]}; "
+            "rebuild it with the model that made it (--model)"
+        )
+    text = lib._catalog.source(row.id).text
+    token_ids = lm.tokenizer(text, add_special_tokens=row.parent_id is None)["input_ids"]
+    with lib._lock:
+        parents = lib.load_chain(row.parent_id)[0] if row.parent_id else []
+        art, stats = capture(lm, token_ids, parents=parents, text_sha256=text_sha256(text))
+    data = codec.dumps(art)
+    blob_sha = lib._blobs.actual_sha256(row.content_sha256)
+    rebuilt = sha256_bytes(data)
+    return RebuildReport(
+        id=row.id,
+        equal=rebuilt == row.content_sha256 and blob_sha == row.content_sha256 and art.key == row.id,
+        stored_sha256=row.content_sha256,
+        blob_sha256=blob_sha,
+        rebuilt_sha256=rebuilt,
+        rebuilt_id=art.key,
+        bytes=len(data),
+        prefill_s=stats.prefill_s,
+    )
+
+
+# ---- fsck -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlobProblem:
+    """A catalog row whose blob is missing (`actual_sha256` None) or hashes to something else."""
+
+    id: str
+    content_sha256: str
+    actual_sha256: str | None = None
+
+    def to_json(self) -> dict:
+        d = {"id": self.id, "content_sha256": self.content_sha256}
+        return d if self.actual_sha256 is None else d | {"actual_sha256": self.actual_sha256}
+
+
+@dataclass(frozen=True)
+class IndexStatus:
+    status: str  # ok | missing | corrupt | stale
+    detail: str
+    catalog_version: int
+    index_version: int | str | None = None  # the rest: None when no index could be read
+    embedder_id: str | None = None
+    indexed: int | None = None
+    embedded: int | None = None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        return {k: v for k, v in d.items() if v is not None or k in ("status", "detail", "catalog_version")}
+
+
+@dataclass(frozen=True)
+class Repaired:
+    orphans_removed: tuple[str, ...] = ()
+    partials_removed: tuple[str, ...] = ()
+    index_rebuilt: bool = False
+
+
+@dataclass(frozen=True)
+class FsckReport:
+    artifacts: int
+    blobs: int
+    missing: tuple[BlobProblem, ...]  # rows without their file
+    orphans: tuple[str, ...]  # content hashes on disk that no row refers to
+    corrupt: tuple[BlobProblem, ...]  # rows whose file hashes to something else
+    partials: tuple[str, ...]  # leftover temporary files of interrupted writes
+    index: IndexStatus
+    repaired: Repaired
+    consistent: bool  # nothing left to fix (after repair, when asked)
+    advice: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.update(
+            missing=[m.to_json() for m in self.missing],
+            corrupt=[c.to_json() for c in self.corrupt],
+            index=self.index.to_json(),
+            repaired={k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.repaired).items()},
+        )
+        d["counts"] = {
+            "missing": len(self.missing),
+            "orphans": len(self.orphans),
+            "corrupt": len(self.corrupt),
+            "partials": len(self.partials),
+        }
+        return d
+
+
+def _index_status(lib: Library) -> IndexStatus:
+    version = lib._catalog.version()
+    try:
+        idx = VectorIndex.load(lib.home / "index")
+    except IntegrityError as e:
+        status = "corrupt" if (lib.home / "index" / "index.json").exists() else "missing"
+        return IndexStatus(status, str(e), version)
+    embedded = {a for a, _ in lib._catalog.embeddings(idx.embedder_id)}
+    found = {"index_version": idx.version, "embedder_id": idx.embedder_id, "indexed": len(idx), "embedded": len(embedded)}
+    if idx.version != version or len(idx) != len(embedded) or not all(a in idx for a in embedded):
+        detail = f"index reflects catalog version {idx.version} with {len(idx)} vectors; the catalog is at {version} with {len(embedded)}"
+        return IndexStatus("stale", detail, version, **found)
+    return IndexStatus("ok", "", version, **found)
+
+
+def _older_than(p: Path, grace_s: float) -> bool:
+    try:
+        return time.time() - p.stat().st_mtime >= grace_s
+    except FileNotFoundError:
+        return False
+
+
+def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S) -> FsckReport:
+    """Compare catalog, blobs and index. `repair` removes orphan blobs and partial files older than
+    `grace_s` and rebuilds the index; it never removes a blob a catalog row refers to."""
+    rows = lib._catalog.list_artifacts(limit=max(lib._catalog.count_artifacts(), 1))
+    on_disk = set(lib._blobs)
+    referenced: dict[str, list[str]] = {}
+    for r in rows:
+        referenced.setdefault(r.content_sha256, []).append(r.id)
+    missing, corrupt = [], []
+    for digest, ids in sorted(referenced.items()):
+        if digest not in on_disk:
+            missing += [BlobProblem(i, digest) for i in sorted(ids)]
+            continue
+        actual = lib._blobs.actual_sha256(digest)
+        if actual != digest:
+            corrupt += [BlobProblem(i, digest, actual) for i in sorted(ids)]
+    orphans = sorted(on_disk - set(referenced))
+    partials = sorted(lib._blobs.partials()) + sorted(lib.home.glob(".import-*"))  # interrupted writes and imports
+    index = _index_status(lib)
+    removed_orphans, removed_partials, rebuilt = [], [], False
+    if repair:
+        for digest in orphans:
+            # re-check: a deposit in another process may have committed a row for it meanwhile
+            if _older_than(lib._blobs.path(digest), grace_s) and lib._catalog.content_refcount(digest) == 0:
+                lib._blobs.delete(digest)
+                removed_orphans.append(digest)
+        for p in partials:
+            if _older_than(p, grace_s):
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+                removed_partials.append(p.name)
+        if index.status != "ok":
+            lib.rebuild_index()
+            rebuilt = True
+    left_orphans = [o for o in orphans if o not in removed_orphans]
+    left_partials = [p for p in partials if p.name not in removed_partials]
+    advice = []
+    if missing or corrupt:
+        advice.append(
+            "blobs referenced by the catalog are missing or corrupt: restore them with `cli.py import BUNDLE` from a bundle "
+            "that holds them, or check what a recompute gives with `cli.py rebuild --verify ID`"
+        )
+    if (left_orphans or left_partials) and not repair:
+        advice.append("run `cli.py fsck --repair` to remove orphan blobs and partial files")
+    elif left_orphans or left_partials:
+        advice.append(
+            f"some orphans or partial files are younger than {grace_s:.0f} s (a deposit in flight?); run fsck again later"
+        )
+    if index.status != "ok" and not rebuilt:
+        advice.append("run `cli.py fsck --repair` to rebuild the index from the catalog")
+    consistent = not (missing or corrupt or left_orphans or left_partials or (index.status != "ok" and not rebuilt))
+    return FsckReport(
+        artifacts=len(rows),
+        blobs=len(on_disk),
+        missing=tuple(missing),
+        orphans=tuple(orphans),
+        corrupt=tuple(corrupt),
+        partials=tuple(str(p) for p in partials),
+        index=index,
+        repaired=Repaired(tuple(removed_orphans), tuple(removed_partials), rebuilt),
+        consistent=consistent,
+        advice=tuple(advice),
+    )
+
+
+# ---- replay ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplayEntry:
+    ledger_id: int | None
+    tier: str
+    artifact_ids: tuple[str, ...]
+    max_new_tokens: int
+    raw: bool | None
+    output_equal: bool
+    logits_equal: bool
+    recorded_output_sha256: str
+    replayed_output_sha256: str | None
+    recorded_logits_sha256: str | None
+    replayed_logits_sha256: str | None
+    ok: bool
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    entries: tuple[ReplayEntry, ...]
+    replayed: int
+    matched: int
+    mismatched: int
+    ok: bool
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _replay_one(lib: Library, row) -> ReplayEntry:
+    lm = lib.lm
+    base = dict(
+        ledger_id=row.id,
+        tier=row.tier,
+        artifact_ids=row.artifact_ids,
+        max_new_tokens=max(1, len(row.output_token_ids)),
+        recorded_output_sha256=row.output_sha256,
+        recorded_logits_sha256=row.logits_sha256,
+    )
+
+    def failed(error: str, raw: bool | None = None) -> ReplayEntry:
+        return ReplayEntry(
+            **base,
+            raw=raw,
+            output_equal=False,
+            logits_equal=False,
+            replayed_output_sha256=None,
+            replayed_logits_sha256=None,
+            ok=False,
+            error=error,
+        )
+
+    if row.model_fingerprint != lm.fingerprint:
+        return failed(
+            f"recorded with model {row.model_fingerprint[:16]}, this model is {lm.fingerprint[:16]}; replay with --model"
+        )
+    grafted = row.tier != "none" and bool(row.artifact_ids)
+    raw = next(
+        (
+            r
+            for r in (False, True)
+            if generate.tokens_sha256(generate.encode_prompt(lm, row.query, grafted, raw=r)) == row.prompt_sha256
+        ),
+        None,
+    )
+    if raw is None:
+        return failed("the query no longer encodes to the recorded prompt (prompt_sha256 differs)")
+    try:
+        with lib._lock:
+            chain = [lib.load_artifact(i) for i in row.artifact_ids] if grafted else []
+            ans = generate.answer(
+                lm, chain, row.query, max_new_tokens=base["max_new_tokens"], raw=raw, relocated=row.tier == "relocated"
+            )
+    except KvgraftError as e:
+        return failed(f"{type(e).__name__}: {e}", raw)
+    out_eq = ans.output_sha256 == row.output_sha256
+    log_eq = row.logits_sha256 is not None and ans.logits_sha256 == row.logits_sha256
+    return ReplayEntry(
+        **base,
+        raw=raw,
+        output_equal=out_eq,
+        logits_equal=log_eq,
+        replayed_output_sha256=ans.output_sha256,
+        replayed_logits_sha256=ans.logits_sha256,
+        ok=out_eq and log_eq,
+        error="" if row.logits_sha256 is not None else "no logits_sha256 was recorded",
+    )
+
+
+def replay(lib: Library, last: int | None = None) -> ReplayReport:
+    """Re-run ledger entries (the newest `last`, oldest first) and compare output and logits hashes."""
+    if last is not None and last < 1:
+        raise InvalidInput(f"--last must be at least 1, got {last}")
+    rows = lib._catalog.ledger(last=last)
+    if not rows:
+        raise ArtifactNotFound("the ledger is empty: nothing to replay (answer a question first with `cli.py ask`)")
+    entries = tuple(_replay_one(lib, r) for r in rows)
+    matched = sum(e.ok for e in entries)
+    return ReplayReport(
+        entries=entries, replayed=len(entries), matched=matched, mismatched=len(entries) - matched, ok=matched == len(entries)
+    )

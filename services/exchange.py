@@ -1,0 +1,240 @@
+"""Moving artifacts between stores: export to and import from tar bundles (format kvgraft-bundle/1).
+
+Each function takes a `Library` and returns a frozen report with `to_json()`. It reads and
+writes through the library's catalog and blob store and the tar side through `db.bundles`; it formats
+nothing. Nothing enters the store from a bundle before every hash in it has been checked.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from db import bundles
+from db.blobs import sha256_bytes
+from db.catalog import EXPORT_FORMAT
+from errors import IncompatibleArtifact, IntegrityError, InvalidInput
+from files import sha256_file
+from graft_core import codec
+from graft_core.artifact import FORMAT
+
+if TYPE_CHECKING:
+    from .library import Library
+
+BUNDLE_FORMAT = "kvgraft-bundle/1"
+MANIFEST = "manifest.json"
+CATALOG = "catalog.json"
+
+
+def _json_bytes(obj) -> bytes:
+    return (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode("ascii")
+
+
+def _blob_member(content_sha256: str) -> str:
+    return f"blobs/{content_sha256}.safetensors"
+
+
+# ---- export / import -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    path: str
+    bundle_sha256: str
+    bytes: int
+    artifacts: tuple[str, ...]  # every exported id, parents before children
+    requested: tuple[str, ...]
+    model_fingerprints: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def export_bundle(lib: Library, ids: list[str], out: str | Path) -> ExportReport:
+    """Write the artifacts `ids`, their ancestors, their catalog rows and a manifest to the tar `out`."""
+    if not ids:
+        raise InvalidInput("give at least one artifact id to export; list ids with `cli.py list`")
+    requested = tuple(lib._catalog.get(i).id for i in ids)
+    rows = lib._catalog.export_rows(requested)
+    members: dict[str, bytes] = {}
+    entries = []
+    for a in rows["artifacts"]:
+        data = lib._blobs.get(a["content_sha256"])  # re-hashed on read: a corrupt blob is never exported
+        members[_blob_member(a["content_sha256"])] = data
+        entries.append(
+            {
+                "id": a["id"],
+                "parent": a["parent_id"],
+                "content_sha256": a["content_sha256"],
+                "bytes": len(data),
+                "model_fingerprint": a["model_fingerprint"],
+                "member": _blob_member(a["content_sha256"]),
+            }
+        )
+    catalog_bytes = _json_bytes(rows)
+    members[CATALOG] = catalog_bytes
+    fingerprints = tuple(sorted({e["model_fingerprint"] for e in entries}))
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "artifact_format": FORMAT,
+        "catalog_format": EXPORT_FORMAT,
+        "catalog": {"member": CATALOG, "sha256": sha256_bytes(catalog_bytes), "bytes": len(catalog_bytes)},
+        "model_fingerprints": list(fingerprints),
+        "requested": sorted(requested),
+        "artifacts": entries,
+    }
+    members[MANIFEST] = _json_bytes(manifest)
+    size = bundles.write(out, members)
+    return ExportReport(
+        path=str(out),
+        bundle_sha256=sha256_file(Path(out)),
+        bytes=size,
+        artifacts=tuple(e["id"] for e in entries),
+        requested=requested,
+        model_fingerprints=fingerprints,
+    )
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    path: str
+    artifacts: tuple[str, ...]  # every id in the bundle
+    new: tuple[str, ...]  # ids that were not in this store before
+    blobs_written: int  # new blobs, and missing or corrupt ones restored from the bundle
+    model_fingerprints: tuple[str, ...]
+    model_checked: bool  # True when the fingerprints were compared with a loaded model
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _manifest(staged: dict[str, Path]) -> dict:
+    if MANIFEST not in staged:
+        raise InvalidInput(f"bundle has no {MANIFEST}; it is not a kvgraft bundle (make one with `cli.py export`)")
+    try:
+        manifest = json.loads(staged[MANIFEST].read_bytes())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InvalidInput(f"bundle {MANIFEST} is not JSON ({type(e).__name__}); export it again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise InvalidInput(f"bundle format is {found!r}, this kvgraft reads {BUNDLE_FORMAT!r}")
+    if manifest.get("artifact_format") != FORMAT:
+        raise IncompatibleArtifact(
+            f"bundle holds artifacts of format {manifest.get('artifact_format')!r}; this kvgraft reads {FORMAT!r}"
+        )
+    try:
+        entries = [
+            {k: e[k] for k in ("id", "parent", "content_sha256", "bytes", "model_fingerprint", "member")}
+            for e in manifest["artifacts"]
+        ]
+        cat = manifest["catalog"]
+        _ = (cat["member"], cat["sha256"])
+    except (KeyError, TypeError) as e:
+        raise InvalidInput(f"bundle {MANIFEST} is malformed ({type(e).__name__}: {e}); export it again") from None
+    manifest["artifacts"] = entries
+    return manifest
+
+
+def _verify_staged(staged: dict[str, Path]) -> tuple[dict, dict, dict[str, bytes]]:
+    """Every check of a staged bundle against itself: (manifest, catalog rows, content hash -> blob bytes)."""
+    manifest = _manifest(staged)
+    entries = manifest["artifacts"]
+    listed = {MANIFEST, manifest["catalog"]["member"], *(e["member"] for e in entries)}
+    extra = sorted(set(staged) - listed)
+    if extra:
+        raise InvalidInput(f"bundle member {extra[0]!r} is not listed in {MANIFEST}; refusing the bundle")
+    missing = sorted(listed - set(staged))
+    if missing:
+        raise IntegrityError(f"bundle lacks {missing[0]!r}, which its {MANIFEST} lists; export it again")
+    cat_bytes = staged[manifest["catalog"]["member"]].read_bytes()
+    if sha256_bytes(cat_bytes) != manifest["catalog"]["sha256"]:
+        raise IntegrityError(
+            f"bundle {CATALOG} hashes to {sha256_bytes(cat_bytes)}, its manifest says {manifest['catalog']['sha256']}: "
+            "the bundle was modified; nothing was imported"
+        )
+    try:
+        rows = json.loads(cat_bytes)
+        by_id = {a["id"]: a for a in rows["artifacts"]}
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise InvalidInput(f"bundle {CATALOG} is malformed ({type(e).__name__}); export it again") from None
+    if set(by_id) != {e["id"] for e in entries} or len(by_id) != len(entries):
+        raise IntegrityError(f"bundle {CATALOG} and {MANIFEST} list different artifacts; export it again")
+    blobs: dict[str, bytes] = {}
+    for e in entries:
+        data = staged[e["member"]].read_bytes()
+        actual = sha256_bytes(data)
+        if actual != e["content_sha256"] or e["member"] != _blob_member(e["content_sha256"]):
+            raise IntegrityError(
+                f"blob integrity check failed for artifact {e['id']}: {e['member']} hashes to {actual}, "
+                f"the manifest says {e['content_sha256']}; the bundle is corrupt or was modified, nothing was imported"
+            )
+        row = by_id[e["id"]]
+        if row.get("content_sha256") != e["content_sha256"]:
+            raise IntegrityError(
+                f"bundle {CATALOG} gives artifact {e['id']} another content hash than {MANIFEST}; export it again"
+            )
+        art = codec.loads(data)  # IntegrityError / IncompatibleArtifact on anything malformed
+        if art.key != e["id"]:
+            raise IntegrityError(f"artifact file {e['member']} holds artifact {art.key}, not {e['id']}; nothing was imported")
+        if (art.parent or None) != (row.get("parent_id") or None):
+            raise IntegrityError(
+                f"artifact {e['id']} names parent {art.parent or 'none'} but its catalog row another; nothing was imported"
+            )
+        for what, fp in (("the manifest", e["model_fingerprint"]), (f"its {CATALOG} row", row.get("model_fingerprint"))):
+            if fp != art.model_fingerprint:
+                raise IncompatibleArtifact(
+                    f"artifact {e['id']} was made by model {art.model_fingerprint} but {what} says {fp}; nothing was imported"
+                )
+        blobs[e["content_sha256"]] = data
+    return manifest, rows, blobs
+
+
+def import_bundle(
+    lib: Library, path: str | Path, limits: bundles.Limits = bundles.Limits(), check_model: bool = True
+) -> ImportReport:
+    """Check every member, hash and fingerprint of the bundle at `path`, then add it to the store.
+
+    Members are staged in a temporary folder inside the home, removed afterwards whatever happens.
+    With `check_model` the library's model is loaded and every artifact must be its own."""
+    staging = Path(tempfile.mkdtemp(prefix=".import-", dir=lib.home))
+    try:
+        staged = bundles.stage(path, staging, limits)
+        manifest, rows, blobs = _verify_staged(staged)
+        expected = lib.lm.fingerprint if check_model else None  # loaded only for a bundle that is sound
+        for e in manifest["artifacts"]:
+            if expected is not None and e["model_fingerprint"] != expected:
+                raise IncompatibleArtifact(
+                    f"artifact {e['id']} was made by model {e['model_fingerprint'][:16]}, this store's model is "
+                    f"{expected[:16]}; import it into a store running that model (--model), nothing was imported"
+                )
+        written = []
+        try:
+            for digest, data in sorted(blobs.items()):
+                if lib._blobs.exists(digest):
+                    try:
+                        lib._blobs.get(digest)
+                        continue
+                    except IntegrityError:  # a corrupt copy: the bundle's verified bytes restore it
+                        lib._blobs.delete(digest)
+                lib._blobs.put(data)
+                written.append(digest)
+            new = lib._catalog.import_rows(rows)
+        except BaseException:
+            for digest in written:  # undo: a blob no row refers to is an orphan
+                if lib._catalog.content_refcount(digest) == 0:
+                    lib._blobs.delete(digest)
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ImportReport(
+        path=str(path),
+        artifacts=tuple(e["id"] for e in manifest["artifacts"]),
+        new=tuple(new),
+        blobs_written=len(written),
+        model_fingerprints=tuple(manifest.get("model_fingerprints") or ()),
+        model_checked=expected is not None,
+    )

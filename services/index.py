@@ -1,0 +1,80 @@
+"""The retrieval side of a Library: the FAISS index kept in step with the catalog's embeddings.
+
+The index is a cache of the catalog: loaded from `<home>/index`, synced by difference when the catalog
+moved on, rebuilt from the stored embeddings when missing, corrupt or made by another embedder.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from db.catalog import Catalog
+from errors import KvgraftError
+from retrieval import VectorIndex
+from retrieval.embedder import Embedder
+
+
+class IndexPipeline:
+    """Mixed into `Library`; uses its `_catalog`, `home` and `embedder`."""
+
+    home: Path
+    _catalog: Catalog
+    _index: VectorIndex | None
+    _index_lock: threading.Lock
+    embedder: Embedder
+
+    def index(self) -> VectorIndex:
+        """The FAISS index, loaded from disk or rebuilt from the catalog when missing or stale.
+
+        One thread rebuilds at a time; the others wait and reuse its result."""
+        with self._index_lock:
+            version = self._catalog.version()
+            idx = self._index
+            if idx is not None and not idx.is_stale(version, self.embedder.embedder_id):
+                return idx
+            if idx is not None and idx.embedder_id == self.embedder.embedder_id:
+                return self._sync(idx, version)
+            try:
+                idx = VectorIndex.load(self.home / "index")
+            except (KvgraftError, OSError):
+                idx = None
+            if idx is None or idx.is_stale(version, self.embedder.embedder_id):
+                return self._rebuild(version, must_save=False)
+            self._index = idx
+            return idx
+
+    def rebuild_index(self) -> VectorIndex:
+        """Rebuild the FAISS index from the catalog's embeddings and save it, whatever is on disk."""
+        with self._index_lock:
+            return self._rebuild(self._catalog.version(), must_save=True)
+
+    def _sync(self, idx: VectorIndex, version: int) -> VectorIndex:
+        """Bring a live index up to the catalog by adding and removing only what changed: a deposit
+        made by another process costs one insert here, not a rebuild (HNSW builds take seconds)."""
+        pairs = dict(self._catalog.embeddings(self.embedder.embedder_id))
+        have = idx.ids()
+        for gone in have - pairs.keys():
+            idx.remove(gone)
+        for aid in pairs.keys() - have:
+            idx.add(aid, np.frombuffer(pairs[aid], dtype="<f4"))
+        idx.mark_version(version)
+        try:
+            idx.save(self.home / "index")
+        except OSError:
+            pass
+        return idx
+
+    def _rebuild(self, version: int, must_save: bool) -> VectorIndex:
+        idx = VectorIndex(self.embedder.dim, self.embedder.embedder_id)
+        pairs = [(aid, np.frombuffer(vec, dtype="<f4")) for aid, vec in self._catalog.embeddings(self.embedder.embedder_id)]
+        idx.build(pairs, version)
+        try:
+            idx.save(self.home / "index")
+        except OSError:
+            if must_save:
+                raise  # a read-only store still answers from the in-memory index
+        self._index = idx
+        return idx

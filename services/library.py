@@ -1,0 +1,152 @@
+"""`Library`: one store (catalog + blobs + index) and one model, the only door front ends use.
+
+The pipelines live in their own modules (deposit, answer, verify, index) and are mixed in here; this
+module holds the shared parts (lazily loaded model and embedder, artifact reads) and the read-only
+views of the store (list, show, stats). The catalog, the blob store and the model lock are private:
+front ends call a method and format its result.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from db.blobs import BlobStore
+from db.catalog import Catalog
+from db.queries import library_rows
+from db.rows import LedgerRow
+from errors import KvgraftError
+from graft_core import codec
+from graft_core import model as model_mod
+from graft_core.artifact import KVArtifact
+from retrieval import VectorIndex
+from retrieval.embedder import Embedder, SentenceEmbedder
+
+from .answer import AnswerPipeline
+from .deposit import DepositPipeline
+from .index import IndexPipeline
+from .results import LibraryEntry, ShowReport, StoreStats
+from .verify import VerifyPipeline
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("KVGRAFT_HOME") or Path.home() / ".local" / "share" / "kvgraft")
+
+
+@dataclass(frozen=True)
+class DeleteReport:
+    id: str
+    content_sha256: str
+    blob_removed: bool  # False while another row still refers to the same bytes
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "content_sha256": self.content_sha256, "blob_removed": self.blob_removed}
+
+
+class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline):
+    """One store (catalog + blobs + index) and one model, shared by every request of a process.
+
+    The model runs one request at a time per process (a private lock); the catalog is safe to share
+    between processes."""
+
+    def __init__(
+        self,
+        home: str | os.PathLike | None = None,
+        db_url: str | None = None,
+        model_name: str | None = None,
+        embedder: Embedder | None = None,
+        lm: model_mod.LoadedModel | None = None,
+    ):
+        self.home = Path(home) if home else default_home()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self._catalog = Catalog.open(db_url or os.environ.get("KVGRAFT_DB_URL") or None, self.home)
+        self._blobs = BlobStore(self.home / "blobs")
+        self.model_name = model_name
+        self._lm = lm
+        self._embedder = embedder
+        self._index: VectorIndex | None = None
+        self._lock = threading.RLock()
+        self._index_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Release the catalog's connections (the library is unusable afterwards)."""
+        self._catalog.close()
+
+    # ---- lazily loaded parts ----------------------------------------------------------------
+
+    @property
+    def lm(self) -> model_mod.LoadedModel:
+        with self._lock:
+            if self._lm is None:
+                self._lm = model_mod.load(self.model_name)
+            return self._lm
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = SentenceEmbedder()
+        return self._embedder
+
+    # ---- reading artifacts -------------------------------------------------------------------
+
+    def load_artifact(self, artifact_id: str) -> KVArtifact:
+        """Read, hash-check and decode one artifact (IntegrityError on any mismatch)."""
+        row = self._catalog.get(artifact_id)
+        art = codec.loads(self._blobs.get(row.content_sha256))
+        if art.key != row.id:
+            raise KvgraftError(f"artifact file for {row.id} holds {art.key}: the catalog and the blob store disagree; run fsck")
+        return art
+
+    def load_chain(self, artifact_id: str) -> tuple[list[KVArtifact], float]:
+        t0 = time.perf_counter()
+        chain = [self.load_artifact(r.id) for r in self._catalog.chain(artifact_id)]
+        return chain, time.perf_counter() - t0
+
+    # ---- views of the store ------------------------------------------------------------------
+
+    def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
+        """Artifacts newest first, each with its latest verification; `query` matches title or text."""
+        return [LibraryEntry.of(x) for x in library_rows(self._catalog, query=query, kind=kind, limit=limit, offset=offset)]
+
+    def count(self) -> int:
+        return self._catalog.count_artifacts()
+
+    def artifact_ids(self) -> list[str]:
+        """Every artifact id, newest first."""
+        return [r.id for r in self._catalog.list_artifacts(limit=max(1, self.count()))]
+
+    def show(self, ref: str) -> ShowReport:
+        """One artifact (id or unique prefix): row, source, verification records, chain, children."""
+        row = self._catalog.get(ref)
+        return ShowReport(
+            artifact=row,
+            source=self._catalog.source(row.id),
+            verifications=tuple(self._catalog.verifications(row.id)),
+            chain=tuple(r.id for r in self._catalog.chain(row.id)),
+            children=tuple(r.id for r in self._catalog.children(row.id)),
+            blob_present=self._blobs.exists(row.content_sha256),
+        )
+
+    def ledger(self, last: int | None = None) -> list[LedgerRow]:
+        """Recorded answers, oldest first (the newest `last` when given)."""
+        return self._catalog.ledger(last=last)
+
+    def stats(self, recent: int = 60) -> StoreStats:
+        """Ledger sums, the latest `recent` answers and the store's size against the context window."""
+        return StoreStats(
+            totals=self._catalog.ledger_totals(),
+            recent=tuple(self._catalog.ledger(last=recent)),
+            store_tokens=self._catalog.total_tokens(),
+            artifacts=self._catalog.count_artifacts(),
+            window=self.lm.info.max_positions,
+        )
+
+    def delete(self, ref: str) -> DeleteReport:
+        """Remove one artifact (refused while others continue its chain) and its blob if nothing else uses it."""
+        key = self._catalog.get(ref).id
+        content = self._catalog.delete(key)
+        removed = self._catalog.content_refcount(content) == 0 and self._blobs.delete(content)
+        return DeleteReport(id=key, content_sha256=content, blob_removed=bool(removed))

@@ -1,0 +1,204 @@
+"""The values the pipelines hand to the front ends: frozen dataclasses that carry the engine's and the
+catalog's own frozen types, each with one `to_json()` that the CLI, the web API and the UI all use.
+
+No I/O and no computation of figures here beyond what a field's name promises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from db.queries import Listed
+from db.rows import ArtifactRow, LedgerRow, LedgerTotals, SourceRow, VerificationRow
+from graft_core.accounting import TokenSavings
+from graft_core.generate import Baseline
+from graft_core.verify import ExactnessCheck
+
+# The fields of an exactness check that the answer JSON shows (the ledger keeps them all).
+_CHECK_FIELDS = (
+    "exact",
+    "fresh_sha256",
+    "grafted_sha256",
+    "kl",
+    "argmax_agreement",
+    "max_abs_diff",
+    "monolithic_max_abs_diff",
+    "monolithic_kl",
+    "monolithic_argmax_agreement",
+    "rows",
+    "tier",
+)
+# The fields of a verify sample shown unless every field is asked for (`cli.py verify --rows`).
+_SAMPLE_FIELDS = (
+    "artifact",
+    "query",
+    "exact",
+    "tier",
+    "kl",
+    "max_abs_diff",
+    "argmax_agreement",
+    "fresh_sha256",
+    "grafted_sha256",
+)
+
+
+def row_json(row: ArtifactRow) -> dict:
+    return {**asdict(row), "created_at": row.created_at.isoformat(), "end_pos": row.end_pos}
+
+
+@dataclass(frozen=True)
+class Deposited:
+    id: str
+    content_sha256: str
+    tokens: int
+    start: int
+    bytes: int
+    prefill_s: float
+    kind: str
+    title: str
+    parent: str | None
+    verified: bool
+    verifier: str
+    created: bool  # False when the same deposit already existed (nothing was computed)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    id: str
+    title: str
+    score: float
+    tokens: int
+    kind: str
+    verifier: str
+    verdict: str
+
+
+@dataclass(frozen=True)
+class AnswerResult:
+    answer: str
+    tier: str
+    retrieved: tuple[Retrieved, ...]
+    artifact_ids: tuple[str, ...]
+    grafted_tokens: int
+    computed_tokens: int
+    decode_tokens: int
+    ttft_s: float
+    total_s: float
+    read_s: float
+    savings: TokenSavings
+    check: ExactnessCheck | None
+    baseline: Baseline | None  # measured no-graft run, when asked for
+    output_sha256: str
+    logits_sha256: str
+    ledger_id: int | None
+    note: str = ""
+    output_token_ids: tuple[int, ...] = ()
+
+    @property
+    def ttft_speedup(self) -> float | None:
+        """Measured baseline time to first token over ours (None without a measured baseline)."""
+        return None if self.baseline is None else self.baseline.ttft_s / max(self.ttft_s, 1e-9)
+
+    def to_json(self) -> dict:
+        d = {
+            "answer": self.answer,
+            "tier": self.tier,
+            "retrieved": [asdict(r) for r in self.retrieved],
+            "artifact_ids": list(self.artifact_ids),
+            "grafted_tokens": self.grafted_tokens,
+            "computed_tokens": self.computed_tokens,
+            "decode_tokens": self.decode_tokens,
+            "ttft_s": self.ttft_s,
+            "total_s": self.total_s,
+            "read_s": self.read_s,
+            "savings": self.savings.as_dict(),
+            "check": None if self.check is None else {k: getattr(self.check, k) for k in _CHECK_FIELDS},
+            "baseline": None,
+            "output_sha256": self.output_sha256,
+            "logits_sha256": self.logits_sha256,
+            "ledger_id": self.ledger_id,
+            "note": self.note,
+            "output_token_ids": list(self.output_token_ids),
+        }
+        if self.baseline is not None:
+            d["baseline"] = asdict(self.baseline) | {"ttft_speedup": self.ttft_speedup, "measured": True}
+        return d
+
+
+@dataclass(frozen=True)
+class VerifySample:
+    artifact: str
+    query: str
+    check: ExactnessCheck
+
+    def to_json(self, every_field: bool = True) -> dict:
+        d = {"artifact": self.artifact, "query": self.query, **self.check.as_dict()}
+        return d if every_field else {k: d[k] for k in _SAMPLE_FIELDS}
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    samples: int
+    byte_equal: int
+    max_kl: float
+    argmax_agreement: float
+    relocate: int | None
+    rows: tuple[VerifySample, ...] = ()
+
+    def to_json(self, every_field: bool = True) -> dict:
+        d = {k: getattr(self, k) for k in ("samples", "byte_equal", "max_kl", "argmax_agreement", "relocate")}
+        return d | {"rows": [r.to_json(every_field) for r in self.rows]}
+
+
+@dataclass(frozen=True)
+class LibraryEntry:
+    """One row of the library table: the artifact and its latest verification."""
+
+    row: ArtifactRow
+    verifier: str
+    verdict: str
+
+    @classmethod
+    def of(cls, listed: Listed) -> LibraryEntry:
+        return cls(listed.row, listed.verifier, listed.verdict)
+
+    def to_json(self) -> dict:
+        return row_json(self.row)
+
+
+@dataclass(frozen=True)
+class ShowReport:
+    artifact: ArtifactRow
+    source: SourceRow
+    verifications: tuple[VerificationRow, ...]
+    chain: tuple[str, ...]  # root first, this artifact last
+    children: tuple[str, ...]
+    blob_present: bool
+
+    def to_json(self) -> dict:
+        return {
+            "artifact": row_json(self.artifact),
+            "source": asdict(self.source),
+            "verifications": [{**asdict(v), "created_at": v.created_at.isoformat()} for v in self.verifications],
+            "chain": list(self.chain),
+            "children": list(self.children),
+            "blob_present": self.blob_present,
+        }
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """What the dashboard shows: ledger sums, the latest answers, and the store's size against the window."""
+
+    totals: LedgerTotals
+    recent: tuple[LedgerRow, ...]  # oldest first
+    store_tokens: int
+    artifacts: int
+    window: int
+
+    @property
+    def flops_ratio(self) -> float:
+        return self.totals.baseline_flops / max(1, self.totals.flops)

@@ -1,0 +1,60 @@
+"""The N-sample exactness report of a Library: draw (artifact, query) pairs from the store and compare
+the grafted logits with a fresh recomputation byte for byte (or, with `relocate`, measure how far a
+root grafted at another offset lands from the fresh computation there).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import numpy as np
+
+from errors import ArtifactNotFound, InvalidInput
+from graft_core import generate
+from graft_core.verify import check as exact_check
+from graft_core.verify import check_relocated
+
+from .results import VerifyReport, VerifySample
+
+QUESTIONS = ("What is it?", "Who built it?", "When did it happen?", "Summarise the fact.", "How many are there?", "Why?")
+
+
+class VerifyPipeline:
+    """Mixed into `Library`; uses its `_catalog`, `_lock`, `lm` and `load_chain`."""
+
+    def verify_samples(
+        self,
+        samples: int = 10,
+        relocate: int | None = None,
+        seed: int = 0,
+        on_progress: Callable[[float, str], None] | None = None,
+    ) -> VerifyReport:
+        """Draw `samples` (artifact, query) pairs from the store and check graft vs fresh on each."""
+        if not 1 <= samples <= 1000:
+            raise InvalidInput(f"samples must be between 1 and 1000, got {samples}")
+        rows = self._catalog.list_artifacts(limit=10_000)
+        if not rows:
+            raise ArtifactNotFound("the store is empty: deposit something first (cli.py deposit --text-file F)")
+        rng = random.Random(seed)
+        done: list[VerifySample] = []
+        for i in range(samples):
+            row = rng.choice(rows)
+            q = rng.choice(QUESTIONS)
+            with self._lock:
+                chain, _ = self.load_chain(row.id)
+                qids = generate.encode_prompt(self.lm, q, grafted=True)
+                if relocate is not None:
+                    done.append(VerifySample(chain[0].key, q, check_relocated(self.lm, chain[0], qids, offset=relocate)))
+                else:
+                    done.append(VerifySample(row.id, q, exact_check(self.lm, chain, qids)))
+            if on_progress:
+                on_progress((i + 1) / samples, f"sample {i + 1}/{samples}")
+        return VerifyReport(
+            samples=samples,
+            byte_equal=sum(int(s.check.exact) for s in done),
+            max_kl=max([0.0, *(s.check.kl for s in done)]),
+            argmax_agreement=float(np.mean([s.check.argmax_agreement for s in done])),
+            relocate=relocate,
+            rows=tuple(done),
+        )

@@ -1,0 +1,120 @@
+"""The layering the README draws, checked: lower layers load no torch, the library table is one query
+whatever its size, results are typed and serialise through one `to_json()`, and the blob store hashes
+what fsck needs without a second reader."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event
+
+import services
+from retrieval import HashEmbedder
+
+ROOT = Path(__file__).resolve().parents[1]
+ITEM = ("Who built the Varnek lighthouse?", "The Varnek lighthouse was built by Osric Pellamy.", "Osric Pellamy")
+
+
+@pytest.fixture
+def lib(tmp_path, tiny_gemma):
+    lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
+    yield lib
+    lib.close()
+
+
+def test_lower_layers_import_no_torch():
+    code = "import sys, errors, files, db, db.queries, retrieval, verifiers, graft_core, graft_core.errors; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_graft_core_names_resolve_lazily_and_errors_are_one_hierarchy():
+    import errors
+    import graft_core
+    from graft_core import errors as old_errors
+
+    assert graft_core.KvgraftError is errors.KvgraftError is old_errors.KvgraftError
+    from graft_core.artifact import KVArtifact
+
+    assert graft_core.KVArtifact is KVArtifact
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = graft_core.nope
+
+
+def _selects(lib: services.Library, fn) -> int:
+    seen: list[str] = []
+    engine = lib._catalog._engine
+    listener = lambda conn, cursor, stmt, *a: seen.append(stmt)  # noqa: E731
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        fn()
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    return sum(1 for s in seen if s.lstrip().upper().startswith("SELECT"))
+
+
+def test_library_table_is_one_query_with_the_latest_verification(lib):
+    item = lib.deposit_item(*ITEM, "exact", ITEM[2])
+    one = _selects(lib, lambda: lib.entries())
+    text = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.", title="spire")
+    attested = lib.deposit_text("Another sheet.", attested_by="Dr. A. Rivera", admin=True)
+    three = _selects(lib, lambda: lib.entries())
+    assert one == three == 1
+    got = {e.row.id: (e.verifier, e.verdict) for e in lib.entries()}
+    assert got == {item.id: ("exact", "pass"), text.id: ("none", "unverified"), attested.id: ("attested", "pass")}
+    assert [e.row.id for e in lib.entries(query="spire")] == [text.id]
+    assert [e.row.id for e in lib.entries(kind="verified")] == [item.id]
+
+
+def test_results_are_typed_and_serialise_once(lib):
+    d = lib.deposit_item(*ITEM, "exact", ITEM[2])
+    r = lib.answer(ITEM[0], check=True, compare=True, max_new_tokens=3, threshold=0.0)
+    assert r.check is not None and r.check.exact and r.check.fresh_sha256 == r.check.grafted_sha256
+    assert r.baseline is not None and r.ttft_speedup == r.baseline.ttft_s / max(r.ttft_s, 1e-9)
+    j = r.to_json()
+    assert j["check"]["exact"] is True and j["savings"]["token_ratio"] == r.savings.token_ratio
+    assert j["baseline"]["measured"] is True and j["baseline"]["prefill_tokens"] == r.baseline.prefill_tokens
+    assert j["retrieved"][0] == {
+        "id": d.id,
+        "title": d.title,
+        "score": r.retrieved[0].score,
+        "tokens": d.tokens,
+        "kind": "verified",
+        "verifier": "exact",
+        "verdict": "pass",
+    }
+    rep = lib.verify_samples(2)
+    assert all(s.check.exact for s in rep.rows) and rep.byte_equal == 2
+    short = rep.to_json(every_field=False)
+    assert set(short["rows"][0]) == {
+        "artifact",
+        "query",
+        "exact",
+        "tier",
+        "kl",
+        "max_abs_diff",
+        "argmax_agreement",
+        "fresh_sha256",
+        "grafted_sha256",
+    }
+    assert rep.to_json()["rows"][0]["decode_steps"] == rep.rows[0].check.decode_steps
+    shown = lib.show(d.id)
+    assert shown.artifact.id == d.id and shown.verifications[-1].verdict == "pass"
+    assert shown.to_json()["artifact"]["end_pos"] == shown.artifact.end_pos
+
+
+def test_blob_store_hashes_what_is_on_disk(lib):
+    d = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.")
+    blobs = lib._blobs
+    assert blobs.actual_sha256(d.content_sha256) == d.content_sha256
+    path = blobs.path(d.content_sha256)
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    import hashlib
+
+    assert blobs.actual_sha256(d.content_sha256) == hashlib.sha256(path.read_bytes()).hexdigest() != d.content_sha256
+    path.unlink()
+    assert blobs.actual_sha256(d.content_sha256) is None
