@@ -6,22 +6,30 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-fast lint bench eval demo screenshots install install-dev system-deps clean
+.PHONY: run test test-fast lint bench eval demo screenshots install install-dev install-bench system-deps clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: requirements.txt $(BIN)/python
+# The pinned requirements, then this checkout itself, editable and without dependencies: that puts the
+# `kvgraft` console script on the venv's PATH and lets `python bench/x.py` import the product.
+$(VENV)/.installed: requirements.txt pyproject.toml $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
 $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	touch $@
 
+$(VENV)/.installed-bench: requirements-bench.txt $(VENV)/.installed-dev
+	$(BIN)/pip install --quiet -r requirements-bench.txt
+	touch $@
+
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
+install-bench: $(VENV)/.installed-bench
 
 # Debian packages the tests drive for real: PostgreSQL (catalog tests) and chromium (browser tests).
 system-deps:
@@ -32,7 +40,7 @@ run: install
 	$(BIN)/python app.py
 
 demo: install
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python -m scripts.demo
 
 lint: install-dev
 	$(BIN)/ruff check .
@@ -50,14 +58,14 @@ screenshots: install-dev system-deps
 
 # Engine, retrieval and serving take ~10 min on 2 cores; scale deposits real text for a time budget,
 # then writes ~18 GB of labelled synthetic artifacts to a temp store (~30 min) and deletes it.
-bench: install-dev
-	$(BIN)/python bench/engine.py
-	$(BIN)/python bench/retrieval.py
-	$(BIN)/python bench/serving.py
-	$(BIN)/python bench/scale.py
+bench: install-bench
+	$(BIN)/python -m bench.engine
+	$(BIN)/python -m bench.retrieval
+	$(BIN)/python -m bench.serving
+	$(BIN)/python -m bench.scale
 
 eval: install-dev
-	$(BIN)/python eval/run.py
+	$(BIN)/python -m eval.run
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
