@@ -1,7 +1,8 @@
 """Upkeep of a store, the names front ends and scripts use: export/import bundles, rebuild-and-compare,
 fsck and ledger replay. Each function takes a `services.Library` and returns a frozen report with
-`to_json()`; they live in `services.exchange` and `services.checks`, inside the service layer that owns
-the catalog and the blobs. Listing, showing and deleting are `Library.entries`, `.show` and `.delete`.
+`to_json()`; they live in `services.exchange`, `services.checks` and `services.replay`, inside the
+service layer that owns the catalog and the blobs. Listing, showing and deleting are `Library.entries`,
+`.show` and `.delete`.
 """
 
 from services.checks import (
@@ -11,13 +12,11 @@ from services.checks import (
     IndexStatus,
     RebuildReport,
     Repaired,
-    ReplayEntry,
-    ReplayReport,
     fsck,
     rebuild_verify,
-    replay,
 )
 from services.exchange import BUNDLE_FORMAT, ExportReport, ImportReport, export_bundle, import_bundle
+from services.replay import ReplayEntry, ReplayReport, replay
 
 __all__ = [
     "BUNDLE_FORMAT",

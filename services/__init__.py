@@ -3,8 +3,8 @@ engine (`graft_core`), the catalog and blobs (`db`) and retrieval (`retrieval`) 
 
 Front ends (cli.py, app.py) call one method of `Library` and format its result with `to_json()` or
 the result's typed fields. Modules: `library` (the door), `deposit`, `answer`, `verify`, `index`
-(the pipelines mixed into it), `exchange` and `checks` (upkeep, named by `maintenance.py`), `results`
-(what they return), `limits` (input bounds).
+(the pipelines mixed into it), `exchange`, `checks`, `replay` (upkeep, named by `maintenance.py`),
+`results` (what they return), `limits` (input bounds).
 """
 
 import retrieval  # noqa: F401  (faiss before torch: see retrieval/__init__.py)

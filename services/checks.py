@@ -1,4 +1,4 @@
-"""Checks of a store against itself and against recomputation: rebuild-and-compare, fsck, ledger replay.
+"""Checks of a store against itself and against recomputation: rebuild-and-compare and fsck.
 
 Each function takes a `Library` and returns a frozen report with `to_json()`; it formats
 nothing. Blob files are hashed through the library's blob store (`BlobStore.actual_sha256`).
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from db.blobs import sha256_bytes
-from errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
-from graft_core import codec, generate
+from errors import IncompatibleArtifact, IntegrityError
+from graft_core import codec
 from graft_core.artifact import text_sha256
 from graft_core.capture import capture
 from retrieval import VectorIndex
@@ -226,110 +226,4 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S) ->
         repaired=Repaired(tuple(removed_orphans), tuple(removed_partials), rebuilt),
         consistent=consistent,
         advice=tuple(advice),
-    )
-
-
-# ---- replay ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReplayEntry:
-    ledger_id: int | None
-    tier: str
-    artifact_ids: tuple[str, ...]
-    max_new_tokens: int
-    raw: bool | None
-    output_equal: bool
-    logits_equal: bool
-    recorded_output_sha256: str
-    replayed_output_sha256: str | None
-    recorded_logits_sha256: str | None
-    replayed_logits_sha256: str | None
-    ok: bool
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class ReplayReport:
-    entries: tuple[ReplayEntry, ...]
-    replayed: int
-    matched: int
-    mismatched: int
-    ok: bool
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-def _replay_one(lib: Library, row) -> ReplayEntry:
-    lm = lib.lm
-    base = dict(
-        ledger_id=row.id,
-        tier=row.tier,
-        artifact_ids=row.artifact_ids,
-        max_new_tokens=max(1, len(row.output_token_ids)),
-        recorded_output_sha256=row.output_sha256,
-        recorded_logits_sha256=row.logits_sha256,
-    )
-
-    def failed(error: str, raw: bool | None = None) -> ReplayEntry:
-        return ReplayEntry(
-            **base,
-            raw=raw,
-            output_equal=False,
-            logits_equal=False,
-            replayed_output_sha256=None,
-            replayed_logits_sha256=None,
-            ok=False,
-            error=error,
-        )
-
-    if row.model_fingerprint != lm.fingerprint:
-        return failed(
-            f"recorded with model {row.model_fingerprint[:16]}, this model is {lm.fingerprint[:16]}; replay with --model"
-        )
-    grafted = row.tier != "none" and bool(row.artifact_ids)
-    raw = next(
-        (
-            r
-            for r in (False, True)
-            if generate.tokens_sha256(generate.encode_prompt(lm, row.query, grafted, raw=r)) == row.prompt_sha256
-        ),
-        None,
-    )
-    if raw is None:
-        return failed("the query no longer encodes to the recorded prompt (prompt_sha256 differs)")
-    try:
-        with lib._lock:
-            chain = [lib.load_artifact(i) for i in row.artifact_ids] if grafted else []
-            ans = generate.answer(
-                lm, chain, row.query, max_new_tokens=base["max_new_tokens"], raw=raw, relocated=row.tier == "relocated"
-            )
-    except KvgraftError as e:
-        return failed(f"{type(e).__name__}: {e}", raw)
-    out_eq = ans.output_sha256 == row.output_sha256
-    log_eq = row.logits_sha256 is not None and ans.logits_sha256 == row.logits_sha256
-    return ReplayEntry(
-        **base,
-        raw=raw,
-        output_equal=out_eq,
-        logits_equal=log_eq,
-        replayed_output_sha256=ans.output_sha256,
-        replayed_logits_sha256=ans.logits_sha256,
-        ok=out_eq and log_eq,
-        error="" if row.logits_sha256 is not None else "no logits_sha256 was recorded",
-    )
-
-
-def replay(lib: Library, last: int | None = None) -> ReplayReport:
-    """Re-run ledger entries (the newest `last`, oldest first) and compare output and logits hashes."""
-    if last is not None and last < 1:
-        raise InvalidInput(f"--last must be at least 1, got {last}")
-    rows = lib._catalog.ledger(last=last)
-    if not rows:
-        raise ArtifactNotFound("the ledger is empty: nothing to replay (answer a question first with `cli.py ask`)")
-    entries = tuple(_replay_one(lib, r) for r in rows)
-    matched = sum(e.ok for e in entries)
-    return ReplayReport(
-        entries=entries, replayed=len(entries), matched=matched, mismatched=len(entries) - matched, ok=matched == len(entries)
     )
