@@ -50,8 +50,9 @@ def _cpu_used() -> float:
 def main(memory_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    import sympy  # noqa: F401  (paid once per worker, before `ready`)
-
+    # Paid once per worker, before `ready`: the import and the lazy imports of a first simplify
+    # (~3x a warm check), so that no check's timeout pays them.
+    compare({"answer": ["(x+1)**2", ["x"]], "reference": ["x**2+2*x+1", ["x"]]})
     out = sys.stdout
     out.write("ready\n")
     out.flush()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import contextlib
 import hashlib
 import json
 import keyword
@@ -323,6 +324,18 @@ class _SympyWorker:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._pending = b""
+        os.register_at_fork(after_in_child=self._forget_after_fork)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child the worker is the parent's: drop our copies of its pipes, never kill or wait for it."""
+        proc, self._proc = self._proc, None
+        self._lock, self._pending = threading.Lock(), b""
+        if proc is not None:
+            proc.returncode = -1  # not this process's child: Popen must not wait for it either
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()  # only this process's copy of the descriptor
 
     def _read_line(self, deadline: float) -> bytes | None:
         """The next line from the child, or None if none came before the deadline or the child exited."""

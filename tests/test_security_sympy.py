@@ -27,11 +27,12 @@ def _alive(pid: int) -> bool:
 
 def test_the_bomb_is_killed_and_the_server_does_not_grow():
     verifier = SympyVerifier(timeout_s=2.0)
-    assert verifier.check("x+1", "1+x").ok  # the parent's first use of the pipes, outside the measured part
+    patient = SympyVerifier(timeout_s=60.0)  # normal checks: the claim is "not refused", not speed on a loaded machine
+    assert patient.check("x+1", "1+x").ok  # the parent's first use of the pipes, outside the measured part
     threads_before = threading.active_count()
     rss_before = _rss_bytes()
     for _ in range(3):  # the old thread design refused every check as busy after two of these
-        assert verifier.check("x+1", "1+x").ok  # a fresh worker after each kill
+        assert patient.check("x+1", "1+x").ok  # a fresh worker after each kill
         worker = verifiers._WORKER.pid()
         start = time.perf_counter()
         verdict = verifier.check(BOMB, "0")
@@ -39,19 +40,19 @@ def test_the_bomb_is_killed_and_the_server_does_not_grow():
         assert verdict == Verdict(
             False, "sympy", f"answer {verifiers._q(BOMB)} vs reference '0': simplify did not finish within 2.0 s (sympy)"
         )
-        assert took < 2.0 + 1.5, f"the timed-out check took {took:.2f} s"
+        assert took < 2.0 + 3.0, f"the timed-out check took {took:.2f} s"
         assert worker is not None and not _alive(worker), "the timed-out worker process is still running"
         assert verifiers._WORKER.pid() is None
     grew = _rss_bytes() - rss_before
     assert grew < 20 << 20, f"the parent grew by {grew / 2**20:.1f} MiB"
     assert threading.active_count() == threads_before, "a check left a thread behind"
-    assert verifier.check("(x+1)^2", "x^2+2*x+1") == Verdict(
+    assert patient.check("(x+1)^2", "x^2+2*x+1") == Verdict(
         True, "sympy", "answer '(x+1)^2' equals reference 'x^2+2*x+1' (sympy, simplify(answer - reference) == 0)"
     )
 
 
 def test_the_worker_runs_under_memory_and_cpu_limits():
-    assert SympyVerifier().check("x", "x").ok
+    assert SympyVerifier(timeout_s=60.0).check("x", "x").ok
     pid = verifiers._WORKER.pid()
     with open(f"/proc/{pid}/limits") as f:
         limits = {line[:26].strip(): line[26:].split() for line in f if line[:26].strip()}
@@ -71,12 +72,15 @@ def test_a_worker_that_runs_out_of_memory_is_replaced(monkeypatch):
     finally:
         verifiers._WORKER.stop()
     monkeypatch.undo()
-    assert SympyVerifier().check("2*x", "x+x").ok
+    assert SympyVerifier(timeout_s=60.0).check("2*x", "x+x").ok
 
 
 def test_concurrent_checks_share_the_worker_and_all_get_verdicts():
     verdicts: list[Verdict] = []
-    threads = [threading.Thread(target=lambda n=n: verdicts.append(SympyVerifier().check(f"x*{n}", f"{n}*x"))) for n in range(6)]
+    threads = [
+        threading.Thread(target=lambda n=n: verdicts.append(SympyVerifier(timeout_s=60.0).check(f"x*{n}", f"{n}*x")))
+        for n in range(6)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -85,8 +89,29 @@ def test_concurrent_checks_share_the_worker_and_all_get_verdicts():
 
 
 def test_the_worker_loads_neither_torch_nor_kvgraft():
-    assert SympyVerifier().check("x", "x").ok
+    assert SympyVerifier(timeout_s=60.0).check("x", "x").ok
     with open(f"/proc/{verifiers._WORKER.pid()}/maps") as f:
         maps = f.read()
     assert "libtorch" not in maps
     assert os.path.basename(verifiers._WORKER_SCRIPT) == "sympy_worker.py"
+
+
+def test_a_forked_child_neither_kills_nor_shares_the_parents_worker():
+    """A server that forks (or a test that forks from a warm process) must not lose its worker when a child exits."""
+    assert SympyVerifier(timeout_s=60.0).check("x", "x").ok
+    worker = verifiers._WORKER.pid()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            inherited_none = verifiers._WORKER.pid() is None
+            verifiers._WORKER.stop()  # what atexit does at the child's exit
+            own = SympyVerifier(timeout_s=60.0).check("2*y", "y+y").ok and verifiers._WORKER.pid() not in (None, worker)
+            verifiers._WORKER.stop()
+            code = 0 if inherited_none and own else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child could not run its own worker"
+    assert _alive(worker) and verifiers._WORKER.pid() == worker
+    assert SympyVerifier(timeout_s=60.0).check("x*x", "x^2").ok
