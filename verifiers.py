@@ -406,7 +406,11 @@ class _SympyWorker:
                 exited = self._proc.poll() is not None
                 self.stop()
                 return {"error": "WorkerExited"} if exited else None
-            reply = json.loads(line)
+            try:
+                reply = json.loads(line)
+            except ValueError:  # a reply cut short by a dying worker
+                self.stop()
+                return {"error": "WorkerExited"}
             if reply.get("error") == "MemoryError":
                 self.stop()
             return reply
