@@ -11,15 +11,23 @@ A malformed reference or item raises `InvalidInput`; an answer that cannot be re
 from __future__ import annotations
 
 import ast
+import atexit
+import contextlib
 import hashlib
 import json
 import keyword
 import math
+import os
 import re
+import select
+import subprocess
+import sys
 import threading
+import time
 import unicodedata
 from dataclasses import asdict, dataclass
 from fractions import Fraction
+from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
@@ -186,9 +194,8 @@ SYMPY_CONSTANTS = ("pi", "E")
 _RESERVED = frozenset({"Integer", "Float", "Symbol"})  # names the parser's generated code calls
 _ALLOWED_CHARS = re.compile(r"[A-Za-z0-9 .+\-*/^(),]*")
 _TOKEN = re.compile(r"(?P<name>[A-Za-z][A-Za-z0-9]*)|(?P<num>\d+\.?\d*|\.\d+)|(?P<space> +)|(?P<op>\*\*|.)")
-_abandoned: list[threading.Thread] = []
-_abandoned_lock = threading.Lock()
-_MAX_ABANDONED = 2
+SYMPY_MEMORY_BYTES = 1 << 30  # address-space limit of the worker process (sympy itself needs ~150 MB)
+SYMPY_START_TIMEOUT_S = 120.0  # importing sympy in a fresh worker, on a loaded machine
 
 
 class _Unsafe(ValueError):
@@ -305,22 +312,113 @@ def _validate_expression(text: str) -> tuple[str, list[str]]:
     return python, symbols
 
 
-def _build(python: str, symbols: list[str]):
-    """Only ever called on text that passed _validate_expression; the namespaces hold nothing else."""
-    import sympy
-    from sympy.parsing.sympy_parser import auto_number, parse_expr, rationalize
+class _SympyWorker:
+    """One persistent child process (sympy_worker.py) that compares validated expressions, one at a time.
 
-    allowed = {"sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "exp": sympy.exp, "log": sympy.log}
-    allowed |= {"pi": sympy.pi, "E": sympy.E, "Rational": sympy.Rational}
-    global_dict = {"__builtins__": {}, "Integer": sympy.Integer, "Float": sympy.Float, "Symbol": sympy.Symbol} | allowed
-    local_dict = {name: sympy.Symbol(name) for name in symbols}
-    return parse_expr(python, local_dict=local_dict, global_dict=global_dict, transformations=(auto_number, rationalize))
+    Plain JSON lines cross the pipe, never pickle. A check that outlives its timeout gets the child
+    killed (SIGKILL) and reaped, so nothing keeps running; the next check starts a fresh child. The
+    child's start-up (importing sympy) is paid once and is not part of any check's timeout.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._pending = b""
+        os.register_at_fork(after_in_child=self._forget_after_fork)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child the worker is the parent's: drop our copies of its pipes, never kill or wait for it."""
+        proc, self._proc = self._proc, None
+        self._lock, self._pending = threading.Lock(), b""
+        if proc is not None:
+            proc.returncode = -1  # not this process's child: Popen must not wait for it either
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()  # only this process's copy of the descriptor
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """The next line from the child, or None if none came before the deadline or the child exited."""
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None, "read from a started worker only"
+        fd = proc.stdout.fileno()
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line
+
+    def _start(self) -> None:
+        self._pending = b""
+        self._proc = subprocess.Popen(
+            [sys.executable, str(_WORKER_SCRIPT), str(SYMPY_MEMORY_BYTES)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=_WORKER_SCRIPT.parent,
+        )
+        if self._read_line(time.monotonic() + SYMPY_START_TIMEOUT_S) != b"ready":
+            self.stop()
+            raise OSError("the sympy worker did not start")
+
+    def stop(self) -> None:
+        """Kill and reap the child (no-op when none runs)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+
+    def warm(self) -> None:
+        """Start the child now if none runs, so that the next check does not pay the sympy import."""
+        with self._lock:
+            if self._proc is None:
+                self._start()
+
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def compare(self, answer: tuple[str, list[str]], reference: tuple[str, list[str]], timeout_s: float) -> dict | None:
+        """The child's reply ({"equal", "diff"} or {"error"}), or None when it did not answer within timeout_s."""
+        request = {"answer": answer, "reference": reference, "cpu_s": math.ceil(timeout_s) + 1}
+        with self._lock:
+            if self._proc is None:
+                try:
+                    self._start()
+                except OSError:
+                    return {"error": "WorkerDidNotStart"}
+            assert self._proc is not None and self._proc.stdin is not None, "a started worker has pipes"
+            try:
+                self._proc.stdin.write(json.dumps(request).encode() + b"\n")
+                self._proc.stdin.flush()
+            except BrokenPipeError:
+                self.stop()
+                return {"error": "WorkerExited"}
+            line = self._read_line(time.monotonic() + timeout_s)
+            if line is None:
+                exited = self._proc.poll() is not None
+                self.stop()
+                return {"error": "WorkerExited"} if exited else None
+            try:
+                reply = json.loads(line)
+            except ValueError:  # a reply cut short by a dying worker
+                self.stop()
+                return {"error": "WorkerExited"}
+            if reply.get("error") == "MemoryError":
+                self.stop()
+            return reply
 
 
-def _difference(answer: tuple[str, list[str]], reference: tuple[str, list[str]]):
-    import sympy
-
-    return sympy.simplify(_build(*answer) - _build(*reference))
+_WORKER_SCRIPT = Path(__file__).resolve().with_name("sympy_worker.py")
+_WORKER = _SympyWorker()
+atexit.register(_WORKER.stop)
 
 
 class SympyVerifier:
@@ -329,8 +427,8 @@ class SympyVerifier:
     Neither string is ever given to `sympify`. Each must match an allow-list of characters, parse (as
     Python syntax, never run) into numbers, symbols, + - * / ** and calls of SYMPY_FUNCTIONS only, and
     stay within bounds on size, exponents, integer bits and degree; only then is it built with
-    `parse_expr` in a namespace without builtins. Simplification runs in a daemon thread and a
-    check that exceeds `timeout_s` is refused.
+    `parse_expr` in a namespace without builtins, in a separate worker process with memory and
+    CPU limits (sympy_worker.py). A check that exceeds `timeout_s` is refused and its worker killed.
     """
 
     name = "sympy"
@@ -351,44 +449,20 @@ class SympyVerifier:
             ans = _validate_expression(answer)
         except _Unsafe as e:
             return Verdict(False, self.name, f"answer {_q(answer)} is not a safe expression: {e} (sympy)")
-        import sympy  # noqa: F401  (the first import takes ~0.3 s; keep it out of the timed part)
-
-        with _abandoned_lock:
-            _abandoned[:] = [t for t in _abandoned if t.is_alive()]
-            if len(_abandoned) >= _MAX_ABANDONED:
-                return Verdict(
-                    False,
-                    self.name,
-                    f"sympy verifier is busy: {len(_abandoned)} earlier checks are still running; try again later",
-                )
-        result: dict = {}
-
-        def work() -> None:
-            try:
-                result["diff"] = _difference(ans, ref)
-            except Exception as e:  # sympy raises many kinds on odd but safe input (e.g. Rational(x))
-                result["error"] = e
-
-        worker = threading.Thread(target=work, name="kvgraft-sympy-check", daemon=True)
-        worker.start()
-        worker.join(self.timeout_s)
-        if worker.is_alive():
-            with _abandoned_lock:
-                _abandoned.append(worker)
+        reply = _WORKER.compare(ans, ref, self.timeout_s)
+        if reply is None:
             return Verdict(
                 False,
                 self.name,
                 f"answer {_q(answer)} vs reference {_q(reference)}: simplify did not finish within {self.timeout_s} s (sympy)",
             )
-        if "error" in result:
-            e = result["error"]
+        if "error" in reply:
             return Verdict(
                 False,
                 self.name,
-                f"answer {_q(answer)} vs reference {_q(reference)}: sympy could not compare them ({type(e).__name__}) (sympy)",
+                f"answer {_q(answer)} vs reference {_q(reference)}: sympy could not compare them ({reply['error']}) (sympy)",
             )
-        diff = result["diff"]
-        if diff == 0:
+        if reply["equal"]:
             return Verdict(
                 True,
                 self.name,
@@ -397,7 +471,7 @@ class SympyVerifier:
         return Verdict(
             False,
             self.name,
-            f"answer {_q(answer)} does not equal reference {_q(reference)} (sympy, simplify(answer - reference) = {_q(str(diff))})",
+            f"answer {_q(answer)} does not equal reference {_q(reference)} (sympy, simplify(answer - reference) = {_q(reply['diff'])})",
         )
 
 

@@ -8,10 +8,12 @@ callable and only stores the content hash it returns. Every multi-row write is o
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import os
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, replace
-from datetime import datetime
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,18 @@ from sqlalchemy import exc as sa_exc
 
 from db import engine as dbengine
 from db import migrations
-from db.rows import HEX64, KINDS, ArtifactRow, LedgerRow, LedgerTotals, SourceRow, VerificationRow
+from db.rows import (
+    HEX64,
+    KINDS,
+    LEDGER_QUERY_CHARS,
+    ArtifactRow,
+    LedgerRow,
+    LedgerTotals,
+    SourceRow,
+    VerificationRow,
+    as_utc,
+    utcnow,
+)
 from db.schema import artifacts, embeddings, ledger, meta, sources, verifications
 from errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
 
@@ -78,15 +91,43 @@ def _check_embedding(embedding: Embedding) -> None:
         raise InvalidInput(f"text_sha256 must be 64 lowercase hex digits (a SHA-256); got {text_sha256!r}")
 
 
+@dataclass(frozen=True)
+class Retention:
+    """How long ledger rows live: at most `days` old and the newest `max_rows`; None keeps them all.
+
+    Set on a public deployment with KVGRAFT_LEDGER_DAYS and KVGRAFT_LEDGER_MAX_ROWS. Totals shown by
+    the app sum the rows still kept."""
+
+    days: float | None = None
+    max_rows: int | None = None
+    every: int = 100  # add_ledger prunes on every `every`-th ledger id
+
+    @classmethod
+    def from_env(cls) -> Retention:
+        values = {}
+        for name, key, kind in (("KVGRAFT_LEDGER_DAYS", "days", float), ("KVGRAFT_LEDGER_MAX_ROWS", "max_rows", int)):
+            raw = os.environ.get(name, "").strip()
+            if raw:
+                try:
+                    values[key] = kind(raw)
+                except ValueError:
+                    raise InvalidInput(f"{name}={raw!r} is not a number; set it to e.g. 30 or unset it") from None
+                if not values[key] > 0:
+                    raise InvalidInput(f"{name}={raw!r} must be positive; unset it to keep every ledger row")
+        return cls(**values)
+
+
 class Catalog:
     """Open with `Catalog.open(url, home)`; close with `.close()` (or use it as a context manager)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, retention: Retention | None = None):
         self._engine = engine
+        self.retention = Retention.from_env() if retention is None else retention
 
     @classmethod
-    def open(cls, url: str | None, home: Path) -> Catalog:
-        """url None or "": SQLite at `<home>/catalog.sqlite3`. Runs pending migrations."""
+    def open(cls, url: str | None, home: Path, retention: Retention | None = None) -> Catalog:
+        """url None or "": SQLite at `<home>/catalog.sqlite3`. Runs pending migrations. Ledger retention
+        comes from the environment unless given."""
         engine = dbengine.create(url, Path(home))
         try:
             migrations.migrate(engine)
@@ -100,7 +141,7 @@ class Catalog:
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine)
+        return cls(engine, retention)
 
     @property
     def url(self) -> str:
@@ -376,12 +417,38 @@ class Catalog:
     # -- ledger ----------------------------------------------------------------------------------
 
     def add_ledger(self, entry: LedgerRow) -> int:
-        """Append one answer; returns its ledger id."""
+        """Append one answer; returns its ledger id. Whatever the caller hands in, the row keeps the first
+        LEDGER_QUERY_CHARS characters of the question, its full length and the SHA-256 of the whole of it;
+        every `retention.every`-th row prunes the ledger in the same transaction."""
         values = _new(entry)
+        values["query"] = entry.query[:LEDGER_QUERY_CHARS]
+        values["query_chars"] = len(entry.query)
+        values["query_sha256"] = hashlib.sha256(entry.query.encode("utf-8", "surrogatepass")).hexdigest()
         values["artifact_ids"] = json.dumps(list(entry.artifact_ids))
         values["output_token_ids"] = json.dumps(list(entry.output_token_ids))
         with dbengine.write(self._engine) as conn:
-            return int(conn.execute(insert(ledger).values(**values).returning(ledger.c.id)).scalar_one())
+            new_id = int(conn.execute(insert(ledger).values(**values).returning(ledger.c.id)).scalar_one())
+            if new_id % self.retention.every == 0:
+                self._prune(conn, entry.created_at)
+            return new_id
+
+    def prune_ledger(self, now: datetime | None = None) -> int:
+        """Delete ledger rows the retention does not keep (older than `days` before `now`, beyond the
+        newest `max_rows`); returns how many were deleted."""
+        with dbengine.write(self._engine) as conn:
+            return self._prune(conn, now or utcnow())
+
+    def _prune(self, conn: Connection, now: datetime) -> int:
+        deleted = 0
+        if self.retention.days is not None:
+            cutoff = as_utc(now) - timedelta(days=self.retention.days)
+            deleted += conn.execute(delete(ledger).where(ledger.c.created_at < cutoff)).rowcount
+        if self.retention.max_rows is not None:
+            oldest_kept = select(ledger.c.id).order_by(ledger.c.id.desc()).offset(self.retention.max_rows - 1).limit(1)
+            floor = conn.execute(oldest_kept).scalar()
+            if floor is not None:
+                deleted += conn.execute(delete(ledger).where(ledger.c.id < floor)).rowcount
+        return deleted
 
     def ledger(self, last: int | None = None) -> list[LedgerRow]:
         """Ledger entries, oldest first; only the newest `last` of them when given."""

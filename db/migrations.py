@@ -149,7 +149,19 @@ def m001_initial(conn: Connection) -> None:
     conn.execute(insert(meta).values(id=1, version=0))
 
 
-STEPS: tuple[tuple[str, Callable[[Connection], None]], ...] = (("m001_initial", m001_initial),)
+def m002_ledger_bounds(conn: Connection) -> None:
+    """ledger.query_chars (the full question's length) and an index on ledger.created_at for retention;
+    questions already stored are cut to 500 characters (query_sha256 already hashes the whole question)."""
+    conn.execute(text("ALTER TABLE ledger ADD COLUMN query_chars INTEGER"))
+    conn.execute(text("UPDATE ledger SET query_chars = length(query)"))
+    conn.execute(text("UPDATE ledger SET query = substr(query, 1, 500) WHERE length(query) > 500"))
+    conn.execute(text("CREATE INDEX ix_ledger_created_at ON ledger (created_at)"))
+
+
+STEPS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
+    ("m001_initial", m001_initial),
+    ("m002_ledger_bounds", m002_ledger_bounds),
+)
 
 
 def _begin_step(conn: Connection) -> set[str]:

@@ -21,6 +21,9 @@ TIERS = ("exact", "relocated", "none")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
+LEDGER_QUERY_CHARS = 500  # characters of a question the ledger keeps; anonymous text is not stored whole
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -109,7 +112,11 @@ class VerificationRow:
 class LedgerRow:
     """One answered query with its hashes and token/second/FLOP accounting. `baseline_tokens` is
     what a no-graft run needs for the same context: prefix + prompt prefill, plus the baseline's own
-    decode tokens when `baseline_measured`. `exact` is None when no exactness check ran."""
+    decode tokens when `baseline_measured`. `exact` is None when no exactness check ran.
+
+    As stored, `query` holds at most LEDGER_QUERY_CHARS characters of the question, `query_sha256`
+    the SHA-256 of the whole question (UTF-8) and `query_chars` its length (None on rows written
+    before m002_ledger_bounds)."""
 
     query_sha256: str
     query: str
@@ -132,6 +139,7 @@ class LedgerRow:
     baseline_ttft_s: float | None = None
     exact: bool | None = None
     check_json: str | None = None
+    query_chars: int | None = None  # the full question's length; the catalog stores `query` cut to LEDGER_QUERY_CHARS
     created_at: datetime = field(default_factory=utcnow)
     id: int | None = None
 

@@ -14,6 +14,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -104,6 +105,8 @@ ledger = Table(
     Column("check_json", Text, nullable=True),
     Column("flops", BigInteger, nullable=False),
     Column("baseline_flops", BigInteger, nullable=False),
+    Column("query_chars", Integer, nullable=True),  # m002_ledger_bounds
+    Index("ix_ledger_created_at", "created_at"),  # m002_ledger_bounds: retention deletes by age
 )
 
 # One row (id = 1). `version` is bumped in the same transaction as any change to artifacts or

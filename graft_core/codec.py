@@ -9,6 +9,7 @@ shape and dtype is checked, and anything malformed is an `IntegrityError`, never
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import torch
@@ -17,6 +18,9 @@ from .artifact import FORMAT, KVArtifact
 from .errors import IncompatibleArtifact, IntegrityError
 
 MAX_HEADER_BYTES = 1 << 20  # 1 MiB of JSON is far beyond any real header (18 layers: ~3 KiB)
+MAX_DIM = (1 << 31) - 1  # largest tensor dimension or header integer (positions, lengths) the reader accepts
+MAX_RANK = 8
+_CANONICAL_INT = re.compile(r"0|[1-9][0-9]{0,18}")  # ASCII decimal, no sign, spaces, '_' or leading zeros
 
 _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}
 _DTYPES_BACK = {v: k for k, v in _DTYPES.items()}
@@ -119,6 +123,13 @@ def _json_int(x) -> int:
     return x
 
 
+def _meta_int(text: str) -> int:
+    """A header integer written as `dumps` writes it: canonical decimal in [0, MAX_DIM]; ValueError otherwise."""
+    if not _CANONICAL_INT.fullmatch(text) or int(text) > MAX_DIM:
+        raise ValueError(f"not a canonical integer: {text[:40]!r}")
+    return int(text)
+
+
 def loads(data: bytes | bytearray) -> KVArtifact:
     """Parse bytes written by `dumps`. Malformed input raises IntegrityError/IncompatibleArtifact.
 
@@ -129,11 +140,13 @@ def loads(data: bytes | bytearray) -> KVArtifact:
     buf = data if isinstance(data, bytearray) else bytearray(data)
     check_format(meta)
     try:
-        start, length = int(meta["start"]), int(meta["length"])
+        start, length = _meta_int(meta["start"]), _meta_int(meta["length"])
         layer_types = tuple(meta["layer_types"].split(",")) if meta["layer_types"] else ()
-        seen = tuple(int(s) for s in meta["seen"].split(",")) if meta["seen"] else ()
+        seen = tuple(_meta_int(s) for s in meta["seen"].split(",")) if meta["seen"] else ()
     except ValueError:
-        raise IntegrityError("artifact integrity check failed: start/length/seen are not integers") from None
+        raise IntegrityError(
+            "artifact integrity check failed: start/length/seen are not canonical non-negative integers"
+        ) from None
     if start < 0 or length < 0 or len(seen) != len(layer_types) or any(s < 0 for s in seen):
         raise IntegrityError("artifact integrity check failed: inconsistent start/length/seen")
     names = _tensor_names(len(layer_types))
@@ -146,15 +159,23 @@ def loads(data: bytes | bytearray) -> KVArtifact:
         e = entries[name]
         try:
             dtype = _DTYPES_BACK[e["dtype"]]
+            if not isinstance(e, dict) or not isinstance(e["shape"], list) or not isinstance(e["data_offsets"], list):
+                raise TypeError("entry, shape and data_offsets must be an object and two lists")
             shape = [_json_int(s) for s in e["shape"]]
             lo, hi = (_json_int(x) for x in e["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise IntegrityError(f"artifact integrity check failed: tensor {name} entry is malformed") from None
-        numel = 1
+        if len(shape) > MAX_RANK:
+            raise IntegrityError(f"artifact integrity check failed: tensor {name} has {len(shape)} dimensions (limit {MAX_RANK})")
+        numel, span = 1, 1  # span: the product of the non-zero dimensions, which torch must hold even when numel is 0
         for s in shape:
             if s < 0:
                 raise IntegrityError(f"artifact integrity check failed: tensor {name} has a negative dimension")
-            numel *= s
+            if s > MAX_DIM:
+                raise IntegrityError(f"artifact integrity check failed: tensor {name} has a dimension over {MAX_DIM:,}")
+            numel, span = numel * s, span * max(s, 1)
+        if span > MAX_DIM:
+            raise IntegrityError(f"artifact integrity check failed: tensor {name} has more than {MAX_DIM:,} elements")
         itemsize = torch.empty((), dtype=dtype).element_size()
         if lo != expected_offset or hi - lo != numel * itemsize or hi > body:
             raise IntegrityError(

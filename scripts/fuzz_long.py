@@ -2,8 +2,9 @@
 
 Real artifact bytes from the tiny Gemma-3 and Llama models (a root, a chain child, another model's
 root) are mutated (bit flips anywhere or in the header, byte overwrites, splices between artifacts,
-truncations, a rewritten 8-byte length, one header field replaced, deleted or nudged, or a wholly
-random JSON header) and handed to `codec.loads`. Every case must end in a `KvgraftError` subclass or
+truncations, a rewritten 8-byte length, one header field replaced, deleted or nudged, a wholly
+random JSON header, an integer header field respelt as int() would still read it ("-0", " 1_0 "),
+or a 0 dimension beside huge ones) and handed to `codec.loads`. Every case must end in a `KvgraftError` subclass or
 a valid artifact that writes back; any other exception, or a case running over 10 s, fails the run.
 
     python -m scripts.fuzz_long --cases 10000 --seed 1     # the figure in docs/RELIABILITY.md
@@ -77,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report, indent=2))
     if total < args.cases:
         print(f"FAIL: only {total} of {args.cases} cases ran", file=sys.stderr)
+        return 1
+    unused = [k for k in MUTATIONS if not by_kind[k]]
+    if unused:  # e.g. meta_int, empty_huge_shape (issue 12) must be exercised, not just listed
+        print(f"FAIL: mutations never drawn: {', '.join(unused)}", file=sys.stderr)
         return 1
     print(f"OK: {total} fuzz cases, every one a clean kvgraft error or a valid artifact")
     return 0

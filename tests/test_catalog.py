@@ -7,6 +7,7 @@ import json
 import struct
 import threading
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from sqlalchemy import exc as sa_exc
 from db import engine as dbengine
 from db import migrations, schema
 from db.blobs import BlobStore
-from db.catalog import Catalog
+from db.catalog import Catalog, Retention
 from db.rows import ArtifactRow, LedgerRow, LedgerTotals, SourceRow, VerificationRow
 from errors import ArtifactNotFound, IntegrityError, InvalidInput, KvgraftError
 
@@ -102,7 +103,6 @@ def dep(cat, store) -> Depositor:
 
 def ledger_row(**kw) -> LedgerRow:
     base = dict(
-        query_sha256=sha("q"),
         query="What is x?",
         prompt_sha256=sha("p"),
         artifact_ids=("a" * 64, "b" * 64),
@@ -124,19 +124,24 @@ def ledger_row(**kw) -> LedgerRow:
         exact=True,
         check_json='{"kl": 0.0}',
     )
-    return LedgerRow(**{**base, **kw})
+    values = {**base, **kw}
+    values.setdefault("query_sha256", sha(values["query"]))  # as the catalog stores it: the whole question's hash
+    values.setdefault("query_chars", len(values["query"]))
+    return LedgerRow(**values)
 
 
 # -- migrations and connection --------------------------------------------------------------------
 
+ALL_STEPS = ["m001_initial", "m002_ledger_bounds"]
+
 
 def test_migrations_are_idempotent_and_match_schema(url, home):
     with Catalog.open(url, home) as first:
-        assert migrations.applied(first._engine) == ["m001_initial"]
+        assert migrations.applied(first._engine) == ALL_STEPS
         assert first.version() == 0
     with Catalog.open(url, home) as second:
         assert migrations.migrate(second._engine) == []
-        assert migrations.applied(second._engine) == ["m001_initial"]
+        assert migrations.applied(second._engine) == ALL_STEPS
         assert second.version() == 0
         inspector = sa.inspect(second._engine)
         assert set(inspector.get_table_names()) == set(schema.metadata.tables)
@@ -149,17 +154,17 @@ def test_migrations_are_idempotent_and_match_schema(url, home):
 def test_a_failing_migration_step_leaves_nothing_behind(url, home, monkeypatch):
     Catalog.open(url, home).close()
 
-    def m002_broken(conn):
+    def m003_broken(conn):
         conn.execute(sa.text("CREATE TABLE half_done (x INTEGER)"))
         raise RuntimeError("step failed midway")
 
-    monkeypatch.setattr(migrations, "STEPS", (*migrations.STEPS, ("m002_broken", m002_broken)))
+    monkeypatch.setattr(migrations, "STEPS", (*migrations.STEPS, ("m003_broken", m003_broken)))
     with pytest.raises(RuntimeError, match="step failed midway"):
         Catalog.open(url, home)
     monkeypatch.undo()
     with Catalog.open(url, home) as cat:
         assert "half_done" not in sa.inspect(cat._engine).get_table_names()
-        assert migrations.applied(cat._engine) == ["m001_initial"]
+        assert migrations.applied(cat._engine) == ALL_STEPS
 
 
 def test_a_catalog_from_a_newer_kvgraft_is_refused(url, home):
@@ -459,6 +464,67 @@ def test_ledger_round_trip_and_totals(cat):
         checks_passed=1,
         checks_failed=1,
     )
+
+
+# -- ledger bounds and retention (issue 12) -------------------------------------------------------
+
+
+def test_a_long_question_is_stored_bounded_with_the_whole_questions_hash(cat):
+    question = "Why? " * 2_000 + "\u00e9"  # 10,001 characters, as an anonymous user may send
+    ledger_id = cat.add_ledger(ledger_row(query=question, query_sha256="0" * 64, query_chars=None))
+    (stored,) = cat.ledger()
+    assert stored.id == ledger_id
+    assert stored.query == question[:500] and len(stored.query) == 500
+    assert stored.query_sha256 == hashlib.sha256(question.encode()).hexdigest()  # the caller's value is not trusted
+    assert stored.query_chars == 10_001
+    cat.add_ledger(ledger_row(query="What is x?"))
+    assert cat.ledger()[-1].query == "What is x?" and cat.ledger()[-1].query_chars == 10
+
+
+def test_retention_by_age_and_by_count(url, home):
+    now = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    with Catalog.open(url, home, retention=Retention(days=30, every=10**9)) as cat:
+        for age in (90, 31, 29, 1, 0):
+            cat.add_ledger(ledger_row(query=f"{age} days old", created_at=now - timedelta(days=age)))
+        assert cat.prune_ledger(now) == 2
+        assert [r.query for r in cat.ledger()] == ["29 days old", "1 days old", "0 days old"]
+        assert cat.ledger_totals().answers == 3
+    with Catalog.open(url, home, retention=Retention(max_rows=2, every=1)) as cat:  # prunes on every insert
+        cat.add_ledger(ledger_row(query="newest", created_at=now))
+        assert [r.query for r in cat.ledger()] == ["0 days old", "newest"]
+        assert cat.prune_ledger(now) == 0
+
+
+def test_retention_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("KVGRAFT_LEDGER_DAYS", "7.5")
+    monkeypatch.setenv("KVGRAFT_LEDGER_MAX_ROWS", "1000")
+    assert Retention.from_env() == Retention(days=7.5, max_rows=1000)
+    monkeypatch.setenv("KVGRAFT_LEDGER_MAX_ROWS", "lots")
+    with pytest.raises(InvalidInput) as e:
+        Retention.from_env()
+    assert str(e.value) == "KVGRAFT_LEDGER_MAX_ROWS='lots' is not a number; set it to e.g. 30 or unset it"
+    monkeypatch.setenv("KVGRAFT_LEDGER_MAX_ROWS", "0")
+    with pytest.raises(InvalidInput, match="must be positive; unset it to keep every ledger row"):
+        Retention.from_env()
+    monkeypatch.delenv("KVGRAFT_LEDGER_DAYS")
+    monkeypatch.delenv("KVGRAFT_LEDGER_MAX_ROWS")
+    assert Retention.from_env() == Retention()
+
+
+def test_m002_bounds_questions_already_in_the_ledger(url, home, monkeypatch):
+    monkeypatch.setattr(migrations, "STEPS", migrations.STEPS[:1])
+    old = Catalog.open(url, home, retention=Retention())
+    values = {k: v for k, v in ledger_row(query="Q" * 1_500).__dict__.items() if k not in ("id", "query_chars")}
+    values["artifact_ids"], values["output_token_ids"] = "[]", "[1]"
+    with dbengine.write(old._engine) as conn:
+        conn.execute(sa.insert(schema.ledger).values(**values))
+    old.close()
+    monkeypatch.undo()
+    with Catalog.open(url, home) as cat:
+        assert migrations.applied(cat._engine) == ALL_STEPS
+        (row,) = cat.ledger()
+        assert row.query == "Q" * 500 and row.query_chars == 1_500 and row.query_sha256 == sha("Q" * 1_500)
+        assert "ix_ledger_created_at" in {i["name"] for i in sa.inspect(cat._engine).get_indexes("ledger")}
 
 
 # -- portable rows --------------------------------------------------------------------------------

@@ -163,6 +163,7 @@ def _half_precision_layer0(header, body):
 
 
 _BAD = "artifact integrity check failed: "
+_NOT_INT = f"{_BAD}start/length/seen are not canonical non-negative integers"
 CORRUPT_HEADERS = [
     ("length > 1 MiB", lambda d: struct.pack("<Q", (1 << 20) + 1) + d[8:], f"{_BAD}header claims 1048577 bytes (limit 1048576)"),
     ("length 2**64-1", lambda d: b"\xff" * 8 + d[8:], f"{_BAD}header claims 18446744073709551615 bytes (limit 1048576)"),
@@ -177,14 +178,42 @@ CORRUPT_HEADERS = [
     ("metadata int value", _header_case(_set(("__metadata__", "start"), 0)), f"{_BAD}header metadata missing or not str -> str"),
     ("metadata list", _header_case(_set(("__metadata__",), ["format"])), f"{_BAD}header metadata missing or not str -> str"),
     ("metadata lacks a key", _header_case(_del(("__metadata__", "probe_sha256"))), f"{_BAD}header metadata lacks probe_sha256"),
-    ("start not a number", _header_case(_set(("__metadata__", "start"), "zero")), f"{_BAD}start/length/seen are not integers"),
-    ("negative start", _header_case(_set(("__metadata__", "start"), "-1")), f"{_BAD}inconsistent start/length/seen"),
+    ("start not a number", _header_case(_set(("__metadata__", "start"), "zero")), _NOT_INT),
+    ("negative start", _header_case(_set(("__metadata__", "start"), "-1")), _NOT_INT),
+    ("start -0", _header_case(_set(("__metadata__", "start"), "-0")), _NOT_INT),  # issue 12: int() took these
+    ("start ' 1_0 '", _header_case(_set(("__metadata__", "start"), " 1_0 ")), _NOT_INT),
+    ("start +0", _header_case(_set(("__metadata__", "start"), "+0")), _NOT_INT),
+    ("start 00", _header_case(_set(("__metadata__", "start"), "00")), _NOT_INT),
+    ("start Arabic-Indic zero", _header_case(_set(("__metadata__", "start"), "\u0660")), _NOT_INT),
+    ("start 0 newline", _header_case(_set(("__metadata__", "start"), "0\n")), _NOT_INT),
+    ("start 2**31", _header_case(_set(("__metadata__", "start"), str(2**31))), _NOT_INT),
+    ("length 2**70", _header_case(_set(("__metadata__", "length"), str(2**70))), _NOT_INT),
+    (
+        "seen ' 5'",
+        _header_case(lambda h, b: h["__metadata__"].update(seen=h["__metadata__"]["seen"].replace(",", ", ", 1))),
+        _NOT_INT,
+    ),
     ("seen count", _header_case(_set(("__metadata__", "seen"), "1,2")), f"{_BAD}inconsistent start/length/seen"),
     ("negative dimension", _header_case(_set(("token_ids", "shape"), [-20])), f"{_BAD}tensor token_ids has a negative dimension"),
     (
         "dimension 2**64",
         _header_case(_set(("token_ids", "shape"), [2**64])),
-        f"{_BAD}tensor token_ids offsets do not match its shape or the file size",
+        f"{_BAD}tensor token_ids has a dimension over 2,147,483,647",
+    ),
+    (  # issue 12: numel 0 passed the offset check and torch.reshape raised TypeError
+        "0 x 2**63 dimensions",
+        _header_case(lambda h, b: h["token_ids"].update(shape=[0, 2**63], data_offsets=[h["token_ids"]["data_offsets"][0]] * 2)),
+        f"{_BAD}tensor token_ids has a dimension over 2,147,483,647",
+    ),
+    (
+        "0 x 2**40 dimensions",
+        _header_case(lambda h, b: h["token_ids"].update(shape=[0, 2**40], data_offsets=[h["token_ids"]["data_offsets"][0]] * 2)),
+        f"{_BAD}tensor token_ids has a dimension over 2,147,483,647",
+    ),
+    (
+        "rank 9",
+        _header_case(lambda h, b: h["token_ids"].update(shape=[0] * 9, data_offsets=[h["token_ids"]["data_offsets"][0]] * 2)),
+        f"{_BAD}tensor token_ids has 9 dimensions (limit 8)",
     ),
     ("dimension 1e400", _header_case(_set(("token_ids", "shape"), [float("inf")])), f"{_BAD}tensor token_ids entry is malformed"),
     ("dimension 2.5", _header_case(_set(("token_ids", "shape"), [2.5])), f"{_BAD}tensor token_ids entry is malformed"),
@@ -250,7 +279,19 @@ def test_another_format_version_is_incompatible_not_corrupt(arts):
 
 # ---- property-based fuzz of the reader ------------------------------------------------------------
 
-MUTATIONS = ("bitflip", "header_bitflip", "overwrite", "splice", "truncate", "length_prefix", "header_field", "random_header")
+MUTATIONS = (
+    "bitflip",
+    "header_bitflip",
+    "overwrite",
+    "splice",
+    "truncate",
+    "length_prefix",
+    "header_field",
+    "random_header",
+    "meta_int",
+    "empty_huge_shape",
+)
+_INT_SPELLINGS = ("-0", "+0", "00", " 1_0 ", "1_0", "0x10", "1e3", "\u0660", "\uff11", "0\n", "\t7", "", str(2**31), str(2**64))
 
 _json_leaf = (
     st.none()
@@ -293,6 +334,22 @@ def mutated(draw, bases: list[bytes]) -> tuple[str, bytes]:
         data[at : at + cut] = other[a:b]
     elif kind == "truncate":
         del data[draw(st.integers(0, len(data))) :]
+    elif kind == "meta_int":  # an integer header field spelt as int() would take it but dumps never writes it
+        header, body = split(bytes(data))
+        field = draw(st.sampled_from(["start", "length", "seen"]))
+        parts = header["__metadata__"][field].split(",")
+        parts[draw(st.integers(0, len(parts) - 1))] = draw(
+            st.sampled_from(_INT_SPELLINGS) | st.from_regex(r"[-+ ]?0*[0-9_]{1,4} ?", fullmatch=True)
+        )
+        header["__metadata__"][field] = ",".join(parts)
+        data = bytearray(join(header, body))
+    elif kind == "empty_huge_shape":  # numel 0 with a dimension torch cannot hold, offsets made consistent
+        header, body = split(bytes(data))
+        name = draw(st.sampled_from(sorted(k for k in header if k != "__metadata__")))
+        lo = header[name]["data_offsets"][0]
+        shape = draw(st.lists(st.integers(0, 2**64) | st.sampled_from([0, 2**31, 2**63 - 1, 2**63]), min_size=1, max_size=10))
+        header[name].update(shape=[0, *shape], data_offsets=[lo, lo])
+        data = bytearray(join(header, body))
     elif kind == "length_prefix":
         n = draw(st.integers(0, 2**64 - 1) | st.integers(0, len(data)) | st.integers(head_end - 16, head_end + 16))
         data[:8] = struct.pack("<Q", max(0, min(n, 2**64 - 1)))
