@@ -118,3 +118,14 @@ def test_blob_store_hashes_what_is_on_disk(lib):
     assert blobs.actual_sha256(d.content_sha256) == hashlib.sha256(path.read_bytes()).hexdigest() != d.content_sha256
     path.unlink()
     assert blobs.actual_sha256(d.content_sha256) is None
+
+
+def test_pyproject_installs_every_top_level_module_and_package():
+    """A module added at the top level but not listed in pyproject would be missing from `pip install .`."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    modules = {p.stem for p in ROOT.glob("*.py")}
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench", "scripts"}
+    assert set(setup["py-modules"]) == modules, f"pyproject py-modules {sorted(setup['py-modules'])} vs files {sorted(modules)}"
+    assert packages <= set(setup["packages"]), f"packages not installed: {sorted(packages - set(setup['packages']))}"
