@@ -12,14 +12,12 @@ verified library in `library_seed/` at startup.
 
 from __future__ import annotations
 
-import hmac
+import contextlib
 import json
 import logging
 import os
 import queue
-import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,8 +27,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import gradio as gr  # noqa: E402
 
-import maintenance  # noqa: E402
 import services  # noqa: E402
+from app_guard import ADMIN_HELP, Guard  # noqa: E402
+from app_upkeep import answer_options as _answer_options  # noqa: E402
+from app_upkeep import call as _call  # noqa: E402
+from app_upkeep import model_turn as _model  # noqa: E402
+from app_upkeep import upkeep as _upkeep  # noqa: E402
+from app_upkeep import verify as _verify  # noqa: E402
 from app_views import (  # noqa: E402
     LIBRARY_HEADERS,
     esc,
@@ -48,18 +51,19 @@ from app_views import (  # noqa: E402
     warn,
 )
 from errors import KvgraftError, VerificationFailed  # noqa: E402  (types, not the engine)
+from services.limits import (  # noqa: E402
+    ANON_MAX_NEW_TOKENS,
+    ANON_VERIFY_SAMPLES,
+)
 
 log = logging.getLogger("kvgraft.app")
 
 HERE = Path(__file__).resolve().parent
 SEED_DIR = HERE / "library_seed"
 STATIC = HERE / "static"
-QUEUE_MAX = 64
+QUEUE_MAX = 256  # over-quota requests are refused in microseconds, so a deep queue drains fast
+MODEL_WORKERS = 16  # handlers that may wait at once for the model; `FairTurns` runs one at a time
 VERIFIERS = ["exact", "numeric", "sympy", "attested"]
-ADMIN_HELP = (
-    "Deposits are disabled: no admin token is configured. Set the environment variable "
-    "`KVGRAFT_ADMIN_TOKEN` to a secret and restart the app (`KVGRAFT_ADMIN_TOKEN=... python app.py`)."
-)
 
 
 # ---- the built-in library ------------------------------------------------------------------
@@ -105,7 +109,10 @@ def seed_library(
 _DONE = object()
 
 
-MAX_UPLOAD = "4gb"  # a bundle upload; bundle import applies its own per-member and total limits after
+# Gradio's upload route takes files from anyone (no per-route auth): keep them small, and delete them
+# (and Gradio's copies of exports) after an hour. Larger bundles go through `cli.py import`.
+MAX_UPLOAD = os.environ.get("KVGRAFT_MAX_UPLOAD", "256mb")
+CACHE_CLEANUP = (600, 3600)  # Blocks(delete_cache=(every s, older than s))
 
 
 def launch_kwargs() -> dict:
@@ -113,37 +120,21 @@ def launch_kwargs() -> dict:
     return {"css_paths": [STATIC / "app.css"], "theme": gr.themes.Soft(primary_hue="blue"), "max_file_size": MAX_UPLOAD}
 
 
-def _admin_check(token: str) -> Callable[[str | None], None]:
-    """A guard each admin handler calls first: refuses unless `given` equals the configured token."""
-
-    def admin_ok(given: str | None) -> None:
-        if not token:
-            raise gr.Error(ADMIN_HELP)
-        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
-            raise gr.Error("Admin token refused: give the value of KVGRAFT_ADMIN_TOKEN set on the server.")
-
-    return admin_ok
-
-
-def _call(fn: Callable, *args, **kwargs):
-    """Run one service call; a kvgraft error becomes the message the user sees."""
-    try:
-        return fn(*args, **kwargs)
-    except KvgraftError as exc:
-        raise gr.Error(str(exc)) from None
-
-
 # ---- chat ----------------------------------------------------------------------------------
 
 
-def _stream_answer(library: services.Library, message: str, **options) -> Iterator[str | services.AnswerResult | Exception]:
-    """Run `library.answer` in a thread; yield each newer partial answer text, then the result (or the error)."""
+def _stream_answer(
+    library: services.Library, message: str, turn: Callable = contextlib.nullcontext, **options
+) -> Iterator[str | services.AnswerResult | Exception]:
+    """Run `library.answer` in a thread holding `turn()` (the model, fairly) until it ends, even when the
+    reader goes away; yield each newer partial answer text, then the result (or the error)."""
     q: queue.Queue = queue.Queue()
     out: dict = {}
 
     def work():
         try:
-            out["r"] = library.answer(message, on_token=q.put, **options)
+            with turn():
+                out["r"] = library.answer(message, on_token=q.put, **options)
         except Exception as exc:  # handed to the caller, which keeps the app up
             out["e"] = exc
         finally:
@@ -171,10 +162,13 @@ def _not_answered(exc: Exception) -> str:
     return f"Not answered: internal error ({type(exc).__name__}: {exc}); the app is still running"
 
 
-def _chat_tab(library: services.Library):
-    def chat(message, history, graft, k, max_new, check, compare):
+def _chat_tab(library: services.Library, guard: Guard):
+    def chat(message, history, graft, k, max_new, check, compare, request: gr.Request):
         history = list(history or [])
-        problem = input_problem(message)
+        try:
+            options, problem = _answer_options(guard, request, k, graft, max_new, check, compare), input_problem(message)
+        except KvgraftError as exc:
+            options, problem = {}, str(exc)
         if problem:
             if isinstance(message, str) and message.strip():
                 history.append({"role": "user", "content": shown(message)})
@@ -183,8 +177,7 @@ def _chat_tab(library: services.Library):
             return
         history += [{"role": "user", "content": shown(message)}, {"role": "assistant", "content": "…"}]
         yield history, gr.skip(), ""
-        options = dict(k=int(k), graft=bool(graft), max_new_tokens=int(max_new), check=bool(check), compare=bool(compare))
-        for item in _stream_answer(library, message, **options):
+        for item in _stream_answer(library, message, turn=lambda: guard.turn(request), **options):
             if isinstance(item, str):
                 history[-1] = {"role": "assistant", "content": item or "…"}
                 yield history, gr.skip(), ""
@@ -211,11 +204,11 @@ def _chat_tab(library: services.Library):
                     send = gr.Button("Ask", variant="primary", scale=1, elem_id="kv-ask")
                 with gr.Row():
                     graft = gr.Checkbox(True, label="graft")
-                    check = gr.Checkbox(True, label="check exactness")
+                    check = gr.Checkbox(False, label="check exactness (a fresh recomputation)")
                     compare = gr.Checkbox(False, label="compare with no graft (measured)")
                 with gr.Row():
                     k = gr.Slider(1, services.MAX_K, 3, step=1, label="k (retrieved)")
-                    max_new = gr.Slider(1, 128, 32, step=1, label="max new tokens")
+                    max_new = gr.Slider(1, ANON_MAX_NEW_TOKENS, 32, step=1, label="max new tokens")
                 clear = gr.Button("Clear chat", size="sm")
             with gr.Column(scale=2):
                 gr.Markdown("### Evidence")
@@ -224,8 +217,9 @@ def _chat_tab(library: services.Library):
                     elem_id="kv-evidence",
                 )
         inputs, outputs = [box, chatbot, graft, k, max_new, check, compare], [chatbot, evidence, box]
-        box.submit(chat, inputs, outputs, concurrency_id="model", api_name="chat", api_visibility="undocumented")
-        send.click(chat, inputs, outputs, concurrency_id="model", api_visibility="private")
+        model = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS}
+        box.submit(chat, inputs, outputs, api_name="chat", api_visibility="undocumented", **model)
+        send.click(chat, inputs, outputs, api_visibility="private", **model)
         clear.click(lambda: ([], ""), None, [chatbot, evidence], api_visibility="private", queue=False)
     return tab
 
@@ -252,17 +246,29 @@ def _deposit(
     raise gr.Error("Nothing to deposit: fill in a verified item (question, solution, answer, reference) or free text.")
 
 
-def _deposit_tab(library: services.Library, token: str, admin_ok) -> gr.Tab:
+def _deposit_tab(library: services.Library, token: str, guard: Guard) -> gr.Tab:
     def deposit_ui(
-        admin_token, mode, question, solution, answer, verifier, reference, text, title, attested_by, progress=gr.Progress()
+        admin_token,
+        mode,
+        question,
+        solution,
+        answer,
+        verifier,
+        reference,
+        text,
+        title,
+        attested_by,
+        request: gr.Request,
+        progress=gr.Progress(),
     ):
-        admin_ok(admin_token)
+        _call(guard.admin, admin_token, request)
         if mode == "verified item":
             text, attested_by = "", ""
         else:
             question = ""
         fields = (question, solution, answer, verifier, reference, text, title, attested_by)
-        d = _deposit(library, *fields, on_progress=lambda f, m: progress(f, desc=m))
+        with _model(guard, request):
+            d = _deposit(library, *fields, on_progress=lambda f, m: progress(f, desc=m))
         verb = "Deposited" if d.created else "Already deposited (nothing computed)"
         return (
             f"**{verb}** `{d.id[:16]}…` — {d.tokens} tokens at position {d.start}, {d.bytes:,} bytes, "
@@ -288,7 +294,12 @@ def _deposit_tab(library: services.Library, token: str, admin_ok) -> gr.Tab:
         dbtn = gr.Button("Deposit", variant="primary")
         dout = gr.Markdown()
         dbtn.click(
-            deposit_ui, [tok, mode, dq, ds, da, dv, dr, dt, dtitle, dat], dout, concurrency_id="model", api_visibility="private"
+            deposit_ui,
+            [tok, mode, dq, ds, da, dv, dr, dt, dtitle, dat],
+            dout,
+            concurrency_id="model",
+            concurrency_limit=MODEL_WORKERS,
+            api_visibility="private",
         )
     return tab
 
@@ -308,41 +319,8 @@ def _show(library: services.Library, ref: str) -> tuple[str, dict]:
     return r["source"]["text"], {"artifact": r["artifact"], "chain": r["chain"], "verifications": r["verifications"]}
 
 
-def _upkeep(library: services.Library, admin_ok):
-    """The export, import and delete handlers of the Library tab."""
-
-    def export_bundle(ref: str):
-        ids = [s.strip() for s in (ref or "").replace(",", " ").split() if s.strip()] or library.artifact_ids()
-        if not ids:
-            raise gr.Error("The store is empty: nothing to export.")
-        out = Path(tempfile.mkdtemp(prefix="kvgraft-export-")) / f"kvgraft-bundle-{time.strftime('%Y%m%d-%H%M%S')}.tar"
-        rep = _call(maintenance.export_bundle, library, ids, out)
-        return (
-            rep.path,
-            f"Exported {len(rep.artifacts)} artifacts, {rep.bytes:,} bytes, bundle sha256 `{rep.bundle_sha256[:16]}…`",
-        )
-
-    def import_bundle(admin_token, file):
-        admin_ok(admin_token)
-        if not file:
-            raise gr.Error("Choose a bundle file to import.")
-        rep = _call(maintenance.import_bundle, library, Path(file if isinstance(file, str) else file.name))
-        return f"Imported {len(rep.artifacts)} artifacts ({len(rep.new)} new, {rep.blobs_written} blobs written).", _table(
-            library
-        )
-
-    def delete_artifact(admin_token, ref):
-        admin_ok(admin_token)
-        if not (ref or "").strip():
-            raise gr.Error("Select an artifact (click a row) or paste its id first.")
-        rep = _call(library.delete, ref.strip())
-        return f"Deleted `{rep.id[:16]}…` (blob {'removed' if rep.blob_removed else 'kept: still referenced'}).", _table(library)
-
-    return export_bundle, import_bundle, delete_artifact
-
-
-def _library_tab(library: services.Library, admin_ok, reads: dict) -> tuple[gr.Tab, gr.Dataframe]:
-    export_bundle, import_bundle, delete_artifact = _upkeep(library, admin_ok)
+def _library_tab(library: services.Library, guard: Guard, reads: dict) -> tuple[gr.Tab, gr.Dataframe]:
+    export_bundle, import_bundle, delete_artifact = _upkeep(library, guard, lambda: _table(library))
 
     def pick(evt: gr.SelectData, data):
         rid = evt.row_value[0] if evt.row_value else ""
@@ -358,10 +336,10 @@ def _library_tab(library: services.Library, admin_ok, reads: dict) -> tuple[gr.T
             src_text = gr.Textbox(label="deposited text", lines=8)
             manifest = gr.JSON(label="manifest (row, chain, verifier record)")
         with gr.Accordion("Export / import / delete", open=False):
+            ltok = gr.Textbox(label="admin token (export, import, delete)", type="password")
             with gr.Row():
                 exp_btn = gr.Button("Export bundle (selected id, or all when empty)")
                 exp_file = gr.File(label="bundle")
-            ltok = gr.Textbox(label="admin token (import, delete)", type="password")
             with gr.Row():
                 imp_file = gr.File(label="bundle to import", type="filepath")
                 imp_btn = gr.Button("Import")
@@ -373,8 +351,8 @@ def _library_tab(library: services.Library, admin_ok, reads: dict) -> tuple[gr.T
         tab.select(table, search, tbl, **reads)
         tbl.select(pick, tbl, [sel, src_text, manifest], **reads)
         sel.submit(lambda ref: _show(library, ref), sel, [src_text, manifest], **reads)
-        admin = {"concurrency_id": "model", "api_visibility": "undocumented"}
-        exp_btn.click(export_bundle, sel, [exp_file, lout], api_name="export", **admin)
+        admin = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS, "api_visibility": "undocumented"}
+        exp_btn.click(export_bundle, [ltok, sel], [exp_file, lout], api_name="export", **admin)
         imp_btn.click(import_bundle, [ltok, imp_file], [lout, tbl], api_name="import", **admin)
         del_btn.click(delete_artifact, [ltok, sel], [lout, tbl], api_name="delete", **admin)
     return tab, tbl
@@ -383,10 +361,9 @@ def _library_tab(library: services.Library, admin_ok, reads: dict) -> tuple[gr.T
 # ---- verify --------------------------------------------------------------------------------
 
 
-def _verify_tab(library: services.Library) -> gr.Tab:
-    def verify_ui(samples, do_relocate, offset, progress=gr.Progress()):
-        relocate = int(offset) if do_relocate else None
-        rep = _call(library.verify_samples, int(samples), relocate=relocate, on_progress=lambda f, m: progress(f, desc=m))
+def _verify_tab(library: services.Library, guard: Guard) -> gr.Tab:
+    def verify_ui(samples, do_relocate, offset, request: gr.Request, progress=gr.Progress()):
+        rep, relocate = _verify(library, guard, request, samples, offset if do_relocate else None, progress=progress)
         return (*verify_summary(rep), verify_plot(rep.rows, relocate))
 
     with gr.Tab("Verify", id="verify") as tab:
@@ -396,7 +373,7 @@ def _verify_tab(library: services.Library) -> gr.Tab:
             "the approximate tier, measured."
         )
         with gr.Row():
-            vn = gr.Slider(1, 100, 10, step=1, label="samples")
+            vn = gr.Slider(1, ANON_VERIFY_SAMPLES, ANON_VERIFY_SAMPLES, step=1, label="samples")
             vrel = gr.Checkbox(False, label="relocate")
             voff = gr.Number(64, precision=0, minimum=0, label="offset")
             vbtn = gr.Button("Run", variant="primary")
@@ -407,7 +384,14 @@ def _verify_tab(library: services.Library) -> gr.Tab:
                 interactive=False,
             )
             vplot = gr.Plot(label="per sample", show_label=False)
-        vbtn.click(verify_ui, [vn, vrel, voff], [vsum, vtbl, vplot], concurrency_id="model", api_visibility="private")
+        vbtn.click(
+            verify_ui,
+            [vn, vrel, voff],
+            [vsum, vtbl, vplot],
+            concurrency_id="model",
+            concurrency_limit=MODEL_WORKERS,
+            api_visibility="private",
+        )
     return tab
 
 
@@ -439,18 +423,28 @@ def _dashboard_tab(library: services.Library, other_tabs: list[gr.Tab], reads: d
 # ---- named API endpoints -------------------------------------------------------------------
 
 
-def _apis(library: services.Library, admin_ok) -> None:
+def _apis(library: services.Library, guard: Guard) -> None:
     """`/answer`, `/deposit`, `/verify`: the JSON objects `cli.py ask|deposit|verify --json` print."""
 
     def answer_api(
-        question: str, k: int = 3, graft: bool = True, max_new_tokens: int = 32, check: bool = True, compare: bool = False
+        question: str,
+        k: int = 3,
+        graft: bool = True,
+        max_new_tokens: int = 32,
+        check: bool = False,
+        compare: bool = False,
+        admin_token: str = "",
+        request: gr.Request = None,
     ) -> dict:
-        """Answer a question; returns the same JSON object as `cli.py ask --json`."""
+        """Answer a question; returns the same JSON object as `cli.py ask --json`. `check=True` adds a fresh
+        recomputation (bounded by the context); max_new_tokens <= 64 without the admin token."""
+        options = _call(_answer_options, guard, request, k, graft, max_new_tokens, check, compare, admin_token)
         problem = input_problem(question)
         if problem:
             raise gr.Error(problem)
-        options = dict(k=int(k), graft=bool(graft), max_new_tokens=int(max_new_tokens), check=bool(check), compare=bool(compare))
-        return json.loads(json.dumps(_call(library.answer, question, **options).to_json(), default=str))
+        with _model(guard, request):
+            result = library.answer(question, **options)
+        return json.loads(json.dumps(result.to_json(), default=str))
 
     def deposit_api(
         admin_token: str,
@@ -462,29 +456,36 @@ def _apis(library: services.Library, admin_ok) -> None:
         text: str = "",
         title: str = "",
         attested_by: str = "",
+        request: gr.Request = None,
     ) -> dict:
         """Deposit a verified item (question/solution/answer/verifier/reference) or free text; admin token required."""
-        admin_ok(admin_token)
-        return _deposit(library, question, solution, answer, verifier, reference, text, title, attested_by).to_json()
+        _call(guard.admin, admin_token, request)
+        with _model(guard, request):
+            return _deposit(library, question, solution, answer, verifier, reference, text, title, attested_by).to_json()
 
-    def verify_api(samples: int = 10, relocate: int | None = None) -> dict:
-        """N-sample exactness check; with `relocate` the relocation experiment at that offset (approximate tier)."""
-        rep = _call(library.verify_samples, int(samples), relocate=None if relocate is None else int(relocate))
+    def verify_api(samples: int = 5, relocate: int | None = None, admin_token: str = "", request: gr.Request = None) -> dict:
+        """N-sample exactness check (<= 5 samples without the admin token); with `relocate` the relocation
+        experiment at that offset (approximate tier), within the model's context."""
+        rep, _ = _verify(library, guard, request, samples, relocate, admin_token)
         return json.loads(json.dumps(rep.to_json(every_field=False), default=str))
 
-    gr.api(answer_api, api_name="answer", concurrency_id="model")
-    gr.api(deposit_api, api_name="deposit", concurrency_id="model")
-    gr.api(verify_api, api_name="verify", concurrency_id="model")
+    model = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS}
+    gr.api(answer_api, api_name="answer", **model)
+    gr.api(deposit_api, api_name="deposit", **model)
+    gr.api(verify_api, api_name="verify", **model)
 
 
 # ---- the app -------------------------------------------------------------------------------
 
 
-def build_app(library: services.Library, admin_token: str | None = None, seed_status: SeedStatus | None = None) -> gr.Blocks:
-    """The Blocks app over one Library. `admin_token` defaults to $KVGRAFT_ADMIN_TOKEN (read now)."""
+def build_app(
+    library: services.Library, admin_token: str | None = None, seed_status: SeedStatus | None = None, guard: Guard | None = None
+) -> gr.Blocks:
+    """The Blocks app over one Library. `admin_token` defaults to $KVGRAFT_ADMIN_TOKEN (read now);
+    `guard` (the admin gate and the fair model turns) defaults to one over that token."""
     token = admin_token if admin_token is not None else os.environ.get("KVGRAFT_ADMIN_TOKEN", "")
     status = seed_status or SeedStatus()
-    admin_ok = _admin_check(token)
+    guard = guard or Guard(token)
     library.lm  # noqa: B018  (load the model now, not on the first request)
     reads = {"concurrency_id": "reads", "concurrency_limit": 4, "api_visibility": "private"}
 
@@ -493,22 +494,22 @@ def build_app(library: services.Library, admin_token: str | None = None, seed_st
         cls = "kv-status-busy" if not status.done else "kv-status"
         return f'<div class="{cls}">{esc(msg)}</div>', gr.Timer(active=not status.done)
 
-    with gr.Blocks(title="kvgraft") as demo:
+    with gr.Blocks(title="kvgraft", delete_cache=CACHE_CLEANUP) as demo:
         with gr.Row(elem_classes="kv-top"):
             gr.Markdown("## kvgraft · verified knowledge, grafted byte-exact into a frozen model")
             status_md = gr.HTML(elem_id="kv-status")
         status_timer = gr.Timer(1.0)
-        chat_tab = _chat_tab(library)
-        dep_tab = _deposit_tab(library, token, admin_ok)
-        lib_tab, tbl = _library_tab(library, admin_ok, reads)
-        ver_tab = _verify_tab(library)
+        chat_tab = _chat_tab(library, guard)
+        dep_tab = _deposit_tab(library, token, guard)
+        lib_tab, tbl = _library_tab(library, guard, reads)
+        ver_tab = _verify_tab(library, guard)
         _dashboard_tab(library, [chat_tab, dep_tab, lib_tab, ver_tab], reads)
-        _apis(library, admin_ok)
+        _apis(library, guard)
         status_timer.tick(status_line, None, [status_md, status_timer], show_progress="hidden", **reads)
         demo.load(status_line, None, [status_md, status_timer], **reads)
         demo.load(lambda: _table(library), None, tbl, **reads)
 
-    demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX)
+    demo.queue(default_concurrency_limit=MODEL_WORKERS, max_size=QUEUE_MAX)
     return demo
 
 

@@ -54,23 +54,34 @@ class ExportReport:
         return asdict(self)
 
 
+def _checked_blob(lib: Library, digest: str) -> Path:
+    """The stored file of blob `digest` after hashing it in 1 MiB chunks: a corrupt blob is never exported."""
+    actual = lib._blobs.actual_sha256(digest)
+    if actual != digest:
+        raise IntegrityError(
+            f"blob integrity check failed for {digest}: its bytes hash to {actual or 'nothing (missing)'}; "
+            "nothing was exported. Restore it from a bundle or run `cli.py rebuild --verify`"
+        )
+    return lib._blobs.path(digest)
+
+
 def export_bundle(lib: Library, ids: list[str], out: str | Path) -> ExportReport:
     """Write the artifacts `ids`, their ancestors, their catalog rows and a manifest to the tar `out`."""
     if not ids:
         raise InvalidInput("give at least one artifact id to export; list ids with `cli.py list`")
     requested = tuple(lib._catalog.get(i).id for i in ids)
     rows = lib._catalog.export_rows(requested)
-    members: dict[str, bytes] = {}
+    members: dict[str, bytes | Path] = {}
     entries = []
     for a in rows["artifacts"]:
-        data = lib._blobs.get(a["content_sha256"])  # re-hashed on read: a corrupt blob is never exported
-        members[_blob_member(a["content_sha256"])] = data
+        blob = _checked_blob(lib, a["content_sha256"])
+        members[_blob_member(a["content_sha256"])] = blob  # streamed into the tar, never held whole
         entries.append(
             {
                 "id": a["id"],
                 "parent": a["parent_id"],
                 "content_sha256": a["content_sha256"],
-                "bytes": len(data),
+                "bytes": blob.stat().st_size,
                 "model_fingerprint": a["model_fingerprint"],
                 "member": _blob_member(a["content_sha256"]),
             }
