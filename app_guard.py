@@ -38,13 +38,13 @@ class Client:
     address: str
 
 
-def client_of(request) -> Client:
-    """The client behind a Gradio request. The address is the socket's peer, or the first
-    X-Forwarded-For hop when KVGRAFT_TRUST_PROXY=1 (behind a proxy that sets it, e.g. a Space)."""
+def client_of(request, trust_proxy: bool = False) -> Client:
+    """The client behind a Gradio request. The address is the socket's peer, or with `trust_proxy` the
+    first X-Forwarded-For hop (only behind a proxy that sets it, e.g. a Space: anyone can send the header)."""
     if request is None:  # a handler called directly, not through Gradio: one shared anonymous client
         return Client("direct", "direct")
     address = getattr(getattr(request, "client", None), "host", None) or "unknown"
-    if os.environ.get("KVGRAFT_TRUST_PROXY") == "1":
+    if trust_proxy:
         forwarded = (request.headers.get("x-forwarded-for") or "").split(",")[0].strip()
         address = forwarded or address
     session = getattr(request, "session_hash", None) or f"address:{address}"
@@ -79,7 +79,8 @@ class AdminGate:
                 raise Refused(f"Too many wrong admin tokens; admin actions are locked for {wait:.0f} s. Try again later.")
             ok = isinstance(given, str) and hmac.compare_digest(given.encode("utf-8", "replace"), self.token.encode())
             if not ok:
-                self._failures.append((now, client.address))
+                if given not in (None, ""):  # no token is not a guess
+                    self._failures.append((now, client.address))
                 raise Refused("Admin token refused: give the value of KVGRAFT_ADMIN_TOKEN set on the server.")
 
     def is_admin(self, given: object, client: Client) -> bool:
@@ -218,18 +219,25 @@ class FairTurns:
 class Guard:
     """The gate and the turns of one app, called by each handler with its Gradio request."""
 
-    def __init__(self, token: str, gate: AdminGate | None = None, turns: FairTurns | None = None):
+    def __init__(
+        self, token: str, gate: AdminGate | None = None, turns: FairTurns | None = None, trust_proxy: bool | None = None
+    ):
+        """`trust_proxy` defaults to KVGRAFT_TRUST_PROXY=1; the per-address cap to KVGRAFT_PER_ADDRESS (32)."""
         self.gate = gate or AdminGate(token)
         self.turns = turns or FairTurns(per_address=int(os.environ.get("KVGRAFT_PER_ADDRESS", "32")))
+        self.trust_proxy = os.environ.get("KVGRAFT_TRUST_PROXY") == "1" if trust_proxy is None else trust_proxy
+
+    def client(self, request) -> Client:
+        return client_of(request, self.trust_proxy)
 
     def admin(self, token: object, request) -> None:
         """Returns for the admin token; Refused otherwise (a wrong token counts as a failed guess)."""
-        self.gate.check(token, client_of(request))
+        self.gate.check(token, self.client(request))
 
     def is_admin(self, token: object, request) -> bool:
         """False without a token, True with the right one, Refused with a wrong one."""
-        return self.gate.is_admin(token, client_of(request))
+        return self.gate.is_admin(token, self.client(request))
 
     def turn(self, request):
         """The model for one request of this client (see `FairTurns.turn`)."""
-        return self.turns.turn(client_of(request))
+        return self.turns.turn(self.client(request))

@@ -21,7 +21,7 @@ import gradio as gr
 import maintenance
 import services
 from app_guard import Guard
-from errors import KvgraftError
+from errors import InvalidInput, KvgraftError
 from services.limits import ANON_MAX_NEW_TOKENS, ANON_VERIFY_SAMPLES, MAX_NEW_TOKENS, MAX_VERIFY_SAMPLES, whole
 
 EXPORT_TTL_S = 600.0  # our own export file is removed this long after the handler returned it
@@ -55,15 +55,19 @@ def expire(folder: Path, after_s: float) -> threading.Timer:
 
 
 def answer_options(guard: Guard, request, k, graft, max_new, check, compare, admin_token=None) -> dict:
-    """The bounded options of one answer: max_new_tokens up to ANON_MAX_NEW_TOKENS without the admin
-    token; `check` (one fresh recomputation, bounded by the context) only when asked for."""
-    top = MAX_NEW_TOKENS if guard.is_admin(admin_token, request) else ANON_MAX_NEW_TOKENS
+    """The bounded options of one answer. Without the admin token the decoding, the no-graft comparison's
+    included (`compare` decodes again), is at most ANON_MAX_NEW_TOKENS, so one anonymous answer costs about
+    one default chat; `check` (one fresh recomputation, bounded by the context) runs only when asked for."""
+    admin = guard.is_admin(admin_token, request)
+    compare = compare is True
+    top = MAX_NEW_TOKENS if admin else ANON_MAX_NEW_TOKENS // (2 if compare else 1)
+    try:
+        max_new_tokens = whole("max_new_tokens", max_new, 1, top)
+    except KvgraftError as exc:
+        why = " (compare decodes twice)" if compare and not admin else ""
+        raise InvalidInput(f"{exc}{why}; larger answers need the admin token") from None
     return dict(
-        k=whole("k", k, 1, services.MAX_K),
-        graft=bool(graft),
-        max_new_tokens=whole("max_new_tokens", max_new, 1, top),
-        check=check is True,
-        compare=compare is True,
+        k=whole("k", k, 1, services.MAX_K), graft=bool(graft), max_new_tokens=max_new_tokens, check=check is True, compare=compare
     )
 
 

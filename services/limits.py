@@ -23,7 +23,7 @@ def bounded(name: str, text: str, limit: int) -> str:
 
 
 MAX_NEW_TOKENS = 512  # any caller: decode steps of one answer
-ANON_MAX_NEW_TOKENS = 64  # without the admin token (about two default chats' worth of decoding)
+ANON_MAX_NEW_TOKENS = 32  # without the admin token: decode steps of one answer, the no-graft comparison included
 MAX_VERIFY_SAMPLES = 1000
 ANON_VERIFY_SAMPLES = 5
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
