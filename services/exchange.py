@@ -150,8 +150,9 @@ def _manifest(staged: dict[str, Path]) -> dict:
     return manifest
 
 
-def _verify_staged(staged: dict[str, Path]) -> tuple[dict, dict, dict[str, bytes]]:
-    """Every check of a staged bundle against itself: (manifest, catalog rows, content hash -> blob bytes)."""
+def _verify_staged(staged: dict[str, Path]) -> tuple[dict, dict, dict[str, Path]]:
+    """Every check of a staged bundle against itself: (manifest, catalog rows, content hash -> staged file).
+    Blobs are read one at a time; none is held after its checks."""
     manifest = _manifest(staged)
     entries = manifest["artifacts"]
     listed = {MANIFEST, manifest["catalog"]["member"], *(e["member"] for e in entries)}
@@ -174,7 +175,7 @@ def _verify_staged(staged: dict[str, Path]) -> tuple[dict, dict, dict[str, bytes
         raise InvalidInput(f"bundle {CATALOG} is malformed ({type(e).__name__}); export it again") from None
     if set(by_id) != {e["id"] for e in entries} or len(by_id) != len(entries):
         raise IntegrityError(f"bundle {CATALOG} and {MANIFEST} list different artifacts; export it again")
-    blobs: dict[str, bytes] = {}
+    blobs: dict[str, Path] = {}
     for e in entries:
         data = staged[e["member"]].read_bytes()
         actual = sha256_bytes(data)
@@ -200,7 +201,7 @@ def _verify_staged(staged: dict[str, Path]) -> tuple[dict, dict, dict[str, bytes
                 raise IncompatibleArtifact(
                     f"artifact {e['id']} was made by model {art.model_fingerprint} but {what} says {fp}; nothing was imported"
                 )
-        blobs[e["content_sha256"]] = data
+        blobs[e["content_sha256"]] = staged[e["member"]]
     return manifest, rows, blobs
 
 
@@ -224,15 +225,17 @@ def import_bundle(
                 )
         written = []
         try:
-            for digest, data in sorted(blobs.items()):
+            for digest, staged_file in sorted(blobs.items()):
                 if lib._blobs.exists(digest):
                     try:
                         lib._blobs.get(digest)
                         continue
                     except IntegrityError:  # a corrupt copy: the bundle's verified bytes restore it
                         lib._blobs.delete(digest)
-                lib._blobs.put(data)
-                written.append(digest)
+                stored = lib._blobs.put(staged_file.read_bytes())
+                written.append(stored)
+                if stored != digest:  # the staged file changed after its check: undone below
+                    raise IntegrityError(f"staged blob {digest} changed during the import; nothing was imported")
             new = lib._catalog.import_rows(rows)
         except BaseException:
             for digest in written:  # undo: a blob no row refers to is an orphan
