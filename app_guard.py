@@ -96,6 +96,7 @@ class Turn:
 
     def __init__(self, turns: FairTurns, client: Client, seq: int):
         self._turns, self.client, self.seq = turns, client, seq
+        self._started = 0.0  # when it last got the model (for charging its time)
 
     def pause(self) -> None:
         """Call between units of work (outside the model lock): hands the model to any waiting client that
