@@ -24,7 +24,11 @@ def check_compatible(lm: LoadedModel, art: KVArtifact) -> None:
     info = lm.info
     diffs = []
     if art.model_fingerprint != lm.fingerprint:
-        diffs.append(f"model fingerprint {art.model_fingerprint[:12]}... != this model's {lm.fingerprint[:12]}... ({info.name})")
+        diffs.append(
+            f"model fingerprint {art.model_fingerprint[:12]}... != this model's {lm.fingerprint[:12]}... ({info.name}); "
+            "other weights, configuration or CPU kernel path (`cli.py selftest --json` shows this machine's): "
+            "recompute it here from its source text (`cli.py rebuild`)"
+        )
     if art.tokenizer_fingerprint != info.tokenizer_sha256:
         diffs.append(f"tokenizer {art.tokenizer_fingerprint[:12]}... != {info.tokenizer_sha256[:12]}...")
     if art.dtype != lm.config.dtype:
