@@ -293,3 +293,24 @@ def test_layer_adapter_round_trips_every_layer_kind(tiny_gemma):
     for kind, a, b, x in zip(lm.info.layer_types, states, again, long):
         want = a if kind == "sliding_attention" else x  # sliding: trimmed back to its last window-1 rows
         assert torch.equal(b.keys, want.keys) and torch.equal(b.values, want.values) and b.seen == a.seen
+
+
+def test_kernel_path_is_in_the_record_and_the_fingerprint(tiny_dirs, tiny_gemma):
+    """ATEN_CPU_CAPABILITY=default changes the bits of float32 results (docs/DETERMINISM.md), so a
+    process on that path has another fingerprint and refuses this path's artifacts."""
+    import os
+
+    script = (
+        "import json,sys; from graft_core import model; lm=model.load(sys.argv[1]);"
+        "print(json.dumps([lm.fingerprint, lm.info.fingerprint, lm.config.as_dict()['numerics']]))"
+    )
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tiny_dirs["gemma3"])], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    ).stdout
+    fingerprint, model_only, numerics = json.loads(out.strip().splitlines()[-1])
+    here = tiny_gemma.config.as_dict()["numerics"]
+    assert numerics["aten_capability"] == "DEFAULT" and here["aten_capability"] != "DEFAULT"
+    assert {"cpu_vendor", "cpu_isa", "blas", "mkl_cbwr", "mkldnn"} <= set(here)
+    assert model_only == tiny_gemma.info.fingerprint  # same weights, tokenizer, config
+    assert fingerprint != tiny_gemma.fingerprint  # another kernel path: another artifact identity
