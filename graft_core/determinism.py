@@ -3,7 +3,7 @@
 The record is part of every artifact's fingerprint: two artifacts made under different records are
 never grafted into each other's sessions. It includes the CPU kernel path (ATen's capability, the CPU
 vendor and widest vector ISA that MKL dispatches on, the BLAS build and MKL's reproducibility
-setting, oneDNN on/off), because those change the bits of float32 results (docs/DETERMINISM.md).
+setting, oneDNN on/off, the intra-op thread count), because those change the bits of float32 results (docs/DETERMINISM.md).
 This module sets process-wide torch state and reads the machine; nothing else.
 """
 
@@ -95,6 +95,8 @@ def kernel_path(device: str = "cpu") -> tuple[tuple[str, str], ...]:
         "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
         "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS", ""),
         "mkldnn": str(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled),
+        # measured: 1 vs 2 threads gave equal KV and 14-token logits but a different 3-token probe row
+        "threads": str(torch.get_num_threads()),
     }
     return tuple(sorted(path.items()))
 

@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from . import codec, verify
 from .capture import capture, logits_sha256
 from .forward import forward_chunk, new_cache
@@ -88,6 +90,17 @@ def compute(lm: LoadedModel) -> dict[str, str]:
     return out
 
 
+def _on_recorded_threads(lm: LoadedModel, fn):
+    """Run fn(lm) with the thread count the model's record was taken under (a caller may have changed it)."""
+    recorded = int(dict(lm.config.numerics).get("threads", torch.get_num_threads()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(recorded)
+    try:
+        return fn(lm)
+    finally:
+        torch.set_num_threads(before)
+
+
 def load_golden(path: Path | None = None) -> dict:
     path = path or GOLDEN_FILE
     try:
@@ -100,14 +113,18 @@ def run(lm: LoadedModel, golden: dict | None = None) -> SelftestReport:
     """Recompute every case and compare with the golden set filed under this model's fingerprint."""
     golden = load_golden() if golden is None else golden
     expected = golden.get("sets", {}).get(lm.fingerprint, {}).get("cases", {})
-    got = compute(lm)
+    got = _on_recorded_threads(lm, compute)
     cases = tuple(Case(name=n, expected=expected.get(n), got=h) for n, h in got.items())
     return SelftestReport(key=lm.fingerprint, cases=cases, numerics=lm.config.as_dict()["numerics"])
 
 
 def golden_entry(lm: LoadedModel) -> dict:
     """A golden set for this model and kernel path (what `golden.json` files under `lm.fingerprint`)."""
-    return {"model": lm.info.name.rsplit("/", 1)[-1], "numerics": lm.config.as_dict()["numerics"], "cases": compute(lm)}
+    return {
+        "model": lm.info.name.rsplit("/", 1)[-1],
+        "numerics": lm.config.as_dict()["numerics"],
+        "cases": _on_recorded_threads(lm, compute),
+    }
 
 
 def record(lm: LoadedModel, path: Path | None = None) -> dict:
