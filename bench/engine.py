@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -154,7 +155,7 @@ def numerics_study(rounds: int, out: Path) -> None:
             r = subprocess.run(
                 [sys.executable, "-m", "bench.engine", "--numerics-child", name],
                 env={**os.environ, **env},
-                cwd=Path(__file__).resolve().parents[1],
+                cwd=ROOT,
                 capture_output=True,
                 text=True,
                 check=True,
