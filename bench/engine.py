@@ -101,7 +101,7 @@ NUMERICS_RUNS = {  # name: (environment, threads or None, oneDNN enabled)
     "mkl_cbwr_compatible": ({"MKL_CBWR": "COMPATIBLE"}, None, True),
     "mkl_cbwr_avx2": ({"MKL_CBWR": "AVX2"}, None, True),
     "mkl_enable_instructions_avx2": ({"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, None, True),
-    "threads_1": ({}, 1, True),
+    "threads_1": ({"KVGRAFT_THREADS": "1"}, 1, True),
     "mkldnn_off": ({}, None, False),
 }
 QUESTION = "Who was the harbour master of Quenmora?"

@@ -20,6 +20,19 @@ import torch
 import transformers
 
 ATTN_IMPLEMENTATION = "sdpa"
+DEFAULT_THREADS = 2  # pinned, not "all cores": the thread count changes the bits of short forwards
+
+
+def pinned_threads() -> int:
+    """The intra-op thread count every kvgraft process computes with: KVGRAFT_THREADS, default 2.
+
+    Pinned so that a 2-core laptop and a 16-core server compute the same bits (measured: 1 vs 2
+    threads changed a 3-token probe row); a process that wants another count sets the variable
+    before the model loads and gets another fingerprint."""
+    raw = os.environ.get("KVGRAFT_THREADS", "").strip() or str(DEFAULT_THREADS)
+    if not raw.isdigit() or not 1 <= int(raw) <= 256:
+        raise ValueError(f"KVGRAFT_THREADS must be a whole number from 1 to 256, got {raw!r}")
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,7 @@ def kernel_path(device: str = "cpu") -> tuple[tuple[str, str], ...]:
         "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS", ""),
         "mkldnn": str(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled),
         # measured: 1 vs 2 threads gave equal KV and 14-token logits but a different 3-token probe row
-        "threads": str(torch.get_num_threads()),
+        "threads": str(torch.get_num_threads()),  # pinned by pin() (KVGRAFT_THREADS, default 2)
     }
     return tuple(sorted(path.items()))
 
@@ -109,6 +122,8 @@ def pin(device: str = "cpu", dtype: torch.dtype = torch.float32) -> DeterminismC
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     torch.use_deterministic_algorithms(True)
+    if not device.startswith("cuda"):
+        torch.set_num_threads(pinned_threads())
     return DeterminismConfig(
         dtype=str(dtype).removeprefix("torch."),
         device=torch.device(device).type,

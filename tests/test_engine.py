@@ -314,3 +314,25 @@ def test_kernel_path_is_in_the_record_and_the_fingerprint(tiny_dirs, tiny_gemma)
     assert {"cpu_vendor", "cpu_isa", "blas", "mkl_cbwr", "mkldnn"} <= set(here)
     assert model_only == tiny_gemma.info.fingerprint  # same weights, tokenizer, config
     assert fingerprint != tiny_gemma.fingerprint  # another kernel path: another artifact identity
+
+
+def test_pin_sets_the_pinned_thread_count_whatever_the_cores(monkeypatch):
+    """Threads change the bits of short forwards, so every process computes with KVGRAFT_THREADS (default 2)."""
+    import torch
+
+    from graft_core import determinism
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("KVGRAFT_THREADS", raising=False)
+        torch.set_num_threads(1)
+        assert dict(determinism.pin().numerics)["threads"] == str(determinism.DEFAULT_THREADS)
+        assert torch.get_num_threads() == determinism.DEFAULT_THREADS
+        monkeypatch.setenv("KVGRAFT_THREADS", "1")
+        assert dict(determinism.pin().numerics)["threads"] == "1"
+        for bad in ("0", "-1", "two", "1.5", "999"):
+            monkeypatch.setenv("KVGRAFT_THREADS", bad)
+            with pytest.raises(ValueError, match="KVGRAFT_THREADS must be a whole number"):
+                determinism.pin()
+    finally:
+        torch.set_num_threads(before)
