@@ -7,9 +7,12 @@ distinctive term of the item must be in the question, and the question must not 
 names of its own that the item lacks. Items without distinctive terms need a stricter cosine bar.
 Pure and deterministic; imports no torch and knows nothing about KV state, SQL or FAISS.
 
-Rare word: a lower-case word that is not one piece of the embedder's WordPiece vocabulary (so the
+Rare word: a word (in any case) that is not one piece of the embedder's WordPiece vocabulary (so the
 tokenizer splits it into >= 2 pieces), read from the packaged all-MiniLM-L6-v2's `vocab.txt`.
 Figures: bench/relevance.py writes docs/bench/relevance.json.
+Not caught: another question about the same entity ("When was Velmora founded?" against "Who founded
+Velmora?": every term matches), a common lower-case word of a name ("Quillon beetle" against "Quillon
+moth"), numbers written as words ("seventeen").
 """
 
 from __future__ import annotations

@@ -167,15 +167,14 @@ def test_eval_near_miss_set_rates():
     assert sum(q.form == "paraphrase" for q in nm.positives) == 2 * cfg.knowledge_n
     by_id = {r["id"]: r for r in nm.store}
     kept_own = sum(decide(q.question, by_id[q.target_id]["question"], DEFAULT_THRESHOLD).relevant for q in nm.positives)
-    # a near miss against every stored item of its template, at a perfect cosine (the worst case)
-    bad = [
-        (q.question, r["question"])
+    # a near miss is grafted if any stored item of its kind passes, even at a perfect cosine (worst case)
+    grafted = [
+        q.question
         for q in nm.near_misses
-        for r in nm.store
-        if r["kind"] == q.kind and decide(q.question, r["question"], 1.0).relevant
+        if any(r["kind"] == q.kind and decide(q.question, r["question"], 1.0).relevant for r in nm.store)
     ]
     assert kept_own / len(nm.positives) >= 0.98, kept_own
-    assert len(bad) / len(nm.near_misses) <= 0.05, bad[:10]
+    assert len(grafted) / len(nm.near_misses) <= 0.05, grafted[:10]
 
 
 def test_eval_near_miss_cli_prints_json():
