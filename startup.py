@@ -13,6 +13,7 @@ import inspect
 import json
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from errors import NotReady
+from errors import KvgraftError, NotReady
 
 log = logging.getLogger("kvgraft.startup")
 
@@ -223,6 +224,17 @@ class Startup:
 # ---- running it ----------------------------------------------------------------------------
 
 
+def _convert_in_child() -> None:
+    """The one-time GGUF conversion in a child process: its minute of mostly pure-Python work (the
+    tokenizer) would otherwise hold the GIL and leave the page unanswered while it runs."""
+    code = "from graft_core import model; model.resolve_model_dir(model.DEFAULT_MODEL)"
+    root = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise KvgraftError(f"converting the packaged model failed (exit {done.returncode}): {' | '.join(tail)}")
+
+
 def _model_stages(library, tracker: Startup) -> bool:
     from graft_core import model as model_mod
 
@@ -230,7 +242,7 @@ def _model_stages(library, tracker: Startup) -> bool:
         tracker.skip("convert", "model given by the caller")
     elif model_mod.needs_conversion(library.model_name):
         tracker.begin("convert", "GGUF from PyPI -> float32 safetensors, once per model cache")
-        model_mod.resolve_model_dir(model_mod.DEFAULT_MODEL)
+        _convert_in_child()
         tracker.finish("convert", f"saved in {model_mod.model_cache_dir()}")
     else:
         tracker.skip("convert", "already converted (model cache)")

@@ -58,9 +58,12 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float) -> dict:
                     )
                 time.sleep(0.2)
             first_page = time.perf_counter() - t0
-            client, tries, answer = Client(url, verbose=False), 0, None
+            client, tries, answer, slowest_page = Client(url, verbose=False), 0, None, 0.0
             while answer is None:
                 tries += 1
+                t = time.perf_counter()
+                _page_up(url)  # how long the page takes while the model arrives
+                slowest_page = max(slowest_page, time.perf_counter() - t)
                 try:
                     answer = client.predict(QUESTION, check=False, max_new_tokens=16, api_name="/answer")
                 except Exception as exc:  # "Still starting: ..." until the model is in
@@ -78,6 +81,7 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float) -> dict:
             "answer": answer["answer"],
             "tier": answer["tier"],
             "asks_before_ready": tries - 1,
+            "slowest_page_while_starting_s": round(slowest_page, 2),
             "model_cache": "given: " + str(model_cache) if model_cache else "empty temp folder (model converted)",
             "checkout": str(checkout),
             "python": sys.executable,
