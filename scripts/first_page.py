@@ -31,7 +31,7 @@ def _free_port() -> int:
 
 def _page_up(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=30) as r:
             return r.status == 200
     except OSError:
         return False
