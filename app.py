@@ -51,7 +51,7 @@ from app_views import (  # noqa: E402
     warn,
 )
 from errors import KvgraftError, VerificationFailed  # noqa: E402  (types, not the engine)
-from startup import Gate, Startup, TerminalProgress, status_html  # noqa: E402
+from startup import Gate, Startup, TerminalProgress, model_cache, status_html  # noqa: E402
 from startup import start as start_up  # noqa: E402
 
 log = logging.getLogger("kvgraft.app")
@@ -550,14 +550,12 @@ def main() -> None:
     print(
         f"kvgraft: {where.url}  (bound to {where.host}:{where.port}; the page comes first, the model loads behind it)", flush=True
     )
-    from graft_core.model import model_cache_dir  # after `apply`: a Space may move the model cache
-
     library = services.Library()
-    tracker = Startup.remembered(model_cache_dir())
+    tracker = Startup.remembered(model_cache())
     demo = build_app(library, admin_token=where.admin_token, startup=tracker, where=where)
     demo.launch(server_name=where.host, server_port=where.port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
     print(f"kvgraft: page served at {where.url} after {time.perf_counter() - _T0:.1f} s; store {library.home}", flush=True)
-    start_up(library, tracker, seed=seed_library, remember_in=model_cache_dir())
+    start_up(library, tracker, seed=seed_library, remember_in=model_cache())
     TerminalProgress(tracker).start()
     demo.block_thread()
 

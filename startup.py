@@ -224,6 +224,13 @@ class Startup:
 # ---- running it ----------------------------------------------------------------------------
 
 
+def model_cache() -> Path:
+    """The model cache (where the stage times are remembered), read when called: a Space may move it."""
+    from graft_core.model import model_cache_dir
+
+    return model_cache_dir()
+
+
 def _convert_in_child() -> None:
     """The one-time GGUF conversion in a child process: its minute of mostly pure-Python work (the
     tokenizer) would otherwise hold the GIL and leave the page unanswered while it runs."""
