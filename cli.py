@@ -107,6 +107,17 @@ def cmd_verify(args) -> int:
     return 0
 
 
+def cmd_selftest(args) -> int:
+    """Exit 0 when every golden hash matches on this machine, 1 otherwise (engine only: no store)."""
+    from graft_core import model, selftest
+
+    rep = selftest.run(model.load(args.model))
+    bad = [c.name for c in rep.cases if not c.match]
+    human = f"selftest: all {len(rep.cases)} golden hashes match" if rep.match else f"selftest: MISMATCH in {', '.join(bad)}"
+    _emit(args, rep.to_json(), human + f" (kernel path {rep.numerics})")
+    return 0 if rep.match else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cli.py", description="kvgraft: byte-exact KV-cache grafting")
     p.add_argument("--home", default=None, help="store folder (default $KVGRAFT_HOME or ~/.local/share/kvgraft)")
@@ -151,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--rows", action="store_true", help="include every field of every sample in --json")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("selftest", help="recompute the golden hashes and compare with the committed ones")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_selftest)
 
     import cli_upkeep
     from eval import cli as eval_cli

@@ -4,6 +4,12 @@ raw read of the same bytes, and artifact bytes per token vs the raw KV bytes.
 Ratios are measured within one run (the machine is shared and noisy) and reported as medians.
 Writes docs/bench/engine.json and prints a markdown table.  Usage:
     .venv/bin/python -m bench.engine [--lengths 512,1024,2048,4096,8192,16384] [--repeats 3]
+    .venv/bin/python -m bench.engine --numerics [--rounds 2]   # kernel-path study, see docs/DETERMINISM.md
+
+The numerics study runs each candidate pin (ATen capability, MKL reproducibility modes, threads,
+oneDNN) in a fresh process (the settings only apply before torch/MKL start) and records which change
+the bits of a 512-token artifact and a question's logits, and what each costs relative to the
+default run of the same round (prefill of 512 tokens, a question forward after the graft).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,16 +94,126 @@ def read_and_restore_unhashed(lm, path: Path) -> float:
     return time.perf_counter() - t0
 
 
+NUMERICS_RUNS = {  # name: (environment, threads or None, oneDNN enabled)
+    "default": ({}, None, True),
+    "aten_default": ({"ATEN_CPU_CAPABILITY": "default"}, None, True),
+    "aten_avx2": ({"ATEN_CPU_CAPABILITY": "avx2"}, None, True),
+    "mkl_cbwr_compatible": ({"MKL_CBWR": "COMPATIBLE"}, None, True),
+    "mkl_cbwr_avx2": ({"MKL_CBWR": "AVX2"}, None, True),
+    "mkl_enable_instructions_avx2": ({"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, None, True),
+    "threads_1": ({"KVGRAFT_THREADS": "1"}, 1, True),
+    "mkldnn_off": ({}, None, False),
+}
+QUESTION = "Who was the harbour master of Quenmora?"
+
+
+def numerics_child(name: str) -> dict:
+    """One kernel-path candidate in this (fresh) process: bit hashes and medians."""
+    _, threads, mkldnn = NUMERICS_RUNS[name]
+    if threads:
+        torch.set_num_threads(threads)
+    torch.backends.mkldnn.enabled = mkldnn
+    from graft_core.capture import logits_sha256
+
+    lm = model.load()
+    ids = text_tokens(lm, 512)
+    q_ids = generate.encode_prompt(lm, QUESTION, grafted=True)
+    art, _ = capture(lm, ids)
+    kv = hashlib.sha256()
+    for t in (*art.keys, *art.values):
+        kv.update(t.contiguous().numpy().tobytes())
+    q_logits = forward_chunk(lm.model, restore(lm, [art]), q_ids, art.end, all_logits=True)
+    prefill, question = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        forward_chunk(lm.model, new_cache(lm.model), ids, 0)
+        prefill.append(time.perf_counter() - t)
+        cache = restore(lm, [art])
+        t = time.perf_counter()
+        forward_chunk(lm.model, cache, q_ids, art.end)
+        question.append(time.perf_counter() - t)
+    return {
+        "name": name,
+        "numerics": lm.config.as_dict()["numerics"],
+        "threads": torch.get_num_threads(),
+        "kv_sha256": kv.hexdigest(),  # the artifact's tensors only: comparable across fingerprints
+        "artifact_sha256": hashlib.sha256(codec.dumps(art)).hexdigest(),
+        "question_logits_sha256": logits_sha256(q_logits),
+        "question_tokens": len(q_ids),
+        "prefill_512_s": statistics.median(prefill),
+        "question_s": statistics.median(question),
+    }
+
+
+def numerics_study(rounds: int, out: Path) -> None:
+    """Every candidate in its own process, rounds interleaved; ratios against the same round's default."""
+    import subprocess
+
+    results: dict[str, list[dict]] = {n: [] for n in NUMERICS_RUNS}
+    for _ in range(rounds):
+        for name, (env, _, _) in NUMERICS_RUNS.items():
+            r = subprocess.run(
+                [sys.executable, "-m", "bench.engine", "--numerics-child", name],
+                env={**os.environ, **env},
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            results[name].append(json.loads(r.stdout.strip().splitlines()[-1]))
+            print(results[name][-1], flush=True)
+    base = results["default"]
+    rows = []
+    for runs in results.values():
+        rows.append(
+            {
+                **{k: runs[0][k] for k in ("name", "numerics", "threads", "kv_sha256", "question_logits_sha256")},
+                "bits_equal_default": all(
+                    r["kv_sha256"] == b["kv_sha256"] and r["question_logits_sha256"] == b["question_logits_sha256"]
+                    for r, b in zip(runs, base)
+                ),
+                "prefill_512_over_default": statistics.median(
+                    r["prefill_512_s"] / b["prefill_512_s"] for r, b in zip(runs, base)
+                ),
+                "question_over_default": statistics.median(r["question_s"] / b["question_s"] for r, b in zip(runs, base)),
+                "prefill_512_s": statistics.median(r["prefill_512_s"] for r in runs),
+                "question_s": statistics.median(r["question_s"] for r in runs),
+            }
+        )
+    doc = json.loads(out.read_text()) if out.exists() else {"benchmark": "engine"}
+    doc["numerics"] = {
+        "command": f".venv/bin/python bench/engine.py --numerics --rounds {rounds}",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
+        "note": "each candidate in a fresh process; ratios are medians over rounds of (candidate / default of the same round)",
+        "rows": rows,
+    }
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print("\n| candidate | bits equal default | prefill 512 vs default | question vs default |\n|---|---|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['name']} | {r['bits_equal_default']} | {r['prefill_512_over_default']:.2f}x | {r['question_over_default']:.2f}x |"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--numerics", action="store_true", help="run the kernel-path study instead (writes the numerics section)")
+    ap.add_argument("--numerics-child", choices=sorted(NUMERICS_RUNS), help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "engine.json"))
     args = ap.parse_args()
+    if args.numerics_child:
+        print(json.dumps(numerics_child(args.numerics_child)))
+        return
+    if args.numerics:
+        numerics_study(args.rounds, Path(args.out))
+        return
     lengths = [int(x) for x in args.lengths.split(",")]
     lm = model.load()
-    question = "Who was the harbour master of Quenmora?"
-    q_ids = generate.encode_prompt(lm, question, grafted=True)
+    q_ids = generate.encode_prompt(lm, QUESTION, grafted=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="kvgraft-bench-") as tmp:
         store = BlobStore(Path(tmp) / "blobs")
@@ -180,6 +297,9 @@ def main() -> None:
         "the first token; ttft_fresh is one prefill of prefix+query with logits_to_keep=1. Medians.",
         "rows": rows,
     }
+    previous = Path(args.out)
+    if previous.exists() and "numerics" in (old := json.loads(previous.read_text())):
+        out["numerics"] = old["numerics"]  # the kernel-path study is its own run (--numerics)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(

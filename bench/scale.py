@@ -148,6 +148,7 @@ def probe(home: str, queries: list[str], threads: int) -> dict:
     import services
     from graft_core.graft import restore
 
+    os.environ["KVGRAFT_THREADS"] = str(threads)  # applied by the pin when the model loads
     torch.set_num_threads(threads)
     proc = psutil.Process()
     lib = services.Library(home=home)
@@ -261,6 +262,7 @@ def main(argv=None) -> int:
     import retrieval  # noqa: F401
     import services
 
+    os.environ["KVGRAFT_THREADS"] = str(args.threads)  # applied by the pin when the model loads
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="kvgraft-scale-", dir=args.home))
     home = tmp / "home"

@@ -38,7 +38,7 @@ class EvalConfig:
     k: int = 3
     paraphrases: int = 2  # paraphrases asked per knowledge item (0-2)
     compare: bool = True  # measure the no-graft baseline next to each recurring answer
-    torch_threads: int = 1
+    torch_threads: int = 2  # recorded: the pinned thread count the model computed with
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -365,9 +365,6 @@ def evaluate(
     log=print,
 ) -> dict:
     """Run the evaluation into `lib` (a fresh store) and return the results document."""
-    import torch
-
-    torch.set_num_threads(cfg.torch_threads)
     knowledge, problems = read_jsonl(knowledge_path), read_jsonl(problems_path)
     sample = pick(sample_ids, knowledge, problems) if sample_ids else draw(cfg, knowledge, problems)
     lm = lib.lm

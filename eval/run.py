@@ -41,7 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paraphrases", type=int, default=d.paraphrases, help="paraphrases asked per fact (0-2)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--no-compare", action="store_true", help="skip the measured no-graft baseline")
-    p.add_argument("--threads", type=int, default=d.torch_threads, help="torch threads (logits are identical with 1 and 2)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: the pinned KVGRAFT_THREADS, 2); part of the fingerprint",
+    )
     p.add_argument("--out", type=Path, default=OUT / "results.json")
     p.add_argument("--model", default=None, help="model (default the packaged Gemma 3 270M)")
     p.add_argument("--no-report", action="store_true", help="write results.json only (no plots, no README)")
@@ -53,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in report.write(json.loads(args.out.read_text(encoding="utf-8")), args.out.parent):
             print(f"wrote {path}")
         return 0
+    if args.threads is not None:  # before the model loads: the pin reads it (graft_core/determinism.py)
+        os.environ["KVGRAFT_THREADS"] = str(args.threads)
+    from graft_core.determinism import pinned_threads
+
     cfg = harness.EvalConfig(
         seed=args.seed,
         knowledge_n=args.knowledge,
@@ -62,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         max_new_tokens=args.max_new_tokens,
         paraphrases=args.paraphrases,
         compare=not args.no_compare,
-        torch_threads=args.threads,
+        torch_threads=pinned_threads(),
     )
     import services
 

@@ -18,6 +18,7 @@ from .artifact import KVArtifact
 from .errors import InputTooLong, InvalidInput
 from .forward import forward_chunk, new_cache
 from .graft import restore
+from .layers import export_cache
 from .model import LoadedModel
 
 PROBE_TEXT = "\nQuestion:"
@@ -68,17 +69,10 @@ def capture(
     t0 = time.perf_counter()
     forward_chunk(lm.model, cache, list(token_ids), start)
     prefill_s = time.perf_counter() - t0
-    keys, values, seen = [], [], []
-    for i, layer in enumerate(cache.layers):
-        if getattr(layer, "is_sliding", False):
-            keys.append(layer.keys.detach().clone().contiguous())
-            values.append(layer.values.detach().clone().contiguous())
-            seen.append(int(layer.cumulative_length))
-        else:
-            keys.append(layer.keys[:, :, start:, :].detach().clone().contiguous())
-            values.append(layer.values[:, :, start:, :].detach().clone().contiguous())
-            seen.append(start + len(token_ids))
-        assert keys[-1].shape[2] <= seen[-1], f"layer {i} holds more rows than tokens it has seen"
+    states = export_cache(cache, start, start + len(token_ids))
+    for i, st in enumerate(states):
+        assert st.keys.shape[2] <= st.seen, f"layer {i} holds more rows than tokens it has seen"
+    keys, values, seen = [st.keys for st in states], [st.values for st in states], [st.seen for st in states]
     t1 = time.perf_counter()
     probe = _probe(lm, cache, start + len(token_ids))
     art = KVArtifact(

@@ -1,20 +1,38 @@
 """Pins the deterministic configuration and returns it as a record.
 
 The record is part of every artifact's fingerprint: two artifacts made under different records are
-never grafted into each other's sessions. This module sets process-wide torch state and nothing else.
+never grafted into each other's sessions. It includes the CPU kernel path (ATen's capability, the CPU
+vendor and widest vector ISA that MKL dispatches on, the BLAS build and MKL's reproducibility
+setting, oneDNN on/off, the intra-op thread count), because those change the bits of float32 results (docs/DETERMINISM.md).
+This module sets process-wide torch state and reads the machine; nothing else.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
+import platform
 from dataclasses import asdict, dataclass
 
 import torch
 import transformers
 
 ATTN_IMPLEMENTATION = "sdpa"
+DEFAULT_THREADS = 2  # pinned, not "all cores": the thread count changes the bits of short forwards
+
+
+def pinned_threads() -> int:
+    """The intra-op thread count every kvgraft process computes with: KVGRAFT_THREADS, default 2.
+
+    Pinned so that a 2-core laptop and a 16-core server compute the same bits (measured: 1 vs 2
+    threads changed a 3-token probe row); a process that wants another count sets the variable
+    before the model loads and gets another fingerprint."""
+    raw = os.environ.get("KVGRAFT_THREADS", "").strip() or str(DEFAULT_THREADS)
+    if not raw.isdigit() or not 1 <= int(raw) <= 256:
+        raise ValueError(f"KVGRAFT_THREADS must be a whole number from 1 to 256, got {raw!r}")
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -30,14 +48,70 @@ class DeterminismConfig:
     batch_size: int = 1
     decoding: str = "greedy"
     cublas_workspace: str = ""
+    numerics: tuple[tuple[str, str], ...] = ()  # the kernel path, see kernel_path()
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["numerics"] = dict(self.numerics)
+        return d
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON of this record."""
         blob = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
+
+
+def _cpu_vendor_and_isa() -> tuple[str, str]:
+    """("GenuineIntel" | "AuthenticAMD" | ..., widest vector ISA: "avx512" | "avx2" | "none") from /proc/cpuinfo."""
+    vendor, flags = platform.machine() or "unknown", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id":
+                    vendor = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "none"
+    return vendor, isa
+
+
+def _blas() -> str:
+    """The BLAS torch was built with, and MKL's version where it is MKL."""
+    if torch.backends.mkl.is_available():
+        try:
+            lib = ctypes.CDLL(torch._C.__file__)  # MKL is linked into libtorch_cpu, loaded by torch._C
+            buf = ctypes.create_string_buffer(256)
+            lib.MKL_Get_Version_String(buf, len(buf))
+            return buf.value.decode(errors="replace").strip()
+        except (OSError, AttributeError):
+            return "mkl"
+    return torch.__config__.show().split("BLAS_INFO=")[-1].split(",")[0] if "BLAS_INFO=" in torch.__config__.show() else "unknown"
+
+
+def kernel_path(device: str = "cpu") -> tuple[tuple[str, str], ...]:
+    """What decides which CPU kernels compute the float32 numbers, as sorted (name, value) pairs.
+
+    Two processes whose kernel paths differ may compute different bits from the same inputs; the
+    path is therefore part of the determinism record (and so of the model fingerprint)."""
+    if not device.startswith("cpu"):
+        return (("device_name", torch.cuda.get_device_name(0) if torch.cuda.is_available() else device),)
+    vendor, isa = _cpu_vendor_and_isa()
+    path = {
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_vendor": vendor,
+        "cpu_isa": isa,
+        "blas": _blas(),
+        "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
+        "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS", ""),
+        "mkldnn": str(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled),
+        # measured: 1 vs 2 threads gave equal KV and 14-token logits but a different 3-token probe row
+        "threads": str(torch.get_num_threads()),  # pinned by pin() (KVGRAFT_THREADS, default 2)
+    }
+    return tuple(sorted(path.items()))
 
 
 def pin(device: str = "cpu", dtype: torch.dtype = torch.float32) -> DeterminismConfig:
@@ -48,6 +122,8 @@ def pin(device: str = "cpu", dtype: torch.dtype = torch.float32) -> DeterminismC
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     torch.use_deterministic_algorithms(True)
+    if not device.startswith("cuda"):
+        torch.set_num_threads(pinned_threads())
     return DeterminismConfig(
         dtype=str(dtype).removeprefix("torch."),
         device=torch.device(device).type,
@@ -56,4 +132,5 @@ def pin(device: str = "cpu", dtype: torch.dtype = torch.float32) -> DeterminismC
         transformers_version=transformers.__version__,
         deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
         cublas_workspace=os.environ.get("CUBLAS_WORKSPACE_CONFIG", "") if device.startswith("cuda") else "",
+        numerics=kernel_path(device),
     )

@@ -15,6 +15,7 @@ import torch
 from .artifact import KVArtifact
 from .errors import IncompatibleArtifact
 from .forward import new_cache
+from .layers import LayerState, import_cache, sliding_flags
 from .model import LoadedModel
 
 
@@ -23,7 +24,11 @@ def check_compatible(lm: LoadedModel, art: KVArtifact) -> None:
     info = lm.info
     diffs = []
     if art.model_fingerprint != lm.fingerprint:
-        diffs.append(f"model fingerprint {art.model_fingerprint[:12]}... != this model's {lm.fingerprint[:12]}... ({info.name})")
+        diffs.append(
+            f"model fingerprint {art.model_fingerprint[:12]}... != this model's {lm.fingerprint[:12]}... ({info.name}); "
+            "other weights, configuration or CPU kernel path (`cli.py selftest --json` shows this machine's): "
+            "recompute it here from its source text (`cli.py rebuild`)"
+        )
     if art.tokenizer_fingerprint != info.tokenizer_sha256:
         diffs.append(f"tokenizer {art.tokenizer_fingerprint[:12]}... != {info.tokenizer_sha256[:12]}...")
     if art.dtype != lm.config.dtype:
@@ -52,20 +57,18 @@ def check_chain(chain: list[KVArtifact]) -> None:
             )
 
 
-def _fill(cache, chain: list[KVArtifact]) -> None:
+def _chain_states(chain: list[KVArtifact], sliding: list[bool]) -> list[LayerState]:
+    """Per layer: a sliding layer takes the leaf's rows and count; a full layer the chain's rows joined."""
     leaf = chain[-1]
-    for i, layer in enumerate(cache.layers):
-        if getattr(layer, "is_sliding", False):
-            k, v = leaf.keys[i], leaf.values[i]
-        elif len(chain) == 1:
+    states = []
+    for i, slides in enumerate(sliding):
+        if slides or len(chain) == 1:
             k, v = leaf.keys[i], leaf.values[i]
         else:
             k = torch.cat([a.keys[i] for a in chain], dim=2)
             v = torch.cat([a.values[i] for a in chain], dim=2)
-        layer.lazy_initialization(k, v)
-        layer.keys, layer.values = k, v
-        if getattr(layer, "is_sliding", False):
-            layer.cumulative_length = leaf.seen[i]
+        states.append(LayerState(keys=k, values=v, seen=leaf.seen[i]))
+    return states
 
 
 def restore(lm: LoadedModel, chain: list[KVArtifact]):
@@ -75,7 +78,7 @@ def restore(lm: LoadedModel, chain: list[KVArtifact]):
     check_chain(chain)
     cache = new_cache(lm.model)
     assert len(cache.layers) == len(chain[0].layer_types), "cache layout differs from the artifact's layer list"
-    _fill(cache, chain)
+    import_cache(cache, _chain_states(chain, sliding_flags(cache)))
     return cache
 
 
@@ -133,14 +136,13 @@ def restore_relocated(lm: LoadedModel, parts: list[KVArtifact], offset: int = 0)
         moved.append(relocate(lm, art, pos) if pos != art.start else art)
         pos += art.length
     total = pos - offset
-    window = lm.info.sliding_window or 0
-    for i, layer in enumerate(cache.layers):
-        k = torch.cat([a.keys[i] for a in moved], dim=2)
-        v = torch.cat([a.values[i] for a in moved], dim=2)
-        if getattr(layer, "is_sliding", False):
-            k, v = k[:, :, -(window - 1) :, :].contiguous(), v[:, :, -(window - 1) :, :].contiguous()
-        layer.lazy_initialization(k, v)
-        layer.keys, layer.values = k, v
-        if getattr(layer, "is_sliding", False):
-            layer.cumulative_length = total
+    states = [
+        LayerState(
+            keys=torch.cat([a.keys[i] for a in moved], dim=2),
+            values=torch.cat([a.values[i] for a in moved], dim=2),
+            seen=total,
+        )
+        for i in range(len(cache.layers))
+    ]
+    import_cache(cache, states)  # sliding layers keep their last window-1 rows
     return RelocatedGraft(cache=cache, next_position=pos, tokens=total)

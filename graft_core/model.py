@@ -25,7 +25,25 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "packaged:gemma-3-270m"
 FINGERPRINT_FILE = "kvgraft-fingerprint.json"
-_FINGERPRINT_VERSION = "1"
+_FINGERPRINT_VERSION = "2"
+# Configuration entries that name or describe a model but never change a number it computes: the
+# folder it was loaded from, hub revision, the writer's library version (the running one is in the
+# determinism record), label names and output switches. Everything else in the config is hashed.
+_NON_NUMERIC_CONFIG_KEYS = frozenset(
+    {
+        "_name_or_path",
+        "name_or_path",
+        "_commit_hash",
+        "transformers_version",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "use_cache",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -139,6 +157,21 @@ def _hash_weights(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def _numeric_config(value):
+    """The config with every non-numeric entry (paths, names, versions) removed, nested configs too."""
+    if isinstance(value, dict):
+        return {k: _numeric_config(v) for k, v in value.items() if k not in _NON_NUMERIC_CONFIG_KEYS}
+    if isinstance(value, list | tuple):
+        return [_numeric_config(v) for v in value]
+    return value
+
+
+def config_sha256(config: dict) -> str:
+    """SHA-256 of the canonical JSON of the entries of a model config that can change its numbers."""
+    blob = json.dumps(_numeric_config(config), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def _fingerprints(model, tokenizer, source: Path | str) -> tuple[str, str, str]:
     """(weights, tokenizer, combined) hashes; cached beside a local model folder."""
     cache_file = Path(source) / FINGERPRINT_FILE if isinstance(source, Path) else None
@@ -154,8 +187,7 @@ def _fingerprints(model, tokenizer, source: Path | str) -> tuple[str, str, str]:
             pass
     weights = _hash_weights(model)
     tok = _hash_tokenizer(tokenizer)
-    cfg = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
-    cfg = hashlib.sha256(cfg.encode()).hexdigest()
+    cfg = config_sha256(model.config.to_dict())
     combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
     if cache_file is not None:
         try:

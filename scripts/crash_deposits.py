@@ -65,6 +65,7 @@ def zygote(home: str, model_dir: str) -> None:
     kernel (SIGCHLD ignored)."""
     import torch
 
+    os.environ["KVGRAFT_THREADS"] = "1"  # the pin (graft_core/determinism.py) applies it at load
     torch.set_num_threads(1)
     import services
     from graft_core import model as model_mod

@@ -40,7 +40,7 @@ def assert_exact(c):
 def test_graft_is_byte_equal_to_fresh(kind, text, request):
     lm = request.getfixturevalue(f"tiny_{kind}")
     art, _ = capture(lm, ids(lm, text))
-    if kind == "gemma3":
+    if kind == "gemma":  # was "gemma3", which never matched the parameter: the window checks never ran
         w = lm.info.sliding_window
         sliding = [i for i, t in enumerate(art.layer_types) if t == "sliding_attention"]
         assert all(art.keys[i].shape[2] == min(art.length, w - 1) for i in sliding)
@@ -235,3 +235,104 @@ def test_header_metadata_is_str_to_str_and_json(tiny_gemma):
     meta = json.loads(data[8 : 8 + n])["__metadata__"]
     assert all(isinstance(v, str) for v in meta.values()) and meta["format"] == "kvgraft/1"
     assert "time" not in json.dumps(meta) and "host" not in json.dumps(meta)
+
+
+def test_fingerprint_ignores_the_folder_and_accepts_artifacts_from_another(tiny_dirs, tmp_path):
+    """Same weights, tokenizer and config under two folders (two homes): one fingerprint, and an
+    artifact made under one restores byte-exactly under the other."""
+    import shutil
+
+    from graft_core import model
+    from graft_core.model import FINGERPRINT_FILE
+
+    src = tiny_dirs["gemma3"]
+    copy = shutil.copytree(src, tmp_path / "other-home" / "models" / "tiny", ignore=shutil.ignore_patterns(FINGERPRINT_FILE))
+    a, b = model.load(str(src)), model.load(str(copy))
+    assert a.model.config.to_dict()["_name_or_path"] != b.model.config.to_dict()["_name_or_path"]
+    assert (a.info.fingerprint, a.fingerprint) == (b.info.fingerprint, b.fingerprint)
+    art, _ = capture(a, ids(a, TEXT * 2))
+    moved = codec.loads(codec.dumps(art))
+    assert_exact(verify.check(b, [moved], ids(b, "Question: who?\nAnswer:", bos=False)))
+
+
+def test_fingerprint_covers_numeric_config_fields(tiny_dirs, tmp_path):
+    import shutil
+
+    from graft_core import model
+    from graft_core.model import FINGERPRINT_FILE
+
+    base = model.load(str(tiny_dirs["gemma3"]))
+    for field, value in (("rms_norm_eps", 1e-5), ("query_pre_attn_scalar", 128)):
+        d = shutil.copytree(tiny_dirs["gemma3"], tmp_path / field, ignore=shutil.ignore_patterns(FINGERPRINT_FILE))
+        cfg = json.loads((d / "config.json").read_text())
+        cfg[field] = value
+        (d / "config.json").write_text(json.dumps(cfg))
+        other = model.load(str(d))
+        assert other.info.weights_sha256 == base.info.weights_sha256
+        assert other.info.fingerprint != base.info.fingerprint, f"{field} changes numbers but not the fingerprint"
+
+
+def test_layer_adapter_round_trips_every_layer_kind(tiny_gemma):
+    """export -> import -> export is the identity per layer kind; a sliding layer keeps window-1 rows."""
+    from graft_core import layers
+    from graft_core.forward import forward_chunk, new_cache
+
+    lm = tiny_gemma
+    toks = ids(lm, TEXT)
+    cache = new_cache(lm.model)
+    forward_chunk(lm.model, cache, toks, 0)
+    states = layers.export_cache(cache, 0, len(toks))
+    w = lm.info.sliding_window
+    for kind, st in zip(lm.info.layer_types, states):
+        assert st.seen == len(toks)
+        assert st.keys.shape[2] == (w - 1 if kind == "sliding_attention" else len(toks))
+    fresh = new_cache(lm.model)
+    long = [layers.LayerState(torch.cat([s.keys, s.keys], 2), torch.cat([s.values, s.values], 2), s.seen) for s in states]
+    layers.import_cache(fresh, long)
+    again = layers.export_cache(fresh, 0, len(toks))
+    for kind, a, b, x in zip(lm.info.layer_types, states, again, long):
+        want = a if kind == "sliding_attention" else x  # sliding: trimmed back to its last window-1 rows
+        assert torch.equal(b.keys, want.keys) and torch.equal(b.values, want.values) and b.seen == a.seen
+
+
+def test_kernel_path_is_in_the_record_and_the_fingerprint(tiny_dirs, tiny_gemma):
+    """ATEN_CPU_CAPABILITY=default changes the bits of float32 results (docs/DETERMINISM.md), so a
+    process on that path has another fingerprint and refuses this path's artifacts."""
+    import os
+
+    script = (
+        "import json,sys; from graft_core import model; lm=model.load(sys.argv[1]);"
+        "print(json.dumps([lm.fingerprint, lm.info.fingerprint, lm.config.as_dict()['numerics']]))"
+    )
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tiny_dirs["gemma3"])], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    ).stdout
+    fingerprint, model_only, numerics = json.loads(out.strip().splitlines()[-1])
+    here = tiny_gemma.config.as_dict()["numerics"]
+    assert numerics["aten_capability"] == "DEFAULT" and here["aten_capability"] != "DEFAULT"
+    assert {"cpu_vendor", "cpu_isa", "blas", "mkl_cbwr", "mkldnn"} <= set(here)
+    assert model_only == tiny_gemma.info.fingerprint  # same weights, tokenizer, config
+    assert fingerprint != tiny_gemma.fingerprint  # another kernel path: another artifact identity
+
+
+def test_pin_sets_the_pinned_thread_count_whatever_the_cores(monkeypatch):
+    """Threads change the bits of short forwards, so every process computes with KVGRAFT_THREADS (default 2)."""
+    import torch
+
+    from graft_core import determinism
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("KVGRAFT_THREADS", raising=False)
+        torch.set_num_threads(1)
+        assert dict(determinism.pin().numerics)["threads"] == str(determinism.DEFAULT_THREADS)
+        assert torch.get_num_threads() == determinism.DEFAULT_THREADS
+        monkeypatch.setenv("KVGRAFT_THREADS", "1")
+        assert dict(determinism.pin().numerics)["threads"] == "1"
+        for bad in ("0", "-1", "two", "1.5", "999"):
+            monkeypatch.setenv("KVGRAFT_THREADS", bad)
+            with pytest.raises(ValueError, match="KVGRAFT_THREADS must be a whole number"):
+                determinism.pin()
+    finally:
+        torch.set_num_threads(before)

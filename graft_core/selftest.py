@@ -1,0 +1,147 @@
+"""Golden-hash self-test: fixed inputs -> SHA-256 of artifact bytes and of grafted and fresh logits,
+compared with the values committed in `golden.json` for this model and kernel path.
+
+`run` is a pure function over a LoadedModel plus the committed data; `python -m graft_core.selftest
+[MODEL ...]` records this machine's sets (a deliberate act, reviewed in the diff). A mismatch, or no
+golden set for this (model, numerics path), means this machine does not reproduce the committed
+bits: artifacts from elsewhere are not exact here and must be rebuilt (`rebuild`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import codec, verify
+from .capture import capture, logits_sha256
+from .forward import forward_chunk, new_cache
+from .model import LoadedModel
+
+GOLDEN_FILE = Path(__file__).with_name("golden.json")
+SHORT_TEXT = "Fact: the lighthouse of Varnek Isle was built by the engineer Osric Pellamy in 1874.\n"
+LONG_ENTRY = "Entry {i}: the ship Ardel-{i} carried {n} barrels of salt to Quenmora. "
+CHILD_TEXT = "Fact: its first keeper was Mira Tolland, who kept it for forty years.\n"
+QUESTION = "Question: Who built the lighthouse of Varnek Isle?\nAnswer:"
+DECODE_STEPS = 3
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    expected: str | None  # None: no golden value for this model and kernel path
+    got: str
+
+    @property
+    def match(self) -> bool:
+        return self.expected == self.got
+
+
+@dataclass(frozen=True)
+class SelftestReport:
+    key: str  # model fingerprint the golden set is filed under (weights, config, tokenizer, kernel path)
+    cases: tuple[Case, ...]
+    numerics: dict
+
+    @property
+    def match(self) -> bool:
+        return bool(self.cases) and all(c.match for c in self.cases)
+
+    def to_json(self) -> dict:
+        return {
+            "match": self.match,
+            "key": self.key,
+            "cases": [{"name": c.name, "expected": c.expected, "got": c.got} for c in self.cases],
+            "numerics": self.numerics,
+        }
+
+
+def _ids(lm: LoadedModel, text: str, bos: bool = True) -> list[int]:
+    return list(lm.tokenizer(text, add_special_tokens=bos)["input_ids"])
+
+
+def _long_ids(lm: LoadedModel) -> list[int]:
+    """A text longer than the sliding window (or 64 tokens for a model without one)."""
+    need = (lm.info.sliding_window or 64) + 16
+    text, i = "", 0
+    while len(_ids(lm, text)) <= need:
+        text += LONG_ENTRY.format(i=i, n=i * 7)
+        i += 1
+    return _ids(lm, text)
+
+
+def compute(lm: LoadedModel) -> dict[str, str]:
+    """The golden cases' SHA-256s on this machine, by case name (insertion order is report order)."""
+    short, _ = capture(lm, _ids(lm, SHORT_TEXT))
+    long, _ = capture(lm, _long_ids(lm))
+    child, _ = capture(lm, _ids(lm, CHILD_TEXT, bos=False), parents=[short])
+    q = _ids(lm, QUESTION, bos=False)
+    out: dict[str, str] = {}
+    for name, chain in (("short", [short]), ("long", [long]), ("chain", [short, child])):
+        out[f"{name}.artifact"] = hashlib.sha256(codec.dumps(chain[-1])).hexdigest()
+        check = verify.check(lm, chain, q, decode_steps=DECODE_STEPS)
+        out[f"{name}.grafted_logits"] = check.grafted_sha256
+        out[f"{name}.fresh_logits"] = check.fresh_sha256
+    plain = forward_chunk(lm.model, new_cache(lm.model), _ids(lm, QUESTION), 0, all_logits=True)
+    out["question.logits"] = logits_sha256(plain)
+    return out
+
+
+def _on_recorded_threads(lm: LoadedModel, fn):
+    """Run fn(lm) with the thread count the model's record was taken under (a caller may have changed it)."""
+    recorded = int(dict(lm.config.numerics).get("threads", torch.get_num_threads()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(recorded)
+    try:
+        return fn(lm)
+    finally:
+        torch.set_num_threads(before)
+
+
+def load_golden(path: Path | None = None) -> dict:
+    path = path or GOLDEN_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {"sets": {}}
+
+
+def run(lm: LoadedModel, golden: dict | None = None) -> SelftestReport:
+    """Recompute every case and compare with the golden set filed under this model's fingerprint."""
+    golden = load_golden() if golden is None else golden
+    expected = golden.get("sets", {}).get(lm.fingerprint, {}).get("cases", {})
+    got = _on_recorded_threads(lm, compute)
+    cases = tuple(Case(name=n, expected=expected.get(n), got=h) for n, h in got.items())
+    return SelftestReport(key=lm.fingerprint, cases=cases, numerics=lm.config.as_dict()["numerics"])
+
+
+def golden_entry(lm: LoadedModel) -> dict:
+    """A golden set for this model and kernel path (what `golden.json` files under `lm.fingerprint`)."""
+    return {
+        "model": lm.info.name.rsplit("/", 1)[-1],
+        "numerics": lm.config.as_dict()["numerics"],
+        "cases": _on_recorded_threads(lm, compute),
+    }
+
+
+def record(lm: LoadedModel, path: Path | None = None) -> dict:
+    """Add (or replace) this model's and kernel path's golden set in `path`; returns the entry."""
+    path = path or GOLDEN_FILE
+    golden = load_golden(path)
+    entry = golden_entry(lm)
+    golden.setdefault("sets", {})[lm.fingerprint] = entry
+    path.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return entry
+
+
+if __name__ == "__main__":  # python -m graft_core.selftest [MODEL ...]: record golden sets here
+    import sys
+
+    from . import model
+
+    for name in sys.argv[1:] or [None]:
+        entry = record(model.load(name))
+        print(json.dumps(entry, indent=1))
