@@ -61,7 +61,7 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float) -> dict:
                     )
                 time.sleep(0.2)
             first_page = time.perf_counter() - t0
-            client, tries, answer, slowest_page = Client(url, verbose=False), 0, None, 0.0
+            client, tries, answer, slowest_page, timeouts = Client(url, verbose=False), 0, None, 0.0, 0
             while answer is None:
                 tries += 1
                 t = time.perf_counter()
@@ -70,7 +70,9 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float) -> dict:
                 try:
                     answer = client.predict(QUESTION, check=False, max_new_tokens=16, api_name="/answer")
                 except Exception as exc:  # "Still starting: ..." until the model is in
-                    if "Still starting" not in str(exc) or time.perf_counter() - t0 > timeout_s:
+                    slow = type(exc).__name__ in ("ReadTimeout", "TimeoutException", "ConnectTimeout")
+                    timeouts += slow
+                    if not (slow or "Still starting" in str(exc)) or time.perf_counter() - t0 > timeout_s:
                         raise
                     time.sleep(1.0)
             first_answer = time.perf_counter() - t0
@@ -87,6 +89,7 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float) -> dict:
             "tier": answer["tier"],
             "asks_before_ready": tries - 1,
             "slowest_page_while_starting_s": round(slowest_page, 2),
+            "client_timeouts_while_starting": timeouts,
             "model_cache": "given: " + str(model_cache) if model_cache else "empty temp folder (model converted)",
             "checkout": str(checkout),
             "python": sys.executable,
