@@ -7,8 +7,9 @@ model handler checks its caller's authority and bounds first and then holds the 
 beside it). Named API endpoints for `gradio_client`: `/answer`, `/deposit`, `/verify`, `/export`, `/import`, `/delete`.
 
 Run `python app.py` (host/port from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, store from
-KVGRAFT_HOME, deposits enabled by KVGRAFT_ADMIN_TOKEN). An empty store is seeded with the built-in
-verified library in `library_seed/` at startup.
+KVGRAFT_HOME, deposits enabled by KVGRAFT_ADMIN_TOKEN; on a Hugging Face Space see `hosting`). The page
+is served first; the model conversion/loading, the seeding of an empty store with the built-in library
+in `library_seed/` and the index build follow in the background (`startup`), shown in the status area.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+_T0 = time.perf_counter()  # the start of `python app.py`'s imports: "page served after N s" counts from here
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -28,6 +32,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import gradio as gr  # noqa: E402
 
+import hosting  # noqa: E402
 import services  # noqa: E402
 from app_guard import ADMIN_HELP, Guard  # noqa: E402
 from app_upkeep import answer_options as _answer_options  # noqa: E402
@@ -37,7 +42,6 @@ from app_upkeep import upkeep as _upkeep  # noqa: E402
 from app_upkeep import verify as _verify  # noqa: E402
 from app_views import (  # noqa: E402
     LIBRARY_HEADERS,
-    esc,
     evidence_html,
     evidence_summary,
     input_problem,
@@ -56,6 +60,8 @@ from services.limits import (  # noqa: E402
     ANON_MAX_NEW_TOKENS,
     ANON_VERIFY_SAMPLES,
 )
+from startup import Gate, Startup, TerminalProgress, model_cache, status_html  # noqa: E402
+from startup import start as start_up  # noqa: E402
 
 log = logging.getLogger("kvgraft.app")
 
@@ -70,15 +76,7 @@ VERIFIERS = ["exact", "numeric", "sympy", "attested"]
 # ---- the built-in library ------------------------------------------------------------------
 
 
-class SeedStatus:
-    """What the startup seeding is doing, for the status line (thread-safe enough: one writer)."""
-
-    def __init__(self, message: str = "", done: bool = True):
-        self.message, self.done, self.fraction = message, done, 1.0 if done else 0.0
-
-    def update(self, fraction: float, message: str, done: bool = False) -> None:
-        self.fraction, self.message, self.done = fraction, message, done
-        log.info("seed: %s", message)
+SeedStatus = Startup  # the start-up tracker under the name older callers (tests/test_browser.py) use
 
 
 def seed_items(folder: Path = SEED_DIR) -> tuple[list[dict], list[tuple[str, str]]]:
@@ -320,7 +318,7 @@ def _show(library: services.Library, ref: str) -> tuple[str, dict]:
     return r["source"]["text"], {"artifact": r["artifact"], "chain": r["chain"], "verifications": r["verifications"]}
 
 
-def _library_tab(library: services.Library, guard: Guard, reads: dict) -> tuple[gr.Tab, gr.Dataframe]:
+def _library_tab(library: services.Library, guard: Guard, reads: dict, writable: bool = True) -> tuple[gr.Tab, gr.Dataframe]:
     export_bundle, import_bundle, delete_artifact = _upkeep(library, guard, lambda: _table(library))
 
     def pick(evt: gr.SelectData, data):
@@ -336,7 +334,7 @@ def _library_tab(library: services.Library, guard: Guard, reads: dict) -> tuple[
         with gr.Row():
             src_text = gr.Textbox(label="deposited text", lines=8)
             manifest = gr.JSON(label="manifest (row, chain, verifier record)")
-        with gr.Accordion("Export / import / delete", open=False):
+        with gr.Accordion("Export / import / delete", open=False, visible=writable):  # admin only: none on a read-only demo
             ltok = gr.Textbox(label="admin token (export, import, delete)", type="password")
             with gr.Row():
                 exp_btn = gr.Button("Export bundle (selected id, or all when empty)")
@@ -400,7 +398,7 @@ def _verify_tab(library: services.Library, guard: Guard) -> gr.Tab:
 
 
 def _dashboard(library: services.Library):
-    s = library.stats()
+    s = _call(library.stats)
     return stats_html(s), tokens_plot(s.recent), speedup_plot(s.recent), store_plot(s.store_tokens, s.window)
 
 
@@ -480,32 +478,54 @@ def _apis(library: services.Library, guard: Guard) -> None:
 
 
 def build_app(
-    library: services.Library, admin_token: str | None = None, seed_status: SeedStatus | None = None, guard: Guard | None = None
+    library: services.Library,
+    admin_token: str | None = None,
+    startup: Startup | None = None,
+    where: hosting.Hosting | None = None,
+    seed_status: Startup | None = None,
+    guard: Guard | None = None,
 ) -> gr.Blocks:
     """The Blocks app over one Library. `admin_token` defaults to $KVGRAFT_ADMIN_TOKEN (read now);
-    `guard` (the admin gate and the fair model turns) defaults to one over that token."""
+    `guard` (the admin gate and the fair model turns) defaults to one over that token.
+
+    With a `startup` tracker (`seed_status` is its older name) the page is built at once and every model
+    call says "still starting" until the tracker is ready; without one the model is loaded here, now."""
     token = admin_token if admin_token is not None else os.environ.get("KVGRAFT_ADMIN_TOKEN", "")
-    status = seed_status or SeedStatus()
     guard = guard or Guard(token)
-    library.lm  # noqa: B018  (load the model now, not on the first request)
+    tracker = startup or seed_status
+    if tracker is None:
+        library.lm  # noqa: B018  (load the model now, not on the first request)
+        tracker = Startup.already_done()
+    read_only = where is not None and where.read_only
+    gated = Gate(library, tracker)
     reads = {"concurrency_id": "reads", "concurrency_limit": 4, "api_visibility": "private"}
 
     def status_line():
-        msg = status.message or f"Library: {library.count()} artifacts."
-        cls = "kv-status-busy" if not status.done else "kv-status"
-        return f'<div class="{cls}">{esc(msg)}</div>', gr.Timer(active=not status.done)
+        snap = tracker.snapshot()
+        n = library.count()
+        seeded = any(s.key == "seed" and s.state == "done" for s in snap.stages)
+        ready = (
+            f"Built-in library ready: {n} artifacts. Try: Who founded the town of Velmora?"
+            if seeded
+            else f"Library: {n} artifacts."
+        )
+        return status_html(snap, ready), gr.Timer(active=not snap.ready and snap.model_failed is None)
 
     with gr.Blocks(title="kvgraft", delete_cache=CACHE_CLEANUP) as demo:
         with gr.Row(elem_classes="kv-top"):
             gr.Markdown("## kvgraft · verified knowledge, grafted byte-exact into a frozen model")
             status_md = gr.HTML(elem_id="kv-status")
+        for notice in where.notices() if where else []:
+            gr.Markdown(f"> ⚠️ {notice}", elem_classes="kv-hosting")
         status_timer = gr.Timer(1.0)
-        chat_tab = _chat_tab(library, guard)
-        dep_tab = _deposit_tab(library, token, guard)
-        lib_tab, tbl = _library_tab(library, guard, reads)
-        ver_tab = _verify_tab(library, guard)
-        _dashboard_tab(library, [chat_tab, dep_tab, lib_tab, ver_tab], reads)
-        _apis(library, guard)
+        chat_tab = _chat_tab(gated, guard)
+        tabs = [chat_tab]
+        if not read_only:
+            tabs.append(_deposit_tab(gated, token, guard))
+        lib_tab, tbl = _library_tab(gated, guard, reads, writable=not read_only)
+        ver_tab = _verify_tab(gated, guard)
+        _dashboard_tab(gated, [*tabs, lib_tab, ver_tab], reads)
+        _apis(gated, guard)
         status_timer.tick(status_line, None, [status_md, status_timer], show_progress="hidden", **reads)
         demo.load(status_line, None, [status_md, status_timer], **reads)
         demo.load(lambda: _table(library), None, tbl, **reads)
@@ -514,40 +534,33 @@ def build_app(
     return demo
 
 
-def start_seeding(library: services.Library, status: SeedStatus) -> threading.Thread | None:
-    """Seed an empty store with the built-in library in the background; the status line follows it."""
-    if library.count() > 0:
-        return None
-    status.update(0.0, "Empty store: seeding the built-in library…")
-
-    def seed():
-        try:
-            seed_library(library, on_progress=lambda f, m: status.update(f, m))
-            n = library.count()
-            status.update(1.0, f"Built-in library ready: {n} artifacts. Try: Who founded the town of Velmora?", done=True)
-        except Exception as exc:  # the app stays up; the status line says what failed
-            log.exception("seeding failed")
-            status.update(1.0, f"Seeding the built-in library failed: {exc}", done=True)
-
-    t = threading.Thread(target=seed, name="kvgraft-seed", daemon=True)
-    t.start()
-    return t
+def start_seeding(library: services.Library, status: Startup) -> threading.Thread:
+    """Run the start-up stages (model, built-in library for an empty store, index) in the background."""
+    return start_up(library, status, seed=seed_library)
 
 
 def server_address() -> tuple[str, int]:
-    """Host and port from Gradio's own variables; loopback unless the operator says otherwise."""
-    return os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), int(os.environ.get("GRADIO_SERVER_PORT", "7860"))
+    """Host and port from Gradio's own variables; loopback unless the operator (or a Space) says otherwise."""
+    where = hosting.detect()
+    return where.host, where.port
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    where = hosting.detect()
+    hosting.apply(where)
+    print(
+        f"kvgraft: {where.url}  (bound to {where.host}:{where.port}; the page comes first, the model loads behind it)", flush=True
+    )
     library = services.Library()
-    log.info("store %s; loading the model", library.home)
-    status = SeedStatus()
-    demo = build_app(library, seed_status=status)
-    start_seeding(library, status)
-    host, port = server_address()
-    demo.launch(server_name=host, server_port=port, **launch_kwargs())
+    tracker = Startup.remembered(model_cache())
+    demo = build_app(library, admin_token=where.admin_token, startup=tracker, where=where)
+    demo.launch(server_name=where.host, server_port=where.port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    wall, cpu = time.perf_counter() - _T0, time.process_time()  # CPU seconds: the part a busy machine does not inflate
+    print(f"kvgraft: page served at {where.url} after {wall:.1f} s ({cpu:.1f} s of CPU); store {library.home}", flush=True)
+    start_up(library, tracker, seed=seed_library, remember_in=model_cache())
+    TerminalProgress(tracker).start()
+    demo.block_thread()
 
 
 if __name__ == "__main__":
