@@ -116,8 +116,13 @@ def answer(
     relocated: bool = False,
     on_token: Callable[[int], None] | None = None,
     baseline_decode_tokens: int | None = None,
+    probe: bool = True,
 ) -> Answer:
-    """Graft `chain` (own position; or, with `relocated`, independent roots re-rotated), then answer."""
+    """Graft `chain` (own position; or, with `relocated`, independent roots re-rotated), then answer.
+
+    `probe=False` serves the prompt as one chunk without the probe proof (bench/proof.py measures the
+    difference); the answer then says that no proof was made.
+    """
     prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw)
     t0 = time.perf_counter()
     if not chain:
@@ -129,7 +134,7 @@ def answer(
         cache, start, tier = restore(lm, chain), chain[-1].end, "exact"
     restore_s = time.perf_counter() - t0
     _bound(lm, start, len(prompt_ids), max_new_tokens)
-    head = probe_head(lm, chain, prompt_ids, relocated)
+    head = probe_head(lm, chain, prompt_ids, relocated) if probe else 0
     dec = prompt_and_decode(
         lm.model,
         cache,
@@ -142,7 +147,8 @@ def answer(
         head=head,
     )
     completion = lm.tokenizer.decode(dec.token_ids, skip_special_tokens=True)
-    proof = probe_proof(chain[-1], dec.head_row, dec.head_s) if head else no_proof(why_no_proof(chain, relocated))
+    why = why_no_proof(chain, relocated) if probe else "probe proof turned off by the caller"
+    proof = probe_proof(chain[-1], dec.head_row, dec.head_s) if head else no_proof(why)
     served = (lm, chain, prompt_ids, head, dec.token_ids, dec.step_rows)
     exactness = full_check(*served) if (run_check and chain and not relocated) else None
     grafted = start
