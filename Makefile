@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-fast lint bench eval demo screenshots install install-dev install-bench system-deps clean
+.PHONY: run test test-fast mutants lint bench eval demo screenshots install install-dev install-bench system-deps clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -53,6 +53,12 @@ test: install-dev system-deps lint
 
 test-fast: install-dev
 	$(BIN)/python -m pytest -q -m "not integration and not browser"
+
+# Issue 17's bugs (exactness from the tier label, an answer served from an empty cache, relocation
+# without re-rotation, a sliding count off by one, the blob hash check skipped, verifiers that always
+# pass, the probe proof skipped), each applied to a temporary copy: its named fast tests must fail.
+mutants: install-dev
+	$(BIN)/python -m scripts.mutants
 
 # Refresh docs/screenshots from the browser test (real model when its converted copy is cached).
 screenshots: install-dev system-deps

@@ -45,13 +45,36 @@ def ms(s: float | None) -> str:
     return "–" if s is None else f"{s * 1000:.1f} ms"
 
 
+def _verdict(r: services.AnswerResult) -> tuple[str, str]:
+    """(css class, word): the full check when it ran, else the cheap probe proof, else why neither."""
+    if r.check is not None:
+        return ("kv-pass", "EXACT") if r.check.exact else ("kv-fail", "NOT EXACT")
+    if r.proof is not None and r.proof.passed is not None:
+        return ("kv-pass", "PROBE PROOF PASSED") if r.proof.passed else ("kv-fail", "PROBE PROOF FAILED")
+    return "kv-nocheck", "NOT CHECKED"
+
+
 def badge(r: services.AnswerResult) -> str:
-    if r.check is None:
-        why = "check off" if r.tier != "none" else "nothing grafted"
-        return f'<span class="kv-nocheck">NOT CHECKED</span> <span class="kv-muted">({why})</span>'
-    ok = r.check.exact
-    cls, text = ("kv-pass", "EXACT") if ok else ("kv-fail", "NOT EXACT")
+    cls, text = _verdict(r)
+    if cls == "kv-nocheck":
+        why = "nothing grafted" if r.tier == "none" else (r.proof.note if r.proof is not None else "check off")
+        return f'<span class="kv-nocheck">NOT CHECKED</span> <span class="kv-muted">({esc(why)})</span>'
     return f'<span class="kv-badge {cls}">{text}</span>'
+
+
+def _proof_html(p) -> str:
+    rows = [
+        ("deposit-time probe SHA-256", p.expected_sha256),
+        ("serving cache's probe SHA-256", p.observed_sha256),
+        ("cost", f"{p.proof_s * 1000:.1f} ms (probe chunk forward + hash)"),
+    ]
+    return (
+        '<div class="kv-sub">Probe proof (every grafted answer)</div><table class="kv-table kv-hash">'
+        + "".join(f"<tr><th>{esc(k)}</th><td><code>{esc(v)}</code></td></tr>" for k, v in rows)
+        + f'</table><div class="kv-note">Proves: {esc(p.note)}. Does not prove: {esc(p.limits)}. '
+        "The full check (tick “check exactness”, or `cli.py verify`) recomputes the prefix and compares "
+        "every served logits row.</div>"
+    )
 
 
 def evidence_html(r: services.AnswerResult) -> str:
@@ -83,6 +106,8 @@ def evidence_html(r: services.AnswerResult) -> str:
     parts.append(
         '<table class="kv-table">' + "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows) + "</table>"
     )
+    if r.proof is not None and r.proof.passed is not None:
+        parts.append(_proof_html(r.proof))
     if r.check is not None:
         c = r.check
         crow = [
@@ -100,7 +125,8 @@ def evidence_html(r: services.AnswerResult) -> str:
                 )
             )
         parts.append(
-            '<div class="kv-sub">Exactness check (graft vs fresh recomputation, same schedule)</div><table class="kv-table kv-hash">'
+            '<div class="kv-sub">Full check (the served logits rows vs a fresh recomputation, same schedule)</div>'
+            '<table class="kv-table kv-hash">'
             + "".join(f"<tr><th>{esc(k)}</th><td><code>{esc(v)}</code></td></tr>" for k, v in crow)
             + "</table>"
         )
@@ -125,11 +151,13 @@ def evidence_html(r: services.AnswerResult) -> str:
 
 def evidence_summary(r: services.AnswerResult) -> tuple[str, str]:
     """(title, markdown) of the collapsible evidence note under an answer in the chat."""
-    verdict = "not checked" if r.check is None else ("EXACT" if r.check.exact else "NOT EXACT")
+    verdict = _verdict(r)[1].lower() if _verdict(r)[0] == "kv-nocheck" else _verdict(r)[1]
     title = f"Evidence · {verdict} · tier {r.tier} · {r.grafted_tokens} grafted / {r.computed_tokens} computed / {r.decode_tokens} decoded"
     lines = [f"- {h.title} (similarity {h.score:.3f}, {h.tokens} tokens, {h.verifier}: {h.verdict})" for h in r.retrieved]
+    if r.proof is not None and r.proof.passed is not None:
+        lines.append(f"- probe proof: deposit `{r.proof.expected_sha256[:16]}…` vs served `{r.proof.observed_sha256[:16]}…`")
     if r.check is not None:
-        lines.append(f"- fresh `{r.check.fresh_sha256[:16]}…` vs grafted `{r.check.grafted_sha256[:16]}…`, KL {r.check.kl:.3g}")
+        lines.append(f"- fresh `{r.check.fresh_sha256[:16]}…` vs served `{r.check.grafted_sha256[:16]}…`, KL {r.check.kl:.3g}")
     lines.append(
         f"- time to first token {ms(r.ttft_s)}"
         + (f", baseline {ms(r.baseline.ttft_s)} (measured)" if r.baseline is not None else "")

@@ -87,8 +87,15 @@ def cmd_ask(args) -> int:
             f"check: {'EXACT (sha256 equal)' if r.check.exact else 'NOT EXACT'} fresh {r.check.fresh_sha256[:16]} "
             f"grafted {r.check.grafted_sha256[:16]} KL {r.check.kl:.3g}"
         )
+    if r.proof is not None and r.proof.passed is not None:
+        p = r.proof
+        verdict = "PROBE PROOF PASSED" if p.passed else "PROBE PROOF FAILED"
+        lines.append(
+            f"proof: {verdict} deposit {p.expected_sha256[:16]} served {p.observed_sha256[:16]} ({p.proof_s * 1000:.1f} ms)"
+        )
     _emit(args, payload, "\n".join(lines))
-    return 1 if (r.check is not None and r.check.tier == "exact" and not r.check.exact) else 0
+    failed_proof = r.proof is not None and r.proof.passed is False
+    return 1 if (r.check is not None and r.check.tier == "exact" and not r.check.exact) or failed_proof else 0
 
 
 def cmd_verify(args) -> int:

@@ -21,7 +21,9 @@ from .graft import restore
 from .layers import export_cache
 from .model import LoadedModel
 
-PROBE_TEXT = "\nQuestion:"
+# The probe is the opening of every query prompt (templates.query_prompt), so an answer's own prompt
+# reproduces it on the serving cache (graft_core/proof.py); deposit texts end with a newline.
+PROBE_TEXT = "Question:"
 
 
 def probe_ids(lm: LoadedModel) -> list[int]:

@@ -2,7 +2,9 @@
 
 `answer()` restores a chain (or nothing), computes only the prompt's tokens, decodes greedily until
 the template's end of answer, and reports what was grafted, computed and decoded, the time to first
-token and estimated FLOPs both ways. `baseline()` measures the no-graft run over the same tokens.
+token and estimated FLOPs both ways, with the cheap probe proof of the served state (and, when asked,
+the full recomputation of the served rows; graft_core/proof.py). `baseline()` measures the no-graft
+run over the same tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from .errors import InputTooLong, InvalidInput
 from .forward import new_cache, prompt_and_decode
 from .graft import restore, restore_relocated
 from .model import LoadedModel
-from .verify import ExactnessCheck, check
+from .proof import Proof, full_check, no_proof, probe_head, probe_proof, why_no_proof
+from .verify import ExactnessCheck
 
 MAX_NEW_TOKENS_LIMIT = 1024
 
@@ -41,7 +44,8 @@ class Answer:
     output_sha256: str  # sha256 of the generated token ids (int64 little-endian)
     logits_sha256: str  # sha256 of the logits rows that chose each generated token
     stopped: str
-    check: ExactnessCheck | None = None
+    check: ExactnessCheck | None = None  # the full recomputation of the served rows, when asked
+    proof: Proof | None = None  # the cheap proof of the served state
 
     @property
     def grafted_tokens(self) -> int:
@@ -59,6 +63,7 @@ class Answer:
         d = asdict(self)
         d["savings"] = self.savings.as_dict()
         d["check"] = self.check.as_dict() if self.check else None
+        d["proof"] = self.proof.as_dict() if self.proof else None
         return d
 
 
@@ -111,8 +116,13 @@ def answer(
     relocated: bool = False,
     on_token: Callable[[int], None] | None = None,
     baseline_decode_tokens: int | None = None,
+    probe: bool = True,
 ) -> Answer:
-    """Graft `chain` (own position; or, with `relocated`, independent roots re-rotated), then answer."""
+    """Graft `chain` (own position; or, with `relocated`, independent roots re-rotated), then answer.
+
+    `probe=False` serves the prompt as one chunk without the probe proof (bench/proof.py measures the
+    difference); the answer then says that no proof was made.
+    """
     prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw)
     t0 = time.perf_counter()
     if not chain:
@@ -124,11 +134,23 @@ def answer(
         cache, start, tier = restore(lm, chain), chain[-1].end, "exact"
     restore_s = time.perf_counter() - t0
     _bound(lm, start, len(prompt_ids), max_new_tokens)
+    head = probe_head(lm, chain, prompt_ids, relocated) if probe else 0
     dec = prompt_and_decode(
-        lm.model, cache, prompt_ids, start, max_new_tokens, is_stop=_stopper(lm, raw), eos_ids=_eos(lm), on_token=on_token
+        lm.model,
+        cache,
+        prompt_ids,
+        start,
+        max_new_tokens,
+        is_stop=_stopper(lm, raw),
+        eos_ids=_eos(lm),
+        on_token=on_token,
+        head=head,
     )
     completion = lm.tokenizer.decode(dec.token_ids, skip_special_tokens=True)
-    exactness = check(lm, chain, prompt_ids) if (run_check and chain and not relocated) else None
+    why = why_no_proof(chain, relocated) if probe else "probe proof turned off by the caller"
+    proof = probe_proof(chain[-1], dec.head_row, dec.head_s) if head else no_proof(why)
+    served = (lm, chain, prompt_ids, head, dec.token_ids, dec.step_rows)
+    exactness = full_check(*served) if (run_check and chain and not relocated) else None
     grafted = start
     return Answer(
         text=completion.strip() if raw else templates.cut_answer(completion),
@@ -146,6 +168,7 @@ def answer(
         logits_sha256=logits_sha256(dec.step_rows),
         stopped=dec.stopped,
         check=exactness,
+        proof=proof,
     )
 
 

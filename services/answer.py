@@ -1,6 +1,6 @@
 """The answer pipeline of a Library: retrieve, choose the chain to graft, generate with token
-accounting (and, when asked, the exactness check and the measured no-graft baseline), record the
-answer in the ledger.
+accounting and the cheap proof of the served state (and, when asked, the full recomputation of the
+served rows and the measured no-graft baseline), record the answer in the ledger.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ class AnswerPipeline:
 
     def _record(self, question: str, ans: generate.Answer, base: generate.Baseline | None, check: ExactnessCheck | None) -> int:
         checkd = check.as_dict() if check else None
+        record = (checkd or {}) | ({"proof": ans.proof.as_dict()} if ans.proof else {})
         return self._catalog.add_ledger(
             LedgerRow(
                 query_sha256=hashlib.sha256(question.encode()).hexdigest(),
@@ -123,7 +124,7 @@ class AnswerPipeline:
                 logits_sha256=ans.logits_sha256,
                 baseline_ttft_s=base.ttft_s if base else None,
                 exact=checkd["exact"] if checkd else None,
-                check_json=json.dumps(checkd) if checkd else None,
+                check_json=json.dumps(record) if record else None,
             )
         )
 
@@ -186,4 +187,5 @@ class AnswerPipeline:
             ledger_id=ledger_id,
             note=note,
             output_token_ids=ans.token_ids,
+            proof=ans.proof,
         )

@@ -12,6 +12,7 @@ from db.queries import Listed
 from db.rows import ArtifactRow, LedgerRow, LedgerTotals, SourceRow, VerificationRow
 from graft_core.accounting import TokenSavings
 from graft_core.generate import Baseline
+from graft_core.proof import Proof
 from graft_core.verify import ExactnessCheck
 
 # The fields of an exactness check that the answer JSON shows (the ledger keeps them all).
@@ -96,6 +97,7 @@ class AnswerResult:
     ledger_id: int | None
     note: str = ""
     output_token_ids: tuple[int, ...] = ()
+    proof: Proof | None = None  # the cheap proof of the served state (kind "none" says why none applies)
 
     @property
     def ttft_speedup(self) -> float | None:
@@ -122,6 +124,7 @@ class AnswerResult:
             "ledger_id": self.ledger_id,
             "note": self.note,
             "output_token_ids": list(self.output_token_ids),
+            "proof": None if self.proof is None else self.proof.as_dict(),
         }
         if self.baseline is not None:
             d["baseline"] = asdict(self.baseline) | {"ttft_speedup": self.ttft_speedup, "measured": True}

@@ -1,5 +1,6 @@
 """Shared fixtures: an isolated data directory for every test, tiny models built once per session,
-and the real default model loaded once per session for the integration tier."""
+and the real default model loaded once per session for the integration tier. With `CI` set (.ci/run
+sets it) every skip is a failure: PostgreSQL, browser and real-model tests must run there."""
 
 from __future__ import annotations
 
@@ -11,6 +12,29 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def _fail_skip_in_ci(rep) -> None:
+    if in_ci() and rep.skipped and not hasattr(rep, "wasxfail"):
+        why = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        rep.outcome = "failed"
+        rep.longrepr = f"CI is set, so a skip is a failure: {why}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_skip_in_ci(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_skip_in_ci(outcome.get_result())
 
 
 @pytest.fixture(autouse=True)
@@ -62,9 +86,9 @@ def pg_server():
     try:
         server = pgserver.start()
     except pgserver.PgUnavailable as e:
-        if os.environ.get("CI", ""):
+        if in_ci():
             pytest.fail(f"CI is set but PostgreSQL cannot run: {e}", pytrace=False)
-        pytest.skip(f"{e} (set CI=true to make this a failure)")
+        pytest.skip(f"PostgreSQL is missing: {e} (make system-deps; with CI=true this is a failure)")
     try:
         yield server
     finally:

@@ -65,20 +65,38 @@ def test_chain_restores_exactly_and_stores_only_own_rows(kind, request):
         restore(lm, [b])
 
 
-def test_relocation_is_measured_and_never_called_exact(tiny_gemma):
-    lm = tiny_gemma
+# Measured on these machines (torch 2.13.0 CPU): tiny gemma max |diff| 2.4e-7 .. 5.1e-7, tiny llama 1.6e-7 ..
+# 2.1e-7 at offsets 1, 37, 300 (KL <= 2e-14). Without re-rotation the tiny gemma moves by ~0.26.
+RELOCATION_BOUND = {"gemma": 1e-5, "llama": 1e-5}
+
+
+@pytest.mark.parametrize("kind", ["gemma", "llama"])
+def test_relocation_stays_under_its_measured_bound_and_is_never_called_exact(kind, request):
+    lm = request.getfixturevalue(f"tiny_{kind}")
     art, _ = capture(lm, ids(lm, TEXT))
     q = ids(lm, "Question: who?\nAnswer:", bos=False)
     for offset in (1, 37, 300):
         r = verify.check_relocated(lm, art, q, offset=offset)
-        assert r.tier == "relocated" and r.offset == offset
+        assert r.tier == "relocated" and r.offset == offset and r.rows == len(q) + r.decode_steps
         assert r.exact is False  # labelled approximate whatever it measures
-        assert r.max_abs_diff >= 0.0 and 0.0 <= r.argmax_agreement <= 1.0 and r.rows == len(q) + r.decode_steps
-    # the measured divergence is real: re-rotation under float32 RoPE changes the bytes
-    assert (
-        verify.check_relocated(lm, art, q, offset=300).fresh_sha256
-        != verify.check_relocated(lm, art, q, offset=300).grafted_sha256
-    )
+        assert r.max_abs_diff <= RELOCATION_BOUND[kind], f"offset {offset}: max |diff| {r.max_abs_diff}"
+        assert r.kl <= 1e-10 and r.argmax_agreement == 1.0 and r.tokens_equal, r
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5], ids=["1", "2", "window-1", "window", "window+1"])
+def test_artifacts_around_the_window_are_byte_equal(tiny_gemma, n):
+    lm = tiny_gemma
+    w = lm.info.sliding_window
+    assert w == 4, "the lengths above are 1, 2, window-1, window, window+1 for the tiny model's window"
+    art, _ = capture(lm, ids(lm, TEXT)[:n])
+    sliding = [i for i, t in enumerate(art.layer_types) if t == "sliding_attention"]
+    assert [art.keys[i].shape[2] for i in sliding] == [min(n, w - 1)] * len(sliding)
+    assert [art.seen[i] for i in sliding] == [n] * len(sliding)
+    # the restored layers know how many tokens they have seen (what masks and positions derive from)
+    assert [restore(lm, [art]).layers[i].get_seq_length() for i in sliding] == [n] * len(sliding)
+    assert_exact(verify.check(lm, [art], ids(lm, "Question: who?\nAnswer:", bos=False), decode_steps=3))
+    ans = generate.answer(lm, [art], "who?", max_new_tokens=3, run_check=True)
+    assert ans.proof.passed is True and ans.check.exact, (ans.proof, ans.check.max_abs_diff)
 
 
 def test_codec_round_trip_is_byte_identical(tiny_gemma):

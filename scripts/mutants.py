@@ -1,0 +1,194 @@
+"""Mutation check: each bug that would make a core claim false, applied to a temporary copy of the
+repository, must fail the fast tests named beside it (issue 17's table, kept true).
+
+A mutation is an exact string replacement in one file; the string must occur exactly once, so a
+refactor that removes or duplicates the site fails loudly here instead of passing silently. The
+unmutated copy runs the same tests first and must pass them (a caught mutant means something only
+then). `python -m scripts.mutants [--list] [NAME ...]`; exit 1 when a mutant survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+_PROOF = "tests/test_proof.py::"
+_WRONG_CACHE = _PROOF + "test_an_answer_served_from_a_wrong_cache_fails_the_proof_and_the_full_check"
+_SERVED = _PROOF + "test_a_grafted_answer_carries_a_passing_probe_proof_and_its_served_rows_are_exact"
+MUTATIONS = (
+    Mutation(
+        "exact from the tier label (verify.check)",
+        "graft_core/verify.py",
+        'exact=(tier == "exact" and f_sha == g_sha and torch.equal(f_rows, g_rows)),',
+        'exact=(tier == "exact"),',
+        (_PROOF + "test_the_exactness_check_is_decided_by_bytes_not_by_the_tier",),
+    ),
+    Mutation(
+        "exact taken without comparing the served rows (proof.full_check)",
+        "graft_core/proof.py",
+        "exact=f_sha == s_sha,",
+        "exact=True,",
+        (_WRONG_CACHE,),
+    ),
+    Mutation(
+        "served answer from an empty cache while the check still runs",
+        "graft_core/generate.py",
+        'cache, start, tier = restore(lm, chain), chain[-1].end, "exact"',
+        'cache, start, tier = new_cache(lm.model), chain[-1].end, "exact"',
+        (_SERVED + "[gemma]",),
+    ),
+    Mutation(
+        "relocation without re-rotating the keys",
+        "graft_core/graft.py",
+        "keys.append((k * cos + _rotate_half(k) * sin).to(k.dtype).contiguous())",
+        "keys.append(k.contiguous())",
+        ("tests/test_engine.py::test_relocation_stays_under_its_measured_bound_and_is_never_called_exact",),
+    ),
+    Mutation(
+        "a sliding layer's cumulative_length restored one short",
+        "graft_core/layers.py",
+        "layer.cumulative_length = state.seen",
+        "layer.cumulative_length = state.seen - 1",
+        ("tests/test_engine.py::test_artifacts_around_the_window_are_byte_equal",),
+    ),
+    Mutation(
+        "a sliding layer's cumulative_length restored one long",
+        "graft_core/layers.py",
+        "layer.cumulative_length = state.seen",
+        "layer.cumulative_length = state.seen + 1",
+        ("tests/test_engine.py::test_artifacts_around_the_window_are_byte_equal",),
+    ),
+    Mutation(
+        "the blob SHA-256 check skipped on read",
+        "db/blobs.py",
+        "if actual != content_hash:",
+        "if False:",
+        ("tests/test_engine.py::test_tampered_blob_raises_integrity_error",),
+    ),
+    Mutation(
+        "verifiers always pass",
+        "verifiers.py",
+        "return verifier.check(item.answer, item.reference)",
+        'return Verdict(True, item.verifier, "mutant")',
+        ("tests/test_verifiers.py",),
+    ),
+    Mutation(
+        "the probe proof skipped (always passes)",
+        "graft_core/proof.py",
+        "passed = observed == leaf.probe_sha256",
+        "passed = True",
+        (_WRONG_CACHE,),
+    ),
+)
+
+
+def check_sites(root: Path = ROOT) -> list[str]:
+    """Problems with the mutation sites in `root` (each `old` must occur exactly once); empty when all hold."""
+    problems = []
+    for m in MUTATIONS:
+        n = (root / m.path).read_text(encoding="utf-8").count(m.old)
+        if n != 1:
+            problems.append(f"{m.name}: {m.path} holds the site {m.old!r} {n} times, not once; update scripts/mutants.py")
+    return problems
+
+
+def _copy(dest: Path) -> None:
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for raw in files:
+        rel = raw.decode()
+        if not rel or not (ROOT / rel).is_file() or rel.startswith(".venv"):
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+
+
+def _pytest(copy: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not integration and not browser"]
+    return subprocess.run([*cmd, *tests], cwd=copy, capture_output=True, text=True)
+
+
+def _imports_from(copy: Path) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", "import graft_core, db, verifiers; print(graft_core.__file__, db.__file__, verifiers.__file__)"],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout
+
+
+def run(names: list[str] | None = None) -> int:
+    problems = check_sites()
+    if problems:
+        print("\n".join(problems))
+        return 1
+    chosen = [m for m in MUTATIONS if not names or m.name in names]
+    with tempfile.TemporaryDirectory(prefix="kvgraft-mutants-") as tmp:
+        copy = Path(tmp) / "repo"
+        _copy(copy)
+        where = _imports_from(copy)
+        assert all(p.startswith(str(copy)) for p in where.split()), f"the copy imports the product from elsewhere: {where}"
+        tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+        t0 = time.perf_counter()
+        control = _pytest(copy, tests)
+        print(f"control (unmutated): rc {control.returncode} in {time.perf_counter() - t0:.0f}s", flush=True)
+        if control.returncode != 0:
+            print(control.stdout[-3000:], control.stderr[-2000:])
+            return 1
+        survived = []
+        for m in chosen:
+            target = copy / m.path
+            original = target.read_text(encoding="utf-8")
+            target.write_text(original.replace(m.old, m.new), encoding="utf-8")
+            t0 = time.perf_counter()
+            res = _pytest(copy, m.tests)
+            target.write_text(original, encoding="utf-8")
+            failed = [ln for ln in res.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+            caught = res.returncode == 1 and bool(failed)  # tests ran and failed (not a collection or usage error)
+            print(
+                f"{'CAUGHT  ' if caught else 'SURVIVED'} {m.name} ({m.path}) in {time.perf_counter() - t0:.0f}s: "
+                + (failed[0] if failed else f"rc {res.returncode}"),
+                flush=True,
+            )
+            if not caught:
+                survived.append(m.name)
+                print(res.stdout[-2000:], res.stderr[-1000:])
+    print(f"{len(chosen) - len(survived)}/{len(chosen)} mutations caught")
+    return 1 if survived else 0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("names", nargs="*", help="run only these mutations (by name)")
+    p.add_argument("--list", action="store_true", help="list the mutations and the tests that must catch them")
+    args = p.parse_args()
+    if args.list:
+        for m in MUTATIONS:
+            print(f"{m.name}: {m.path} -> {', '.join(m.tests)}")
+        return
+    sys.exit(run(args.names or None))
+
+
+if __name__ == "__main__":
+    main()
