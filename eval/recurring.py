@@ -151,3 +151,40 @@ def summarise_case(failed: list[dict], solved: list[dict], budget: int) -> dict:
             "rate": round(accepted / len(failed), 4) if failed else None,
         },
     }
+
+
+def check_case(case: dict, rows: dict[str, dict]) -> tuple[list[str], int]:
+    """Offline re-check of a stored case (replay-eval): attempt hashes and token sums, grafted output
+    hashes and decode counts, verdicts re-scored against the data file, and every total and the ratio
+    recomputed. Returns (problems found, items checked)."""
+    from graft_core.generate import tokens_sha256
+
+    bad, n = [], 0
+    for rec in [*case["failed"], *case["solved_by_sampling"]]:
+        where = f"recurring {rec['id']}"
+        n += 1
+        if attempts_sha256(rec["attempts"]) != rec["attempts_sha256"]:
+            bad.append(f"{where}: attempt records hash differently from the recorded attempts_sha256")
+        if sum(a["tokens"] for a in rec["attempts"]) != rec["baseline_tokens"]:
+            bad.append(f"{where}: attempt tokens do not sum to the recorded baseline_tokens")
+        if rec["baseline_tokens"] > case["config"]["budget"]:
+            bad.append(f"{where}: {rec['baseline_tokens']} tokens spent exceed the {case['config']['budget']}-token budget")
+        row = rows.get(rec["id"])
+        if row is None:
+            bad.append(f"{where}: not in the data file")
+            continue
+        for a in rec["attempts"]:
+            if judge(row["verifier"], a["answer"], row["reference"])[0] != a["passed"] and "gate refused" not in a["detail"]:
+                bad.append(f"{where}: attempt answer {a['answer']!r} re-scores differently")
+        g = rec.get("grafted")
+        if g is None:
+            continue
+        if tokens_sha256(g["output_token_ids"]) != g["output_sha256"] or len(g["output_token_ids"]) != g["decode_tokens"]:
+            bad.append(f"{where}: grafted output token ids do not match their hash or decode count")
+        if judge(row["verifier"], g["answer"], row["reference"])[0] != g["correct"]:
+            bad.append(f"{where}: grafted answer {g['answer']!r} re-scores differently")
+    again = summarise_case(case["failed"], case["solved_by_sampling"], case["config"]["budget"])
+    for k in ("recurring_case", "payback", "acceptance"):
+        if json.dumps(again[k], sort_keys=True) != json.dumps(case[k], sort_keys=True):
+            bad.append(f"recurring case: {k} recomputed from the rows differs from the recorded one")
+    return bad, n

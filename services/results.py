@@ -248,3 +248,21 @@ class Solved:
             "tokens_spent": self.tokens_spent,
             "budget": self.budget,
         }
+
+
+@dataclass(frozen=True)
+class Flywheel:
+    """The dashboard's flywheel: when each artifact entered the store (seconds since the epoch, oldest
+    first); per item found by `solve` (id, discovery tokens, mean recall tokens or None, recalls); and
+    the cumulative tokens saved by recalls, (time, total) in ledger order."""
+
+    sizes: tuple[float, ...]
+    items: tuple[tuple[str, int, float | None, int], ...]
+    cumulative_saved: tuple[tuple[float, int], ...]
+
+    def to_json(self) -> dict:
+        return {
+            "sizes": list(self.sizes),
+            "items": [{"id": i, "discovery_tokens": d, "recall_tokens_mean": r, "recalls": n} for i, d, r, n in self.items],
+            "cumulative_saved": [list(x) for x in self.cumulative_saved],
+        }

@@ -16,7 +16,7 @@ from errors import InvalidInput, VerificationFailed
 from graft_core import sample
 
 from .limits import MAX_QUESTION_CHARS, bounded
-from .results import SolveAttempt, Solved
+from .results import Flywheel, SolveAttempt, Solved
 
 DEFAULT_BUDGET = 4096
 MAX_BUDGET = 1_000_000
@@ -140,6 +140,24 @@ class SolvePipeline:
         with open(self.home / FLYWHEEL_LOG, "a", encoding="utf-8") as f:
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
         return result
+
+    def flywheel(self) -> Flywheel:
+        """What the dashboard plots: library size over time, and per discovered item the tokens its
+        discovery cost against what each later recall computed (from the ledger); saved = the sum over
+        recalls of (discovery - recall), i.e. against a baseline that would have had to discover it again."""
+        sizes = sorted(r.created_at.timestamp() for r in self._catalog.list_artifacts(limit=max(1, self.count())))
+        found = {s["id"]: s for s in self.solves() if s["source"] == "model" and s["id"]}
+        recalls: dict[str, list[int]] = {k: [] for k in found}
+        saved, cumulative = 0, []
+        for row in self.ledger():
+            leaf = row.artifact_ids[-1] if row.artifact_ids else None
+            if leaf in found:
+                cost = row.computed_tokens + row.decode_tokens
+                recalls[leaf].append(cost)
+                saved += max(0, found[leaf]["tokens_spent"] - cost)
+                cumulative.append((row.created_at.timestamp(), saved))
+        items = tuple((k, found[k]["tokens_spent"], round(sum(v) / len(v), 1) if v else None, len(v)) for k, v in recalls.items())
+        return Flywheel(sizes=tuple(sizes), items=items, cumulative_saved=tuple(cumulative))
 
     def solves(self) -> list[dict]:
         """Every recorded solve, oldest first (empty when nothing was solved in this store)."""
