@@ -102,3 +102,37 @@ def test_solve_learns_then_recalls_on_the_real_model(tmp_path, real_lm):
     assert (again.solved, again.source, again.id) == (True, "library", first.id)
     assert [a.mode for a in again.attempts] == ["library"] and lib.count() == 1
     lib.close()
+
+
+def test_flywheel_counts_discovery_against_each_recall(lib):
+    import app_views
+
+    q = "Who built the Varnek lighthouse?"
+    greedy = sample.attempt(lib.lm, q, 8)
+    if not greedy.text:
+        pytest.skip("the tiny model's greedy answer is empty; the real-model test covers deposit")
+    r = lib.solve(q, "exact", greedy.text, budget=1000, max_new_tokens=8)
+    recall = lib.answer(q, max_new_tokens=4, threshold=0.0)
+    assert recall.artifact_ids[-1] == r.id
+    f = lib.flywheel()
+    assert len(f.sizes) == lib.count() == 1
+    (item,) = f.items
+    assert item == (r.id, r.tokens_spent, float(recall.computed_tokens + recall.decode_tokens), 1)
+    assert f.cumulative_saved[-1][1] == max(0, r.tokens_spent - recall.computed_tokens - recall.decode_tokens)
+    assert len(app_views.flywheel_plot(f).axes) == 3
+    head, rows = app_views.solve_summary(r)
+    assert "deposited" in head and len(rows) == len(r.attempts)
+
+
+def test_cli_solve_json_and_exit_codes(tiny_dirs, kvgraft_home, capsys, monkeypatch):
+    import cli
+
+    monkeypatch.setattr(services.library, "SentenceEmbedder", HashEmbedder)
+    base = ["--home", str(kvgraft_home), "--model", str(tiny_dirs["gemma3"]), "solve", "Who built the Varnek lighthouse?"]
+    code = cli.main([*base, "--verifier", "exact", "--reference", "Osric Pellamy", "--budget", "120", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and set(out) == {"solved", "source", "id", "answer", "attempts", "tokens_spent", "budget"}
+    assert out["solved"] is False and 0 < out["tokens_spent"] <= 120 == out["budget"]
+    code = cli.main([*base, "--verifier", "exact", "--reference", "x", "--budget", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: budget must be between 1") and "Traceback" not in err
