@@ -27,9 +27,12 @@ class AnswerPipeline:
         row = self._catalog.get(hit.artifact_id)
         vs = self._catalog.verifications(row.id)
         last = vs[-1] if vs else None
-        # A verified item is judged by its own question; free text (no question) by its title.
-        item_question = self._catalog.source(row.id).question or row.title
-        rel = relevance.decide(question, item_question, float(hit.score))
+        # A verified item is judged by its own question; free text (no question) by its words.
+        src = self._catalog.source(row.id)
+        if src.question:
+            rel = relevance.decide(question, src.question, float(hit.score))
+        else:
+            rel = relevance.decide_document(question, src.text, float(hit.score))
         return Retrieved(
             id=row.id,
             title=row.title,

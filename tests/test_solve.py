@@ -136,3 +136,12 @@ def test_cli_solve_json_and_exit_codes(tiny_dirs, kvgraft_home, capsys, monkeypa
     code = cli.main([*base, "--verifier", "exact", "--reference", "x", "--budget", "0"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: budget must be between 1") and "Traceback" not in err
+
+
+def test_free_text_is_kept_only_when_it_names_what_is_asked():
+    from retrieval import relevance
+
+    sheet = "Zorblat is the capital of Quendia. Its tallest bridge is the Ivory Span."
+    assert relevance.decide_document("What is the capital of Quendia?", sheet, 0.5).relevant
+    no = relevance.decide_document("What is the capital of Spain?", sheet, 0.5)
+    assert not no.relevant and no.missing == ("spain",)
