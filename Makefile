@@ -36,7 +36,9 @@ system-deps:
 	@if [ "$$(id -u)" = 0 ] && { ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ ! -x /usr/bin/chromium ]; }; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql chromium >/dev/null; fi
 
+# The URL first; the page is up a few seconds later and shows the model arriving behind it.
 run: install
+	@echo "kvgraft: http://$${GRADIO_SERVER_NAME:-127.0.0.1}:$${GRADIO_SERVER_PORT:-7860}  (page in a few seconds; the model loads behind it)"
 	$(BIN)/python app.py
 
 demo: install

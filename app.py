@@ -1,27 +1,30 @@
 """kvgraft's web app: a Gradio Blocks front end, thin over `services`.
 
 `build_app` assembles one small builder per tab; each callback calls one `Library` (or `maintenance`)
-function and formats its result (HTML, tables, matplotlib figures); it knows nothing about torch or SQL. The model runs one request at a time behind
-Gradio's queue (every model event shares the concurrency group "model"; reads of the catalog run
-beside it). Named API endpoints for `gradio_client`: `/answer`, `/deposit`, `/verify`.
+function and formats its result (HTML, tables, matplotlib figures); it knows nothing about torch or SQL. Every
+model handler checks its caller's authority and bounds first and then holds the model through
+`app_guard` (one request at a time, fairly between sessions and addresses; reads of the catalog run
+beside it). Named API endpoints for `gradio_client`: `/answer`, `/deposit`, `/verify`, `/export`, `/import`, `/delete`.
 
 Run `python app.py` (host/port from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, store from
-KVGRAFT_HOME, deposits enabled by KVGRAFT_ADMIN_TOKEN). An empty store is seeded with the built-in
-verified library in `library_seed/` at startup.
+KVGRAFT_HOME, deposits enabled by KVGRAFT_ADMIN_TOKEN; on a Hugging Face Space see `hosting`). The page
+is served first; the model conversion/loading, the seeding of an empty store with the built-in library
+in `library_seed/` and the index build follow in the background (`startup`), shown in the status area.
 """
 
 from __future__ import annotations
 
-import hmac
+import contextlib
 import json
 import logging
 import os
 import queue
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+_T0 = time.perf_counter()  # the start of `python app.py`'s imports: "page served after N s" counts from here
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -29,12 +32,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import gradio as gr  # noqa: E402
 
-import maintenance  # noqa: E402
+import hosting  # noqa: E402
 import services  # noqa: E402
+from app_guard import ADMIN_HELP, Guard  # noqa: E402
 from app_solve import solve_tab  # noqa: E402
+from app_upkeep import answer_options as _answer_options  # noqa: E402
+from app_upkeep import call as _call  # noqa: E402
+from app_upkeep import model_turn as _model  # noqa: E402
+from app_upkeep import upkeep as _upkeep  # noqa: E402
+from app_upkeep import verify as _verify  # noqa: E402
 from app_views import (  # noqa: E402
     LIBRARY_HEADERS,
-    esc,
     evidence_html,
     evidence_summary,
     flywheel_plot,
@@ -50,32 +58,27 @@ from app_views import (  # noqa: E402
     warn,
 )
 from errors import KvgraftError, VerificationFailed  # noqa: E402  (types, not the engine)
+from services.limits import (  # noqa: E402
+    ANON_MAX_NEW_TOKENS,
+    ANON_VERIFY_SAMPLES,
+)
+from startup import Gate, Startup, TerminalProgress, model_cache, status_html  # noqa: E402
+from startup import start as start_up  # noqa: E402
 
 log = logging.getLogger("kvgraft.app")
 
 HERE = Path(__file__).resolve().parent
 SEED_DIR = HERE / "library_seed"
 STATIC = HERE / "static"
-QUEUE_MAX = 64
+QUEUE_MAX = 256  # over-quota requests are refused in microseconds, so a deep queue drains fast
+MODEL_WORKERS = 16  # handlers that may wait at once for the model; `FairTurns` runs one at a time
 VERIFIERS = ["exact", "numeric", "sympy", "attested"]
-ADMIN_HELP = (
-    "Deposits are disabled: no admin token is configured. Set the environment variable "
-    "`KVGRAFT_ADMIN_TOKEN` to a secret and restart the app (`KVGRAFT_ADMIN_TOKEN=... python app.py`)."
-)
 
 
 # ---- the built-in library ------------------------------------------------------------------
 
 
-class SeedStatus:
-    """What the startup seeding is doing, for the status line (thread-safe enough: one writer)."""
-
-    def __init__(self, message: str = "", done: bool = True):
-        self.message, self.done, self.fraction = message, done, 1.0 if done else 0.0
-
-    def update(self, fraction: float, message: str, done: bool = False) -> None:
-        self.fraction, self.message, self.done = fraction, message, done
-        log.info("seed: %s", message)
+SeedStatus = Startup  # the start-up tracker under the name older callers (tests/test_browser.py) use
 
 
 def seed_items(folder: Path = SEED_DIR) -> tuple[list[dict], list[tuple[str, str]]]:
@@ -107,7 +110,10 @@ def seed_library(
 _DONE = object()
 
 
-MAX_UPLOAD = "4gb"  # a bundle upload; bundle import applies its own per-member and total limits after
+# Gradio's upload route takes files from anyone (no per-route auth): keep them small, and delete them
+# (and Gradio's copies of exports) after an hour. Larger bundles go through `cli.py import`.
+MAX_UPLOAD = os.environ.get("KVGRAFT_MAX_UPLOAD", "256mb")
+CACHE_CLEANUP = (600, 3600)  # Blocks(delete_cache=(every s, older than s))
 
 
 def launch_kwargs() -> dict:
@@ -115,37 +121,21 @@ def launch_kwargs() -> dict:
     return {"css_paths": [STATIC / "app.css"], "theme": gr.themes.Soft(primary_hue="blue"), "max_file_size": MAX_UPLOAD}
 
 
-def _admin_check(token: str) -> Callable[[str | None], None]:
-    """A guard each admin handler calls first: refuses unless `given` equals the configured token."""
-
-    def admin_ok(given: str | None) -> None:
-        if not token:
-            raise gr.Error(ADMIN_HELP)
-        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
-            raise gr.Error("Admin token refused: give the value of KVGRAFT_ADMIN_TOKEN set on the server.")
-
-    return admin_ok
-
-
-def _call(fn: Callable, *args, **kwargs):
-    """Run one service call; a kvgraft error becomes the message the user sees."""
-    try:
-        return fn(*args, **kwargs)
-    except KvgraftError as exc:
-        raise gr.Error(str(exc)) from None
-
-
 # ---- chat ----------------------------------------------------------------------------------
 
 
-def _stream_answer(library: services.Library, message: str, **options) -> Iterator[str | services.AnswerResult | Exception]:
-    """Run `library.answer` in a thread; yield each newer partial answer text, then the result (or the error)."""
+def _stream_answer(
+    library: services.Library, message: str, turn: Callable = contextlib.nullcontext, **options
+) -> Iterator[str | services.AnswerResult | Exception]:
+    """Run `library.answer` in a thread holding `turn()` (the model, fairly) until it ends, even when the
+    reader goes away; yield each newer partial answer text, then the result (or the error)."""
     q: queue.Queue = queue.Queue()
     out: dict = {}
 
     def work():
         try:
-            out["r"] = library.answer(message, on_token=q.put, **options)
+            with turn():
+                out["r"] = library.answer(message, on_token=q.put, **options)
         except Exception as exc:  # handed to the caller, which keeps the app up
             out["e"] = exc
         finally:
@@ -173,10 +163,13 @@ def _not_answered(exc: Exception) -> str:
     return f"Not answered: internal error ({type(exc).__name__}: {exc}); the app is still running"
 
 
-def _chat_tab(library: services.Library):
-    def chat(message, history, graft, k, max_new, check, compare):
+def _chat_tab(library: services.Library, guard: Guard):
+    def chat(message, history, graft, k, max_new, check, compare, request: gr.Request):
         history = list(history or [])
-        problem = input_problem(message)
+        try:
+            options, problem = _answer_options(guard, request, k, graft, max_new, check, compare), input_problem(message)
+        except KvgraftError as exc:
+            options, problem = {}, str(exc)
         if problem:
             if isinstance(message, str) and message.strip():
                 history.append({"role": "user", "content": shown(message)})
@@ -185,8 +178,7 @@ def _chat_tab(library: services.Library):
             return
         history += [{"role": "user", "content": shown(message)}, {"role": "assistant", "content": "…"}]
         yield history, gr.skip(), ""
-        options = dict(k=int(k), graft=bool(graft), max_new_tokens=int(max_new), check=bool(check), compare=bool(compare))
-        for item in _stream_answer(library, message, **options):
+        for item in _stream_answer(library, message, turn=lambda: guard.turn(request), **options):
             if isinstance(item, str):
                 history[-1] = {"role": "assistant", "content": item or "…"}
                 yield history, gr.skip(), ""
@@ -213,11 +205,11 @@ def _chat_tab(library: services.Library):
                     send = gr.Button("Ask", variant="primary", scale=1, elem_id="kv-ask")
                 with gr.Row():
                     graft = gr.Checkbox(True, label="graft")
-                    check = gr.Checkbox(True, label="check exactness")
+                    check = gr.Checkbox(False, label="check exactness (a fresh recomputation)")
                     compare = gr.Checkbox(False, label="compare with no graft (measured)")
                 with gr.Row():
                     k = gr.Slider(1, services.MAX_K, 3, step=1, label="k (retrieved)")
-                    max_new = gr.Slider(1, 128, 32, step=1, label="max new tokens")
+                    max_new = gr.Slider(1, ANON_MAX_NEW_TOKENS, 32, step=1, label="max new tokens")
                 clear = gr.Button("Clear chat", size="sm")
             with gr.Column(scale=2):
                 gr.Markdown("### Evidence")
@@ -226,8 +218,9 @@ def _chat_tab(library: services.Library):
                     elem_id="kv-evidence",
                 )
         inputs, outputs = [box, chatbot, graft, k, max_new, check, compare], [chatbot, evidence, box]
-        box.submit(chat, inputs, outputs, concurrency_id="model", api_name="chat", api_visibility="undocumented")
-        send.click(chat, inputs, outputs, concurrency_id="model", api_visibility="private")
+        model = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS}
+        box.submit(chat, inputs, outputs, api_name="chat", api_visibility="undocumented", **model)
+        send.click(chat, inputs, outputs, api_visibility="private", **model)
         clear.click(lambda: ([], ""), None, [chatbot, evidence], api_visibility="private", queue=False)
     return tab
 
@@ -254,17 +247,29 @@ def _deposit(
     raise gr.Error("Nothing to deposit: fill in a verified item (question, solution, answer, reference) or free text.")
 
 
-def _deposit_tab(library: services.Library, token: str, admin_ok) -> gr.Tab:
+def _deposit_tab(library: services.Library, token: str, guard: Guard) -> gr.Tab:
     def deposit_ui(
-        admin_token, mode, question, solution, answer, verifier, reference, text, title, attested_by, progress=gr.Progress()
+        admin_token,
+        mode,
+        question,
+        solution,
+        answer,
+        verifier,
+        reference,
+        text,
+        title,
+        attested_by,
+        request: gr.Request,
+        progress=gr.Progress(),
     ):
-        admin_ok(admin_token)
+        _call(guard.admin, admin_token, request)
         if mode == "verified item":
             text, attested_by = "", ""
         else:
             question = ""
         fields = (question, solution, answer, verifier, reference, text, title, attested_by)
-        d = _deposit(library, *fields, on_progress=lambda f, m: progress(f, desc=m))
+        with _model(guard, request):
+            d = _deposit(library, *fields, on_progress=lambda f, m: progress(f, desc=m))
         verb = "Deposited" if d.created else "Already deposited (nothing computed)"
         return (
             f"**{verb}** `{d.id[:16]}…` — {d.tokens} tokens at position {d.start}, {d.bytes:,} bytes, "
@@ -290,7 +295,12 @@ def _deposit_tab(library: services.Library, token: str, admin_ok) -> gr.Tab:
         dbtn = gr.Button("Deposit", variant="primary")
         dout = gr.Markdown()
         dbtn.click(
-            deposit_ui, [tok, mode, dq, ds, da, dv, dr, dt, dtitle, dat], dout, concurrency_id="model", api_visibility="private"
+            deposit_ui,
+            [tok, mode, dq, ds, da, dv, dr, dt, dtitle, dat],
+            dout,
+            concurrency_id="model",
+            concurrency_limit=MODEL_WORKERS,
+            api_visibility="private",
         )
     return tab
 
@@ -310,41 +320,8 @@ def _show(library: services.Library, ref: str) -> tuple[str, dict]:
     return r["source"]["text"], {"artifact": r["artifact"], "chain": r["chain"], "verifications": r["verifications"]}
 
 
-def _upkeep(library: services.Library, admin_ok):
-    """The export, import and delete handlers of the Library tab."""
-
-    def export_bundle(ref: str):
-        ids = [s.strip() for s in (ref or "").replace(",", " ").split() if s.strip()] or library.artifact_ids()
-        if not ids:
-            raise gr.Error("The store is empty: nothing to export.")
-        out = Path(tempfile.mkdtemp(prefix="kvgraft-export-")) / f"kvgraft-bundle-{time.strftime('%Y%m%d-%H%M%S')}.tar"
-        rep = _call(maintenance.export_bundle, library, ids, out)
-        return (
-            rep.path,
-            f"Exported {len(rep.artifacts)} artifacts, {rep.bytes:,} bytes, bundle sha256 `{rep.bundle_sha256[:16]}…`",
-        )
-
-    def import_bundle(admin_token, file):
-        admin_ok(admin_token)
-        if not file:
-            raise gr.Error("Choose a bundle file to import.")
-        rep = _call(maintenance.import_bundle, library, Path(file if isinstance(file, str) else file.name))
-        return f"Imported {len(rep.artifacts)} artifacts ({len(rep.new)} new, {rep.blobs_written} blobs written).", _table(
-            library
-        )
-
-    def delete_artifact(admin_token, ref):
-        admin_ok(admin_token)
-        if not (ref or "").strip():
-            raise gr.Error("Select an artifact (click a row) or paste its id first.")
-        rep = _call(library.delete, ref.strip())
-        return f"Deleted `{rep.id[:16]}…` (blob {'removed' if rep.blob_removed else 'kept: still referenced'}).", _table(library)
-
-    return export_bundle, import_bundle, delete_artifact
-
-
-def _library_tab(library: services.Library, admin_ok, reads: dict) -> tuple[gr.Tab, gr.Dataframe]:
-    export_bundle, import_bundle, delete_artifact = _upkeep(library, admin_ok)
+def _library_tab(library: services.Library, guard: Guard, reads: dict, writable: bool = True) -> tuple[gr.Tab, gr.Dataframe]:
+    export_bundle, import_bundle, delete_artifact = _upkeep(library, guard, lambda: _table(library))
 
     def pick(evt: gr.SelectData, data):
         rid = evt.row_value[0] if evt.row_value else ""
@@ -359,11 +336,11 @@ def _library_tab(library: services.Library, admin_ok, reads: dict) -> tuple[gr.T
         with gr.Row():
             src_text = gr.Textbox(label="deposited text", lines=8)
             manifest = gr.JSON(label="manifest (row, chain, verifier record)")
-        with gr.Accordion("Export / import / delete", open=False):
+        with gr.Accordion("Export / import / delete", open=False, visible=writable):  # admin only: none on a read-only demo
+            ltok = gr.Textbox(label="admin token (export, import, delete)", type="password")
             with gr.Row():
                 exp_btn = gr.Button("Export bundle (selected id, or all when empty)")
                 exp_file = gr.File(label="bundle")
-            ltok = gr.Textbox(label="admin token (import, delete)", type="password")
             with gr.Row():
                 imp_file = gr.File(label="bundle to import", type="filepath")
                 imp_btn = gr.Button("Import")
@@ -375,8 +352,8 @@ def _library_tab(library: services.Library, admin_ok, reads: dict) -> tuple[gr.T
         tab.select(table, search, tbl, **reads)
         tbl.select(pick, tbl, [sel, src_text, manifest], **reads)
         sel.submit(lambda ref: _show(library, ref), sel, [src_text, manifest], **reads)
-        admin = {"concurrency_id": "model", "api_visibility": "undocumented"}
-        exp_btn.click(export_bundle, sel, [exp_file, lout], api_name="export", **admin)
+        admin = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS, "api_visibility": "undocumented"}
+        exp_btn.click(export_bundle, [ltok, sel], [exp_file, lout], api_name="export", **admin)
         imp_btn.click(import_bundle, [ltok, imp_file], [lout, tbl], api_name="import", **admin)
         del_btn.click(delete_artifact, [ltok, sel], [lout, tbl], api_name="delete", **admin)
     return tab, tbl
@@ -385,10 +362,9 @@ def _library_tab(library: services.Library, admin_ok, reads: dict) -> tuple[gr.T
 # ---- verify --------------------------------------------------------------------------------
 
 
-def _verify_tab(library: services.Library) -> gr.Tab:
-    def verify_ui(samples, do_relocate, offset, progress=gr.Progress()):
-        relocate = int(offset) if do_relocate else None
-        rep = _call(library.verify_samples, int(samples), relocate=relocate, on_progress=lambda f, m: progress(f, desc=m))
+def _verify_tab(library: services.Library, guard: Guard) -> gr.Tab:
+    def verify_ui(samples, do_relocate, offset, request: gr.Request, progress=gr.Progress()):
+        rep, relocate = _verify(library, guard, request, samples, offset if do_relocate else None, progress=progress)
         return (*verify_summary(rep), verify_plot(rep.rows, relocate))
 
     with gr.Tab("Verify", id="verify") as tab:
@@ -398,7 +374,7 @@ def _verify_tab(library: services.Library) -> gr.Tab:
             "the approximate tier, measured."
         )
         with gr.Row():
-            vn = gr.Slider(1, 100, 10, step=1, label="samples")
+            vn = gr.Slider(1, ANON_VERIFY_SAMPLES, ANON_VERIFY_SAMPLES, step=1, label="samples")
             vrel = gr.Checkbox(False, label="relocate")
             voff = gr.Number(64, precision=0, minimum=0, label="offset")
             vbtn = gr.Button("Run", variant="primary")
@@ -409,7 +385,14 @@ def _verify_tab(library: services.Library) -> gr.Tab:
                 interactive=False,
             )
             vplot = gr.Plot(label="per sample", show_label=False)
-        vbtn.click(verify_ui, [vn, vrel, voff], [vsum, vtbl, vplot], concurrency_id="model", api_visibility="private")
+        vbtn.click(
+            verify_ui,
+            [vn, vrel, voff],
+            [vsum, vtbl, vplot],
+            concurrency_id="model",
+            concurrency_limit=MODEL_WORKERS,
+            api_visibility="private",
+        )
     return tab
 
 
@@ -417,9 +400,9 @@ def _verify_tab(library: services.Library) -> gr.Tab:
 
 
 def _dashboard(library: services.Library):
-    s = library.stats()
+    s = _call(library.stats)
     plots = (tokens_plot(s.recent), speedup_plot(s.recent), store_plot(s.store_tokens, s.window))
-    return stats_html(s), *plots, flywheel_plot(library.flywheel())
+    return stats_html(s), *plots, flywheel_plot(_call(library.flywheel))
 
 
 def _dashboard_tab(library: services.Library, other_tabs: list[gr.Tab], reads: dict) -> None:
@@ -443,18 +426,28 @@ def _dashboard_tab(library: services.Library, other_tabs: list[gr.Tab], reads: d
 # ---- named API endpoints -------------------------------------------------------------------
 
 
-def _apis(library: services.Library, admin_ok) -> None:
+def _apis(library: services.Library, guard: Guard) -> None:
     """`/answer`, `/deposit`, `/verify`: the JSON objects `cli.py ask|deposit|verify --json` print."""
 
     def answer_api(
-        question: str, k: int = 3, graft: bool = True, max_new_tokens: int = 32, check: bool = True, compare: bool = False
+        question: str,
+        k: int = 3,
+        graft: bool = True,
+        max_new_tokens: int = 32,
+        check: bool = False,
+        compare: bool = False,
+        admin_token: str = "",
+        request: gr.Request = None,
     ) -> dict:
-        """Answer a question; returns the same JSON object as `cli.py ask --json`."""
+        """Answer a question; returns the same JSON object as `cli.py ask --json`. `check=True` adds a fresh
+        recomputation (bounded by the context); max_new_tokens <= 64 without the admin token."""
+        options = _call(_answer_options, guard, request, k, graft, max_new_tokens, check, compare, admin_token)
         problem = input_problem(question)
         if problem:
             raise gr.Error(problem)
-        options = dict(k=int(k), graft=bool(graft), max_new_tokens=int(max_new_tokens), check=bool(check), compare=bool(compare))
-        return json.loads(json.dumps(_call(library.answer, question, **options).to_json(), default=str))
+        with _model(guard, request):
+            result = library.answer(question, **options)
+        return json.loads(json.dumps(result.to_json(), default=str))
 
     def deposit_api(
         admin_token: str,
@@ -466,91 +459,113 @@ def _apis(library: services.Library, admin_ok) -> None:
         text: str = "",
         title: str = "",
         attested_by: str = "",
+        request: gr.Request = None,
     ) -> dict:
         """Deposit a verified item (question/solution/answer/verifier/reference) or free text; admin token required."""
-        admin_ok(admin_token)
-        return _deposit(library, question, solution, answer, verifier, reference, text, title, attested_by).to_json()
+        _call(guard.admin, admin_token, request)
+        with _model(guard, request):
+            return _deposit(library, question, solution, answer, verifier, reference, text, title, attested_by).to_json()
 
-    def verify_api(samples: int = 10, relocate: int | None = None) -> dict:
-        """N-sample exactness check; with `relocate` the relocation experiment at that offset (approximate tier)."""
-        rep = _call(library.verify_samples, int(samples), relocate=None if relocate is None else int(relocate))
+    def verify_api(samples: int = 5, relocate: int | None = None, admin_token: str = "", request: gr.Request = None) -> dict:
+        """N-sample exactness check (<= 5 samples without the admin token); with `relocate` the relocation
+        experiment at that offset (approximate tier), within the model's context."""
+        rep, _ = _verify(library, guard, request, samples, relocate, admin_token)
         return json.loads(json.dumps(rep.to_json(every_field=False), default=str))
 
-    gr.api(answer_api, api_name="answer", concurrency_id="model")
-    gr.api(deposit_api, api_name="deposit", concurrency_id="model")
-    gr.api(verify_api, api_name="verify", concurrency_id="model")
+    model = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS}
+    gr.api(answer_api, api_name="answer", **model)
+    gr.api(deposit_api, api_name="deposit", **model)
+    gr.api(verify_api, api_name="verify", **model)
 
 
 # ---- the app -------------------------------------------------------------------------------
 
 
-def build_app(library: services.Library, admin_token: str | None = None, seed_status: SeedStatus | None = None) -> gr.Blocks:
-    """The Blocks app over one Library. `admin_token` defaults to $KVGRAFT_ADMIN_TOKEN (read now)."""
+def build_app(
+    library: services.Library,
+    admin_token: str | None = None,
+    startup: Startup | None = None,
+    where: hosting.Hosting | None = None,
+    seed_status: Startup | None = None,
+    guard: Guard | None = None,
+) -> gr.Blocks:
+    """The Blocks app over one Library. `admin_token` defaults to $KVGRAFT_ADMIN_TOKEN (read now);
+    `guard` (the admin gate and the fair model turns) defaults to one over that token.
+
+    With a `startup` tracker (`seed_status` is its older name) the page is built at once and every model
+    call says "still starting" until the tracker is ready; without one the model is loaded here, now."""
     token = admin_token if admin_token is not None else os.environ.get("KVGRAFT_ADMIN_TOKEN", "")
-    status = seed_status or SeedStatus()
-    admin_ok = _admin_check(token)
-    library.lm  # noqa: B018  (load the model now, not on the first request)
+    guard = guard or Guard(token)
+    tracker = startup or seed_status
+    if tracker is None:
+        library.lm  # noqa: B018  (load the model now, not on the first request)
+        tracker = Startup.already_done()
+    read_only = where is not None and where.read_only
+    gated = Gate(library, tracker)
     reads = {"concurrency_id": "reads", "concurrency_limit": 4, "api_visibility": "private"}
 
     def status_line():
-        msg = status.message or f"Library: {library.count()} artifacts."
-        cls = "kv-status-busy" if not status.done else "kv-status"
-        return f'<div class="{cls}">{esc(msg)}</div>', gr.Timer(active=not status.done)
+        snap = tracker.snapshot()
+        n = library.count()
+        seeded = any(s.key == "seed" and s.state == "done" for s in snap.stages)
+        ready = (
+            f"Built-in library ready: {n} artifacts. Try: Who founded the town of Velmora?"
+            if seeded
+            else f"Library: {n} artifacts."
+        )
+        return status_html(snap, ready), gr.Timer(active=not snap.ready and snap.model_failed is None)
 
-    with gr.Blocks(title="kvgraft") as demo:
+    with gr.Blocks(title="kvgraft", delete_cache=CACHE_CLEANUP) as demo:
         with gr.Row(elem_classes="kv-top"):
             gr.Markdown("## kvgraft · verified knowledge, grafted byte-exact into a frozen model")
             status_md = gr.HTML(elem_id="kv-status")
+        for notice in where.notices() if where else []:
+            gr.Markdown(f"> ⚠️ {notice}", elem_classes="kv-hosting")
         status_timer = gr.Timer(1.0)
-        chat_tab = _chat_tab(library)
-        dep_tab = _deposit_tab(library, token, admin_ok)
-        lib_tab, tbl = _library_tab(library, admin_ok, reads)
-        ver_tab = _verify_tab(library)
-        sol_tab = solve_tab(library, admin_ok, _call, HERE / "datasets" / "problems.jsonl")
-        _dashboard_tab(library, [chat_tab, dep_tab, lib_tab, ver_tab, sol_tab], reads)
-        _apis(library, admin_ok)
+        chat_tab = _chat_tab(gated, guard)
+        tabs = [chat_tab]
+        if not read_only:
+            tabs.append(_deposit_tab(gated, token, guard))
+        lib_tab, tbl = _library_tab(gated, guard, reads, writable=not read_only)
+        ver_tab = _verify_tab(gated, guard)
+        sol_tab = solve_tab(gated, guard, HERE / "datasets" / "problems.jsonl")
+        _dashboard_tab(gated, [*tabs, lib_tab, ver_tab, sol_tab], reads)
+        _apis(gated, guard)
         status_timer.tick(status_line, None, [status_md, status_timer], show_progress="hidden", **reads)
         demo.load(status_line, None, [status_md, status_timer], **reads)
         demo.load(lambda: _table(library), None, tbl, **reads)
 
-    demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX)
+    demo.queue(default_concurrency_limit=MODEL_WORKERS, max_size=QUEUE_MAX)
     return demo
 
 
-def start_seeding(library: services.Library, status: SeedStatus) -> threading.Thread | None:
-    """Seed an empty store with the built-in library in the background; the status line follows it."""
-    if library.count() > 0:
-        return None
-    status.update(0.0, "Empty store: seeding the built-in library…")
-
-    def seed():
-        try:
-            seed_library(library, on_progress=lambda f, m: status.update(f, m))
-            n = library.count()
-            status.update(1.0, f"Built-in library ready: {n} artifacts. Try: Who founded the town of Velmora?", done=True)
-        except Exception as exc:  # the app stays up; the status line says what failed
-            log.exception("seeding failed")
-            status.update(1.0, f"Seeding the built-in library failed: {exc}", done=True)
-
-    t = threading.Thread(target=seed, name="kvgraft-seed", daemon=True)
-    t.start()
-    return t
+def start_seeding(library: services.Library, status: Startup) -> threading.Thread:
+    """Run the start-up stages (model, built-in library for an empty store, index) in the background."""
+    return start_up(library, status, seed=seed_library)
 
 
 def server_address() -> tuple[str, int]:
-    """Host and port from Gradio's own variables; loopback unless the operator says otherwise."""
-    return os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), int(os.environ.get("GRADIO_SERVER_PORT", "7860"))
+    """Host and port from Gradio's own variables; loopback unless the operator (or a Space) says otherwise."""
+    where = hosting.detect()
+    return where.host, where.port
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    where = hosting.detect()
+    hosting.apply(where)
+    print(
+        f"kvgraft: {where.url}  (bound to {where.host}:{where.port}; the page comes first, the model loads behind it)", flush=True
+    )
     library = services.Library()
-    log.info("store %s; loading the model", library.home)
-    status = SeedStatus()
-    demo = build_app(library, seed_status=status)
-    start_seeding(library, status)
-    host, port = server_address()
-    demo.launch(server_name=host, server_port=port, **launch_kwargs())
+    tracker = Startup.remembered(model_cache())
+    demo = build_app(library, admin_token=where.admin_token, startup=tracker, where=where)
+    demo.launch(server_name=where.host, server_port=where.port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    wall, cpu = time.perf_counter() - _T0, time.process_time()  # CPU seconds: the part a busy machine does not inflate
+    print(f"kvgraft: page served at {where.url} after {wall:.1f} s ({cpu:.1f} s of CPU); store {library.home}", flush=True)
+    start_up(library, tracker, seed=seed_library, remember_in=model_cache())
+    TerminalProgress(tracker).start()
+    demo.block_thread()
 
 
 if __name__ == "__main__":

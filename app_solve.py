@@ -6,12 +6,13 @@ solve any question against any reference. Formatting lives in app_views; the wor
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
 
 import services
+from app_guard import Guard
+from app_upkeep import call, model_turn
 from app_views import input_problem, solve_summary
 
 PUBLIC_SOLVE_BUDGET = 1024  # tokens an anonymous solve may spend (the admin may spend more)
@@ -24,33 +25,29 @@ def trusted_problems(path: Path) -> dict[str, dict]:
     return {f"{r['id']}: {r['question'][:90]}": r for r in rows}
 
 
-def solve_tab(library: services.Library, admin_ok: Callable[[str | None], None], _call: Callable, problems_path: Path) -> gr.Tab:
-    """The tab; `admin_ok` guards the free-question form, `_call` turns kvgraft errors into messages."""
+def solve_tab(library: services.Library, guard: Guard, problems_path: Path) -> gr.Tab:
+    """The tab; `guard` checks the admin token of the free-question form and holds the model fairly."""
     problems = trusted_problems(problems_path)
 
-    def solve_public(choice, budget, seed, progress=gr.Progress()):
+    def run(request, question, verifier, reference, budget, seed, progress):
+        progress(0.1, desc="library first, then the model works")
+        with model_turn(guard, request):
+            r = call(library.solve, question, verifier, reference, budget=int(budget), seed=int(seed))
+        return solve_summary(r)
+
+    def solve_public(choice, budget, seed, request: gr.Request, progress=gr.Progress()):
         row = problems.get(choice)
         if row is None:
             raise gr.Error("Pick a problem from the trusted problem set.")
-        progress(0.1, desc="library first, then the model works")
-        r = _call(
-            library.solve,
-            row["question"],
-            row["verifier"],
-            row["reference"],
-            budget=min(int(budget), PUBLIC_SOLVE_BUDGET),
-            seed=int(seed),
-        )
-        return solve_summary(r)
+        budget = min(int(budget), PUBLIC_SOLVE_BUDGET)
+        return run(request, row["question"], row["verifier"], row["reference"], budget, seed, progress)
 
-    def solve_admin(admin_token, question, verifier, reference, budget, seed, progress=gr.Progress()):
-        admin_ok(admin_token)
+    def solve_admin(admin_token, question, verifier, reference, budget, seed, request: gr.Request, progress=gr.Progress()):
+        call(guard.admin, admin_token, request)
         problem = input_problem(question)
         if problem:
             raise gr.Error(problem)
-        progress(0.1, desc="library first, then the model works")
-        r = _call(library.solve, question, verifier, reference, budget=min(int(budget), ADMIN_SOLVE_BUDGET), seed=int(seed))
-        return solve_summary(r)
+        return run(request, question, verifier, reference, min(int(budget), ADMIN_SOLVE_BUDGET), seed, progress)
 
     with gr.Tab("Solve and learn", id="solve") as tab:
         gr.Markdown(

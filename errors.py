@@ -31,3 +31,7 @@ class InputTooLong(KvgraftError):
 
 class InvalidInput(KvgraftError):
     """Input is malformed (empty, not text, wrong shape); the message says which field."""
+
+
+class NotReady(KvgraftError):
+    """The app is still starting (model conversion or loading, seeding); the message says which stage and how long."""

@@ -79,21 +79,26 @@ def check_name(name: str) -> str:
     return name
 
 
-def write(path: str | os.PathLike, members: dict[str, bytes]) -> int:
-    """Write a deterministic tar of `members` (name -> bytes) to `path` atomically; returns its size."""
+def write(path: str | os.PathLike, members: dict[str, bytes | Path]) -> int:
+    """Write a deterministic tar of `members` (name -> bytes, or a file streamed from disk) to `path`
+    atomically; returns its size."""
     target = Path(path)
     with atomic_file(target, prefix=f".{target.name}.") as f:
         with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for name in sorted(members):
                 data = members[name]
                 info = tarfile.TarInfo(check_name(name))
-                info.size = len(data)
+                info.size = data.stat().st_size if isinstance(data, Path) else len(data)
                 info.mtime = 0
                 info.mode = 0o644
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 info.type = tarfile.REGTYPE
-                tar.addfile(info, io.BytesIO(data))
+                if isinstance(data, Path):
+                    with open(data, "rb") as src:
+                        tar.addfile(info, src)
+                else:
+                    tar.addfile(info, io.BytesIO(data))
     return target.stat().st_size
 
 

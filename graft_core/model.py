@@ -113,10 +113,20 @@ def _convert_packaged_gemma(target: Path) -> None:
         os.replace(out, target)
 
 
+def _packaged_dir() -> Path:
+    return model_cache_dir() / "gemma-3-270m-f32"
+
+
+def needs_conversion(name: str | None = None) -> bool:
+    """Whether loading `name` (default as in `load`) first converts the packaged GGUF (about a minute)."""
+    name = name or os.environ.get("KVGRAFT_MODEL") or DEFAULT_MODEL
+    return name == DEFAULT_MODEL and not (_packaged_dir() / "config.json").exists()
+
+
 def resolve_model_dir(name: str) -> Path | str:
     """Map a model name to something `from_pretrained` loads; converts the packaged default once."""
     if name == DEFAULT_MODEL:
-        target = model_cache_dir() / "gemma-3-270m-f32"
+        target = _packaged_dir()
         if not (target / "config.json").exists():
             _convert_packaged_gemma(target)
         return target

@@ -54,23 +54,34 @@ class ExportReport:
         return asdict(self)
 
 
+def _checked_blob(lib: Library, digest: str) -> Path:
+    """The stored file of blob `digest` after hashing it in 1 MiB chunks: a corrupt blob is never exported."""
+    actual = lib._blobs.actual_sha256(digest)
+    if actual != digest:
+        raise IntegrityError(
+            f"blob integrity check failed for {digest}: its bytes hash to {actual or 'nothing (missing)'}; "
+            "nothing was exported. Restore it from a bundle or run `cli.py rebuild --verify`"
+        )
+    return lib._blobs.path(digest)
+
+
 def export_bundle(lib: Library, ids: list[str], out: str | Path) -> ExportReport:
     """Write the artifacts `ids`, their ancestors, their catalog rows and a manifest to the tar `out`."""
     if not ids:
         raise InvalidInput("give at least one artifact id to export; list ids with `cli.py list`")
     requested = tuple(lib._catalog.get(i).id for i in ids)
     rows = lib._catalog.export_rows(requested)
-    members: dict[str, bytes] = {}
+    members: dict[str, bytes | Path] = {}
     entries = []
     for a in rows["artifacts"]:
-        data = lib._blobs.get(a["content_sha256"])  # re-hashed on read: a corrupt blob is never exported
-        members[_blob_member(a["content_sha256"])] = data
+        blob = _checked_blob(lib, a["content_sha256"])
+        members[_blob_member(a["content_sha256"])] = blob  # streamed into the tar, never held whole
         entries.append(
             {
                 "id": a["id"],
                 "parent": a["parent_id"],
                 "content_sha256": a["content_sha256"],
-                "bytes": len(data),
+                "bytes": blob.stat().st_size,
                 "model_fingerprint": a["model_fingerprint"],
                 "member": _blob_member(a["content_sha256"]),
             }
@@ -139,8 +150,9 @@ def _manifest(staged: dict[str, Path]) -> dict:
     return manifest
 
 
-def _verify_staged(staged: dict[str, Path]) -> tuple[dict, dict, dict[str, bytes]]:
-    """Every check of a staged bundle against itself: (manifest, catalog rows, content hash -> blob bytes)."""
+def _verify_staged(staged: dict[str, Path]) -> tuple[dict, dict, dict[str, Path]]:
+    """Every check of a staged bundle against itself: (manifest, catalog rows, content hash -> staged file).
+    Blobs are read one at a time; none is held after its checks."""
     manifest = _manifest(staged)
     entries = manifest["artifacts"]
     listed = {MANIFEST, manifest["catalog"]["member"], *(e["member"] for e in entries)}
@@ -163,7 +175,7 @@ def _verify_staged(staged: dict[str, Path]) -> tuple[dict, dict, dict[str, bytes
         raise InvalidInput(f"bundle {CATALOG} is malformed ({type(e).__name__}); export it again") from None
     if set(by_id) != {e["id"] for e in entries} or len(by_id) != len(entries):
         raise IntegrityError(f"bundle {CATALOG} and {MANIFEST} list different artifacts; export it again")
-    blobs: dict[str, bytes] = {}
+    blobs: dict[str, Path] = {}
     for e in entries:
         data = staged[e["member"]].read_bytes()
         actual = sha256_bytes(data)
@@ -189,7 +201,7 @@ def _verify_staged(staged: dict[str, Path]) -> tuple[dict, dict, dict[str, bytes
                 raise IncompatibleArtifact(
                     f"artifact {e['id']} was made by model {art.model_fingerprint} but {what} says {fp}; nothing was imported"
                 )
-        blobs[e["content_sha256"]] = data
+        blobs[e["content_sha256"]] = staged[e["member"]]
     return manifest, rows, blobs
 
 
@@ -213,15 +225,17 @@ def import_bundle(
                 )
         written = []
         try:
-            for digest, data in sorted(blobs.items()):
+            for digest, staged_file in sorted(blobs.items()):
                 if lib._blobs.exists(digest):
                     try:
                         lib._blobs.get(digest)
                         continue
                     except IntegrityError:  # a corrupt copy: the bundle's verified bytes restore it
                         lib._blobs.delete(digest)
-                lib._blobs.put(data)
-                written.append(digest)
+                stored = lib._blobs.put(staged_file.read_bytes())
+                written.append(stored)
+                if stored != digest:  # the staged file changed after its check: undone below
+                    raise IntegrityError(f"staged blob {digest} changed during the import; nothing was imported")
             new = lib._catalog.import_rows(rows)
         except BaseException:
             for digest in written:  # undo: a blob no row refers to is an orphan

@@ -86,6 +86,11 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
             return self._lm
 
     @property
+    def model_loaded(self) -> bool:
+        """Whether the model is in memory already (else the first use of `lm` loads it)."""
+        return self._lm is not None
+
+    @property
     def embedder(self) -> Embedder:
         if self._embedder is None:
             self._embedder = SentenceEmbedder()

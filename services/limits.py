@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from errors import InputTooLong, InvalidInput
 
 MAX_TEXT_CHARS = 200_000
@@ -18,3 +20,27 @@ def bounded(name: str, text: str, limit: int) -> str:
     if "\x00" in text:
         raise InvalidInput(f"{name} contains NUL bytes; send plain text")
     return text
+
+
+MAX_NEW_TOKENS = 512  # any caller: decode steps of one answer
+ANON_MAX_NEW_TOKENS = 32  # without the admin token: decode steps of one answer, the no-graft comparison included
+MAX_VERIFY_SAMPLES = 1000
+ANON_VERIFY_SAMPLES = 5
+_DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
+
+
+def whole(name: str, value: object, low: int, high: int) -> int:
+    """`value` as an int in [low, high]: an int, an integral float or a canonical decimal string (no sign,
+    spaces, `_` or leading zeros); InvalidInput naming the field and the bounds otherwise."""
+    n = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        n = int(value)
+    elif isinstance(value, str) and _DECIMAL.fullmatch(value):
+        n = int(value)
+    if n is None:
+        raise InvalidInput(f"{name} must be a whole number between {low:,} and {high:,}, got {str(value)[:40]!r}")
+    if not low <= n <= high:
+        raise InvalidInput(f"{name} must be between {low:,} and {high:,}, got {n:,}")
+    return n

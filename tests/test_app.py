@@ -80,7 +80,7 @@ def test_deposit_accepted_with_token_and_answer_is_exact(client, deposited):
     assert deposited["created"] and deposited["verified"] and deposited["verifier"] == "exact"
     again = client.predict(TOKEN, *ITEM.values(), api_name="/deposit")
     assert again["id"] == deposited["id"] and not again["created"]
-    r = client.predict(ITEM["question"], api_name="/answer")
+    r = client.predict(ITEM["question"], check=True, api_name="/answer")  # the fresh recomputation, asked for
     assert set(r) == answer_keys()  # the `cli.py ask --json` object
     assert r["tier"] == "exact" and r["artifact_ids"] == [deposited["id"]]
     assert r["check"]["exact"] is True and r["check"]["fresh_sha256"] == r["check"]["grafted_sha256"]
@@ -160,7 +160,7 @@ def test_eight_concurrent_clients(served, deposited):
 
 
 def test_export_delete_import_round_trip(client, deposited):
-    path, message = client.predict(deposited["id"], api_name="/export")
+    path, message = client.predict(TOKEN, deposited["id"], api_name="/export")
     assert message.startswith("Exported 1 artifacts")
     with pytest.raises(AppError, match="Admin token refused"):
         client.predict("nope", deposited["id"], api_name="/delete")
@@ -169,7 +169,7 @@ def test_export_delete_import_round_trip(client, deposited):
     msg, table = client.predict(TOKEN, gradio_client.handle_file(path), api_name="/import")
     assert msg.startswith("Imported 1 artifacts (1 new")
     assert deposited["id"][:16] in [row[0] for row in table["data"]]
-    assert client.predict(ITEM["question"], api_name="/answer")["check"]["exact"] is True
+    assert client.predict(ITEM["question"], check=True, api_name="/answer")["check"]["exact"] is True
 
 
 @pytest.mark.integration

@@ -29,7 +29,7 @@ def test_default_bind_is_loopback(monkeypatch):
     monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
     monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
     assert app.server_address() == ("127.0.0.1", 7860)
-    assert app.launch_kwargs()["max_file_size"] == "4gb"  # uploads (bundles) are bounded
+    assert app.launch_kwargs()["max_file_size"] == "256mb"  # uploads (bundles) are bounded; larger via cli.py import
     monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")
     monkeypatch.setenv("GRADIO_SERVER_PORT", "9000")
     assert app.server_address() == ("0.0.0.0", 9000)

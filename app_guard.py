@@ -1,0 +1,244 @@
+"""Who may do what on the web app, and how much of the model one client may hold.
+
+`AdminGate` checks the admin token (constant-time) with a limit on failed guesses per client address
+and overall; `FairTurns` hands the model out one request at a time: at most one request in flight per
+session and a few per address, the waiting client with the least recent model time first. It knows
+nothing about the store, the model or Gradio's widgets; app.py's handlers call it before any work.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import os
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from errors import KvgraftError
+
+ADMIN_HELP = (
+    "Admin actions are disabled: no admin token is configured. Set the environment variable "
+    "`KVGRAFT_ADMIN_TOKEN` to a secret and restart the app (`KVGRAFT_ADMIN_TOKEN=... python app.py`)."
+)
+
+
+class Refused(KvgraftError):
+    """The caller may not do this now: no or a wrong admin token, too many failed tokens, or a busy slot."""
+
+
+@dataclass(frozen=True)
+class Client:
+    """Who is asking: the Gradio session (one browser tab or one gradio_client.Client) and its address."""
+
+    session: str
+    address: str
+
+
+def client_of(request, trust_proxy: bool = False) -> Client:
+    """The client behind a Gradio request. The address is the socket's peer, or with `trust_proxy` the
+    first X-Forwarded-For hop (only behind a proxy that sets it, e.g. a Space: anyone can send the header)."""
+    if request is None:  # a handler called directly, not through Gradio: one shared anonymous client
+        return Client("direct", "direct")
+    address = getattr(getattr(request, "client", None), "host", None) or "unknown"
+    if trust_proxy:
+        forwarded = (request.headers.get("x-forwarded-for") or "").split(",")[0].strip()
+        address = forwarded or address
+    session = getattr(request, "session_hash", None) or f"address:{address}"
+    return Client(session, address)
+
+
+class AdminGate:
+    """The admin token check. After `per_address` failed tokens from one address (or `overall` from all)
+    within `window_s`, every token from there (right or wrong) is refused until the window passes."""
+
+    def __init__(self, token: str, per_address: int = 5, overall: int = 100, window_s: float = 300.0, clock=time.monotonic):
+        self.token = token or ""
+        self.per_address, self.overall, self.window_s, self._clock = per_address, overall, window_s, clock
+        self._failures: deque[tuple[float, str]] = deque()
+        self._lock = threading.Lock()
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.token)
+
+    def check(self, given: object, client: Client) -> None:
+        """Returns when `given` is the admin token; Refused (with what to do) otherwise."""
+        if not self.token:
+            raise Refused(ADMIN_HELP)
+        with self._lock:
+            now = self._clock()
+            while self._failures and self._failures[0][0] <= now - self.window_s:
+                self._failures.popleft()
+            mine = sum(1 for _, a in self._failures if a == client.address)
+            if mine >= self.per_address or len(self._failures) >= self.overall:
+                wait = self._failures[0][0] + self.window_s - now
+                raise Refused(f"Too many wrong admin tokens; admin actions are locked for {wait:.0f} s. Try again later.")
+            ok = isinstance(given, str) and hmac.compare_digest(given.encode("utf-8", "replace"), self.token.encode())
+            if not ok:
+                if given not in (None, ""):  # no token is not a guess
+                    self._failures.append((now, client.address))
+                raise Refused("Admin token refused: give the value of KVGRAFT_ADMIN_TOKEN set on the server.")
+
+    def is_admin(self, given: object, client: Client) -> bool:
+        """False for no token (anonymous, counts nothing); True for the right one; Refused for a wrong one."""
+        if given is None or given == "":
+            return False
+        self.check(given, client)
+        return True
+
+
+class Turn:
+    """One client's claim on the model, from `FairTurns.turn`; `pause` lets a lighter waiting client go first."""
+
+    def __init__(self, turns: FairTurns, client: Client, seq: int):
+        self._turns, self.client, self.seq = turns, client, seq
+        self._started = 0.0  # when it last got the model (for charging its time)
+
+    def pause(self) -> None:
+        """Call between units of work (outside the model lock): hands the model to any waiting client that
+        has used less of it recently, then waits for it back."""
+        self._turns._pause(self)
+
+
+class FairTurns:
+    """The model, one request at a time, shared fairly.
+
+    A client may have `per_session` requests in flight (waiting or running) per session and
+    `per_address` per address; more are refused at once, so one client cannot queue many. Among the
+    waiting, the one whose session and address have used the least model time recently (decaying
+    with `half_life_s`) goes next; a request that waits longer than `max_wait_s` is refused."""
+
+    def __init__(
+        self,
+        per_session: int = 1,
+        per_address: int = 32,
+        half_life_s: float = 60.0,
+        max_wait_s: float = 600.0,
+        clock=time.monotonic,
+    ):
+        self.per_session, self.per_address = per_session, per_address
+        self.half_life_s, self.max_wait_s, self._clock = half_life_s, max_wait_s, clock
+        self._cond = threading.Condition()
+        self._holder: int | None = None
+        self._waiting: dict[int, Client] = {}
+        self._seq = itertools.count()
+        self._sessions: dict[str, int] = defaultdict(int)
+        self._addresses: dict[str, int] = defaultdict(int)
+        self._usage: dict[str, tuple[float, float]] = {}  # key -> (model seconds, when)
+
+    def _used(self, key: str, now: float) -> float:
+        value, when = self._usage.get(key, (0.0, now))
+        return value * 0.5 ** ((now - when) / self.half_life_s)
+
+    def _charge(self, client: Client, seconds: float, now: float) -> None:
+        for key in ("s:" + client.session, "a:" + client.address):
+            self._usage[key] = (self._used(key, now) + seconds, now)
+        if len(self._usage) > 10_000:  # forget the long idle
+            for key in [k for k in self._usage if self._used(k, now) < 1e-3]:
+                del self._usage[key]
+
+    def _next(self, now: float) -> int:
+        return min(
+            self._waiting,
+            key=lambda s: (
+                self._used("s:" + self._waiting[s].session, now) + self._used("a:" + self._waiting[s].address, now),
+                s,
+            ),
+        )
+
+    def _wait_for_model(self, seq: int, client: Client) -> float:
+        """Under the condition: queue `seq`, wait until it is the model's next holder; returns when it started."""
+        deadline = self._clock() + self.max_wait_s
+        self._waiting[seq] = client
+        try:
+            while self._holder is not None or self._next(self._clock()) != seq:
+                left = deadline - self._clock()
+                if left <= 0:
+                    raise Refused(f"The model is busy (waited {self.max_wait_s:.0f} s); try again in a minute.")
+                self._cond.wait(min(left, 1.0))
+        finally:
+            del self._waiting[seq]
+            self._cond.notify_all()
+        self._holder = seq
+        return self._clock()
+
+    def _release(self, seq: int, client: Client, started: float) -> None:
+        """Under the condition: free the model and charge the holder for its time."""
+        now = self._clock()
+        self._charge(client, now - started, now)
+        self._holder = None
+        self._cond.notify_all()
+
+    @contextmanager
+    def turn(self, client: Client) -> Iterator[Turn]:
+        """Hold the model for one request of `client` (Refused when it already has its share in flight)."""
+        with self._cond:
+            if self._sessions[client.session] >= self.per_session:
+                raise Refused("One request at a time per session: wait for your previous request to finish.")
+            if self._addresses[client.address] >= self.per_address:
+                raise Refused(f"Too many requests in flight from your address ({self.per_address}); wait for one to finish.")
+            self._sessions[client.session] += 1
+            self._addresses[client.address] += 1
+            seq = next(self._seq)
+            t = Turn(self, client, seq)
+            try:
+                t._started = self._wait_for_model(seq, client)
+            except BaseException:
+                self._forget(client)
+                raise
+        try:
+            yield t
+        finally:
+            with self._cond:
+                if self._holder == seq:
+                    self._release(seq, client, t._started)
+                self._forget(client)
+
+    def _forget(self, client: Client) -> None:
+        for counts, key in ((self._sessions, client.session), (self._addresses, client.address)):
+            counts[key] -= 1
+            if counts[key] <= 0:
+                del counts[key]
+
+    def _pause(self, t: Turn) -> None:
+        with self._cond:
+            if self._holder != t.seq or not self._waiting:
+                return
+            self._release(t.seq, t.client, t._started)
+            t._started = self._wait_for_model(t.seq, t.client)
+
+    def in_flight(self) -> int:
+        """Requests waiting for or holding the model now."""
+        with self._cond:
+            return len(self._waiting) + (self._holder is not None)
+
+
+class Guard:
+    """The gate and the turns of one app, called by each handler with its Gradio request."""
+
+    def __init__(
+        self, token: str, gate: AdminGate | None = None, turns: FairTurns | None = None, trust_proxy: bool | None = None
+    ):
+        """`trust_proxy` defaults to KVGRAFT_TRUST_PROXY=1; the per-address cap to KVGRAFT_PER_ADDRESS (32)."""
+        self.gate = gate or AdminGate(token)
+        self.turns = turns or FairTurns(per_address=int(os.environ.get("KVGRAFT_PER_ADDRESS", "32")))
+        self.trust_proxy = os.environ.get("KVGRAFT_TRUST_PROXY") == "1" if trust_proxy is None else trust_proxy
+
+    def client(self, request) -> Client:
+        return client_of(request, self.trust_proxy)
+
+    def admin(self, token: object, request) -> None:
+        """Returns for the admin token; Refused otherwise (a wrong token counts as a failed guess)."""
+        self.gate.check(token, self.client(request))
+
+    def is_admin(self, token: object, request) -> bool:
+        """False without a token, True with the right one, Refused with a wrong one."""
+        return self.gate.is_admin(token, self.client(request))
+
+    def turn(self, request):
+        """The model for one request of this client (see `FairTurns.turn`)."""
+        return self.turns.turn(self.client(request))

@@ -1,0 +1,133 @@
+"""The web app's handlers' glue to `app_guard`: the bounds of one answer or verify by who asks, the fair
+model turn, and the Library tab's admin handlers (export, import, delete).
+
+Each handler checks the admin token itself (Gradio's API visibility is not access control), then holds
+the model through the guard's fair turns; a kvgraft error becomes the message the user sees. It formats
+one line per result and knows nothing about torch or SQL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import gradio as gr
+
+import maintenance
+import services
+from app_guard import Guard
+from errors import InvalidInput, KvgraftError
+from services.limits import ANON_MAX_NEW_TOKENS, ANON_VERIFY_SAMPLES, MAX_NEW_TOKENS, MAX_VERIFY_SAMPLES, whole
+
+EXPORT_TTL_S = 600.0  # our own export file is removed this long after the handler returned it
+
+
+def call(fn: Callable, *args, **kwargs):
+    """Run one service call; a kvgraft error becomes the message the user sees."""
+    try:
+        return fn(*args, **kwargs)
+    except KvgraftError as exc:
+        raise gr.Error(str(exc)) from None
+
+
+@contextlib.contextmanager
+def model_turn(guard: Guard, request):
+    """Hold the model for one request, fairly (`FairTurns`); a refusal or error becomes the message shown."""
+    try:
+        with guard.turn(request) as turn:
+            yield turn
+    except KvgraftError as exc:
+        raise gr.Error(str(exc)) from None
+
+
+def expire(folder: Path, after_s: float) -> threading.Timer:
+    """Remove an export's folder `after_s` seconds from now (Gradio serves its own copy, which the
+    Blocks' `delete_cache` removes)."""
+    timer = threading.Timer(after_s, shutil.rmtree, args=(folder,), kwargs={"ignore_errors": True})
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def answer_options(guard: Guard, request, k, graft, max_new, check, compare, admin_token=None) -> dict:
+    """The bounded options of one answer. Without the admin token the decoding, the no-graft comparison's
+    included (`compare` decodes again), is at most ANON_MAX_NEW_TOKENS, so one anonymous answer costs about
+    one default chat; `check` (one fresh recomputation, bounded by the context) runs only when asked for."""
+    admin = guard.is_admin(admin_token, request)
+    compare = compare is True
+    top = MAX_NEW_TOKENS if admin else ANON_MAX_NEW_TOKENS // (2 if compare else 1)
+    try:
+        max_new_tokens = whole("max_new_tokens", max_new, 1, top)
+    except KvgraftError as exc:
+        why = " (compare decodes twice)" if compare and not admin else ""
+        raise InvalidInput(f"{exc}{why}; larger answers need the admin token") from None
+    return dict(
+        k=whole("k", k, 1, services.MAX_K), graft=bool(graft), max_new_tokens=max_new_tokens, check=check is True, compare=compare
+    )
+
+
+def verify(library: services.Library, guard: Guard, request, samples, relocate, admin_token=None, progress=None):
+    """The N-sample report within this caller's bounds: ANON_VERIFY_SAMPLES without the admin token, a
+    relocate offset inside the model's context. Between samples the model goes to any lighter waiting client."""
+    top = MAX_VERIFY_SAMPLES if call(guard.is_admin, admin_token, request) else ANON_VERIFY_SAMPLES
+    try:
+        n = whole("samples", samples, 1, top)
+        offset = None if relocate is None else whole("relocate offset", relocate, 0, library.lm.info.max_positions - 1)
+    except KvgraftError as exc:
+        more = " (more with the admin token)" if top < MAX_VERIFY_SAMPLES else ""
+        raise gr.Error(f"{exc}{more}") from None
+    with model_turn(guard, request) as turn:
+
+        def step(fraction: float, message: str) -> None:
+            if progress is not None:
+                progress(fraction, desc=message)
+            turn.pause()
+
+        return library.verify_samples(n, relocate=offset, on_progress=step), offset
+
+
+def upkeep(library: services.Library, guard: Guard, table: Callable[[], list[list]]):
+    """The export, import and delete handlers of the Library tab; each needs the admin token.
+    `table` renders the library table shown after an import or a delete."""
+
+    def export_bundle(admin_token, ref, request: gr.Request):
+        call(guard.admin, admin_token, request)
+        ref = ref if isinstance(ref, str) else ""
+        with model_turn(guard, request):
+            ids = [s.strip() for s in ref.replace(",", " ").split() if s.strip()] or library.artifact_ids()
+            if not ids:
+                raise gr.Error("The store is empty: nothing to export.")
+            folder = Path(tempfile.mkdtemp(prefix="kvgraft-export-"))
+            expire(folder, EXPORT_TTL_S)
+            rep = maintenance.export_bundle(library, ids, folder / f"kvgraft-bundle-{time.strftime('%Y%m%d-%H%M%S')}.tar")
+        return (
+            rep.path,
+            f"Exported {len(rep.artifacts)} artifacts, {rep.bytes:,} bytes, bundle sha256 `{rep.bundle_sha256[:16]}…`",
+        )
+
+    def import_bundle(admin_token, file, request: gr.Request):
+        call(guard.admin, admin_token, request)
+        if not file:
+            raise gr.Error("Choose a bundle file to import.")
+        upload = Path(file if isinstance(file, str) else file.name)
+        try:
+            with model_turn(guard, request):
+                rep = maintenance.import_bundle(library, upload)
+        finally:
+            upload.unlink(missing_ok=True)  # the upload cache keeps nothing that was handed to import
+        return f"Imported {len(rep.artifacts)} artifacts ({len(rep.new)} new, {rep.blobs_written} blobs written).", table()
+
+    def delete_artifact(admin_token, ref, request: gr.Request):
+        call(guard.admin, admin_token, request)
+        if not isinstance(ref, str) or not ref.strip():
+            raise gr.Error("Select an artifact (click a row) or paste its id first.")
+        with model_turn(guard, request):
+            rep = library.delete(ref.strip())
+        return f"Deleted `{rep.id[:16]}…` (blob {'removed' if rep.blob_removed else 'kept: still referenced'}).", table()
+
+    return export_bundle, import_bundle, delete_artifact

@@ -1,0 +1,110 @@
+"""Measure what a new user waits for: seconds from `python app.py` (what `make run` starts after its
+install step) to the first page, and to the first answer, in a throwaway store.
+
+By default the model cache is an empty temp folder too, so the packaged model is converted as on a fresh
+clone; `--model-cache DIR` reuses a converted one (a warm start). Prints one JSON object.
+
+    python -m scripts.first_page [--checkout DIR] [--model-cache DIR] [--timeout-s 900]
+
+`app_says` is the app's own line: seconds from its first import to the page, and the CPU seconds of
+that (what a machine shared with other jobs does not inflate). Run it on a quiet machine for the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+QUESTION = "Who founded the town of Velmora?"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _page_up(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def measure(checkout: Path, model_cache: Path | None, timeout_s: float) -> dict:
+    from gradio_client import Client
+
+    with tempfile.TemporaryDirectory(prefix="kvgraft-first-page-") as tmp:
+        port = _free_port()
+        env = dict(os.environ, KVGRAFT_HOME=str(Path(tmp) / "home"), GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port))
+        env["KVGRAFT_MODEL_CACHE"] = str(model_cache or Path(tmp) / "models")
+        for var in ("SYSTEM", "SPACE_ID", "KVGRAFT_MODEL", "KVGRAFT_DB_URL"):
+            env.pop(var, None)
+        url = f"http://127.0.0.1:{port}/"
+        log = open(Path(tmp) / "app.log", "w")  # noqa: SIM115  (closed below, after the process)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "app.py"], cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while not _page_up(url):
+                if proc.poll() is not None or time.perf_counter() - t0 > timeout_s:
+                    raise SystemExit(
+                        f"no page after {time.perf_counter() - t0:.0f} s:\n{(Path(tmp) / 'app.log').read_text()[-3000:]}"
+                    )
+                time.sleep(0.2)
+            first_page = time.perf_counter() - t0
+            client, tries, answer, slowest_page, timeouts = Client(url, verbose=False), 0, None, 0.0, 0
+            while answer is None:
+                tries += 1
+                t = time.perf_counter()
+                _page_up(url)  # how long the page takes while the model arrives
+                slowest_page = max(slowest_page, time.perf_counter() - t)
+                try:
+                    answer = client.predict(QUESTION, check=False, max_new_tokens=16, api_name="/answer")
+                except Exception as exc:  # "Still starting: ..." until the model is in
+                    slow = type(exc).__name__ in ("ReadTimeout", "TimeoutException", "ConnectTimeout")
+                    timeouts += slow
+                    if not (slow or "Still starting" in str(exc)) or time.perf_counter() - t0 > timeout_s:
+                        raise
+                    time.sleep(1.0)
+            first_answer = time.perf_counter() - t0
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            log.close()
+        served = [line for line in (Path(tmp) / "app.log").read_text().splitlines() if "page served at" in line]
+        return {
+            "first_page_s": round(first_page, 1),
+            "app_says": served[0] if served else "",
+            "first_answer_s": round(first_answer, 1),
+            "answer": answer["answer"],
+            "tier": answer["tier"],
+            "asks_before_ready": tries - 1,
+            "slowest_page_while_starting_s": round(slowest_page, 2),
+            "client_timeouts_while_starting": timeouts,
+            "model_cache": "given: " + str(model_cache) if model_cache else "empty temp folder (model converted)",
+            "checkout": str(checkout),
+            "python": sys.executable,
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--model-cache", type=Path, default=None)
+    ap.add_argument("--timeout-s", type=float, default=900)
+    args = ap.parse_args(argv)
+    print(json.dumps(measure(args.checkout.resolve(), args.model_cache, args.timeout_s), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

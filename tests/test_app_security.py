@@ -1,0 +1,350 @@
+"""Issue 12 at the web-app level, against the running app (gradio_client and raw HTTP on loopback):
+who may do what, the bounds of each anonymous call, failed-token lockout, one request at a time per
+session, a flood that cannot fill the queue, exports that stream and expire, bounded and cleaned
+uploads, and the load test (8 anonymous clients of one host against one chatting user, tiny model).
+The server trusts X-Forwarded-For here so that each test speaks from its own address."""
+
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+import httpx  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+from app_guard import AdminGate, Client, FairTurns, Guard, Refused  # noqa: E402
+
+TOKEN = "sec-admin-token"
+FACT = "The lighthouse of Varnek Isle was built by the engineer Talia Brennic in 1871."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def library(tiny_gemma, tmp_path_factory):
+    import services
+    from retrieval import HashEmbedder
+
+    lib = services.Library(home=tmp_path_factory.mktemp("sec-home"), lm=tiny_gemma, embedder=HashEmbedder())
+    lib.deposit_text(FACT, title="Varnek", attested_by="test", admin=True)
+    return lib
+
+
+@pytest.fixture(scope="module")
+def guard():
+    return Guard(TOKEN, gate=AdminGate(TOKEN, per_address=3, window_s=600), turns=FairTurns(per_address=8), trust_proxy=True)
+
+
+@pytest.fixture(scope="module")
+def served(library, guard):
+    import app
+
+    demo = app.build_app(library, admin_token=TOKEN, guard=guard)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True, max_file_size="64kb")
+    try:
+        yield demo
+    finally:
+        demo.close()
+
+
+def _client(demo, address: str):
+    return gradio_client.Client(demo.local_url, verbose=False, headers={"X-Forwarded-For": address})
+
+
+def _fn_index(demo, name: str) -> int:
+    (index,) = [i for i, f in demo.fns.items() if f.name == name]
+    return index
+
+
+def _raw_call(demo, name: str, data: list, address: str) -> dict:
+    """Run handler `name` by fn_index through /gradio_api/queue/join, as a caller who ignores the API docs."""
+    session = uuid.uuid4().hex
+    headers = {"X-Forwarded-For": address}
+    base = demo.local_url.rstrip("/") + "/gradio_api"
+    body = {"data": data, "fn_index": _fn_index(demo, name), "session_hash": session, "event_data": None, "trigger_id": None}
+    r = httpx.post(f"{base}/queue/join", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    with httpx.stream("GET", f"{base}/queue/data", params={"session_hash": session}, headers=headers, timeout=120) as s:
+        for line in s.iter_lines():
+            if line.startswith("data:"):
+                msg = json.loads(line[5:])
+                if msg.get("msg") == "process_completed":
+                    return msg
+    raise AssertionError("no process_completed message")
+
+
+# ---- authority -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("token", ["", "wrong"])
+def test_anonymous_may_not_export_import_delete_or_deposit(served, library, token):
+    ref = library.artifact_ids()[0]
+    calls = [
+        ((token, ""), "/export"),  # the whole store, as issue 12 found it
+        ((token, ref), "/export"),
+        ((token, ref), "/delete"),
+        ((token, None), "/import"),
+        ((token, "q?", "s", "a", "exact", "a"), "/deposit"),
+    ]
+    for i, (args, api) in enumerate(calls):
+        with pytest.raises(AppError, match="Admin token refused"):
+            _client(served, f"10.0.1.{10 * len(token) + i}").predict(*args, api_name=api)
+    assert library.artifact_ids() == [ref]  # nothing deleted
+
+
+def test_private_handlers_check_their_own_authority_by_fn_index(served):
+    """api_visibility='private' hides the UI's handlers from the docs only; each refuses on its own."""
+    msg = _raw_call(served, "verify_ui", [1000, False, 0], "10.0.2.1")
+    assert not msg["success"] and "Value 1000 is greater than maximum value 5." in msg["output"]["error"]  # the slider
+    msg = _raw_call(served, "verify_ui", [5, True, 2**63], "10.0.2.1")  # a Number without a maximum: the handler
+    assert (
+        not msg["success"]
+        and "relocate offset must be between 0 and 511, got 9,223,372,036,854,775,808" in msg["output"]["error"]
+    )
+    msg = _raw_call(served, "deposit_ui", ["", "free text", "", "", "", "exact", "", FACT + " again", "t", ""], "10.0.2.2")
+    assert not msg["success"] and "Admin token refused" in msg["output"]["error"]
+    msg = _raw_call(served, "export_bundle", ["", ""], "10.0.2.3")
+    assert not msg["success"] and "Admin token refused" in msg["output"]["error"]
+
+
+def test_failed_tokens_lock_the_address_out(served, library):
+    c = _client(served, "10.0.3.1")
+    for _ in range(3):
+        with pytest.raises(AppError, match="Admin token refused"):
+            c.predict("guess", "", api_name="/export")
+    with pytest.raises(AppError, match="Too many wrong admin tokens; admin actions are locked for"):
+        c.predict(TOKEN, "", api_name="/export")  # even the right token, from there
+    path, message = _client(served, "10.0.3.2").predict(TOKEN, "", api_name="/export")  # another address is not locked
+    assert message.startswith(f"Exported {library.count()} artifacts")
+
+
+def test_gate_window_and_global_limit():
+    now = [0.0]
+    gate = AdminGate("t", per_address=2, overall=3, window_s=10, clock=lambda: now[0])
+    a, b, c = Client("s1", "a"), Client("s2", "b"), Client("s3", "c")
+    for who in (a, a, b):
+        with pytest.raises(Refused, match="Admin token refused"):
+            gate.check("x", who)
+    with pytest.raises(Refused, match="locked for 10 s"):
+        gate.check("t", c)  # three failures overall: everyone waits
+    now[0] = 10.5
+    gate.check("t", c)  # the window passed
+    assert gate.is_admin("", a) is False and gate.is_admin(None, a) is False  # no token: anonymous, not a guess
+    for _ in range(5):
+        with pytest.raises(Refused, match="Admin token refused"):
+            gate.check("", a)  # nor for an admin action: it counts nothing
+    gate.check("t", a)
+    with pytest.raises(Refused, match="Admin actions are disabled: no admin token is configured"):
+        AdminGate("").check("anything", a)
+
+
+# ---- bounds -----------------------------------------------------------------------------------------
+
+
+def test_verify_bounds(served):
+    c = _client(served, "10.0.4.1")
+    rep = c.predict(5, None, api_name="/verify")
+    assert rep["samples"] == 5 and rep["byte_equal"] == 5
+    with pytest.raises(AppError, match=r"samples must be between 1 and 5, got 6 \(more with the admin token\)"):
+        c.predict(6, None, api_name="/verify")
+    assert c.predict(8, None, TOKEN, api_name="/verify")["samples"] == 8
+    with pytest.raises(AppError, match="samples must be between 1 and 1,000, got 1,001"):
+        c.predict(1001, None, TOKEN, api_name="/verify")
+    with pytest.raises(AppError, match="relocate offset must be between 0 and 511, got 9,223,372,036,854,775,808"):
+        c.predict(1, 2**63, api_name="/verify")
+    assert c.predict(1, 511, api_name="/verify")["relocate"] == 511  # the context's last position: a clean run
+    for bad in ("-0", " 1_0 ", "1e3", "0x10", True):
+        with pytest.raises(AppError, match="must be a whole number between"):
+            c.predict(bad, None, api_name="/verify")
+
+
+def test_answer_defaults_to_no_check_and_bounds_decoding(served):
+    c = _client(served, "10.0.5.1")
+    r = c.predict("Who built the lighthouse of Varnek Isle?", api_name="/answer")
+    assert r["check"] is None  # no fresh recomputation unless asked for
+    r = c.predict("Who built the lighthouse of Varnek Isle?", 3, True, 4, True, api_name="/answer")
+    assert r["check"]["exact"] is True and r["check"]["fresh_sha256"] == r["check"]["grafted_sha256"]
+    with pytest.raises(AppError, match="max_new_tokens must be between 1 and 32, got 33; larger answers need the admin token"):
+        c.predict("Who?", 3, True, 33, api_name="/answer")
+    with pytest.raises(AppError, match=r"between 1 and 16, got 17 \(compare decodes twice\)"):
+        c.predict("Who?", 3, True, 17, False, True, api_name="/answer")
+    with pytest.raises(AppError, match="k must be between 1 and 16, got 17"):
+        c.predict("Who?", 17, api_name="/answer")
+    r = c.predict("Who?", 3, True, 40, False, False, TOKEN, api_name="/answer")
+    assert r["decode_tokens"] <= 40
+
+
+# ---- fairness ---------------------------------------------------------------------------------------
+
+
+def test_one_request_in_flight_per_session(served, guard):
+    c = _client(served, "10.0.6.1")
+    with guard.turns.turn(Client("holder", "10.0.6.99")):  # the model is busy: requests wait
+        first = c.submit(1, None, api_name="/verify")
+        deadline = time.monotonic() + 30
+        while guard.turns.in_flight() < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(AppError, match="One request at a time per session"):
+            c.predict(1, None, api_name="/verify")
+    assert first.result(timeout=60)["samples"] == 1
+
+
+def test_flood_from_one_address_is_refused_at_once_and_others_are_served(served, guard):
+    """64 requests of one address while the model is held: 8 wait (the cap), the rest are refused at
+    once instead of filling Gradio's queue; another address's chat is then answered."""
+    outcomes: list[str] = []
+
+    def flood(i: int) -> None:
+        try:
+            _client(served, "10.0.7.1").predict(5, None, api_name="/verify")
+            outcomes.append("ok")
+        except AppError as exc:
+            outcomes.append(str(exc))
+
+    with ThreadPoolExecutor(16) as pool:
+        with guard.turns.turn(Client("holder", "10.0.7.99")):
+            futures = [pool.submit(flood, i) for i in range(64)]
+            deadline = time.monotonic() + 120
+            while sum("Too many requests in flight" in o for o in outcomes) < 56 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            refused_while_held = sum("Too many requests in flight from your address (8)" in o for o in outcomes)
+            user = _client(served, "10.0.7.2").submit("Who built the lighthouse?", [], True, 3, 8, False, False, api_name="/chat")
+        for f in futures:
+            f.result(timeout=120)
+        history, _evidence, _box = user.result(timeout=120)
+    assert refused_while_held == 56 and outcomes.count("ok") == 8
+    assert history[-1]["role"] == "assistant" and "Not answered" not in json.dumps(history)
+
+
+def test_lighter_client_goes_first_and_verify_yields_between_samples():
+    turns = FairTurns(half_life_s=1e9)
+    heavy, light, order = Client("h", "a1"), Client("l", "a2"), []
+    with turns.turn(heavy):
+        time.sleep(0.05)  # heavy has used the model
+    gate = threading.Event()
+
+    def run(who, tag):
+        with turns.turn(who) as t:
+            order.append(tag)
+            if tag == "heavy-1":
+                gate.set()
+                time.sleep(0.1)
+                t.pause()  # between two samples: the waiting lighter client goes first
+                order.append("heavy-2")
+
+    th = threading.Thread(target=run, args=(heavy, "heavy-1"))
+    th.start()
+    gate.wait(5)
+    tl = threading.Thread(target=run, args=(light, "light"))
+    tl.start()
+    th.join(5)
+    tl.join(5)
+    assert order == ["heavy-1", "light", "heavy-2"]
+    assert turns.in_flight() == 0
+
+
+# ---- exports and uploads ----------------------------------------------------------------------------
+
+
+def test_export_streams_blobs_from_disk_byte_identical(library, tmp_path, monkeypatch):
+    """Export never reads a whole blob into memory (`BlobStore.get` is not called) and writes the same bytes
+    as a tar built from the blobs' bytes; a corrupt blob is refused, nothing written."""
+    import maintenance
+    from db import bundles
+    from db.blobs import BlobStore
+    from errors import IntegrityError
+
+    ids = library.artifact_ids()
+    blobs = {p.name: p.read_bytes() for p in (library.home / "blobs").rglob("*.safetensors")}
+    monkeypatch.setattr(BlobStore, "get", lambda self, h: pytest.fail("export read a whole blob into memory"))
+    rep = maintenance.export_bundle(library, ids, tmp_path / "a.tar")
+    (tmp_path / "staged").mkdir()
+    staged = bundles.stage(tmp_path / "a.tar", tmp_path / "staged")
+    members = {name: path.read_bytes() for name, path in staged.items()}
+    assert {n.split("/")[-1]: b for n, b in members.items() if n.startswith("blobs/")} == blobs
+    bundles.write(tmp_path / "b.tar", members)
+    assert (tmp_path / "b.tar").read_bytes() == (tmp_path / "a.tar").read_bytes() and rep.bytes == (
+        tmp_path / "a.tar"
+    ).stat().st_size
+    victim = next((library.home / "blobs").rglob("*.safetensors"))
+    original = victim.read_bytes()
+    try:
+        victim.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+        with pytest.raises(IntegrityError, match="blob integrity check failed for .*nothing was exported"):
+            maintenance.export_bundle(library, ids, tmp_path / "c.tar")
+        assert not (tmp_path / "c.tar").exists()
+    finally:
+        victim.write_bytes(original)
+
+
+def test_export_file_expires(served, tmp_path, monkeypatch):
+    import app_upkeep
+
+    monkeypatch.setattr(app_upkeep, "EXPORT_TTL_S", 0.5)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path, message = _client(served, "10.0.8.1").predict(TOKEN, "", api_name="/export")
+    assert message.startswith("Exported") and Path(path).stat().st_size > 0  # the client's download
+    deadline = time.monotonic() + 10
+    while list(tmp_path.glob("kvgraft-export-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(tmp_path.glob("kvgraft-export-*")) == []
+
+
+def test_uploads_are_bounded_and_an_imported_upload_is_removed(served, library, tmp_path):
+    import app
+
+    assert app.launch_kwargs()["max_file_size"] == "256mb"
+    url = served.local_url.rstrip("/") + "/gradio_api/upload"
+    r = httpx.post(url, files={"files": ("big.tar", b"\0" * (65 * 1024))}, timeout=30)
+    assert r.status_code == 413  # the launch's max_file_size (64 KB in this test)
+    c = _client(served, "10.0.9.1")
+    path, _ = c.predict(TOKEN, library.artifact_ids()[0], api_name="/export")
+    upload_dir = Path(served.app.uploaded_file_dir)
+    before = set(upload_dir.rglob("*.tar"))
+    msg, _table = c.predict(TOKEN, gradio_client.handle_file(path), api_name="/import")
+    assert msg.startswith("Imported 1 artifacts (0 new")
+    assert set(upload_dir.rglob("*.tar")) - before == set()  # the upload is gone after import
+
+
+# ---- load --------------------------------------------------------------------------------------------
+
+
+def test_eight_anonymous_attackers_and_one_chatting_user(tiny_gemma, tmp_path, monkeypatch):
+    """bench.abuse on the tiny model (seconds per run, not figures): the user's chat p95 under attack is
+    within 3x of idle, nobody sees an error, and nothing is written outside the store."""
+    import app
+    import services
+    from bench import abuse
+    from retrieval import HashEmbedder
+
+    watch = (tmp_path / "gradio", tmp_path / "tmp")
+    for folder in watch:
+        folder.mkdir()
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(watch[0]))
+    monkeypatch.setattr(tempfile, "tempdir", str(watch[1]))
+    lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
+    abuse.seed_tiny(lib)
+    demo = app.build_app(lib, admin_token=TOKEN, guard=Guard(TOKEN, trust_proxy=True))
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True)
+    try:
+        rep = abuse.run(demo.local_url, chats=12, attackers=8, watch=watch, deadline_s=400)
+    finally:
+        demo.close()
+    print(json.dumps({k: v for k, v in rep.to_json().items() if k not in ("idle_s", "loaded_s")}))
+    assert rep.user_errors == () and rep.attacker_errors == () and rep.attacker_refusals == 0
+    assert rep.attacker_calls >= 8 and len(rep.loaded_s) == 12
+    assert rep.outside_files == ()
+    assert rep.ratio <= 3.0, (rep.idle_s, rep.loaded_s)
