@@ -35,6 +35,7 @@ import gradio as gr  # noqa: E402
 import hosting  # noqa: E402
 import services  # noqa: E402
 from app_guard import ADMIN_HELP, Guard  # noqa: E402
+from app_solve import solve_tab  # noqa: E402
 from app_upkeep import answer_options as _answer_options  # noqa: E402
 from app_upkeep import call as _call  # noqa: E402
 from app_upkeep import model_turn as _model  # noqa: E402
@@ -44,6 +45,7 @@ from app_views import (  # noqa: E402
     LIBRARY_HEADERS,
     evidence_html,
     evidence_summary,
+    flywheel_plot,
     input_problem,
     library_table,
     shown,
@@ -399,7 +401,8 @@ def _verify_tab(library: services.Library, guard: Guard) -> gr.Tab:
 
 def _dashboard(library: services.Library):
     s = _call(library.stats)
-    return stats_html(s), tokens_plot(s.recent), speedup_plot(s.recent), store_plot(s.store_tokens, s.window)
+    plots = (tokens_plot(s.recent), speedup_plot(s.recent), store_plot(s.store_tokens, s.window))
+    return stats_html(s), *plots, flywheel_plot(_call(library.flywheel))
 
 
 def _dashboard_tab(library: services.Library, other_tabs: list[gr.Tab], reads: dict) -> None:
@@ -410,9 +413,10 @@ def _dashboard_tab(library: services.Library, other_tabs: list[gr.Tab], reads: d
             p_tokens = gr.Plot(label="computed vs baseline tokens", show_label=False, elem_id="kv-plot-tokens")
             p_speed = gr.Plot(label="time-to-first-token speedup", show_label=False, elem_id="kv-plot-ttft")
         p_store = gr.Plot(label="store size vs context window", show_label=False, elem_id="kv-plot-store")
+        p_fly = gr.Plot(label="the flywheel: learning and recall", show_label=False, elem_id="kv-plot-flywheel")
         # Ticks only while the dashboard is open: rendering plots beside an answer would skew its timings.
         timer = gr.Timer(5.0, active=False)
-        outputs = [stats, p_tokens, p_speed, p_store]
+        outputs = [stats, p_tokens, p_speed, p_store, p_fly]
         timer.tick(dashboard, None, outputs, show_progress="hidden", **reads)
         tab.select(lambda: (*dashboard(), gr.Timer(active=True)), None, [*outputs, timer], show_progress="hidden", **reads)
         for other in other_tabs:
@@ -524,7 +528,8 @@ def build_app(
             tabs.append(_deposit_tab(gated, token, guard))
         lib_tab, tbl = _library_tab(gated, guard, reads, writable=not read_only)
         ver_tab = _verify_tab(gated, guard)
-        _dashboard_tab(gated, [*tabs, lib_tab, ver_tab], reads)
+        sol_tab = solve_tab(gated, guard, HERE / "datasets" / "problems.jsonl")
+        _dashboard_tab(gated, [*tabs, lib_tab, ver_tab, sol_tab], reads)
         _apis(gated, guard)
         status_timer.tick(status_line, None, [status_md, status_timer], show_progress="hidden", **reads)
         demo.load(status_line, None, [status_md, status_timer], **reads)

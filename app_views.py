@@ -91,7 +91,9 @@ def evidence_html(r: services.AnswerResult) -> str:
         ("tokens decoded", f"{r.decode_tokens:,}"),
         (
             "no-graft baseline" + (" (measured)" if measured else " (estimate: baseline not run)"),
-            f"{baseline_total:,} tokens → {baseline_total / max(1, ours):.1f}× fewer with graft",
+            f"{baseline_total:,} tokens → {baseline_total / max(1, ours):.1f}× fewer with graft"
+            if r.artifact_ids
+            else "nothing relevant grafted: no savings claimed",
         ),
         ("time to first token", ms(r.ttft_s)),
     ]
@@ -134,12 +136,16 @@ def evidence_html(r: services.AnswerResult) -> str:
         grafted = set(r.artifact_ids)
         trs = "".join(
             f"<tr><td>{'●' if h.id in grafted else '○'}</td><td>{esc(h.title)}</td><td>{h.score:.3f}</td><td>{h.tokens}</td>"
-            f"<td>{esc(h.verifier)}: {esc(h.verdict)}</td></tr>"
+            f"<td>{esc(h.verifier)}: {esc(h.verdict)}</td>"
+            f"<td>{'kept' if h.relevant else 'dropped'}: {esc(h.reason)}</td></tr>"
             for h in r.retrieved
         )
         parts.append(
-            '<div class="kv-sub">Retrieved artifacts (● grafted)</div><table class="kv-table kv-hits">'
-            "<tr><th></th><th>title</th><th>similarity</th><th>tokens</th><th>verifier</th></tr>" + trs + "</table>"
+            '<div class="kv-sub">Retrieved artifacts (● grafted; only hits the relevance stage keeps are grafted)</div>'
+            '<table class="kv-table kv-hits">'
+            "<tr><th></th><th>title</th><th>similarity</th><th>tokens</th><th>verifier</th><th>relevance</th></tr>"
+            + trs
+            + "</table>"
         )
     if r.note:
         parts.append(f'<div class="kv-note">{esc(r.note)}</div>')
@@ -317,4 +323,64 @@ def verify_plot(rows: tuple[services.VerifySample, ...], relocate: int | None) -
         ax2.set_ylabel("argmax agreement %")
         ax.set_title(f"Relocated to offset {relocate} (approximate tier)")
     ax.set_xlabel("sample")
+    return fig
+
+
+# ---- solve and learn (the flywheel) ---------------------------------------------------------
+
+
+def solve_summary(r: services.Solved) -> tuple[str, list[list]]:
+    """One line saying what `solve` found and what it cost, and the attempts table."""
+    if r.solved and r.source == "library":
+        head = f"**Recalled from the library** (`{r.id[:16]}…`): {r.answer!r} for {r.tokens_spent:,} tokens computed; nothing deposited."
+    elif r.solved:
+        head = (
+            f"**Solved by the model and deposited** (`{r.id[:16]}…`): {r.answer!r} after {len(r.attempts)} attempt(s), "
+            f"{r.tokens_spent:,} tokens of a {r.budget:,}-token budget. The next time it is recalled for a handful."
+        )
+    else:
+        head = f"**Not solved** within the budget: {r.tokens_spent:,} of {r.budget:,} tokens spent over {len(r.attempts)} attempt(s)."
+    rows = [
+        [
+            i + 1,
+            a.mode,
+            a.temperature,
+            "" if a.seed is None else a.seed,
+            a.answer,
+            "pass" if a.passed else "fail",
+            a.tokens,
+            a.detail,
+        ]
+        for i, a in enumerate(r.attempts)
+    ]
+    return head, rows
+
+
+def flywheel_plot(f: services.Flywheel) -> Figure:
+    """Library size over time, discovery vs recall tokens per solved item, cumulative tokens saved."""
+    fig = Figure(figsize=(12.8, 3.2), dpi=100, layout="constrained")
+    a1, a2, a3 = fig.subplots(1, 3)
+    if f.sizes:
+        t0 = f.sizes[0]
+        a1.step([(t - t0) / 60 for t in f.sizes], range(1, len(f.sizes) + 1), where="post", color="#7c3aed")
+    a1.set_xlabel("minutes since the first deposit")
+    a1.set_ylabel("artifacts")
+    a1.set_title("Library size over time")
+    if f.items:
+        xs = list(range(len(f.items)))
+        a2.bar([x - 0.2 for x in xs], [d for _, d, _, _ in f.items], width=0.4, label="discover (solve)", color="#c9ced6")
+        a2.bar([x + 0.2 for x in xs], [r or 0 for _, _, r, _ in f.items], width=0.4, label="recall (mean)", color="#2f6fde")
+        a2.set_xticks(xs, [i[:6] for i, _, _, _ in f.items], fontsize=8)
+        a2.set_yscale("log")
+        a2.legend(fontsize=8)
+    else:
+        a2.text(0.5, 0.5, "nothing solved yet:\nuse the Solve and learn tab", ha="center", va="center")
+    a2.set_ylabel("tokens computed")
+    a2.set_title("Per item: discovery vs recall")
+    if f.cumulative_saved:
+        t0 = f.cumulative_saved[0][0]
+        a3.step([(t - t0) / 60 for t, _ in f.cumulative_saved], [s for _, s in f.cumulative_saved], where="post", color="#16a34a")
+    a3.set_xlabel("minutes since the first recall")
+    a3.set_ylabel("tokens")
+    a3.set_title("Tokens saved by recalls (vs discovering again)")
     return fig

@@ -125,6 +125,12 @@ def check_offline(results: dict, report: ReplayReport) -> None:
         report.count("verdict")
         if ok != o["correct"]:
             report.fail(f"{where}: re-scored {'correct' if ok else 'wrong'}, recorded {'correct' if o['correct'] else 'wrong'}")
+    if "recurring" in results:
+        from eval import recurring
+
+        bad, n = recurring.check_case(results["recurring"], rows)
+        report.problems.extend(bad)
+        report.count("recurring_case", n)
     scores, counts, cost = harness.summarise(outputs)
     for name, got, want in (
         ("scores", scores, results["scores"]),

@@ -13,7 +13,10 @@ ROWS = (
     ("Problems, recurring (deposited), no graft", "problems_deposited/no_graft"),
     ("Problems, recurring (deposited), graft (retrieved)", "problems_deposited/graft_recurring"),
     ("Problems, held-out instance, no graft", "problems_heldout/no_graft"),
-    ("Problems, held-out instance, graft of a worked example (retrieved)", "problems_heldout/graft_heldout"),
+    (
+        "Problems, held-out instance, graft of the nearest worked example (chosen explicitly: a procedural example, no savings claim)",
+        "problems_heldout/graft_heldout",
+    ),
 )
 
 
@@ -167,6 +170,42 @@ def _split(results: dict) -> str:
     return "; ".join(parts) + " (problem answers are long decimals or fractions, one token per digit)"
 
 
+def recurring_lines(case: dict | None) -> list[str]:
+    """The paper's recurring case (eval/recurring.py), when the results file holds one."""
+    if not case:
+        return []
+    rc, acc, cfg = case["recurring_case"], case["acceptance"], case["config"]
+    lines = [
+        "## The recurring case (paper: problems never solved within a sampling budget, then recalled)",
+        "",
+        f"Candidates: integer answers of at most {cfg['max_digits']} digits from the templates of `eval/recurring.py`, seeded order "
+        f"(seed {cfg['seed']}); each sampled with nothing grafted (greedy, then temperature {cfg['temperature']}, seeds "
+        f"{cfg['seed']}, {cfg['seed'] + 1}, ...; at most {cfg['max_new_tokens']} new tokens per attempt) until the verifier "
+        f"accepted an answer or **{rc['budget_tokens_per_problem']:,} tokens per problem** (prompt + decode, every attempt) were spent.",
+        "",
+        "| problems | budget / problem | baseline tokens | baseline solved | grafted decode tokens | grafted solved | ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {rc['problems']} | {rc['budget_tokens_per_problem']:,} | {rc['baseline_tokens_total']:,} | {rc['baseline_solved']} | "
+        f"{rc['grafted_decode_tokens_total']} | {rc['grafted_solved']} | {_fmt(rc['ratio'], 1)}x |",
+        "",
+        f"Verified solutions deposited through the gate: {acc['accepted']} / {acc['offered']} accepted (rate {_fmt(acc['rate'])}).",
+        "",
+    ]
+    if case["payback"]:
+        lines += [
+            "Problems the model did solve by sampling (the flywheel's payback):",
+            "",
+            "| problem | discovery tokens (attempts) | recall tokens (decode) | recall correct |",
+            "|---|---:|---:|---|",
+        ]
+        lines += [
+            f"| {p['id']} | {p['discovery_tokens']:,} ({p['discovery_attempts']}) | {p['recall_tokens']} ({p['recall_decode_tokens']}) | {p['recall_correct']} |"
+            for p in case["payback"]
+        ]
+        lines.append("")
+    return lines
+
+
 def markdown(results: dict) -> str:
     c, s, cost = results["counts"], results["scores"], results["cost"]
     lines = [
@@ -214,6 +253,7 @@ def markdown(results: dict) -> str:
         "Graft time includes reading and hash-checking the artifact. Wall-clock figures were measured on 2 CPU cores shared with other jobs: "
         "they are noisy; the token counts are exact and the FLOPs are estimates (accounting.py).",
         "",
+        *recurring_lines(results.get("recurring")),
         "## Honest reading",
         "",
         *reading(results),

@@ -50,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT / "results.json")
     p.add_argument("--model", default=None, help="model (default the packaged Gemma 3 270M)")
     p.add_argument("--no-report", action="store_true", help="write results.json only (no plots, no README)")
+    p.add_argument(
+        "--recurring-only",
+        action="store_true",
+        help="run only the recurring case (sampling budget per problem) and merge it into --out",
+    )
+    p.add_argument("--no-recurring", action="store_true", help="skip the recurring case (it samples for about an hour here)")
+    p.add_argument("--recurring-budget", type=int, default=4096, help="sampling budget per problem (tokens)")
     p.add_argument("--report-only", action="store_true", help="rewrite the plots and README from --out; run nothing")
     args = p.parse_args(argv)
     if args.report_only:
@@ -75,11 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     import services
 
+    if args.recurring_only:
+        return _recurring_only(args, cfg)
     with tempfile.TemporaryDirectory(prefix="kvgraft-eval-") as home:
         lib = services.Library(home=home, model_name=args.model)
         results = harness.evaluate(lib, cfg, log=lambda m: print(m, flush=True))
         lib.close()
     write_results(results, args.out)
+    if not args.no_recurring:
+        _recurring_only(args, cfg)
+        results = json.loads(args.out.read_text(encoding="utf-8"))
     print(json.dumps({"scores": results["scores"], "cost": results["cost"]}, indent=1))
     print(f"wrote {args.out}")
     if not args.no_report:
@@ -87,6 +99,29 @@ def main(argv: list[str] | None = None) -> int:
 
         for path in report.write(results, args.out.parent):
             print(f"wrote {path}")
+    return 0
+
+
+def _recurring_only(args, cfg: harness.EvalConfig) -> int:
+    """Run the recurring case alone in a fresh store; merge it into an existing results file."""
+    import services
+    from eval import recurring
+
+    rc = recurring.RecurringConfig(seed=args.seed, budget=args.recurring_budget)
+    problems = harness.read_jsonl(harness.PROBLEMS)
+    with tempfile.TemporaryDirectory(prefix="kvgraft-recurring-") as home:
+        lib = services.Library(home=home, model_name=args.model)
+        case = recurring.run_case(lib, problems, rc, log=lambda m: print(m, flush=True))
+        fingerprint = lib.lm.fingerprint
+        lib.close()
+    case["model_fingerprint"] = fingerprint
+    case["torch_threads"] = cfg.torch_threads
+    case["problems_sha256"] = harness.file_sha256(harness.PROBLEMS)
+    results = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else {}
+    results["recurring"] = case  # replay-eval re-checks it offline (eval/recurring.check_case)
+    write_results(results, args.out)
+    print(json.dumps({"recurring_case": case["recurring_case"], "payback": case["payback"]}, indent=1))
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -159,3 +159,19 @@ def relevant_hits(question: str, candidates: Iterable[tuple[H, str]]) -> list[tu
         if rel.relevant:
             kept.append((hit, rel))
     return kept
+
+
+def decide_document(question: str, text: str, score: float, *, strict_threshold: float = STRICT_THRESHOLD) -> Relevance:
+    """Free text (a fact sheet, no question of its own): kept when every distinctive term of the question
+    is in the text (the text is about what is asked); a question without such terms needs the strict bar."""
+    asked = distinctive_terms(question).all
+    words = _words(text)
+    matched = tuple(sorted(t for t in asked if t in words))
+    missing = tuple(sorted(t for t in asked if t not in words))
+    if missing:
+        return Relevance(False, f"the text lacks the question's {', '.join(map(repr, missing))}", matched, missing)
+    if matched:
+        return Relevance(True, f"the text has every distinctive term of the question ({', '.join(matched)})", matched)
+    if score >= strict_threshold:
+        return Relevance(True, f"no distinctive terms; cosine {score:.3f} >= {strict_threshold}")
+    return Relevance(False, f"no distinctive terms; cosine {score:.3f} < {strict_threshold}")

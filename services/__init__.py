@@ -11,7 +11,18 @@ import retrieval  # noqa: F401  (faiss before torch: see retrieval/__init__.py)
 
 from .library import DeleteReport, Library, default_home
 from .limits import MAX_K, MAX_QUESTION_CHARS, MAX_TEXT_CHARS
-from .results import AnswerResult, Deposited, LibraryEntry, Retrieved, ShowReport, StoreStats, VerifyReport, VerifySample
+from .results import (
+    AnswerResult,
+    Deposited,
+    Flywheel,
+    LibraryEntry,
+    Retrieved,
+    ShowReport,
+    Solved,
+    StoreStats,
+    VerifyReport,
+    VerifySample,
+)
 
 __all__ = [
     "MAX_K",
@@ -20,10 +31,12 @@ __all__ = [
     "AnswerResult",
     "DeleteReport",
     "Deposited",
+    "Flywheel",
     "Library",
     "LibraryEntry",
     "Retrieved",
     "ShowReport",
+    "Solved",
     "StoreStats",
     "VerifyReport",
     "VerifySample",

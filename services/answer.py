@@ -14,7 +14,7 @@ from db.rows import LedgerRow
 from errors import InvalidInput
 from graft_core import generate, templates
 from graft_core.verify import ExactnessCheck, check_composed
-from retrieval import DEFAULT_THRESHOLD, Hit
+from retrieval import DEFAULT_THRESHOLD, Hit, relevance
 
 from .limits import MAX_K, MAX_QUESTION_CHARS, bounded
 from .results import AnswerResult, Retrieved
@@ -23,10 +23,16 @@ from .results import AnswerResult, Retrieved
 class AnswerPipeline:
     """Mixed into `Library`; uses its `_catalog`, `_lock`, `lm`, `embedder`, `index`, `load_artifact`, `compose`."""
 
-    def _describe(self, hit: Hit) -> Retrieved:
+    def _describe(self, hit: Hit, question: str) -> Retrieved:
         row = self._catalog.get(hit.artifact_id)
         vs = self._catalog.verifications(row.id)
         last = vs[-1] if vs else None
+        # A verified item is judged by its own question; free text (no question) by its words.
+        src = self._catalog.source(row.id)
+        if src.question:
+            rel = relevance.decide(question, src.question, float(hit.score))
+        else:
+            rel = relevance.decide_document(question, src.text, float(hit.score))
         return Retrieved(
             id=row.id,
             title=row.title,
@@ -35,14 +41,17 @@ class AnswerPipeline:
             kind=row.kind,
             verifier=last.verifier if last else "none",
             verdict=last.verdict if last else "unverified",
+            relevant=rel.relevant,
+            reason=rel.reason,
         )
 
     def retrieve(self, question: str, k: int = 3, threshold: float = DEFAULT_THRESHOLD) -> list[Retrieved]:
-        """The artifacts nearest to `question` (at most `k`, similarity at least `threshold`), best first."""
+        """The artifacts nearest to `question` (at most `k`, similarity at least `threshold`), best first,
+        each with the relevance stage's decision; only `relevant` ones are ever grafted."""
         if not 1 <= k <= MAX_K:
             raise InvalidInput(f"k must be between 1 and {MAX_K}, got {k}")
         vec = self.embedder.embed(question)
-        return [self._describe(h) for h in self.index().search(vec, k=k, threshold=threshold)]
+        return [self._describe(h, question) for h in self.index().search(vec, k=k, threshold=threshold)]
 
     def _choose(self, hits: list[Retrieved]) -> str:
         """The leaf to graft: the deepest hit whose chain contains the most other hits (exact composition)."""
@@ -65,12 +74,19 @@ class AnswerPipeline:
         retrieved = self.retrieve(question, k=k, threshold=threshold)
         if not retrieved:
             return retrieved, [], f"no artifact above similarity {threshold}: answered without graft"
+        kept = [h for h in retrieved if h.relevant]
+        if not kept:
+            return (
+                retrieved,
+                [],
+                f"{len(retrieved)} hit(s) dropped as not relevant ({retrieved[0].reason}): answered without graft",
+            )
         if relocated:
-            roots = [h.id for h in retrieved if self._catalog.get(h.id).parent_id is None]
+            roots = [h.id for h in kept if self._catalog.get(h.id).parent_id is None]
             return retrieved, roots, "relocated composition of independent roots (approximate, labelled)"
-        leaf = self._choose(retrieved)
+        leaf = self._choose(kept)
         chain_ids = [r.id for r in self._catalog.chain(leaf)]
-        missing = [h.id for h in retrieved if h.id not in chain_ids]
+        missing = [h.id for h in kept if h.id not in chain_ids]
         if missing and compose:
             leaf = self.compose([leaf, *missing])
             return (

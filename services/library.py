@@ -29,6 +29,7 @@ from .answer import AnswerPipeline
 from .deposit import DepositPipeline
 from .index import IndexPipeline
 from .results import LibraryEntry, ShowReport, StoreStats
+from .solve import SolvePipeline
 from .verify import VerifyPipeline
 
 
@@ -46,7 +47,7 @@ class DeleteReport:
         return {"id": self.id, "content_sha256": self.content_sha256, "blob_removed": self.blob_removed}
 
 
-class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline):
+class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, SolvePipeline):
     """One store (catalog + blobs + index) and one model, shared by every request of a process.
 
     The model runs one request at a time per process (a private lock); the catalog is safe to share

@@ -75,6 +75,8 @@ class Retrieved:
     kind: str
     verifier: str
     verdict: str
+    relevant: bool = True  # the second stage's decision (retrieval/relevance.py); dropped hits are never grafted
+    reason: str = ""  # why the second stage kept or dropped the hit (shown in the evidence panel)
 
 
 @dataclass(frozen=True)
@@ -205,3 +207,65 @@ class StoreStats:
     @property
     def flops_ratio(self) -> float:
         return self.totals.baseline_flops / max(1, self.totals.flops)
+
+
+@dataclass(frozen=True)
+class SolveAttempt:
+    """One try of `solve`: from the library (a graft), greedy, or sampled (temperature and seed kept)."""
+
+    mode: str  # "library" | "greedy" | "sampled"
+    answer: str
+    passed: bool
+    detail: str
+    tokens: int  # every token this try computed (prompt + decode; grafted tokens are restored, not computed)
+    temperature: float = 0.0
+    seed: int | None = None
+    artifact_ids: tuple[str, ...] = ()
+    output_sha256: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"artifact_ids": list(self.artifact_ids)}
+
+
+@dataclass(frozen=True)
+class Solved:
+    """What `solve` found: `source` "library" (recalled, nothing deposited), "model" (discovered and
+    deposited through the gate) or "none" (not solved within the budget; every token still counted)."""
+
+    solved: bool
+    source: str
+    id: str | None
+    answer: str
+    attempts: tuple[SolveAttempt, ...]
+    tokens_spent: int
+    budget: int
+    deposited: bool = False
+
+    def to_json(self) -> dict:
+        return {
+            "solved": self.solved,
+            "source": self.source,
+            "id": self.id,
+            "answer": self.answer,
+            "attempts": [a.to_json() for a in self.attempts],
+            "tokens_spent": self.tokens_spent,
+            "budget": self.budget,
+        }
+
+
+@dataclass(frozen=True)
+class Flywheel:
+    """The dashboard's flywheel: when each artifact entered the store (seconds since the epoch, oldest
+    first); per item found by `solve` (id, discovery tokens, mean recall tokens or None, recalls); and
+    the cumulative tokens saved by recalls, (time, total) in ledger order."""
+
+    sizes: tuple[float, ...]
+    items: tuple[tuple[str, int, float | None, int], ...]
+    cumulative_saved: tuple[tuple[float, int], ...]
+
+    def to_json(self) -> dict:
+        return {
+            "sizes": list(self.sizes),
+            "items": [{"id": i, "discovery_tokens": d, "recall_tokens_mean": r, "recalls": n} for i, d, r, n in self.items],
+            "cumulative_saved": [list(x) for x in self.cumulative_saved],
+        }

@@ -85,6 +85,8 @@ def test_results_are_typed_and_serialise_once(lib):
         "kind": "verified",
         "verifier": "exact",
         "verdict": "pass",
+        "relevant": True,
+        "reason": "the question has every distinctive term of the item (varnek)",
     }
     rep = lib.verify_samples(2)
     assert all(s.check.exact for s in rep.rows) and rep.byte_equal == 2

@@ -129,3 +129,52 @@ def test_rerun_is_byte_exact_and_catches_a_changed_output(results_file, tiny_gem
     bad.write_text(json.dumps(r))
     rep = replay.replay(bad, rerun_model=True, lm=tiny_gemma)
     assert not rep.ok and any("rerun" in p for p in rep.problems)
+
+
+def _recurring_rows() -> list[dict]:
+    base = {"template": "ages", "verifier": "numeric", "split": "heldout"}
+    return [
+        base
+        | {
+            "id": f"p95{i:02d}",
+            "question": f"How old is Ada if she is {i} + 1?",
+            "solution": f"{i} + 1 = {i + 1}.",
+            "answer": str(i + 1),
+            "reference": str(i + 1),
+        }
+        for i in (11, 22, 33)
+    ]
+
+
+def test_recurring_case_counts_every_token_and_replays(tiny_gemma, tmp_path):
+    import services
+    from eval import recurring
+
+    rows = _recurring_rows()
+    cfg = recurring.RecurringConfig(problems=2, budget=240, max_candidates=3, max_new_tokens=4)
+    lib = services.Library(home=tmp_path / "store", embedder=HashEmbedder(), lm=tiny_gemma)
+    case = recurring.run_case(lib, rows, cfg, log=lambda m: None)
+    lib.close()
+    rc = case["recurring_case"]
+    assert set(rc) == {
+        "problems",
+        "budget_tokens_per_problem",
+        "baseline_tokens_total",
+        "baseline_solved",
+        "grafted_decode_tokens_total",
+        "grafted_solved",
+        "ratio",
+    }
+    failed = case["failed"]
+    assert rc["problems"] == len(failed) and rc["budget_tokens_per_problem"] == 240
+    for rec in failed:
+        assert sum(a["tokens"] for a in rec["attempts"]) == rec["baseline_tokens"] <= 240
+        assert rec["baseline_tokens"] > 240 - len(rows[0]["question"]) - 8  # the budget was spent, not skipped
+    assert rc["baseline_tokens_total"] == sum(r["baseline_tokens"] for r in failed)
+    assert rc["grafted_decode_tokens_total"] == sum(r["grafted"]["decode_tokens"] for r in failed if "grafted" in r)
+    by_id = {r["id"]: r for r in rows}
+    assert recurring.check_case(case, by_id)[0] == []
+    bad = json.loads(json.dumps(case))
+    bad["failed"][0]["attempts"][0]["tokens"] += 1
+    problems, _ = recurring.check_case(bad, by_id)
+    assert any("attempt" in p for p in problems)

@@ -1,0 +1,78 @@
+"""The web app's "Solve and learn" tab: anyone may solve a problem from the trusted problem set (its
+reference comes from datasets/, never from the user, and the budget is bounded); an admin (token) may
+solve any question against any reference. Formatting lives in app_views; the work in services.solve.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gradio as gr
+
+import services
+from app_guard import Guard
+from app_upkeep import call, model_turn
+from app_views import input_problem, solve_summary
+
+PUBLIC_SOLVE_BUDGET = 1024  # tokens an anonymous solve may spend (the admin may spend more)
+ADMIN_SOLVE_BUDGET = 16384
+
+
+def trusted_problems(path: Path) -> dict[str, dict]:
+    """The trusted problem set (datasets/problems.jsonl): an anonymous solve takes its reference from here."""
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()] if path.exists() else []
+    return {f"{r['id']}: {r['question'][:90]}": r for r in rows}
+
+
+def solve_tab(library: services.Library, guard: Guard, problems_path: Path) -> gr.Tab:
+    """The tab; `guard` checks the admin token of the free-question form and holds the model fairly."""
+    problems = trusted_problems(problems_path)
+
+    def run(request, question, verifier, reference, budget, seed, progress):
+        progress(0.1, desc="library first, then the model works")
+        with model_turn(guard, request):
+            r = call(library.solve, question, verifier, reference, budget=int(budget), seed=int(seed))
+        return solve_summary(r)
+
+    def solve_public(choice, budget, seed, request: gr.Request, progress=gr.Progress()):
+        row = problems.get(choice)
+        if row is None:
+            raise gr.Error("Pick a problem from the trusted problem set.")
+        budget = min(int(budget), PUBLIC_SOLVE_BUDGET)
+        return run(request, row["question"], row["verifier"], row["reference"], budget, seed, progress)
+
+    def solve_admin(admin_token, question, verifier, reference, budget, seed, request: gr.Request, progress=gr.Progress()):
+        call(guard.admin, admin_token, request)
+        problem = input_problem(question)
+        if problem:
+            raise gr.Error(problem)
+        return run(request, question, verifier, reference, min(int(budget), ADMIN_SOLVE_BUDGET), seed, progress)
+
+    with gr.Tab("Solve and learn", id="solve") as tab:
+        gr.Markdown(
+            "The flywheel: the library is tried first (a verified artifact grafted, the verifier checks the answer); "
+            "otherwise the model works (greedy, then seeded samples) until the verifier accepts an answer or the token "
+            "budget is spent. A passing answer is deposited through the verification gate and recalled for a handful "
+            "of decode tokens afterwards. Every token computed is counted."
+        )
+        with gr.Row():
+            sb = gr.Slider(64, PUBLIC_SOLVE_BUDGET, 512, step=64, label="budget (tokens)")
+            ss = gr.Number(0, precision=0, minimum=0, label="seed")
+        with gr.Tab("trusted problem set (anyone)"):
+            sp = gr.Dropdown(list(problems), label="problem (the reference comes from datasets/, never from you)")
+            pbtn = gr.Button("Solve", variant="primary")
+        with gr.Tab("any question (admin)"):
+            stok = gr.Textbox(label="admin token", type="password")
+            sq = gr.Textbox(label="question")
+            with gr.Row():
+                sv = gr.Dropdown(["exact", "numeric", "sympy"], value="numeric", label="verifier")
+                sr = gr.Textbox(label="reference")
+            abtn = gr.Button("Solve", variant="primary")
+        sout = gr.Markdown()
+        stbl = gr.Dataframe(
+            headers=["#", "mode", "temperature", "seed", "answer", "verdict", "tokens", "detail"], interactive=False
+        )
+        pbtn.click(solve_public, [sp, sb, ss], [sout, stbl], concurrency_id="model", api_visibility="private")
+        abtn.click(solve_admin, [stok, sq, sv, sr, sb, ss], [sout, stbl], concurrency_id="model", api_visibility="private")
+    return tab

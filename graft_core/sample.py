@@ -1,0 +1,172 @@
+"""Seeded sampled decoding next to the greedy decoder: the same chunk forwards, a chosen token drawn
+from softmax(logits / temperature) with a `torch.Generator` seeded by the caller.
+
+Deterministic given (model, configuration, prompt, temperature, top_k, seed): the generator is the
+only source of randomness and it lives on the CPU, so the same seed draws the same tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from .forward import forward_chunk
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One sampled continuation: its tokens and what was computed for it."""
+
+    token_ids: tuple[int, ...]  # generated tokens, including a stop token if one was hit
+    prompt_tokens: int  # tokens of the prompt chunk computed
+    temperature: float
+    top_k: int
+    seed: int
+    total_s: float
+    stopped: str  # "stop" | "eos" | "length"
+
+    @property
+    def tokens_computed(self) -> int:
+        """Every token this attempt computed: the prompt's and each decoded token's."""
+        return self.prompt_tokens + len(self.token_ids)
+
+
+def _draw(row: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> int:
+    logits = row.float() / temperature
+    if 0 < top_k < logits.shape[-1]:
+        values, indices = torch.topk(logits, top_k)
+        probs = torch.softmax(values, dim=-1)
+        return int(indices[torch.multinomial(probs, 1, generator=gen)].item())
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=gen).item())
+
+
+@torch.inference_mode()
+def prompt_and_sample(
+    model,
+    cache: DynamicCache,
+    prompt_ids: list[int],
+    start: int,
+    max_new_tokens: int,
+    *,
+    temperature: float,
+    seed: int,
+    top_k: int = 0,
+    is_stop: Callable[[list[int]], bool] | None = None,
+    eos_ids: frozenset[int] = frozenset(),
+) -> Sampled:
+    """Prefill `prompt_ids` at `start`, then draw up to `max_new_tokens` tokens (batch 1)."""
+    if not prompt_ids:
+        raise ValueError("the prompt chunk must hold at least one token")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for sampling, got {temperature}; use greedy decoding for 0")
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(int(seed))
+    t0 = time.perf_counter()
+    row = forward_chunk(model, cache, prompt_ids, start)[-1].cpu()
+    pos = start + len(prompt_ids)
+    generated: list[int] = []
+    stopped = "length"
+    while len(generated) < max_new_tokens:
+        tok = _draw(row, temperature, top_k, gen)
+        generated.append(tok)
+        if tok in eos_ids:
+            stopped = "eos"
+            break
+        if is_stop is not None and is_stop(generated):
+            stopped = "stop"
+            break
+        if len(generated) == max_new_tokens:
+            break
+        row = forward_chunk(model, cache, [tok], pos)[-1].cpu()
+        pos += 1
+    return Sampled(
+        token_ids=tuple(generated),
+        prompt_tokens=len(prompt_ids),
+        temperature=float(temperature),
+        top_k=int(top_k),
+        seed=int(seed),
+        total_s=time.perf_counter() - t0,
+        stopped=stopped,
+    )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One answer attempt without a graft, as `ask` would prompt it: the cut answer and its cost."""
+
+    text: str  # the answer, cut at the template's end of answer
+    completion: str
+    mode: str  # "greedy" | "sampled"
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+    temperature: float  # 0.0 for greedy
+    seed: int | None  # None for greedy
+    total_s: float
+
+    @property
+    def tokens_computed(self) -> int:
+        return self.prompt_tokens + len(self.token_ids)
+
+
+def _eos(tokenizer) -> frozenset[int]:
+    eos = tokenizer.eos_token_id
+    ids = eos if isinstance(eos, list) else [eos]
+    return frozenset(i for i in ids if i is not None)
+
+
+def attempt(
+    lm, question: str, max_new_tokens: int, *, temperature: float = 0.0, seed: int | None = None, top_k: int = 0
+) -> Attempt:
+    """Answer `question` with nothing grafted: greedy when `temperature` is 0, else sampled with `seed`."""
+    from . import generate, templates
+    from .forward import new_cache, prompt_and_decode
+
+    prompt_ids = generate.encode_prompt(lm, question, grafted=False)
+    tok = lm.tokenizer
+
+    def stop(ids: list[int]) -> bool:
+        return templates.is_answer_complete(tok.decode(ids, skip_special_tokens=True))
+
+    cache = new_cache(lm.model)
+    if temperature <= 0:
+        d = prompt_and_decode(lm.model, cache, prompt_ids, 0, max_new_tokens, is_stop=stop, eos_ids=_eos(tok))
+        ids, total_s, mode, seed = tuple(d.token_ids), d.total_s, "greedy", None
+    else:
+        if seed is None:
+            raise ValueError("a sampled attempt needs a seed")
+        s = prompt_and_sample(
+            lm.model,
+            cache,
+            prompt_ids,
+            0,
+            max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            top_k=top_k,
+            is_stop=stop,
+            eos_ids=_eos(tok),
+        )
+        ids, total_s, mode = s.token_ids, s.total_s, "sampled"
+    completion = tok.decode(list(ids), skip_special_tokens=True)
+    return Attempt(
+        text=templates.cut_answer(completion),
+        completion=completion,
+        mode=mode,
+        token_ids=ids,
+        prompt_tokens=len(prompt_ids),
+        temperature=float(temperature if temperature > 0 else 0.0),
+        seed=seed,
+        total_s=total_s,
+    )
+
+
+def prompt_tokens(lm, question: str) -> int:
+    """How many tokens the no-graft prompt of `question` computes (for budgeting before an attempt)."""
+    from . import generate
+
+    return len(generate.encode_prompt(lm, question, grafted=False))

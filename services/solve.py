@@ -1,0 +1,167 @@
+"""The solve pipeline of a Library (the flywheel): recall from the verified library first; otherwise let
+the model work (greedy, then seeded sampled attempts) within a token budget, and deposit the first
+answer the verifier accepts through the same gate as any verified deposit. Every token is counted.
+
+Each finished solve appends one JSON line to `<home>/flywheel.jsonl` (what the dashboard plots: the
+tokens a discovery cost, and what recalling it costs afterwards, from the ledger).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import verifiers
+from errors import InvalidInput, VerificationFailed
+from graft_core import sample
+
+from .limits import MAX_QUESTION_CHARS, bounded
+from .results import Flywheel, SolveAttempt, Solved
+
+DEFAULT_BUDGET = 4096
+MAX_BUDGET = 1_000_000
+DEFAULT_TEMPERATURE = 0.8
+FLYWHEEL_LOG = "flywheel.jsonl"
+
+
+def judge(verifier: str, answer: str, reference: str) -> tuple[bool, str]:
+    """Does the verifier accept `answer` against `reference`? An empty or malformed answer is a refusal."""
+    kind = verifiers.VERIFIERS.get(verifier)
+    if kind is None:
+        raise InvalidInput(f"unknown verifier {verifier!r}; valid kinds are: {', '.join(sorted(verifiers.VERIFIERS))}")
+    if not answer.strip():
+        return False, "the model gave an empty answer"
+    try:
+        v = kind.check(answer, reference)
+    except InvalidInput as e:
+        return False, str(e)
+    return v.ok, v.detail
+
+
+class SolvePipeline:
+    """Mixed into `Library`; uses its `answer`, `deposit_item`, `lm`, `_lock` and `home`."""
+
+    def _from_library(self, question: str, verifier: str, reference: str, max_new_tokens: int) -> SolveAttempt:
+        res = self.answer(question, max_new_tokens=max_new_tokens)
+        ok, detail = judge(verifier, res.answer, reference)
+        mode = "library" if res.artifact_ids else "greedy"
+        return SolveAttempt(
+            mode=mode,
+            answer=res.answer,
+            passed=ok,
+            detail=detail,
+            tokens=res.computed_tokens + res.decode_tokens,
+            artifact_ids=tuple(res.artifact_ids),
+            output_sha256=res.output_sha256,
+        )
+
+    def _work(self, question: str, max_new_tokens: int, temperature: float, seed: int | None) -> SolveAttempt:
+        a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed)
+        from graft_core.generate import tokens_sha256
+
+        return SolveAttempt(
+            mode=a.mode,
+            answer=a.text,
+            passed=False,
+            detail="",
+            tokens=a.tokens_computed,
+            temperature=a.temperature,
+            seed=a.seed,
+            output_sha256=tokens_sha256(a.token_ids),
+        )
+
+    def solve(
+        self,
+        question: str,
+        verifier: str,
+        reference: str,
+        budget: int = DEFAULT_BUDGET,
+        attempts: int | None = None,
+        seed: int = 0,
+        temperature: float = DEFAULT_TEMPERATURE,
+        max_new_tokens: int = 32,
+        admin: bool = False,
+        library: bool = True,
+    ) -> Solved:
+        """Library first, then greedy, then sampled attempts (seeds seed, seed+1, ...) until one passes the
+        verifier, `attempts` tries were made or `budget` tokens (prompt + decode, every try) are spent.
+        `library=False` skips the recall step (the no-graft model alone, as the eval's baseline)."""
+        question = bounded("question", question, MAX_QUESTION_CHARS)
+        if not 1 <= budget <= MAX_BUDGET:
+            raise InvalidInput(f"budget must be between 1 and {MAX_BUDGET:,} tokens, got {budget}")
+        if attempts is not None and attempts < 1:
+            raise InvalidInput(f"attempts must be at least 1, got {attempts}")
+        if not 0 < temperature <= 5:
+            raise InvalidInput(f"temperature must be in (0, 5], got {temperature}")
+        judge(verifier, "0", reference)  # an unknown verifier fails before any work
+        t0 = time.perf_counter()
+        done: list[SolveAttempt] = []
+        spent = 0
+        prompt = sample.prompt_tokens(self.lm, question)
+        while attempts is None or len(done) < attempts:
+            room = budget - spent - prompt
+            if room < 1:
+                break
+            n = min(max_new_tokens, room)
+            if not done and library:
+                a = self._from_library(question, verifier, reference, n)
+            else:
+                temp = 0.0 if not any(x.mode == "greedy" for x in done) else temperature
+                s = None if temp == 0.0 else seed + sum(1 for x in done if x.mode == "sampled")
+                a = self._work(question, n, temp, s)
+                ok, detail = judge(verifier, a.answer, reference)
+                a = SolveAttempt(**{**a.__dict__, "passed": ok, "detail": detail})
+            done.append(a)
+            spent += a.tokens
+            if a.passed and a.mode == "library":
+                return self._finish(
+                    question, Solved(True, "library", a.artifact_ids[-1], a.answer, tuple(done), spent, budget), t0
+                )
+            if a.passed:
+                try:
+                    d = self.deposit_item(question, a.answer, a.answer, verifier, reference, admin=admin)
+                except VerificationFailed as e:
+                    done[-1] = SolveAttempt(**{**a.__dict__, "passed": False, "detail": f"the deposit gate refused: {e}"})
+                    continue
+                return self._finish(question, Solved(True, "model", d.id, a.answer, tuple(done), spent, budget, d.created), t0)
+        return self._finish(question, Solved(False, "none", None, "", tuple(done), spent, budget), t0)
+
+    def _finish(self, question: str, result: Solved, t0: float) -> Solved:
+        line = {
+            "at": time.time(),
+            "question": question,
+            "solved": result.solved,
+            "source": result.source,
+            "id": result.id,
+            "tokens_spent": result.tokens_spent,
+            "attempts": len(result.attempts),
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
+        with open(self.home / FLYWHEEL_LOG, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+        return result
+
+    def flywheel(self) -> Flywheel:
+        """What the dashboard plots: library size over time, and per discovered item the tokens its
+        discovery cost against what each later recall computed (from the ledger); saved = the sum over
+        recalls of (discovery - recall), i.e. against a baseline that would have had to discover it again."""
+        sizes = sorted(r.created_at.timestamp() for r in self._catalog.list_artifacts(limit=max(1, self.count())))
+        found = {s["id"]: s for s in self.solves() if s["source"] == "model" and s["id"]}
+        recalls: dict[str, list[int]] = {k: [] for k in found}
+        saved, cumulative = 0, []
+        for row in self.ledger():
+            leaf = row.artifact_ids[-1] if row.artifact_ids else None
+            if leaf in found:
+                cost = row.computed_tokens + row.decode_tokens
+                recalls[leaf].append(cost)
+                saved += max(0, found[leaf]["tokens_spent"] - cost)
+                cumulative.append((row.created_at.timestamp(), saved))
+        items = tuple((k, found[k]["tokens_spent"], round(sum(v) / len(v), 1) if v else None, len(v)) for k, v in recalls.items())
+        return Flywheel(sizes=tuple(sizes), items=items, cumulative_saved=tuple(cumulative))
+
+    def solves(self) -> list[dict]:
+        """Every recorded solve, oldest first (empty when nothing was solved in this store)."""
+        path = self.home / FLYWHEEL_LOG
+        if not path.exists():
+            return []
+        return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
