@@ -72,8 +72,11 @@ def test_relocation_is_measured_and_never_called_exact(tiny_gemma):
     for offset in (1, 37, 300):
         r = verify.check_relocated(lm, art, q, offset=offset)
         assert r.tier == "relocated" and r.offset == offset
-        assert r.exact is False  # labelled approximate whatever it measures
+        assert r.exact == (r.fresh_sha256 == r.grafted_sha256)  # measured from the bytes, the tier is only a label
         assert r.max_abs_diff >= 0.0 and 0.0 <= r.argmax_agreement <= 1.0 and r.rows == len(q) + r.decode_steps
+    # offset 0 is the artifact's own position: the relocated path must be byte-equal there
+    zero = verify.check_relocated(lm, art, q, offset=0)
+    assert zero.tier == "relocated" and zero.exact and zero.fresh_sha256 == zero.grafted_sha256, zero.max_abs_diff
     # the measured divergence is real: re-rotation under float32 RoPE changes the bytes
     assert (
         verify.check_relocated(lm, art, q, offset=300).fresh_sha256
