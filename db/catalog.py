@@ -76,6 +76,11 @@ def _new(row: VerificationRow | LedgerRow) -> dict[str, Any]:
     return values
 
 
+def _verification_json(v: VerificationRow) -> dict[str, Any]:
+    d = {**asdict(v), "created_at": v.created_at.isoformat()}
+    return d | {k: list(d[k]) for k in ("question_token_ids", "generated_token_ids")}
+
+
 def _verification(m: Any) -> VerificationRow:
     return _verification_of({c: m._mapping[c] for c in verifications.c.keys()})
 
@@ -539,7 +544,7 @@ class Catalog:
                 "format": EXPORT_FORMAT,
                 "artifacts": [{**asdict(r), "created_at": r.created_at.isoformat()} for r in rows],
                 "sources": [dict(m._mapping) for m in srcs],
-                "verifications": [{**asdict(v), "created_at": v.created_at.isoformat()} for v in map(_verification, vers)],
+                "verifications": [_verification_json(v) for v in map(_verification, vers)],
                 "embeddings": [{**dict(m._mapping), "vector": base64.b64encode(m.vector).decode("ascii")} for m in embs],
             }
 

@@ -161,7 +161,7 @@ def m002_ledger_bounds(conn: Connection) -> None:
 def m003_verification_record(conn: Connection) -> None:
     """What makes a verification replayable (question and generated token ids with their SHA-256, the
     generated answer, provenance) and each artifact's probe hash and quarantine reason. Rows written
-    before the behavioural gate get the provenance 'before the gate': they are never shown as verified."""
+    before the behavioural gate get the provenance 'not gated': they are never shown as verified."""
     for column, kind in (
         ("question_token_ids", "TEXT"),
         ("question_sha256", "VARCHAR(64)"),
@@ -172,7 +172,7 @@ def m003_verification_record(conn: Connection) -> None:
     ):
         conn.execute(text(f"ALTER TABLE verifications ADD COLUMN {column} {kind}"))
     conn.execute(text("UPDATE verifications SET provenance = 'attested' WHERE verifier = 'attested'"))
-    conn.execute(text("UPDATE verifications SET provenance = 'before the gate' WHERE provenance IS NULL"))
+    conn.execute(text("UPDATE verifications SET provenance = 'not gated' WHERE provenance IS NULL"))
     conn.execute(text("ALTER TABLE artifacts ADD COLUMN probe_sha256 VARCHAR(64)"))
     conn.execute(text("ALTER TABLE artifacts ADD COLUMN quarantine TEXT"))
 
