@@ -270,7 +270,8 @@ def _deposit_tab(library: services.Library, token: str, admin_ok) -> gr.Tab:
         verb = "Deposited" if d.created else "Already deposited (nothing computed)"
         return (
             f"**{verb}** `{d.id[:16]}…` — {d.tokens} tokens at position {d.start}, {d.bytes:,} bytes, "
-            f"{d.kind}, verifier {d.verifier}, prefill {d.prefill_s:.2f} s"
+            f"{d.kind}, {d.provenance} ({d.verifier}), prefill {d.prefill_s:.2f} s"
+            + (f"; gate {d.gate_s:.2f} s, {d.gate_tokens} tokens" if d.gate_tokens else "")
         )
 
     with gr.Tab("Deposit", id="deposit") as tab:
@@ -282,7 +283,7 @@ def _deposit_tab(library: services.Library, token: str, admin_ok) -> gr.Tab:
             dq = gr.Textbox(label="question")
             ds = gr.Textbox(label="solution (the fact or worked solution)", lines=3)
             with gr.Row():
-                da = gr.Textbox(label="answer")
+                da = gr.Textbox(label="answer (optional pre-check; the model's own answer is what is verified)")
                 dv = gr.Dropdown(VERIFIERS, value="exact", label="verifier")
                 dr = gr.Textbox(label="reference (what the verifier compares the answer with)")
         with gr.Group():
