@@ -75,7 +75,7 @@ verifications = Table(
     Column("generated_token_ids", Text, nullable=True),  # JSON list of what the model generated with the graft
     Column("generated_sha256", Hash, nullable=True),
     Column("generated_answer", Text, nullable=True),  # the answer cut from the generation, as the verifier saw it
-    Column("provenance", String(32), nullable=True),  # verified | imported, not re-verified | attested | before the gate
+    Column("provenance", String(32), nullable=True),  # verified | imported, not re-verified | attested | not gated
 )
 
 embeddings = Table(
