@@ -91,13 +91,17 @@ def seed_items(folder: Path = SEED_DIR) -> tuple[list[dict], list[tuple[str, str
 def seed_library(
     library: services.Library, folder: Path = SEED_DIR, on_progress: Callable[[float, str], None] | None = None
 ) -> int:
-    """Deposit the built-in library (each item through its verifier); returns how many were new."""
+    """Deposit the built-in library, each item through the deposit gate (an item the model does not
+    answer correctly with its graft is refused, logged and left out); returns how many were new."""
     progress = on_progress or (lambda f, m: None)
     items, sheets = seed_items(folder)
     total, created = len(items) + len(sheets), 0
     for i, it in enumerate(items):
         progress(i / total, f"seeding the built-in library: {i + 1}/{total} {it['question']}")
-        created += library.deposit_item(**it).created
+        try:
+            created += library.deposit_item(**it).created
+        except VerificationFailed as e:
+            log.warning("seed item refused by the gate: %s", e)
     for j, (title, text) in enumerate(sheets, start=len(items)):
         progress(j / total, f"seeding the built-in library: {j + 1}/{total} fact sheet '{title}'")
         created += library.deposit_text(text, title=title, attested_by="kvgraft built-in library", admin=True).created
@@ -273,7 +277,8 @@ def _deposit_tab(library: services.Library, token: str, guard: Guard) -> gr.Tab:
         verb = "Deposited" if d.created else "Already deposited (nothing computed)"
         return (
             f"**{verb}** `{d.id[:16]}…` — {d.tokens} tokens at position {d.start}, {d.bytes:,} bytes, "
-            f"{d.kind}, verifier {d.verifier}, prefill {d.prefill_s:.2f} s"
+            f"{d.kind}, {d.provenance} ({d.verifier}), prefill {d.prefill_s:.2f} s"
+            + (f"; gate {d.gate_s:.2f} s, {d.gate_tokens} tokens" if d.gate_tokens else "")
         )
 
     with gr.Tab("Deposit", id="deposit") as tab:
@@ -285,7 +290,7 @@ def _deposit_tab(library: services.Library, token: str, guard: Guard) -> gr.Tab:
             dq = gr.Textbox(label="question")
             ds = gr.Textbox(label="solution (the fact or worked solution)", lines=3)
             with gr.Row():
-                da = gr.Textbox(label="answer")
+                da = gr.Textbox(label="answer (optional pre-check; the model's own answer is what is verified)")
                 dv = gr.Dropdown(VERIFIERS, value="exact", label="verifier")
                 dr = gr.Textbox(label="reference (what the verifier compares the answer with)")
         with gr.Group():

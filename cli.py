@@ -30,7 +30,7 @@ def _library(args):
 def cmd_deposit(args) -> int:
     lib = _library(args)
     if args.question is not None:
-        missing = [f for f in ("solution", "answer", "verifier", "reference") if getattr(args, f) is None]
+        missing = [f for f in ("solution", "verifier", "reference") if getattr(args, f) is None]
         if missing:
             raise SystemExit(f"error: a verified deposit needs --{' --'.join(missing)}")
         d = lib.deposit_item(
@@ -47,12 +47,13 @@ def cmd_deposit(args) -> int:
         text = sys.stdin.read() if args.text_file == "-" else Path(args.text_file).read_text(encoding="utf-8")
         d = lib.deposit_text(text, parent=args.parent, title=args.title or "", attested_by=args.attested_by, admin=args.admin)
     else:
-        raise SystemExit("error: give --text-file F, or --question/--solution/--answer/--verifier/--reference")
+        raise SystemExit("error: give --text-file F, or --question/--solution/--verifier/--reference [--answer]")
     _emit(
         args,
         d.to_json(),
         f"{'deposited' if d.created else 'already deposited'} {d.id} ({d.tokens} tokens at {d.start}, "
-        f"{d.bytes:,} bytes, {d.kind}, prefill {d.prefill_s:.2f} s)",
+        f"{d.bytes:,} bytes, {d.kind}, {d.provenance}, prefill {d.prefill_s:.2f} s"
+        + (f", gate {d.gate_s:.2f} s / {d.gate_tokens} tokens)" if d.gate_tokens else ")"),
     )
     return 0
 
@@ -174,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--text-file", help="UTF-8 text file to deposit ('-' for stdin)")
     d.add_argument("--question")
     d.add_argument("--solution")
-    d.add_argument("--answer")
+    d.add_argument("--answer", help="optional cheap pre-check before the prefill (the gate judges the model's own answer)")
     d.add_argument("--verifier", choices=["exact", "numeric", "sympy", "attested"])
     d.add_argument("--reference")
     d.add_argument("--parent", help="artifact id to continue (chains compose exactly)")

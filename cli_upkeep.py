@@ -37,11 +37,15 @@ def cmd_import(args) -> int:
     from db.bundles import Limits
 
     limits = Limits(max_member_bytes=args.max_member_bytes) if args.max_member_bytes else Limits()
-    r = maintenance.import_bundle(_library(args), args.bundle, limits=limits, check_model=not args.no_model_check)
+    r = maintenance.import_bundle(
+        _library(args), args.bundle, limits=limits, check_model=not args.no_model_check, trust_verdicts=args.trust_verdicts
+    )
     _emit(
         args,
         r.to_json(),
-        f"imported {len(r.new)} new of {len(r.artifacts)} artifact(s) from {r.path}; {r.blobs_written} blob(s) written"
+        f"imported {len(r.new)} new of {len(r.artifacts)} artifact(s) from {r.path}; {r.blobs_written} blob(s) written; "
+        f"{r.replayed} verification(s) replayed, {r.not_reverified} imported, not re-verified; "
+        f"{r.probes_checked} probe(s) checked; {r.embeddings_recomputed} embedding(s) recomputed"
         + ("" if r.model_checked else " (model fingerprint not checked against a loaded model)"),
     )
     return 0
@@ -63,7 +67,7 @@ def cmd_rebuild(args) -> int:
 def cmd_fsck(args) -> int:
     import maintenance
 
-    r = maintenance.fsck(_library(args), repair=args.repair)
+    r = maintenance.fsck(_library(args), repair=args.repair, deep=args.deep)
     d = r.to_json()
     c = d["counts"]
     lines = [
@@ -79,6 +83,7 @@ def cmd_fsck(args) -> int:
         )
     lines += [f"  missing {m.id} (blob {m.content_sha256})" for m in r.missing]
     lines += [f"  corrupt {m.id} (blob {m.content_sha256} hashes to {m.actual_sha256})" for m in r.corrupt]
+    lines += [f"  quarantined {q.id}: {q.reason}" for q in r.quarantined]
     lines += list(r.advice)
     _emit(args, d, "\n".join(lines))
     return 0 if r.consistent else 1
@@ -116,7 +121,15 @@ def cmd_show(args) -> int:
         f"chain: {' -> '.join(i[:12] for i in r.chain)}",
         f"children: {', '.join(i[:12] for i in r.children) or 'none'}",
     ]
-    lines += [f"verification: {v.verifier} {v.verdict} {v.detail}" for v in r.verifications]
+    if a.quarantine:
+        lines.append(f"QUARANTINED: {a.quarantine}")
+    for v in r.verifications:
+        lines.append(f"verification: {v.label} ({v.verifier}, reference {v.reference!r}) {v.detail}")
+        if v.generated_token_ids:
+            lines.append(
+                f"  asked {len(v.question_token_ids)} tokens (sha256 {v.question_sha256}), generated {v.generated_answer!r} "
+                f"in {len(v.generated_token_ids)} tokens (sha256 {v.generated_sha256})"
+            )
     lines += ["", r.source.text]
     _emit(args, r.to_json(), "\n".join(lines))
     return 0
@@ -143,7 +156,12 @@ def register(sub) -> None:
 
     p = add("import", "check and add a bundle made by export", cmd_import)
     p.add_argument("bundle")
-    p.add_argument("--no-model-check", action="store_true", help="do not load the model to compare fingerprints")
+    p.add_argument("--no-model-check", action="store_true", help="do not load the model (nothing is re-verified)")
+    p.add_argument(
+        "--trust-verdicts",
+        action="store_true",
+        help="admin: skip replaying verifications; rows are labelled 'imported, not re-verified'",
+    )
     p.add_argument("--max-member-bytes", type=int, default=None, help="refuse members larger than this (default 2 GiB)")
 
     p = add("rebuild", "recompute an artifact from its source text and compare bytes", cmd_rebuild)
@@ -151,6 +169,7 @@ def register(sub) -> None:
 
     p = add("fsck", "check catalog, blobs and index against each other", cmd_fsck)
     p.add_argument("--repair", action="store_true", help="remove orphan blobs and partial files, rebuild the index")
+    p.add_argument("--deep", action="store_true", help="also restore each artifact and check its probe hash (loads the model)")
 
     p = add("replay", "re-run ledger entries and compare output and logits hashes", cmd_replay)
     p.add_argument("--last", type=int, default=None, metavar="N")

@@ -58,6 +58,8 @@ def _artifact(m: Any) -> ArtifactRow:
         root_id=m.root_id,
         depth=m.depth,
         created_at=m.created_at,
+        probe_sha256=m.probe_sha256,
+        quarantine=m.quarantine,
     )
 
 
@@ -67,11 +69,28 @@ def _artifact_values(row: ArtifactRow) -> dict[str, Any]:
 
 def _new(row: VerificationRow | LedgerRow) -> dict[str, Any]:
     """Column values of a row about to be inserted: its id is the database's to assign."""
-    return {k: v for k, v in asdict(row).items() if k != "id"}
+    values = {k: v for k, v in asdict(row).items() if k != "id"}
+    if isinstance(row, VerificationRow):
+        for k in ("question_token_ids", "generated_token_ids"):
+            values[k] = json.dumps(list(values[k])) if values[k] else None
+    return values
+
+
+def _verification_json(v: VerificationRow) -> dict[str, Any]:
+    d = {**asdict(v), "created_at": v.created_at.isoformat()}
+    return d | {k: list(d[k]) for k in ("question_token_ids", "generated_token_ids")}
 
 
 def _verification(m: Any) -> VerificationRow:
-    return VerificationRow(**{c: m._mapping[c] for c in verifications.c.keys()})
+    return _verification_of({c: m._mapping[c] for c in verifications.c.keys()})
+
+
+def _verification_of(values: dict[str, Any]) -> VerificationRow:
+    values = dict(values)
+    for k in ("question_token_ids", "generated_token_ids"):
+        values[k] = tuple(json.loads(values[k])) if values[k] else ()
+    values["provenance"] = values["provenance"] or "not gated"
+    return VerificationRow(**values)
 
 
 def _ledger(m: Any) -> LedgerRow:
@@ -375,12 +394,29 @@ class Catalog:
             new_id = conn.execute(insert(verifications).values(**_new(verification)).returning(verifications.c.id)).scalar_one()
         return replace(verification, id=new_id)
 
+    def set_quarantine(self, ref: str, reason: str | None) -> None:
+        """Quarantine an artifact (never grafted, skipped by retrieval) or, with None, release it."""
+        with dbengine.write(self._engine) as conn:
+            key = self._resolve(conn, ref)
+            conn.execute(update(artifacts).where(artifacts.c.id == key).values(quarantine=reason))
+            self._bump(conn)
+
+    def quarantined(self) -> list[ArtifactRow]:
+        """Every quarantined artifact, by id."""
+        with dbengine.read(self._engine) as conn:
+            return [
+                _artifact(m)
+                for m in conn.execute(select(artifacts).where(artifacts.c.quarantine.is_not(None)).order_by(artifacts.c.id))
+            ]
+
     def embeddings(self, embedder_id: str) -> list[tuple[str, bytes]]:
-        """(artifact id, float32 little-endian vector) for every artifact embedded by `embedder_id`, by id."""
+        """(artifact id, float32 little-endian vector) for every artifact embedded by `embedder_id` and not
+        quarantined (retrieval never finds a quarantined artifact), by id."""
         with dbengine.read(self._engine) as conn:
             rows = conn.execute(
                 select(embeddings.c.artifact_id, embeddings.c.vector)
-                .where(embeddings.c.embedder_id == embedder_id)
+                .join(artifacts, artifacts.c.id == embeddings.c.artifact_id)
+                .where(embeddings.c.embedder_id == embedder_id, artifacts.c.quarantine.is_(None))
                 .order_by(embeddings.c.artifact_id)
             )
             return [(a, bytes(v)) for a, v in rows]
@@ -508,7 +544,7 @@ class Catalog:
                 "format": EXPORT_FORMAT,
                 "artifacts": [{**asdict(r), "created_at": r.created_at.isoformat()} for r in rows],
                 "sources": [dict(m._mapping) for m in srcs],
-                "verifications": [{**asdict(v), "created_at": v.created_at.isoformat()} for v in map(_verification, vers)],
+                "verifications": [_verification_json(v) for v in map(_verification, vers)],
                 "embeddings": [{**dict(m._mapping), "vector": base64.b64encode(m.vector).decode("ascii")} for m in embs],
             }
 

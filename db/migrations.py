@@ -158,9 +158,29 @@ def m002_ledger_bounds(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX ix_ledger_created_at ON ledger (created_at)"))
 
 
+def m003_verification_record(conn: Connection) -> None:
+    """What makes a verification replayable (question and generated token ids with their SHA-256, the
+    generated answer, provenance) and each artifact's probe hash and quarantine reason. Rows written
+    before the behavioural gate get the provenance 'not gated': they are never shown as verified."""
+    for column, kind in (
+        ("question_token_ids", "TEXT"),
+        ("question_sha256", "VARCHAR(64)"),
+        ("generated_token_ids", "TEXT"),
+        ("generated_sha256", "VARCHAR(64)"),
+        ("generated_answer", "TEXT"),
+        ("provenance", "VARCHAR(32)"),
+    ):
+        conn.execute(text(f"ALTER TABLE verifications ADD COLUMN {column} {kind}"))
+    conn.execute(text("UPDATE verifications SET provenance = 'attested' WHERE verifier = 'attested'"))
+    conn.execute(text("UPDATE verifications SET provenance = 'not gated' WHERE provenance IS NULL"))
+    conn.execute(text("ALTER TABLE artifacts ADD COLUMN probe_sha256 VARCHAR(64)"))
+    conn.execute(text("ALTER TABLE artifacts ADD COLUMN quarantine TEXT"))
+
+
 STEPS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("m001_initial", m001_initial),
     ("m002_ledger_bounds", m002_ledger_bounds),
+    ("m003_verification_record", m003_verification_record),
 )
 
 

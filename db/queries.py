@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import Select, func, or_, select
 
 from db import engine as dbengine
-from db.catalog import Catalog, _artifact
+from db.catalog import Catalog, _artifact, _verification_of
 from db.rows import KINDS, ArtifactRow
 from db.schema import artifacts, sources, verifications
 from errors import InvalidInput
@@ -22,7 +22,7 @@ class Listed:
 
     row: ArtifactRow
     verifier: str  # "none" when the artifact has no verification record
-    verdict: str  # "unverified" when it has none
+    verdict: str  # the latest record's label (VerificationRow.label); "unverified" when it has none
 
 
 def listing(stmt: Select, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> Select:
@@ -53,12 +53,20 @@ def library_rows(catalog: Catalog, query: str = "", kind: str | None = None, lim
         .group_by(verifications.c.artifact_id)
         .subquery()
     )
+    vcols = [c.label(f"v_{c.name}") for c in verifications.c]
     stmt = (
-        select(artifacts, verifications.c.verifier.label("v_verifier"), verifications.c.verdict.label("v_verdict"))
+        select(artifacts, *vcols)
         .join(sources, sources.c.artifact_id == artifacts.c.id)
         .outerjoin(latest, latest.c.artifact_id == artifacts.c.id)
         .outerjoin(verifications, verifications.c.id == latest.c.vid)
     )
     stmt = listing(stmt, query, kind, limit, offset)
+    out = []
     with dbengine.read(catalog._engine) as conn:
-        return [Listed(_artifact(m), m.v_verifier or "none", m.v_verdict or "unverified") for m in conn.execute(stmt)]
+        for m in conn.execute(stmt):
+            if m.v_id is None:
+                out.append(Listed(_artifact(m), "none", "unverified"))
+                continue
+            v = _verification_of({c.name: m._mapping[f"v_{c.name}"] for c in verifications.c})
+            out.append(Listed(_artifact(m), v.verifier, v.label))
+    return out

@@ -7,6 +7,7 @@ database's CHECK constraints. Timestamps are timezone-aware UTC; a naive datetim
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,6 +18,9 @@ KINDS = ("verified", "text", "attested")
 VERIFIERS = ("exact", "numeric", "sympy", "attested", "none")
 VERDICTS = ("pass", "refused")
 TIERS = ("exact", "relocated", "none")
+# Where a verification's verdict comes from. Only "verified" (the gate ran here: graft, generate, verifier)
+# counts as verified; "not gated" marks rows recorded before the behavioural gate existed.
+PROVENANCES = ("verified", "imported, not re-verified", "attested", "not gated")
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -61,9 +65,13 @@ class ArtifactRow:
     root_id: str = ""
     depth: int = 0
     created_at: datetime = field(default_factory=utcnow)
+    probe_sha256: str | None = None  # the probe logits hash recorded at deposit (None: before m003)
+    quarantine: str | None = None  # why the artifact is never grafted (None: usable)
 
     def __post_init__(self) -> None:
         _hex64("artifact id", self.id)
+        if self.probe_sha256 is not None:
+            _hex64("probe_sha256", self.probe_sha256)
         if self.content_sha256:
             _hex64("content_sha256", self.content_sha256)
         if self.parent_id is not None:
@@ -91,7 +99,9 @@ class SourceRow:
 @dataclass(frozen=True)
 class VerificationRow:
     """One verifier run. A refused item has no artifact (`artifact_id` None). `id` is assigned by
-    the catalog."""
+    the catalog. A gated row also records what the model was asked (`question_token_ids`) and what
+    it generated with the graft (`generated_token_ids`, cut to `generated_answer` for the verifier),
+    each with its SHA-256, so that the run can be replayed and compared token for token."""
 
     artifact_id: str | None
     item_sha256: str
@@ -101,11 +111,50 @@ class VerificationRow:
     detail: str = ""
     created_at: datetime = field(default_factory=utcnow)
     id: int | None = None
+    question_token_ids: tuple[int, ...] = ()
+    question_sha256: str | None = None
+    generated_token_ids: tuple[int, ...] = ()
+    generated_sha256: str | None = None
+    generated_answer: str | None = None
+    provenance: str = "not gated"
 
     def __post_init__(self) -> None:
         _one_of("verifier", self.verifier, VERIFIERS)
         _one_of("verdict", self.verdict, VERDICTS)
+        _one_of("provenance", self.provenance, PROVENANCES)
+        for name in ("question_sha256", "generated_sha256"):
+            if getattr(self, name) is not None:
+                _hex64(name, getattr(self, name))
+        object.__setattr__(self, "question_token_ids", tuple(int(t) for t in self.question_token_ids or ()))
+        object.__setattr__(self, "generated_token_ids", tuple(int(t) for t in self.generated_token_ids or ()))
         object.__setattr__(self, "created_at", as_utc(self.created_at))
+
+    @property
+    def counts_as_verified(self) -> bool:
+        """True only for a passing gate run made in this store whose recorded token ids still hash to
+        their recorded SHA-256 (an edited row is not verified, whatever its verdict column says)."""
+        return (
+            self.verdict == "pass"
+            and self.provenance == "verified"
+            and bool(self.generated_token_ids)
+            and self.generated_sha256 == token_ids_sha256(self.generated_token_ids)
+            and self.question_sha256 == token_ids_sha256(self.question_token_ids)
+        )
+
+    @property
+    def label(self) -> str:
+        """What a front end shows: 'verified', 'attested', 'imported, not re-verified', 'refused' or
+        'not verified' (a row that claims a pass its record does not support)."""
+        if self.verdict == "refused":
+            return "refused"
+        if self.provenance in ("attested", "imported, not re-verified"):
+            return self.provenance
+        return "verified" if self.counts_as_verified else "not verified"
+
+
+def token_ids_sha256(ids) -> str:
+    """SHA-256 of token ids as int64 little-endian (the same bytes as the ledger's output_sha256)."""
+    return hashlib.sha256(b"".join(int(i).to_bytes(8, "little", signed=True) for i in ids)).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ artifacts = Table(
     Column("kind", String(16), nullable=False),
     Column("bytes", BigInteger, nullable=False),  # blob file size
     Column("created_at", When, nullable=False),
+    Column("probe_sha256", Hash, nullable=True),  # m003: the probe logits hash recorded at deposit
+    Column("quarantine", Text, nullable=True),  # m003: why it is never grafted (None: usable)
 )
 
 sources = Table(
@@ -67,6 +69,13 @@ verifications = Table(
     Column("verdict", String(16), nullable=False),
     Column("detail", Text, nullable=False),
     Column("created_at", When, nullable=False),
+    # m003_verification_record: what makes the gate's run replayable
+    Column("question_token_ids", Text, nullable=True),  # JSON list of the prompt's token ids
+    Column("question_sha256", Hash, nullable=True),
+    Column("generated_token_ids", Text, nullable=True),  # JSON list of what the model generated with the graft
+    Column("generated_sha256", Hash, nullable=True),
+    Column("generated_answer", Text, nullable=True),  # the answer cut from the generation, as the verifier saw it
+    Column("provenance", String(32), nullable=True),  # verified | imported, not re-verified | attested | not gated
 )
 
 embeddings = Table(

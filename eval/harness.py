@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import verifiers
-from errors import InvalidInput
+from errors import InvalidInput, VerificationFailed
 from graft_core import generate, templates
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,11 +258,18 @@ class Runner:
     deposits: list[dict] = field(default_factory=list)
     artifact_of: dict[str, str] = field(default_factory=dict)  # item id -> artifact id
     template_of_artifact: dict[str, str] = field(default_factory=dict)
+    offered: int = 0  # items offered to the deposit gate
+    refused: list[dict] = field(default_factory=list)  # items the gate refused, with its one-line reason
 
     def deposit(self, row: dict, kind: str) -> None:
         solution = row["fact"] if kind == "knowledge" else row["solution"]
         reference = row["answer"] if kind == "knowledge" else row["reference"]
-        d = self.lib.deposit_item(row["question"], solution, row["answer"], row["verifier"], reference)
+        self.offered += 1
+        try:  # through the deposit gate: an item the model does not answer with its graft is not deposited
+            d = self.lib.deposit_item(row["question"], solution, row["answer"], row["verifier"], reference)
+        except VerificationFailed as e:
+            self.refused.append({"item": row["id"], "reason": str(e)})
+            return
         self.artifact_of[row["id"]] = d.id
         self.template_of_artifact[d.id] = row["template"]
         self.deposits.append(
@@ -417,6 +424,12 @@ def evaluate(
         if cfg.full
         else f"seeded sample (seed {cfg.seed}), problems stratified by template; only sampled items are deposited",
         "deposits": runner.deposits,
+        "gate": {
+            "offered": runner.offered,
+            "accepted": len(runner.deposits),
+            "acceptance_rate": len(runner.deposits) / max(1, runner.offered),
+            "refused": runner.refused,
+        },
         "outputs": runner.outputs,
         "scores": scores,
         "counts": counts,

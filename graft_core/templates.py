@@ -11,9 +11,14 @@ from __future__ import annotations
 ANSWER_END = "\n"
 
 
+def fact_text(solution: str) -> str:
+    """The first line of an item's deposit text: the solution alone (what the deposit gate grafts)."""
+    return f"Fact: {solution.strip()}\n"
+
+
 def item_text(question: str, solution: str, answer: str) -> str:
     """Deposit text for a verified item."""
-    return f"Fact: {solution.strip()}\nQuestion: {question.strip()}\nAnswer: {answer.strip()}\n"
+    return f"{fact_text(solution)}Question: {question.strip()}\nAnswer: {answer.strip()}\n"
 
 
 def document_text(text: str) -> str:

@@ -1,5 +1,6 @@
 """A one-minute end-to-end demo on the default model, in a throwaway store:
-deposit a verified item, ask its question with and without the graft, and print the byte-exactness
+deposit a verified item through the gate (the model must answer it with the graft), show a
+contradicting one refused, ask the question with and without the graft, and print the byte-exactness
 check and the measured savings.  Usage: make demo  (or .venv/bin/python -m scripts.demo)
 """
 
@@ -11,6 +12,7 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import services  # noqa: E402
+from errors import VerificationFailed  # noqa: E402
 
 ITEM = dict(
     question="Who built the lighthouse of Varnek Isle?",
@@ -27,8 +29,13 @@ def main() -> None:
         print(f"model: {lib.lm.info.name} (fingerprint {lib.lm.fingerprint[:16]}...)")
         d = lib.deposit_item(**ITEM)
         print(
-            f"deposited {d.id[:16]}...: {d.tokens} tokens, {d.bytes:,} bytes, verified by {d.verifier}, prefill {d.prefill_s:.2f} s"
+            f"deposited {d.id[:16]}...: {d.tokens} tokens, {d.bytes:,} bytes, {d.provenance} by {d.verifier}, "
+            f"prefill {d.prefill_s:.2f} s; gate {d.gate_s:.2f} s / {d.gate_tokens} tokens"
         )
+        try:
+            lib.deposit_item(**{**ITEM, "solution": "The lighthouse of Varnek Isle was built by the mason Edda Korr in 1874."})
+        except VerificationFailed as e:
+            print(f"a contradicting solution with the same typed answer: refused ({e})")
         plain = lib.answer(ITEM["question"], graft=False, max_new_tokens=16)
         print(f"\nwithout graft: {plain.answer!r}")
         r = lib.answer("Which engineer built the Varnek Isle lighthouse?", check=True, compare=True, max_new_tokens=16)

@@ -37,9 +37,12 @@ MUTATIONS = (
     Mutation(
         "exact from the tier label (verify.check)",
         "graft_core/verify.py",
-        'exact=(tier == "exact" and f_sha == g_sha and torch.equal(f_rows, g_rows)),',
+        "exact=(f_sha == g_sha and torch.equal(f_rows, g_rows)),",
         'exact=(tier == "exact"),',
-        (_PROOF + "test_the_exactness_check_is_decided_by_bytes_not_by_the_tier",),
+        (
+            _PROOF + "test_the_exactness_check_is_decided_by_bytes_not_by_the_tier",
+            "tests/test_engine.py::test_relocation_stays_under_its_measured_bound_and_is_never_called_exact",
+        ),
     ),
     Mutation(
         "exact taken without comparing the served rows (proof.full_check)",
@@ -96,6 +99,20 @@ MUTATIONS = (
         "passed = observed == leaf.probe_sha256",
         "passed = True",
         (_WRONG_CACHE,),
+    ),
+    Mutation(
+        "gate that skips the graft (services/gate.graft_run)",
+        "services/gate.py",
+        'return _run(lm, chain, "graft", (question, solution, verifier, reference), prefill=0)',
+        'return _run(lm, [], "graft", (question, solution, verifier, reference), prefill=0)',
+        ("tests/test_gate.py::test_the_gate_record_replays_token_for_token",),
+    ),
+    Mutation(
+        "import that skips re-tokenising (services/reverify)",
+        "services/reverify.py",
+        '_retokenise(lib, a["id"], srcs[a["id"]]["text"], chain[-1])',
+        "pass",
+        ("tests/test_gate.py::test_import_refuses_source_text_that_does_not_tokenise_to_the_artifact",),
     ),
 )
 

@@ -40,7 +40,7 @@ class AnswerPipeline:
             tokens=row.end_pos,
             kind=row.kind,
             verifier=last.verifier if last else "none",
-            verdict=last.verdict if last else "unverified",
+            verdict=last.label if last else "unverified",
             relevant=rel.relevant,
             reason=rel.reason,
         )
@@ -165,7 +165,7 @@ class AnswerPipeline:
         with self._lock:
             lm = self.lm
             t0 = time.perf_counter()
-            chain = [self.load_artifact(i) for i in chain_ids]
+            chain = self.graftable(chain_ids)  # probe-checked on first restore; quarantined ones refuse
             read_s = time.perf_counter() - t0
             base = generate.baseline(lm, chain, question, max_new_tokens, raw) if (compare and chain) else None
             ans = generate.answer(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from db.blobs import sha256_bytes
-from errors import IncompatibleArtifact, IntegrityError
+from errors import IncompatibleArtifact, IntegrityError, KvgraftError
 from graft_core import codec
 from graft_core.artifact import text_sha256
 from graft_core.capture import capture
@@ -38,6 +38,8 @@ class RebuildReport:
     rebuilt_id: str
     bytes: int
     prefill_s: float
+    probe_ok: bool | None = None  # the stored artifact's probe check on its restored state (None: no blob)
+    probe_detail: str = ""  # why the probe failed (the artifact is then quarantined)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -60,9 +62,15 @@ def rebuild_verify(lib: Library, artifact_id: str) -> RebuildReport:
     data = codec.dumps(art)
     blob_sha = lib._blobs.actual_sha256(row.content_sha256)
     rebuilt = sha256_bytes(data)
+    why = lib.probe_check(row.id, force=True) if blob_sha == row.content_sha256 else "the stored blob is missing or corrupt"
+    if why is None and row.quarantine:  # the stored state passes its probe again: release it
+        lib._catalog.set_quarantine(row.id, None)
+    probe_ok = why is None
     return RebuildReport(
         id=row.id,
-        equal=rebuilt == row.content_sha256 and blob_sha == row.content_sha256 and art.key == row.id,
+        probe_ok=probe_ok,
+        probe_detail=why or "",
+        equal=probe_ok and rebuilt == row.content_sha256 and blob_sha == row.content_sha256 and art.key == row.id,
         stored_sha256=row.content_sha256,
         blob_sha256=blob_sha,
         rebuilt_sha256=rebuilt,
@@ -111,6 +119,15 @@ class Repaired:
 
 
 @dataclass(frozen=True)
+class Quarantined:
+    id: str
+    reason: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class FsckReport:
     artifacts: int
     blobs: int
@@ -122,6 +139,8 @@ class FsckReport:
     repaired: Repaired
     consistent: bool  # nothing left to fix (after repair, when asked)
     advice: tuple[str, ...]
+    quarantined: tuple[Quarantined, ...] = ()  # never grafted until rebuilt (rebuild --verify) or deleted
+    probes_checked: int = 0  # with --deep: artifacts restored and probe-checked now
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -129,6 +148,7 @@ class FsckReport:
             missing=[m.to_json() for m in self.missing],
             corrupt=[c.to_json() for c in self.corrupt],
             index=self.index.to_json(),
+            quarantined=[q.to_json() for q in self.quarantined],
             repaired={k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.repaired).items()},
         )
         d["counts"] = {
@@ -136,6 +156,7 @@ class FsckReport:
             "orphans": len(self.orphans),
             "corrupt": len(self.corrupt),
             "partials": len(self.partials),
+            "quarantined": len(self.quarantined),
         }
         return d
 
@@ -162,9 +183,25 @@ def _older_than(p: Path, grace_s: float) -> bool:
         return False
 
 
-def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S) -> FsckReport:
+def _deep(lib: Library, rows: list, bad: set[str]) -> int:
+    """Probe-check every artifact whose blob is sound (a mismatch quarantines it); returns how many ran."""
+    n = 0
+    for r in sorted(rows, key=lambda r: (r.depth, r.id)):
+        if r.content_sha256 in bad or r.quarantine:
+            continue
+        try:
+            lib.probe_check(r.id, force=True)
+        except KvgraftError:  # a parent that is missing, corrupt or quarantined: reported on its own row
+            continue
+        n += 1
+    return n
+
+
+def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S, deep: bool = False) -> FsckReport:
     """Compare catalog, blobs and index. `repair` removes orphan blobs and partial files older than
-    `grace_s` and rebuilds the index; it never removes a blob a catalog row refers to."""
+    `grace_s` and rebuilds the index; it never removes a blob a catalog row refers to. `deep` also
+    restores each artifact and checks its probe hash (a mismatch quarantines it). Quarantined
+    artifacts are listed and make the store not consistent."""
     rows = lib._catalog.list_artifacts(limit=max(lib._catalog.count_artifacts(), 1))
     on_disk = set(lib._blobs)
     referenced: dict[str, list[str]] = {}
@@ -178,6 +215,8 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S) ->
         actual = lib._blobs.actual_sha256(digest)
         if actual != digest:
             corrupt += [BlobProblem(i, digest, actual) for i in sorted(ids)]
+    probes = _deep(lib, rows, {p.content_sha256 for p in missing + corrupt}) if deep else 0
+    quarantined = tuple(Quarantined(r.id, r.quarantine or "") for r in lib._catalog.quarantined())
     orphans = sorted(on_disk - set(referenced))
     partials = sorted(lib._blobs.partials()) + sorted(lib.home.glob(".import-*"))  # interrupted writes and imports
     index = _index_status(lib)
@@ -214,7 +253,14 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S) ->
         )
     if index.status != "ok" and not rebuilt:
         advice.append("run `cli.py fsck --repair` to rebuild the index from the catalog")
-    consistent = not (missing or corrupt or left_orphans or left_partials or (index.status != "ok" and not rebuilt))
+    if quarantined:
+        advice.append(
+            "quarantined artifacts are never grafted: run `cli.py rebuild --verify ID` to check a recompute "
+            "(it releases an artifact whose probe passes again) or `cli.py delete ID`"
+        )
+    consistent = not (
+        missing or corrupt or left_orphans or left_partials or quarantined or (index.status != "ok" and not rebuilt)
+    )
     return FsckReport(
         artifacts=len(rows),
         blobs=len(on_disk),
@@ -226,4 +272,6 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S) ->
         repaired=Repaired(tuple(removed_orphans), tuple(removed_partials), rebuilt),
         consistent=consistent,
         advice=tuple(advice),
+        quarantined=quarantined,
+        probes_checked=probes,
     )

@@ -1,11 +1,13 @@
-"""The deposit pipeline of a Library: bound, gate (verifier or admin attestation), name the artifact
-before any work, prefill, then write the blob and every catalog row in one transaction. Also `compose`,
-which deposits retrieved items as one exact chain.
+"""The deposit pipeline of a Library: bound, name the artifact before any work, prefill, gate (the
+model answers the item's question with the new artifact grafted and the verifier accepts that answer;
+or an admin attests), then write the blob and every catalog row in one transaction. A refusal leaves
+nothing but its recorded verification row. Also `compose`, which deposits retrieved items as one exact chain.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -13,13 +15,15 @@ import verifiers
 from db.rows import ArtifactRow, SourceRow, VerificationRow
 from errors import ArtifactNotFound, InputTooLong, InvalidInput, VerificationFailed
 from graft_core import codec, templates
-from graft_core.artifact import artifact_key, text_sha256
+from graft_core.artifact import KVArtifact, artifact_key, text_sha256
 from graft_core.capture import capture
 
+from . import gate
 from .limits import MAX_TEXT_CHARS, bounded
 from .results import Deposited
 
 Progress = Callable[[float, str], None]
+Gate = Callable[[list[KVArtifact]], tuple[VerificationRow, float, int]]  # chain -> (row, seconds, tokens)
 
 
 class DepositPipeline:
@@ -35,9 +39,12 @@ class DepositPipeline:
         verification: VerificationRow | None,
         embed_text: str,
         on_progress: Progress | None = None,
+        gate_check: Gate | None = None,
+        gate_cost: tuple[float, int] = (0.0, 0),
     ) -> Deposited:
-        """Tokenise, name (before any work), prefill, write the blob and the catalog rows in one
-        transaction. `item` is the source's (question, solution, answer), all None for free text."""
+        """Tokenise, name (before any work), prefill, run `gate_check` on the chain with the new artifact
+        grafted (it raises to refuse; nothing has been written yet), then write the blob and the catalog
+        rows in one transaction. `item` is the source's (question, solution, answer), None for free text."""
         progress = on_progress or (lambda f, m: None)
         lm = self.lm
         parent_row = self._catalog.get(parent) if parent else None
@@ -55,10 +62,15 @@ class DepositPipeline:
         except ArtifactNotFound:
             pass
         progress(0.1, f"prefilling {len(token_ids)} tokens")
+        gate_s, gate_tokens = gate_cost
         with self._lock:
             parents = self.load_chain(parent_row.id)[0] if parent_row else []
             art, stats = capture(lm, token_ids, parents=parents, text_sha256=text_sha256(text))
-        assert art.key == key, "capture must name the artifact exactly as artifact_key() predicted"
+            assert art.key == key, "capture must name the artifact exactly as artifact_key() predicted"
+            if gate_check is not None:  # before the blob write and the catalog transaction
+                progress(0.5, "gate: answering the question with the new artifact grafted")
+                verification, seconds, tokens = gate_check([*parents, art])
+                gate_s, gate_tokens = gate_s + seconds, gate_tokens + tokens
         data = codec.dumps(art)
         progress(0.8, "embedding and recording")
         vec = self.embedder.embed(embed_text)
@@ -72,16 +84,21 @@ class DepositPipeline:
             title=title[:200],
             parent_id=parent_row.id if parent_row else None,
             bytes=len(data),
+            probe_sha256=art.probe_sha256,
         )
         question, solution, answer = item
         src = SourceRow(artifact_id=key, text=text, question=question, solution=solution, answer=answer)
         emb = (self.embedder.embedder_id, np.asarray(vec, dtype="<f4").tobytes(), int(vec.shape[0]), text_sha256(embed_text))
         row = self._catalog.add_deposit(row, src, verification, emb, lambda: self._blobs.put(data))
         progress(1.0, "deposited")
-        return self._deposited(row, prefill_s=stats.prefill_s, created=True)
+        self._probed[row.content_sha256] = True  # the probe hash was just computed on the live cache
+        return self._deposited(row, prefill_s=stats.prefill_s, created=True, gate_s=gate_s, gate_tokens=gate_tokens)
 
-    def _deposited(self, row: ArtifactRow, prefill_s: float, created: bool) -> Deposited:
+    def _deposited(
+        self, row: ArtifactRow, prefill_s: float, created: bool, gate_s: float = 0.0, gate_tokens: int = 0
+    ) -> Deposited:
         passed = [v for v in self._catalog.verifications(row.id) if v.verdict == "pass"]
+        last = passed[-1] if passed else None
         return Deposited(
             id=row.id,
             content_sha256=row.content_sha256,
@@ -92,9 +109,13 @@ class DepositPipeline:
             kind=row.kind,
             title=row.title,
             parent=row.parent_id,
-            verified=bool(passed),
-            verifier=passed[-1].verifier if passed else "none",
+            verified=bool(last and last.counts_as_verified),
+            verifier=last.verifier if last else "none",
             created=created,
+            provenance=last.label if last else "unverified",
+            gate_s=gate_s,
+            gate_tokens=gate_tokens,
+            prefill_tokens=row.tokens if created else 0,
         )
 
     def deposit_text(
@@ -122,6 +143,7 @@ class DepositPipeline:
                 verdict="pass",
                 reference=attested_by,
                 detail=verdict.detail,
+                provenance="attested",
             )
             kind = "attested"
         title = title or text.strip().splitlines()[0][:80]
@@ -133,7 +155,7 @@ class DepositPipeline:
         self,
         question: str,
         solution: str,
-        answer: str,
+        answer: str | None,
         verifier: str,
         reference: str,
         parent: str | None = None,
@@ -141,31 +163,108 @@ class DepositPipeline:
         admin: bool = False,
         on_progress: Progress | None = None,
     ) -> Deposited:
-        """A verified item: the verifier runs before any prefill; a refusal is recorded and raised."""
-        item = verifiers.VerifiedItem(question=question, solution=solution, answer=answer, verifier=verifier, reference=reference)
-        if verifier == "attested" and not admin:
-            raise VerificationFailed(
-                "the 'attested' verifier is for admins only; use exact, numeric or sympy, or pass the admin token"
-            )
-        verdict = verifiers.check(item)
-        vrow = VerificationRow(
-            artifact_id=None,
-            item_sha256=verifiers.item_sha256(item),
-            verifier=verifier,
-            verdict="pass" if verdict.ok else "refused",
-            reference=reference,
-            detail=verdict.detail,
+        """A verified item, accepted only through the gate: `answer` (optional) is a cheap pre-check
+        before any prefill; then the model answers `question` with the solution grafted alone and with
+        the new artifact grafted, and the verifier must accept both generated answers against
+        `reference`. A refusal is recorded (verdict refused) and raised; nothing else is stored."""
+        if verifier == "attested":
+            if not admin:
+                raise VerificationFailed(
+                    "the 'attested' verifier is for admins only; use exact, numeric or sympy, or pass the admin token"
+                )
+            return self._deposit_attested_item(question, solution, answer, reference, parent, title, on_progress)
+        given = (answer or "").strip()
+        item = verifiers.VerifiedItem(
+            question=question, solution=solution, answer=given or reference, verifier=verifier, reference=reference
         )
-        if not verdict.ok:
-            self._catalog.record_refusal(vrow)
-            raise VerificationFailed(f"refused, nothing deposited: {verdict.detail}")
-        text = templates.item_text(question, solution, answer)
-        kind = "attested" if verifier == "attested" else "verified"
+        item_sha = verifiers.item_sha256(item)
+        if given:  # the cheap pre-check: refuse a wrong typed answer before any prefill
+            verdict = verifiers.check(item)
+            if not verdict.ok:
+                self._catalog.record_refusal(
+                    VerificationRow(
+                        None, item_sha, verifier, "refused", reference, f"pre-check: {verdict.detail}", provenance="verified"
+                    )
+                )
+                raise VerificationFailed(f"refused, nothing deposited: {verdict.detail}")
+            found = self._existing(templates.item_text(question, solution, given), parent)
+            if found is not None:
+                return found
+        else:
+            verifiers.check(item)  # validates every field and the verifier's name (the reference against itself)
+        progress = on_progress or (lambda f, m: None)
+        progress(0.05, "gate: answering the question with the solution grafted")
+        with self._lock:
+            fact = gate.fact_run(self.lm, question, solution, verifier, reference)
+        if not fact.ok:
+            self._catalog.record_refusal(gate.record(fact, item_sha, verifier, reference))
+            raise VerificationFailed(fact.refusal(reference))
+
+        def gate_check(chain: list[KVArtifact]) -> tuple[VerificationRow, float, int]:
+            run = gate.graft_run(self.lm, chain, question, solution, verifier, reference)
+            if not run.ok:
+                self._catalog.record_refusal(gate.record(run, item_sha, verifier, reference))
+                raise VerificationFailed(run.refusal(reference))
+            detail = f"with the solution grafted the model answered {fact.generated!r}; with the artifact grafted {run.generated!r}; {run.detail}"
+            return gate.record(run, item_sha, verifier, reference, detail=detail), run.seconds, run.tokens
+
+        text = templates.item_text(question, solution, given or fact.answer)
         return self._deposit(
             text,
             parent,
             title or question[:80],
-            kind,
+            "verified",
+            (question, solution, given or fact.answer),
+            None,
+            embed_text=question,
+            on_progress=on_progress,
+            gate_check=gate_check,
+            gate_cost=(fact.seconds, fact.tokens),
+        )
+
+    def _existing(self, text: str, parent: str | None) -> Deposited | None:
+        """The deposit of exactly this text after this parent, if it is already stored (costs no model run)."""
+        parent_row = self._catalog.get(parent) if parent else None
+        token_ids = self.lm.tokenizer(text, add_special_tokens=parent_row is None)["input_ids"]
+        try:
+            row = self._catalog.get(artifact_key(self.lm.fingerprint, parent_row.id if parent_row else "", token_ids))
+        except ArtifactNotFound:
+            return None
+        return self._deposited(row, prefill_s=0.0, created=False)
+
+    def _deposit_attested_item(
+        self,
+        question: str,
+        solution: str,
+        answer: str | None,
+        reference: str,
+        parent: str | None,
+        title: str,
+        on_progress: Progress | None,
+    ) -> Deposited:
+        """An admin's attested item: no behavioural gate, labelled "attested" everywhere, never "verified"."""
+        item = verifiers.VerifiedItem(
+            question=question, solution=solution, answer=answer or "", verifier="attested", reference=reference
+        )
+        verdict = verifiers.check(item)
+        vrow = VerificationRow(
+            None,
+            verifiers.item_sha256(item),
+            "attested",
+            "pass" if verdict.ok else "refused",
+            reference,
+            verdict.detail,
+            provenance="attested",
+        )
+        if not verdict.ok:
+            self._catalog.record_refusal(vrow)
+            raise VerificationFailed(f"refused, nothing deposited: {verdict.detail}")
+        text = templates.item_text(question, solution, answer or "")
+        return self._deposit(
+            text,
+            parent,
+            title or question[:80],
+            "attested",
             (question, solution, answer),
             vrow,
             embed_text=question,
@@ -192,16 +291,8 @@ class DepositPipeline:
                 on_progress(i / max(1, len(todo)), f"composing {i + 1}/{len(todo)}")
             passed = [v for v in self._catalog.verifications(node.id) if v.verdict == "pass"]
             v = passed[-1] if passed else None
-            vrow = None
-            if v is not None:
-                vrow = VerificationRow(
-                    artifact_id=None,
-                    item_sha256=v.item_sha256,
-                    verifier=v.verifier,
-                    verdict="pass",
-                    reference=v.reference,
-                    detail=v.detail,
-                )
+            # the same item text after another parent: its gate record travels with it, saying where it ran
+            vrow = None if v is None else replace(v, artifact_id=None, id=None, detail=f"composed from {node.id}: {v.detail}")
             item = (src.question, src.solution, src.answer)
             d = self._deposit(src.text, leaf.id, node.title, node.kind, item, vrow, embed_text=src.question or src.text)
             leaf = self._catalog.get(d.id)

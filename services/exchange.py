@@ -22,6 +22,8 @@ from files import sha256_file
 from graft_core import codec
 from graft_core.artifact import FORMAT
 
+from .reverify import reverify
+
 if TYPE_CHECKING:
     from .library import Library
 
@@ -118,6 +120,10 @@ class ImportReport:
     blobs_written: int  # new blobs, and missing or corrupt ones restored from the bundle
     model_fingerprints: tuple[str, ...]
     model_checked: bool  # True when the fingerprints were compared with a loaded model
+    replayed: int = 0  # verifications replayed here (graft, generate, verifier) and passed
+    not_reverified: int = 0  # verifications kept labelled "imported, not re-verified"
+    probes_checked: int = 0  # artifacts whose probe hash was checked on the restored state
+    embeddings_recomputed: int = 0  # the bundle's embeddings are never copied
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -206,12 +212,19 @@ def _verify_staged(staged: dict[str, Path]) -> tuple[dict, dict, dict[str, Path]
 
 
 def import_bundle(
-    lib: Library, path: str | Path, limits: bundles.Limits = bundles.Limits(), check_model: bool = True
+    lib: Library,
+    path: str | Path,
+    limits: bundles.Limits = bundles.Limits(),
+    check_model: bool = True,
+    trust_verdicts: bool = False,
 ) -> ImportReport:
     """Check every member, hash and fingerprint of the bundle at `path`, then add it to the store.
 
     Members are staged in a temporary folder inside the home, removed afterwards whatever happens.
-    With `check_model` the library's model is loaded and every artifact must be its own."""
+    With `check_model` the library's model is loaded, every artifact must be its own, its source text
+    must re-tokenise to its token ids, its probe must pass, and each verification is replayed unless
+    `trust_verdicts` (admin): then, as without `check_model`, rows are labelled "imported, not re-verified".
+    Embeddings are always recomputed here."""
     staging = Path(tempfile.mkdtemp(prefix=".import-", dir=lib.home))
     try:
         staged = bundles.stage(path, staging, limits)
@@ -223,6 +236,8 @@ def import_bundle(
                     f"artifact {e['id']} was made by model {e['model_fingerprint'][:16]}, this store's model is "
                     f"{expected[:16]}; import it into a store running that model (--model), nothing was imported"
                 )
+        checked = reverify(lib, rows, blobs, use_model=check_model, trust_verdicts=trust_verdicts)
+        rows = checked.rows
         written = []
         try:
             for digest, staged_file in sorted(blobs.items()):
@@ -251,4 +266,8 @@ def import_bundle(
         blobs_written=len(written),
         model_fingerprints=tuple(manifest.get("model_fingerprints") or ()),
         model_checked=expected is not None,
+        replayed=checked.replayed,
+        not_reverified=checked.labelled,
+        probes_checked=checked.probes_checked,
+        embeddings_recomputed=len(rows["embeddings"]),
     )

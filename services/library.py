@@ -18,10 +18,11 @@ from db.blobs import BlobStore
 from db.catalog import Catalog
 from db.queries import library_rows
 from db.rows import LedgerRow
-from errors import KvgraftError
+from errors import IntegrityError, KvgraftError
 from graft_core import codec
 from graft_core import model as model_mod
 from graft_core.artifact import KVArtifact
+from graft_core.capture import probe_mismatch
 from retrieval import VectorIndex
 from retrieval.embedder import Embedder, SentenceEmbedder
 
@@ -31,6 +32,13 @@ from .index import IndexPipeline
 from .results import LibraryEntry, ShowReport, StoreStats
 from .solve import SolvePipeline
 from .verify import VerifyPipeline
+
+
+def quarantine_message(artifact_id: str, reason: str) -> str:
+    return (
+        f"artifact {artifact_id} is quarantined ({reason}); it is never grafted. Run `cli.py rebuild --verify "
+        f"{artifact_id}` to see what a recompute gives, or `cli.py delete {artifact_id}`"
+    )
 
 
 def default_home() -> Path:
@@ -71,6 +79,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         self._index: VectorIndex | None = None
         self._lock = threading.RLock()
         self._index_lock = threading.Lock()
+        self._probed: dict[str, bool] = {}  # content hash -> probe checked in this process
 
     def close(self) -> None:
         """Release the catalog's connections (the library is unusable afterwards)."""
@@ -98,13 +107,42 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
 
     # ---- reading artifacts -------------------------------------------------------------------
 
-    def load_artifact(self, artifact_id: str) -> KVArtifact:
-        """Read, hash-check and decode one artifact (IntegrityError on any mismatch)."""
+    def load_artifact(self, artifact_id: str, quarantined_too: bool = False) -> KVArtifact:
+        """Read, hash-check and decode one artifact (IntegrityError on any mismatch, and on a quarantined
+        artifact unless `quarantined_too`: only the probe check reads those)."""
         row = self._catalog.get(artifact_id)
+        if row.quarantine and not quarantined_too:
+            raise IntegrityError(quarantine_message(row.id, row.quarantine))
         art = codec.loads(self._blobs.get(row.content_sha256))
         if art.key != row.id:
             raise KvgraftError(f"artifact file for {row.id} holds {art.key}: the catalog and the blob store disagree; run fsck")
         return art
+
+    def probe_check(self, artifact_id: str, force: bool = False) -> str | None:
+        """Restore the artifact's chain and check its probe hash (once per content hash in this process
+        unless `force`). A mismatch quarantines the artifact and is returned as the reason; None: passed."""
+        row = self._catalog.get(artifact_id)
+        if self._probed.get(row.content_sha256) and not force:
+            return None
+        with self._lock:
+            chain = [self.load_artifact(r.id, quarantined_too=r.id == row.id) for r in self._catalog.chain(row.id)]
+            why = probe_mismatch(self.lm, chain, row.probe_sha256)
+        if why is not None:
+            self._catalog.set_quarantine(row.id, f"probe check failed: {why}")
+            self._probed.pop(row.content_sha256, None)
+            return why
+        self._probed[row.content_sha256] = True
+        return None
+
+    def graftable(self, ids: list[str]) -> list[KVArtifact]:
+        """Load `ids` for grafting; each artifact's probe is checked on its first restore in this process
+        and a mismatch quarantines it and raises IntegrityError (nothing is grafted)."""
+        arts = [self.load_artifact(i) for i in ids]
+        for i in ids:
+            why = self.probe_check(i)
+            if why is not None:
+                raise IntegrityError(quarantine_message(i, f"probe check failed: {why}"))
+        return arts
 
     def load_chain(self, artifact_id: str) -> tuple[list[KVArtifact], float]:
         t0 = time.perf_counter()

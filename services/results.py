@@ -58,9 +58,13 @@ class Deposited:
     kind: str
     title: str
     parent: str | None
-    verified: bool
+    verified: bool  # the gate ran here and its record holds (graft, generate, verifier)
     verifier: str
     created: bool  # False when the same deposit already existed (nothing was computed)
+    provenance: str = "unverified"  # verified | attested | imported, not re-verified | not verified | unverified
+    gate_s: float = 0.0  # seconds the deposit gate took (fact run + graft run); 0 without a gate
+    gate_tokens: int = 0  # tokens the gate computed: scratch prefill + prompts + generated tokens
+    prefill_tokens: int = 0  # tokens the deposit's own prefill computed (0 when it already existed)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -171,7 +175,7 @@ class LibraryEntry:
         return cls(listed.row, listed.verifier, listed.verdict)
 
     def to_json(self) -> dict:
-        return row_json(self.row)
+        return row_json(self.row) | {"verifier": self.verifier, "verification": self.verdict}
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,17 @@ class ShowReport:
         return {
             "artifact": row_json(self.artifact),
             "source": asdict(self.source),
-            "verifications": [{**asdict(v), "created_at": v.created_at.isoformat()} for v in self.verifications],
+            "verifications": [
+                {
+                    **asdict(v),
+                    "created_at": v.created_at.isoformat(),
+                    "label": v.label,
+                    "counts_as_verified": v.counts_as_verified,
+                }
+                for v in self.verifications
+            ],
+            "verified": bool(self.verifications) and self.verifications[-1].counts_as_verified,
+            "provenance": self.verifications[-1].label if self.verifications else "unverified",
             "chain": list(self.chain),
             "children": list(self.children),
             "blob_present": self.blob_present,

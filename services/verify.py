@@ -33,7 +33,7 @@ class VerifyPipeline:
         """Draw `samples` (artifact, query) pairs from the store and check graft vs fresh on each."""
         if not 1 <= samples <= 1000:
             raise InvalidInput(f"samples must be between 1 and 1000, got {samples}")
-        rows = self._catalog.list_artifacts(limit=10_000)
+        rows = [r for r in self._catalog.list_artifacts(limit=10_000) if not r.quarantine]
         if not rows:
             raise ArtifactNotFound("the store is empty: deposit something first (cli.py deposit --text-file F)")
         rng = random.Random(seed)

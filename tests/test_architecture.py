@@ -64,7 +64,7 @@ def test_library_table_is_one_query_with_the_latest_verification(lib):
     three = _selects(lib, lambda: lib.entries())
     assert one == three == 1
     got = {e.row.id: (e.verifier, e.verdict) for e in lib.entries()}
-    assert got == {item.id: ("exact", "pass"), text.id: ("none", "unverified"), attested.id: ("attested", "pass")}
+    assert got == {item.id: ("exact", "verified"), text.id: ("none", "unverified"), attested.id: ("attested", "attested")}
     assert [e.row.id for e in lib.entries(query="spire")] == [text.id]
     assert [e.row.id for e in lib.entries(kind="verified")] == [item.id]
 
@@ -84,7 +84,7 @@ def test_results_are_typed_and_serialise_once(lib):
         "tokens": d.tokens,
         "kind": "verified",
         "verifier": "exact",
-        "verdict": "pass",
+        "verdict": "verified",  # the record's label: the gate ran here and its token ids hash as recorded
         "relevant": True,
         "reason": "the question has every distinctive term of the item (varnek)",
     }

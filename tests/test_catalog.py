@@ -17,7 +17,7 @@ from sqlalchemy import exc as sa_exc
 from db import engine as dbengine
 from db import migrations, schema
 from db.blobs import BlobStore
-from db.catalog import Catalog, Retention
+from db.catalog import Catalog, Retention, _verification
 from db.rows import ArtifactRow, LedgerRow, LedgerTotals, SourceRow, VerificationRow
 from errors import ArtifactNotFound, IntegrityError, InvalidInput, KvgraftError
 
@@ -132,7 +132,7 @@ def ledger_row(**kw) -> LedgerRow:
 
 # -- migrations and connection --------------------------------------------------------------------
 
-ALL_STEPS = ["m001_initial", "m002_ledger_bounds"]
+ALL_STEPS = ["m001_initial", "m002_ledger_bounds", "m003_verification_record"]
 
 
 def test_migrations_are_idempotent_and_match_schema(url, home):
@@ -525,6 +525,28 @@ def test_m002_bounds_questions_already_in_the_ledger(url, home, monkeypatch):
         (row,) = cat.ledger()
         assert row.query == "Q" * 500 and row.query_chars == 1_500 and row.query_sha256 == sha("Q" * 1_500)
         assert "ix_ledger_created_at" in {i["name"] for i in sa.inspect(cat._engine).get_indexes("ledger")}
+
+
+def test_m003_labels_rows_written_before_the_gate_as_not_gated(url, home, monkeypatch):
+    monkeypatch.setattr(migrations, "STEPS", migrations.STEPS[:2])
+    old = Catalog.open(url, home, retention=Retention())
+    with dbengine.write(old._engine) as conn:
+        for verifier in ("exact", "attested"):
+            conn.execute(
+                sa.insert(schema.verifications).values(
+                    artifact_id=None, item_sha256="a" * 64, verifier=verifier, verdict="pass", detail="", created_at=sa.func.now()
+                )
+            )
+    old.close()
+    monkeypatch.undo()
+    with Catalog.open(url, home) as cat:
+        assert migrations.applied(cat._engine) == ALL_STEPS
+        with dbengine.read(cat._engine) as conn:
+            rows = [_verification(m) for m in conn.execute(sa.select(schema.verifications).order_by(schema.verifications.c.id))]
+    assert [(v.provenance, v.label, v.counts_as_verified) for v in rows] == [
+        ("not gated", "not verified", False),
+        ("attested", "attested", False),
+    ]
 
 
 # -- portable rows --------------------------------------------------------------------------------

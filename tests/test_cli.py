@@ -117,7 +117,8 @@ def test_rebuild_verify_exit_codes(run, lib, chain):
 def test_fsck_exit_codes_and_repair(run, lib, chain):
     lib.index()
     code, out, _ = run("fsck")
-    assert code == 0 and out["consistent"] and out["counts"] == {"missing": 0, "orphans": 0, "corrupt": 0, "partials": 0}
+    assert code == 0 and out["consistent"]
+    assert out["counts"] == {"missing": 0, "orphans": 0, "corrupt": 0, "partials": 0, "quarantined": 0}
     assert out["index"]["status"] == "ok" and out["artifacts"] == 2 and out["blobs"] == 2
     orphan = lib._blobs.put(b"stray bytes")
     os.utime(lib._blobs.path(orphan), (0, 0))  # old enough not to be a deposit in flight
@@ -163,6 +164,15 @@ def test_deposit_json_is_the_web_object(run, chain, lib, tmp_path):
     assert code == 0 and out["created"] and out["title"] == "arches" and out["parent"] == root.id
     again = lib.deposit_text("The Ivory Span has nine arches.", parent=root.id, title="arches").to_json()
     assert list(out) == list(again)  # same fields, same order
-    assert {k: v for k, v in out.items() if k not in ("created", "prefill_s")} == {
-        k: v for k, v in again.items() if k not in ("created", "prefill_s")
-    }
+    computed = ("created", "prefill_s", "prefill_tokens")  # what the second call did not have to compute
+    assert {k: v for k, v in out.items() if k not in computed} == {k: v for k, v in again.items() if k not in computed}
+    assert out["prefill_tokens"] == out["tokens"] and again["prefill_tokens"] == 0
+
+
+@pytest.mark.real_gate
+def test_a_refused_deposit_exits_non_zero_with_one_line(run, lib):
+    q, s, a = "Who built the Varnek lighthouse?", "The Varnek lighthouse was built by Osric Pellamy.", "Osric Pellamy"
+    code, out, err = run("deposit", "--question", q, "--solution", s, "--verifier", "exact", "--reference", a)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "with the graft; the reference is 'Osric Pellamy'; nothing deposited")
+    assert lib.count() == 0

@@ -78,9 +78,15 @@ def test_relocation_stays_under_its_measured_bound_and_is_never_called_exact(kin
     for offset in (1, 37, 300):
         r = verify.check_relocated(lm, art, q, offset=offset)
         assert r.tier == "relocated" and r.offset == offset and r.rows == len(q) + r.decode_steps
-        assert r.exact is False  # labelled approximate whatever it measures
+        assert r.exact == (r.fresh_sha256 == r.grafted_sha256)  # measured from the bytes, the tier is only a label
         assert r.max_abs_diff <= RELOCATION_BOUND[kind], f"offset {offset}: max |diff| {r.max_abs_diff}"
         assert r.kl <= 1e-10 and r.argmax_agreement == 1.0 and r.tokens_equal, r
+    # offset 0 is the artifact's own position: the relocated path must be byte-equal there
+    zero = verify.check_relocated(lm, art, q, offset=0)
+    assert zero.tier == "relocated" and zero.exact and zero.fresh_sha256 == zero.grafted_sha256, zero.max_abs_diff
+    # the measured divergence is real: re-rotation under float32 RoPE changes the bytes
+    far = verify.check_relocated(lm, art, q, offset=300)
+    assert far.fresh_sha256 != far.grafted_sha256 and not far.exact
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5], ids=["1", "2", "window-1", "window", "window+1"])

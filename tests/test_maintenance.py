@@ -259,7 +259,7 @@ def test_fsck_reports_and_repairs_without_touching_referenced_blobs(lib, chain):
     r = maintenance.fsck(lib)
     d = r.to_json()
     assert not r.consistent
-    assert d["counts"] == {"missing": 1, "orphans": 1, "corrupt": 1, "partials": 1}
+    assert d["counts"] == {"missing": 1, "orphans": 1, "corrupt": 1, "partials": 1, "quarantined": 0}
     assert r.missing[0].id == root.id and r.corrupt[0].id == child.id and r.orphans == (orphan,)
     assert r.index.status == "missing"
     young = maintenance.fsck(lib, repair=True)  # default grace: too young, maybe a deposit in flight

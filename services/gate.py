@@ -1,0 +1,141 @@
+"""The deposit gate: a verified item is accepted only when the model, with the item grafted, answers
+its question and the verifier accepts that generated answer against the reference.
+
+Two runs, both through `generate.answer` with the template and greedy decoding of `ask`: the *fact
+run* grafts the item's solution alone (a scratch artifact, never stored) so that an answer the
+depositor typed cannot be copied back, and the *graft run* grafts the new artifact at its own
+position and records the question and generated token ids that make the verdict replayable. This
+module knows nothing about the catalog: it returns `GateRun`s and the pipelines record them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import verifiers
+from db.rows import VerificationRow, token_ids_sha256
+from errors import InvalidInput
+from graft_core import generate, templates
+from graft_core.artifact import KVArtifact
+from graft_core.capture import capture
+from graft_core.model import LoadedModel
+
+GATE_MAX_NEW_TOKENS = 24  # an item's answer is short; the decode stops at the template's newline before this
+
+
+@dataclass(frozen=True)
+class GateRun:
+    """One gate run: what was asked and generated with the graft, and the verifier's verdict on it."""
+
+    run: str  # "fact" (the solution alone grafted) | "graft" (the new artifact grafted)
+    question_ids: tuple[int, ...]
+    generated_ids: tuple[int, ...]
+    answer: str  # the generated answer cut at the template's end of answer (fact run: the accepted span)
+    ok: bool
+    detail: str
+    seconds: float
+    prefill_tokens: int  # tokens the run prefilled (the scratch fact artifact; 0 for the graft run)
+    generated: str = ""  # the whole generated answer as decoded and cut
+
+    @property
+    def tokens(self) -> int:
+        """Every token this run computed: prefill + prompt + generated."""
+        return self.prefill_tokens + len(self.question_ids) + len(self.generated_ids)
+
+    def refusal(self, reference: str) -> str:
+        """The one line a refused deposit shows."""
+        return f"the model answered {(self.generated or self.answer)!r} with the graft; the reference is {reference!r}; nothing deposited"
+
+
+def judge(answer: str, question: str, solution: str, verifier: str, reference: str) -> verifiers.Verdict:
+    """The item's verifier on a generated answer (an empty generation is refused, not an input error)."""
+    if not answer.strip():
+        return verifiers.Verdict(ok=False, verifier=verifier, detail="the model generated no answer")
+    item = verifiers.VerifiedItem(question=question, solution=solution, answer=answer, verifier=verifier, reference=reference)
+    return verifiers.check(item)
+
+
+def _spans(answer: str, width: int) -> list[str]:
+    """Contiguous runs of at most `width` words of `answer`, shortest first, trailing punctuation dropped."""
+    words = answer.split()
+    out = []
+    for n in range(1, min(width, len(words)) + 1):
+        for i in range(len(words) - n + 1):
+            span = " ".join(words[i : i + n]).strip(".,;:!?\"'()")
+            if span and span not in out:
+                out.append(span)
+    return out
+
+
+def judge_span(answer: str, question: str, solution: str, verifier: str, reference: str) -> tuple[verifiers.Verdict, str]:
+    """The fact run's verdict: the model, given only the solution, tends to answer in a sentence ("The
+    spire is 212 metres tall."), so the verifier is run on the whole answer and, for exact and numeric,
+    on each run of up to len(reference)+2 words of it; the first accepted span is returned (it becomes
+    the deposited answer when none was typed). Contradicting text never contains an accepted span."""
+    whole = judge(answer, question, solution, verifier, reference)
+    if whole.ok or verifier not in ("exact", "numeric"):
+        return whole, answer.strip()
+    for span in _spans(answer, len(reference.split()) + 2):
+        try:
+            v = judge(span, question, solution, verifier, reference)
+        except InvalidInput:
+            continue
+        if v.ok:
+            return verifiers.Verdict(True, verifier, f"{v.detail} (span of {answer!r})"), span
+    return whole, answer.strip()
+
+
+def _run(lm: LoadedModel, chain: list[KVArtifact], run: str, item: tuple[str, str, str, str], prefill: int) -> GateRun:
+    question, solution, verifier, reference = item
+    t0 = time.perf_counter()
+    ans = generate.answer(lm, chain, question, max_new_tokens=GATE_MAX_NEW_TOKENS)
+    if run == "fact":
+        verdict, answer = judge_span(ans.text, question, solution, verifier, reference)
+    else:
+        verdict, answer = judge(ans.text, question, solution, verifier, reference), ans.text
+    return GateRun(
+        run=run,
+        question_ids=ans.prompt_ids,
+        generated_ids=ans.token_ids,
+        answer=answer,
+        generated=ans.text,
+        ok=verdict.ok,
+        detail=verdict.detail,
+        seconds=time.perf_counter() - t0,
+        prefill_tokens=prefill,
+    )
+
+
+def fact_run(lm: LoadedModel, question: str, solution: str, verifier: str, reference: str) -> GateRun:
+    """Graft the solution alone (`Fact: <solution>`, a scratch artifact) and judge the model's answer."""
+    t0 = time.perf_counter()
+    ids = lm.tokenizer(templates.fact_text(solution))["input_ids"]
+    if len(ids) + 64 > lm.info.max_positions:
+        raise InvalidInput("the solution is too long for the model's context; shorten it")
+    art, _ = capture(lm, list(ids))
+    r = _run(lm, [art], "fact", (question, solution, verifier, reference), prefill=len(ids))
+    return GateRun(**{**r.__dict__, "seconds": time.perf_counter() - t0})
+
+
+def graft_run(lm: LoadedModel, chain: list[KVArtifact], question: str, solution: str, verifier: str, reference: str) -> GateRun:
+    """Graft `chain` (the new artifact last, at its own position) and judge the model's answer."""
+    return _run(lm, chain, "graft", (question, solution, verifier, reference), prefill=0)
+
+
+def record(run: GateRun, item_sha256: str, verifier: str, reference: str, detail: str = "") -> VerificationRow:
+    """The verification row of a gate run (verdict from the run; provenance 'verified')."""
+    return VerificationRow(
+        artifact_id=None,
+        item_sha256=item_sha256,
+        verifier=verifier,
+        verdict="pass" if run.ok else "refused",
+        reference=reference,
+        detail=detail or f"{run.run} run: the model answered {run.generated!r}; {run.detail}",
+        question_token_ids=run.question_ids,
+        question_sha256=token_ids_sha256(run.question_ids),
+        generated_token_ids=run.generated_ids,
+        generated_sha256=token_ids_sha256(run.generated_ids),
+        generated_answer=run.generated,
+        provenance="verified",
+    )

@@ -1,0 +1,174 @@
+"""Issue 10 on the tiny model: the deposit gate grafts and generates, its record replays token for token,
+an edited record is not shown as verified, imports re-tokenise / re-embed / replay, and a probe mismatch
+quarantines. (The tiny model cannot answer, so the gate's verdict is a test double here except where
+a test is marked `real_gate`; tests/test_gate_integration.py runs the real verifiers on the real model.)"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import sqlalchemy as sa
+
+import maintenance
+from db import engine as dbengine
+from db.schema import artifacts, verifications
+from errors import IntegrityError, VerificationFailed
+from graft_core import generate
+from services import gate
+from tests.test_maintenance import files_under, make_lib, read_members, rewrite
+
+Q, S, A = "Who built the Varnek lighthouse?", "The Varnek lighthouse was built by Osric Pellamy.", "Osric Pellamy"
+
+
+@pytest.fixture
+def lib(kvgraft_home, tiny_gemma):
+    return make_lib(kvgraft_home, tiny_gemma)
+
+
+def _sql(lib, stmt):
+    with dbengine.write(lib._catalog._engine) as conn:
+        conn.execute(stmt)
+
+
+@pytest.mark.real_gate
+def test_a_model_that_cannot_answer_is_refused_and_nothing_is_stored(lib):
+    """The real verifiers on a random model: the typed answer passes the pre-check, the model's own
+    answer with the graft does not, so the gate refuses (a gate that skipped the graft would accept)."""
+    with pytest.raises(VerificationFailed) as e:
+        lib.deposit_item(Q, S, A, "exact", A)
+    msg = str(e.value)
+    assert msg.startswith("the model answered ") and msg.endswith(
+        " with the graft; the reference is 'Osric Pellamy'; nothing deposited"
+    )
+    assert lib.count() == 0 and list(lib._blobs) == [] and len(lib.index()) == 0
+    with dbengine.read(lib._catalog._engine) as conn:
+        [row] = conn.execute(sa.select(verifications)).all()
+    assert row.verdict == "refused" and row.artifact_id is None and json.loads(row.generated_token_ids)
+
+
+def test_the_gate_record_replays_token_for_token(lib, tiny_gemma):
+    d = lib.deposit_item(Q, S, None, "exact", A)  # no typed answer: the deposited answer is the model's own
+    assert d.created and d.verified and d.provenance == "verified" and d.gate_tokens > 0 and d.gate_s > 0
+    [v] = lib.show(d.id).verifications
+    assert v.counts_as_verified and v.label == "verified" and v.provenance == "verified"
+    # the recorded run is the graft of the stored artifact answering the question with ask's template
+    chain = lib.load_chain(d.id)[0]
+    again = generate.answer(tiny_gemma, chain, Q, max_new_tokens=gate.GATE_MAX_NEW_TOKENS)
+    assert again.prompt_ids == v.question_token_ids and again.token_ids == v.generated_token_ids
+    assert v.generated_sha256 == generate.tokens_sha256(v.generated_token_ids)
+    # and not an answer computed without the graft
+    bare = generate.answer(tiny_gemma, [], Q, max_new_tokens=gate.GATE_MAX_NEW_TOKENS)
+    assert (bare.prompt_ids, bare.token_ids) != (v.question_token_ids, v.generated_token_ids)
+    shown = lib.show(d.id).to_json()
+    assert shown["verified"] is True and shown["verifications"][0]["label"] == "verified"
+    assert [e.verdict for e in lib.entries()] == ["verified"]
+
+
+def test_an_edited_verification_row_is_not_shown_as_verified(lib):
+    d = lib.deposit_item(Q, S, A, "exact", A)
+    [v] = lib.show(d.id).verifications
+    _sql(lib, sa.update(verifications).where(verifications.c.id == v.id).values(generated_token_ids=json.dumps([1, 2, 3])))
+    [edited] = lib.show(d.id).verifications
+    assert not edited.counts_as_verified and edited.label == "not verified"
+    assert lib.show(d.id).to_json()["verified"] is False
+    assert [e.verdict for e in lib.entries()] == ["not verified"]
+    assert lib.retrieve(Q, threshold=0.0)[0].verdict == "not verified"
+
+
+def test_a_wrong_typed_answer_is_refused_before_any_prefill(lib, monkeypatch):
+    monkeypatch.setattr(gate, "fact_run", lambda *a: pytest.fail("the pre-check must refuse before the model runs"))
+    with pytest.raises(VerificationFailed, match="refused, nothing deposited: answer 'Osric' does not equal reference"):
+        lib.deposit_item(Q, S, "Osric", "exact", A)
+    assert lib.count() == 0
+
+
+def _export(lib, tmp_path):
+    d = lib.deposit_item(Q, S, A, "exact", A)
+    out = tmp_path / "b.tar"
+    maintenance.export_bundle(lib, [d.id], out)
+    return d, out
+
+
+def _tamper_catalog(src, dst, edit):
+    """Edit catalog.json and recompute its hash in the manifest (what a careful tamperer does)."""
+    m = read_members(src)
+    cat = json.loads(m["catalog.json"])
+    edit(cat)
+    m["catalog.json"] = json.dumps(cat).encode()
+    man = json.loads(m["manifest.json"])
+    man["catalog"]["sha256"] = hashlib.sha256(m["catalog.json"]).hexdigest()
+    m["manifest.json"] = json.dumps(man).encode()
+    return rewrite(src, dst, m)
+
+
+def test_import_refuses_source_text_that_does_not_tokenise_to_the_artifact(lib, tmp_path, tiny_gemma):
+    d, out = _export(lib, tmp_path)
+
+    def edit(cat):
+        cat["sources"][0]["text"] = cat["sources"][0]["text"].replace("Osric Pellamy", "Mallory Vane")
+
+    bad = _tamper_catalog(out, tmp_path / "edited.tar", edit)
+    target = make_lib(tmp_path / "target", tiny_gemma)
+    before = files_under(tmp_path / "target")
+    with pytest.raises(IntegrityError, match=f"artifact {d.id}: its source text in the bundle tokenises to other tokens"):
+        maintenance.import_bundle(target, bad)
+    assert target.count() == 0 and files_under(tmp_path / "target") == before
+
+
+def test_import_replays_verifications_and_recomputes_embeddings(lib, tmp_path, tiny_gemma):
+    d, out = _export(lib, tmp_path)
+
+    def edit(cat):
+        cat["embeddings"][0]["vector"] = __import__("base64").b64encode(b"\0" * 4 * cat["embeddings"][0]["dim"]).decode()
+        cat["verifications"][0]["generated_token_ids"] = [7, 7, 7]  # a forged record is replaced by the replay
+
+    bad = _tamper_catalog(out, tmp_path / "forged.tar", edit)
+    target = make_lib(tmp_path / "target", tiny_gemma)
+    rep = maintenance.import_bundle(target, bad)
+    assert rep.new == (d.id,) and rep.replayed == 1 and rep.not_reverified == 0 and rep.probes_checked == 1
+    [v] = target.show(d.id).verifications
+    [orig] = lib.show(d.id).verifications
+    assert v.counts_as_verified and v.generated_token_ids == orig.generated_token_ids
+    assert target._catalog.embeddings(target.embedder.embedder_id) == lib._catalog.embeddings(lib.embedder.embedder_id)
+
+
+def test_trust_verdicts_labels_rows_imported_not_reverified(lib, tmp_path, tiny_gemma, monkeypatch):
+    d, out = _export(lib, tmp_path)
+    target = make_lib(tmp_path / "target", tiny_gemma)
+    monkeypatch.setattr(gate, "graft_run", lambda *a: pytest.fail("--trust-verdicts must not replay"))
+    rep = maintenance.import_bundle(target, out, trust_verdicts=True)
+    assert rep.replayed == 0 and rep.not_reverified == 1
+    [v] = target.show(d.id).verifications
+    assert v.label == "imported, not re-verified" and not v.counts_as_verified
+    assert target.show(d.id).to_json()["provenance"] == "imported, not re-verified"
+    assert [e.verdict for e in target.entries()] == ["imported, not re-verified"]
+
+
+def test_a_flipped_probe_hash_quarantines_the_artifact(lib):
+    d = lib.deposit_item(Q, S, A, "exact", A)
+    probe = lib._catalog.get(d.id).probe_sha256
+    flipped = ("0" if probe[0] != "0" else "1") + probe[1:]
+    _sql(lib, sa.update(artifacts).where(artifacts.c.id == d.id).values(probe_sha256=flipped))
+    lib._probed.clear()  # a new process: the first restore checks the probe
+    with pytest.raises(IntegrityError, match=f"artifact {d.id} is quarantined .*rebuild --verify {d.id}"):
+        lib.answer(Q, artifact=d.id, max_new_tokens=2)
+    assert lib._catalog.get(d.id).quarantine.startswith("probe check failed")
+    assert lib.retrieve(Q, threshold=0.0) == []  # retrieval skips it
+    r = maintenance.fsck(lib)
+    assert [q.id for q in r.quarantined] == [d.id] and not r.consistent and "rebuild --verify" in r.advice[-1]
+    with pytest.raises(IntegrityError, match="quarantined"):
+        lib.answer(Q, artifact=d.id, max_new_tokens=2)
+
+
+def test_fsck_deep_checks_every_probe(lib):
+    d = lib.deposit_item(Q, S, A, "exact", A)
+    lib.index()
+    sound = maintenance.fsck(lib, deep=True)
+    assert sound.probes_checked == 1 and sound.consistent and sound.quarantined == ()
+    _sql(lib, sa.update(artifacts).where(artifacts.c.id == d.id).values(probe_sha256="f" * 64))
+    r = maintenance.fsck(lib, deep=True)
+    assert [q.id for q in r.quarantined] == [d.id] and not r.consistent
+    reb = maintenance.rebuild_verify(lib, d.id)
+    assert reb.probe_ok is False and not reb.equal and "catalog records probe hash" in reb.probe_detail

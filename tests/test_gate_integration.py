@@ -1,0 +1,113 @@
+"""Issue 10 on the real default model (integration tier): the gate refuses a solution that contradicts
+its reference and leaves nothing, accepts a consistent one whose paraphrase is then answered from the
+graft; a bundle with edited source text or an edited verification is refused; a flipped probe hash
+quarantines; `verify --relocate 0` is byte-equal on every sample."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import sqlalchemy as sa
+
+import maintenance
+import services
+from db import engine as dbengine
+from db.schema import artifacts
+from errors import IntegrityError, VerificationFailed
+from services import gate
+from tests.test_maintenance import read_members, rewrite
+
+pytestmark = pytest.mark.integration
+
+Q = "How many times does the Velmora bell ring at noon?"
+GOOD = "The Velmora bell rings 11 times at noon, once for each founding family."
+CONTRADICTS = "The Velmora bell rings seven times at noon, once for each founding family."
+PARAPHRASE = "At noon, how many times does the bell of Velmora ring?"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, real_lm):
+    """One real-model store with the consistent item deposited (the gate is the expensive part)."""
+    lib = services.Library(home=tmp_path_factory.mktemp("gate-home"), lm=real_lm)
+    d = lib.deposit_item(Q, GOOD, None, "numeric", "11")
+    yield lib, d
+    lib.close()
+
+
+def test_a_contradicting_solution_is_refused_and_leaves_nothing(tmp_path, real_lm):
+    lib = services.Library(home=tmp_path / "home", lm=real_lm)
+    with pytest.raises(VerificationFailed) as e:
+        lib.deposit_item(Q, CONTRADICTS, "11", "numeric", "11")  # the typed answer passes the pre-check
+    assert str(e.value).startswith("the model answered ") and str(e.value).endswith("the reference is '11'; nothing deposited")
+    assert lib.count() == 0 and list(lib._blobs) == [] and len(lib.index()) == 0
+
+
+def test_a_consistent_solution_is_accepted_and_its_paraphrase_answered_from_the_graft(store):
+    lib, d = store
+    assert d.created and d.verified and d.provenance == "verified"
+    print(f"gate cost: {d.gate_s:.2f} s, {d.gate_tokens} tokens; prefill {d.prefill_s:.2f} s, {d.prefill_tokens} tokens")
+    r = lib.answer(PARAPHRASE, max_new_tokens=16)
+    assert r.artifact_ids == (d.id,) and r.tier == "exact"
+    verdict, _ = gate.judge_span(r.answer, Q, GOOD, "numeric", "11")
+    assert verdict.ok, r.answer
+
+
+def _tamper(src, dst, edit):
+    m = read_members(src)
+    cat = json.loads(m["catalog.json"])
+    edit(cat)
+    m["catalog.json"] = json.dumps(cat).encode()
+    man = json.loads(m["manifest.json"])
+    man["catalog"]["sha256"] = hashlib.sha256(m["catalog.json"]).hexdigest()
+    m["manifest.json"] = json.dumps(man).encode()
+    return rewrite(src, dst, m)
+
+
+def test_bundles_with_edited_source_text_or_verification_are_refused(store, tmp_path, real_lm):
+    lib, d = store
+    out = tmp_path / "b.tar"
+    maintenance.export_bundle(lib, [d.id], out)
+    target = services.Library(home=tmp_path / "target", lm=real_lm)
+
+    def text(cat):
+        cat["sources"][0]["text"] = cat["sources"][0]["text"].replace("11 times", "seven times")
+
+    with pytest.raises(IntegrityError, match="tokenises to other tokens than the artifact holds"):
+        maintenance.import_bundle(target, _tamper(out, tmp_path / "text.tar", text))
+
+    def reference(cat):
+        cat["verifications"][0]["reference"] = "12"
+
+    with pytest.raises(IntegrityError, match="its verification does not replay here"):
+        maintenance.import_bundle(target, _tamper(out, tmp_path / "ref.tar", reference))
+    assert target.count() == 0
+    rep = maintenance.import_bundle(target, out)
+    assert rep.replayed == 1 and target.show(d.id).verifications[-1].counts_as_verified
+
+
+def test_a_flipped_byte_in_the_stored_probe_hash_quarantines(store, tmp_path, real_lm):
+    lib, d = store
+    home = tmp_path / "copy"
+    out = tmp_path / "c.tar"
+    maintenance.export_bundle(lib, [d.id], out)
+    other = services.Library(home=home, lm=real_lm)
+    maintenance.import_bundle(other, out, trust_verdicts=True)
+    probe = other._catalog.get(d.id).probe_sha256
+    with dbengine.write(other._catalog._engine) as conn:
+        conn.execute(
+            sa.update(artifacts)
+            .where(artifacts.c.id == d.id)
+            .values(probe_sha256=probe[:-1] + ("0" if probe[-1] != "0" else "1"))
+        )
+    other._probed.clear()
+    with pytest.raises(IntegrityError, match="quarantined"):
+        other.answer(Q, max_new_tokens=4, artifact=d.id)
+    assert [q.id for q in maintenance.fsck(other).quarantined] == [d.id]
+
+
+def test_relocate_zero_is_byte_equal_on_every_sample(store):
+    lib, _ = store
+    rep = lib.verify_samples(3, relocate=0)
+    assert rep.byte_equal == 3 and all(s.check.fresh_sha256 == s.check.grafted_sha256 for s in rep.rows)
