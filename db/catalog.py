@@ -17,14 +17,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, case, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, case, delete, func, insert, select, update
 from sqlalchemy import exc as sa_exc
 
 from db import engine as dbengine
 from db import migrations
 from db.rows import (
     HEX64,
-    KINDS,
     LEDGER_QUERY_CHARS,
     ArtifactRow,
     LedgerRow,
@@ -250,18 +249,9 @@ class Catalog:
 
     def list_artifacts(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[ArtifactRow]:
         """Newest first. `query` matches case-insensitively (ASCII case) anywhere in the title or source text."""
-        if kind is not None and kind not in KINDS:
-            raise InvalidInput(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
-        if limit < 0 or offset < 0:
-            raise InvalidInput(f"limit and offset must be >= 0; got limit={limit}, offset={offset}")
-        stmt = select(artifacts).join(sources, sources.c.artifact_id == artifacts.c.id)
-        if query:
-            stmt = stmt.where(
-                or_(artifacts.c.title.icontains(query, autoescape=True), sources.c.text.icontains(query, autoescape=True))
-            )
-        if kind is not None:
-            stmt = stmt.where(artifacts.c.kind == kind)
-        stmt = stmt.order_by(artifacts.c.created_at.desc(), artifacts.c.id).limit(limit).offset(offset)
+        from db.queries import listing  # the one definition of the filters (db.queries imports this module)
+
+        stmt = listing(select(artifacts).join(sources, sources.c.artifact_id == artifacts.c.id), query, kind, limit, offset)
         with dbengine.read(self._engine) as conn:
             return [_artifact(m) for m in conn.execute(stmt)]
 

@@ -29,8 +29,7 @@ def listing(stmt: Select, query: str = "", kind: str | None = None, limit: int =
     """The artifact list's filters and order on a select over `artifacts` joined with `sources`: `query`
     matches the title or the source text (case-insensitive), newest first, then paged.
 
-    One definition for every listing; `Catalog.list_artifacts` should build on it too (its copy of
-    these lines predates this module)."""
+    One definition for every listing: `Catalog.list_artifacts` and `library_rows` both build on it."""
     if kind is not None and kind not in KINDS:
         raise InvalidInput(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
     if limit < 0 or offset < 0:
