@@ -21,6 +21,7 @@ FACTS = [
     ),
     ("What is the capital of the island of Quenmora?", "The capital of the island of Quenmora is Tessaly Port.", "Tessaly Port"),
 ]
+REAL_RELOCATION_BOUND = 1e-3  # max |logit diff| of a relocated graft on the real model (measured 1.7e-4)
 QUERIES = ["Who built it?", "What year was it?", "Summarise the fact.", "Where is it?", "Why does it matter?"]
 
 
@@ -68,3 +69,10 @@ def test_relocated_tier_diverges_and_is_labelled(real_lm):
     r = verify.check_relocated(lm, art, generate.encode_prompt(lm, q, grafted=True), offset=1000)
     assert r.tier == "relocated" and not r.exact
     assert r.max_abs_diff > 0 and r.fresh_sha256 != r.grafted_sha256
+    # bounded, not just labelled: measured max |diff| 1.7e-4, KL 2e-10 at offset 1,000 over 10 samples
+    # (docs/bench/relocate.json); a relocation that forgot to re-rotate the keys moves the logits by whole units
+    assert r.max_abs_diff <= REAL_RELOCATION_BOUND, f"max |diff| {r.max_abs_diff} over the measured bound"
+    assert r.kl <= 1e-8 and r.argmax_agreement == 1.0, r
+    # offset 0 through the same relocation path is the artifact's own position: byte-equal
+    zero = verify.check_relocated(lm, art, generate.encode_prompt(lm, q, grafted=True), offset=0)
+    assert zero.exact and zero.fresh_sha256 == zero.grafted_sha256, zero.max_abs_diff
