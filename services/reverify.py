@@ -13,10 +13,12 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from db.blobs import sha256_bytes
 from db.rows import VerificationRow
 from errors import IntegrityError, InvalidInput
 from graft_core import codec
@@ -39,9 +41,18 @@ class Reverified:
     probes_checked: int
 
 
-def _chains(rows: dict, blobs: dict[str, bytes]) -> dict[str, list[KVArtifact]]:
+def _blob(blobs: dict[str, Path | bytes], digest: str) -> bytes:
+    """A checked blob's bytes: staged files are read again and must still hash to their name."""
+    blob = blobs[digest]
+    data = blob.read_bytes() if isinstance(blob, Path) else bytes(blob)
+    if sha256_bytes(data) != digest:
+        raise IntegrityError(f"staged blob {digest} changed during the import; nothing was imported")
+    return data
+
+
+def _chains(rows: dict, blobs: dict[str, Path | bytes]) -> dict[str, list[KVArtifact]]:
     """Artifact id -> its chain (root first), decoded from the bundle's blobs (exports carry every ancestor)."""
-    arts = {a["id"]: codec.loads(blobs[a["content_sha256"]]) for a in rows["artifacts"]}
+    arts = {a["id"]: codec.loads(_blob(blobs, a["content_sha256"])) for a in rows["artifacts"]}
     parent = {a["id"]: a.get("parent_id") for a in rows["artifacts"]}
     out = {}
     for aid in arts:
@@ -82,7 +93,7 @@ def _replay(lib: Library, chain: list[KVArtifact], src: dict, v: VerificationRow
     return gate.record(run, v.item_sha256, v.verifier, v.reference, detail=detail)
 
 
-def reverify(lib: Library, rows: dict, blobs: dict[str, bytes], use_model: bool, trust_verdicts: bool) -> Reverified:
+def reverify(lib: Library, rows: dict, blobs: dict[str, Path | bytes], use_model: bool, trust_verdicts: bool) -> Reverified:
     """The rows of a staged bundle as this store will record them (see the module docstring)."""
     srcs = {s["artifact_id"]: s for s in rows["sources"]}
     chains = _chains(rows, blobs)

@@ -47,19 +47,25 @@ def kvgraft_home(tmp_path, monkeypatch) -> Path:
     return home
 
 
+def accepting_judge(monkeypatch) -> None:
+    """Replace the deposit gate's verdict with a test double that accepts whatever the model generated."""
+    import verifiers
+    from services import gate
+
+    monkeypatch.setattr(gate, "judge", lambda answer, q, s, v, r: verifiers.Verdict(True, v, f"test double accepted {answer!r}"))
+
+
 @pytest.fixture(autouse=True)
 def tiny_gate_judge(request, monkeypatch):
     """A randomly initialised tiny model cannot answer any question, so in the fast tier the deposit
     gate's *verdict* is a test double that accepts whatever the model generated; everything else of
     the gate (the scratch fact graft, the graft of the new artifact, generation, the recorded token
     ids) runs for real. Tests marked `real_gate` and the integration/browser tiers use the real
-    verifiers (tests/test_gate.py checks that a tiny model is refused by them)."""
+    verifiers (tests/test_gate.py checks that a tiny model is refused by them). Module-scoped fixtures
+    that deposit on the tiny model call `accepting_judge` themselves (they run before this one)."""
     if any(request.node.get_closest_marker(m) for m in ("real_gate", "integration", "browser")):
         return
-    import verifiers
-    from services import gate
-
-    monkeypatch.setattr(gate, "judge", lambda answer, q, s, v, r: verifiers.Verdict(True, v, f"test double accepted {answer!r}"))
+    accepting_judge(monkeypatch)
 
 
 @pytest.fixture(scope="session")

@@ -60,7 +60,11 @@ def client(served):
 
 @pytest.fixture(scope="module")
 def deposited(client):
-    return client.predict(TOKEN, *ITEM.values(), api_name="/deposit")
+    from tests.conftest import accepting_judge
+
+    with pytest.MonkeyPatch.context() as mp:  # module-scoped: set up before the per-test judge double
+        accepting_judge(mp)
+        return client.predict(TOKEN, *ITEM.values(), api_name="/deposit")
 
 
 def answer_keys() -> set[str]:
@@ -84,7 +88,7 @@ def test_deposit_accepted_with_token_and_answer_is_exact(client, deposited):
     assert set(r) == answer_keys()  # the `cli.py ask --json` object
     assert r["tier"] == "exact" and r["artifact_ids"] == [deposited["id"]]
     assert r["check"]["exact"] is True and r["check"]["fresh_sha256"] == r["check"]["grafted_sha256"]
-    assert r["retrieved"][0]["verifier"] == "exact" and r["retrieved"][0]["verdict"] == "pass"
+    assert r["retrieved"][0]["verifier"] == "exact" and r["retrieved"][0]["verdict"] == "verified"
 
 
 def test_deposit_refusal_is_explained(client):
@@ -184,9 +188,10 @@ def test_real_model_seed_item_answered_exactly(real_lm, tmp_path):
     try:
         c = gradio_client.Client(demo.local_url, verbose=False)
         d = c.predict(TOKEN, *item.values(), api_name="/deposit")
-        r = c.predict(item["question"], api_name="/answer")
+        r = c.predict(item["question"], check=True, api_name="/answer")  # the full recomputation, asked for
     finally:
         demo.close()
-    assert r["artifact_ids"] == [d["id"]] and r["tier"] == "exact"
+    assert d["verified"] and r["artifact_ids"] == [d["id"]] and r["tier"] == "exact"
+    assert r["proof"]["passed"] is True  # the probe proof on the serving cache
     assert r["answer"].strip().rstrip(".") == item["answer"], r["answer"]
     assert r["check"]["exact"] is True and r["check"]["kl"] == 0.0

@@ -85,6 +85,7 @@ def test_chat_answer_with_exact_badge(page, served):
     real = served[1]
     playwright.expect(page.locator("#kv-status")).to_contain_text("Built-in library ready", timeout=180_000)
     page.get_by_label("compare with no graft (measured)").check()
+    page.get_by_label("check exactness (a fresh recomputation)").check()  # off by default (the probe proof runs instead)
     _ask(page, QUESTION)
     badge = page.locator("#kv-evidence .kv-badge")
     playwright.expect(badge).to_have_text("EXACT", timeout=120_000)
