@@ -50,6 +50,43 @@ class Decoded:
     stopped: str  # "stop" | "eos" | "length"
 
 
+def _greedy(row: torch.Tensor) -> int:
+    return int(torch.argmax(row).item())
+
+
+@torch.inference_mode()
+def decode(
+    model,
+    cache: DynamicCache,
+    row: torch.Tensor,
+    pos: int,
+    max_new_tokens: int,
+    choose: Callable[[torch.Tensor], int],
+    is_stop: Callable[[list[int]], bool] | None = None,
+    eos_ids: frozenset[int] = frozenset(),
+    on_step: Callable[[int, torch.Tensor], None] | None = None,
+) -> tuple[list[int], str]:
+    """The one decode loop: from the logits `row` of the token before `pos`, choose a token, feed it at
+    `pos`, repeat, until EOS, the stop rule or `max_new_tokens`. Returns (tokens, "eos" | "stop" | "length").
+    `on_step(token, row)` sees each token with the row that chose it. Greedy and sampled decoding differ
+    only in `choose`."""
+    generated: list[int] = []
+    while len(generated) < max_new_tokens:
+        tok = choose(row)
+        generated.append(tok)
+        if on_step is not None:
+            on_step(tok, row)
+        if tok in eos_ids:
+            return generated, "eos"
+        if is_stop is not None and is_stop(generated):
+            return generated, "stop"
+        if len(generated) == max_new_tokens:
+            break
+        row = forward_chunk(model, cache, [tok], pos)[-1]
+        pos += 1
+    return generated, "length"
+
+
 @torch.inference_mode()
 def prompt_and_decode(
     model,
@@ -82,30 +119,20 @@ def prompt_and_decode(
     else:
         logits = head_logits
     prompt_s = time.perf_counter() - t0
-    row = logits[-1]
-    pos = start + len(prompt_ids)
-    generated: list[int] = []
     rows: list[torch.Tensor] = []
-    first_token_s = 0.0
-    stopped = "length"
-    while len(generated) < max_new_tokens:
-        tok = int(torch.argmax(row).item())
-        generated.append(tok)
+    first: list[float] = []
+
+    def on_step(tok: int, row: torch.Tensor) -> None:
         rows.append(row)
-        if len(generated) == 1:
-            first_token_s = time.perf_counter() - t0
+        if not first:
+            first.append(time.perf_counter() - t0)
         if on_token is not None:
             on_token(tok)
-        if tok in eos_ids:
-            stopped = "eos"
-            break
-        if is_stop is not None and is_stop(generated):
-            stopped = "stop"
-            break
-        if len(generated) == max_new_tokens:
-            break
-        row = forward_chunk(model, cache, [tok], pos)[-1]
-        pos += 1
+
+    generated, stopped = decode(
+        model, cache, logits[-1], start + len(prompt_ids), max_new_tokens, _greedy, is_stop, eos_ids, on_step
+    )
+    first_token_s = first[0] if first else 0.0
     return Decoded(
         prompt_rows=logits if keep_prompt_rows else None,
         head_row=head_row,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from .forward import forward_chunk
+from .forward import decode, forward_chunk
 
 
 @dataclass(frozen=True)
@@ -67,23 +67,17 @@ def prompt_and_sample(
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int(seed))
     t0 = time.perf_counter()
-    row = forward_chunk(model, cache, prompt_ids, start)[-1].cpu()
-    pos = start + len(prompt_ids)
-    generated: list[int] = []
-    stopped = "length"
-    while len(generated) < max_new_tokens:
-        tok = _draw(row, temperature, top_k, gen)
-        generated.append(tok)
-        if tok in eos_ids:
-            stopped = "eos"
-            break
-        if is_stop is not None and is_stop(generated):
-            stopped = "stop"
-            break
-        if len(generated) == max_new_tokens:
-            break
-        row = forward_chunk(model, cache, [tok], pos)[-1].cpu()
-        pos += 1
+    row = forward_chunk(model, cache, prompt_ids, start)[-1]
+    generated, stopped = decode(
+        model,
+        cache,
+        row,
+        start + len(prompt_ids),
+        max_new_tokens,
+        lambda r: _draw(r.cpu(), temperature, top_k, gen),
+        is_stop,
+        eos_ids,
+    )
     return Sampled(
         token_ids=tuple(generated),
         prompt_tokens=len(prompt_ids),
