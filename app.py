@@ -213,7 +213,9 @@ def _chat_tab(library: services.Library, guard: Guard):
                     compare = gr.Checkbox(False, label="compare with no graft (measured)")
                 with gr.Row():
                     k = gr.Slider(1, services.MAX_K, 3, step=1, label="k (retrieved)")
-                    max_new = gr.Slider(1, ANON_MAX_NEW_TOKENS, 16, step=1, label="max new tokens")  # 16: anonymous compare (decodes twice) fits the 32-token bound
+                    max_new = gr.Slider(
+                        1, ANON_MAX_NEW_TOKENS, 16, step=1, label="max new tokens"
+                    )  # 16: anonymous compare (decodes twice) fits the 32-token bound
                 clear = gr.Button("Clear chat", size="sm")
             with gr.Column(scale=2):
                 gr.Markdown("### Evidence")
