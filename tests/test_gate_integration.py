@@ -5,9 +5,6 @@ quarantines; `verify --relocate 0` is byte-equal on every sample."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 import pytest
 import sqlalchemy as sa
 
@@ -17,7 +14,7 @@ from db import engine as dbengine
 from db.schema import artifacts
 from errors import IntegrityError, VerificationFailed
 from services import gate
-from tests.test_maintenance import read_members, rewrite
+from tests.test_gate import _tamper_catalog  # the one careful tamperer (edit catalog.json, re-hash it)
 
 pytestmark = pytest.mark.integration
 
@@ -54,17 +51,6 @@ def test_a_consistent_solution_is_accepted_and_its_paraphrase_answered_from_the_
     assert verdict.ok, r.answer
 
 
-def _tamper(src, dst, edit):
-    m = read_members(src)
-    cat = json.loads(m["catalog.json"])
-    edit(cat)
-    m["catalog.json"] = json.dumps(cat).encode()
-    man = json.loads(m["manifest.json"])
-    man["catalog"]["sha256"] = hashlib.sha256(m["catalog.json"]).hexdigest()
-    m["manifest.json"] = json.dumps(man).encode()
-    return rewrite(src, dst, m)
-
-
 def test_bundles_with_edited_source_text_or_verification_are_refused(store, tmp_path, real_lm):
     lib, d = store
     out = tmp_path / "b.tar"
@@ -75,13 +61,13 @@ def test_bundles_with_edited_source_text_or_verification_are_refused(store, tmp_
         cat["sources"][0]["text"] = cat["sources"][0]["text"].replace("11 times", "seven times")
 
     with pytest.raises(IntegrityError, match="tokenises to other tokens than the artifact holds"):
-        maintenance.import_bundle(target, _tamper(out, tmp_path / "text.tar", text))
+        maintenance.import_bundle(target, _tamper_catalog(out, tmp_path / "text.tar", text))
 
     def reference(cat):
         cat["verifications"][0]["reference"] = "12"
 
     with pytest.raises(IntegrityError, match="its verification does not replay here"):
-        maintenance.import_bundle(target, _tamper(out, tmp_path / "ref.tar", reference))
+        maintenance.import_bundle(target, _tamper_catalog(out, tmp_path / "ref.tar", reference))
     assert target.count() == 0
     rep = maintenance.import_bundle(target, out)
     assert rep.replayed == 1 and target.show(d.id).verifications[-1].counts_as_verified
