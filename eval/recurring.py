@@ -171,7 +171,14 @@ def run_case(
         if ok:
             rec["grafted"] = _recall(lib, row)
     for rec in solved:
-        rec["grafted"] = _recall(lib, _row(problems, rec["id"]))
+        row = _row(problems, rec["id"])
+        if rec["id"] in reused:  # `solve` deposited the passing answer when it ran; a reused record does it here
+            passing = next(a for a in rec["attempts"] if a["passed"])
+            try:
+                lib.deposit_item(row["question"], passing["answer"], passing["answer"], row["verifier"], row["reference"])
+            except VerificationFailed as e:
+                rec["deposit"] = f"refused: {e}"
+        rec["grafted"] = _recall(lib, row)
     return {
         "config": cfg.as_dict(),
         "baseline_reused": reused,
