@@ -206,6 +206,31 @@ def recurring_lines(case: dict | None) -> list[str]:
     return lines
 
 
+def gate_lines(results: dict) -> list[str]:
+    """The deposit gate's acceptance, and the grafted accuracy on the items it accepted, side by side."""
+    gate, c = results.get("gate"), results["counts"]
+    if not gate or "recurring/graft_recurring/accepted" not in c:
+        return ["Deposits in this run did not pass through the verification gate (no acceptance rate recorded).", ""]
+    lines = [
+        f"**Deposit gate:** {gate['accepted']} / {gate['offered']} sampled items accepted (acceptance rate "
+        f"{_fmt(gate['acceptance_rate'])}): an item is deposited only when the model, with its artifact grafted, answers "
+        "its question and the verifier accepts that answer. A refused item is not deposited, so its questions above are "
+        "answered without its artifact (counted wrong unless the model knows). On the accepted items:",
+        "",
+        "| condition (accepted items only) | correct / n | accuracy |",
+        "|---|---|---|",
+    ]
+    for label, key in (
+        ("Facts, as deposited, graft", "knowledge/graft_recurring/accepted"),
+        ("Facts, paraphrased, graft", "knowledge/graft_paraphrase/accepted"),
+        ("Problems, as deposited, graft", "problems_deposited/graft_recurring/accepted"),
+        ("**Recurring (facts + problems), graft** (`grafted_accuracy_recurring_accepted`)", "recurring/graft_recurring/accepted"),
+    ):
+        lines.append(f"| {label} | {c[key]['correct']} / {c[key]['n']} | {_fmt(c[key]['accuracy'])} |")
+    reasons = "; ".join(f"{r['item']}: {r['reason'][:90]}" for r in gate["refused"][:3])
+    return [*lines, "", f"Refused (first 3 of {len(gate['refused'])}, all in `results.json` under `gate`): {reasons}", ""]
+
+
 def markdown(results: dict) -> str:
     c, s, cost = results["counts"], results["scores"], results["cost"]
     lines = [
@@ -232,6 +257,7 @@ def markdown(results: dict) -> str:
         f"| **Recurring (facts + problems), no graft** | {c['recurring/no_graft']['correct']} / {c['recurring/no_graft']['n']} | {_fmt(s['no_graft_accuracy_recurring'])} |",
         f"| **Recurring (facts + problems), graft** (`grafted_accuracy_recurring`) | {c['recurring/graft_recurring']['correct']} / {c['recurring/graft_recurring']['n']} | {_fmt(s['grafted_accuracy_recurring'])} |",
         "",
+        *gate_lines(results),
         f"Retrieval: a paraphrase's top hit is its own fact's artifact in {_fmt(s['paraphrase_retrieval_top1'])} of cases; "
         f"a held-out problem's top hit is a worked example of the same template in {_fmt(s['heldout_retrieval_same_template'])} of cases.",
         "",

@@ -114,6 +114,18 @@ def test_replay_fails_on_altered_score(results_file):
     assert not rep.ok and any("grafted_accuracy_recurring" in p for p in rep.problems)
 
 
+def test_scores_on_accepted_items_and_gate_counts_are_replayed(results_file):
+    r = json.loads(results_file.read_text())
+    accepted = {d["item"] for d in r["deposits"]}
+    rec = [o for o in r["outputs"] if o["condition"] == "graft_recurring" and o["item"] in accepted]
+    assert r["scores"]["grafted_accuracy_recurring_accepted"] == sum(o["correct"] for o in rec) / len(rec)
+    r["deposits"] = r["deposits"][1:]  # one accepted item silently dropped: the counts no longer add up
+    results_file.write_text(json.dumps(r))
+    rep = replay.replay(results_file)
+    assert any(p.startswith("gate: ") for p in rep.problems), rep.problems
+    assert any("recurring/graft_recurring/accepted" in p for p in rep.problems), rep.problems  # counts recomputed
+
+
 def test_rerun_is_byte_exact_and_catches_a_changed_output(results_file, tiny_gemma, tmp_path):
     rep = replay.replay(results_file, rerun_model=True, lm=tiny_gemma)
     assert rep.ok, rep.problems
