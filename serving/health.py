@@ -41,10 +41,13 @@ class Health:
         return asdict(self) | {"problems": list(self.problems), "healthy": self.healthy}
 
 
-def check(lib: services.Library, blob_root: Path, replica: str) -> Health:
-    """Every check, each independent of the others (a dead catalog still reports on the blob root)."""
+def check(lib: services.Library, blob_root: Path, replica: str, fingerprint: str) -> Health:
+    """Every check, each independent of the others (a dead catalog still reports on the blob root).
+
+    `fingerprint` is the loaded model's (empty: not loaded), read once by the caller: asking `lib.lm`
+    here would wait for the model lock behind a long request and time the health check out."""
     problems: list[str] = []
-    fp = lib.lm.fingerprint if lib.model_loaded else ""
+    fp = fingerprint
     if not fp:
         problems.append("model not loaded: the replica is still starting or its load failed; see the replica's log")
     version, count, indexed, current, fp_ok = None, 0, 0, False, True

@@ -85,7 +85,7 @@ class Replica:
             embedder=embedder,
             blob_root=self.settings.blob_root,
         )
-        _ = self.lib.lm  # the model, once per replica
+        self.fingerprint = self.lib.lm.fingerprint  # the model, once per replica
         self.lib.index()  # the index at the catalog's current version before the first request
         self.load_s = time.perf_counter() - t0
 
@@ -93,7 +93,7 @@ class Replica:
 
     def check_health(self) -> None:
         """Ray polls this every health_check_period_s; raising marks the replica unhealthy (Ray replaces it)."""
-        h = health_mod.check(self.lib, self.settings.blob_root, self.replica_id)
+        h = health_mod.check(self.lib, self.settings.blob_root, self.replica_id, self.fingerprint)
         if not h.healthy:
             raise health_mod.Unhealthy(f"replica {self.replica_id}: " + "; ".join(h.problems))
 
@@ -172,7 +172,7 @@ class Replica:
 
     @api.get("/health")
     async def health(self) -> JSONResponse:
-        h = await asyncio.to_thread(health_mod.check, self.lib, self.settings.blob_root, self.replica_id)
+        h = await asyncio.to_thread(health_mod.check, self.lib, self.settings.blob_root, self.replica_id, self.fingerprint)
         payload = h.to_json() | {"actor_name": self.actor_name, "load_s": self.load_s, "pid": os.getpid()}
         return self._reply(payload, 200 if h.healthy else 503)
 
