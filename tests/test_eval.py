@@ -186,7 +186,9 @@ def test_recurring_case_counts_every_token_and_replays(tiny_gemma, tmp_path):
     assert rc["baseline_tokens_total"] == sum(r["baseline_tokens"] for r in failed)
     assert rc["grafted_decode_tokens_total"] == sum(r["grafted"]["decode_tokens"] for r in failed if "grafted" in r)
     grafted_base = sum(r["baseline_tokens"] for r in failed if "grafted" in r)  # like with like: grafted problems only
-    assert rc["ratio"] == (round(grafted_base / rc["grafted_decode_tokens_total"], 1) if rc["grafted_decode_tokens_total"] else None)
+    assert rc["ratio"] == (
+        round(grafted_base / rc["grafted_decode_tokens_total"], 1) if rc["grafted_decode_tokens_total"] else None
+    )
     by_id = {r["id"]: r for r in rows}
     assert recurring.check_case(case, by_id)[0] == []
     bad = json.loads(json.dumps(case))
