@@ -2,7 +2,11 @@
 
 Blobs live at `<root>/<aa>/<bb>/<sha256>.safetensors`. Writes go to a temporary file in the same
 folder, are fsynced, then `os.replace`d into place, so a reader never sees a partial blob. Every read
-re-hashes the bytes; a mismatch raises `IntegrityError` and nothing is recomputed silently.
+is checked: a file is SHA-256 hashed on its first read in this store object, and later reads skip the
+hash only while the file's identity (device, inode, size, mtime, ctime) is the one its bytes were hashed
+under; any write to the file changes its ctime, so changed bytes are always re-hashed. A mismatch
+raises `IntegrityError` and nothing is recomputed silently (docs/RELIABILITY.md says what each check
+catches and what it cannot).
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +32,24 @@ def sha256_bytes(data: bytes) -> str:
 
 
 _CHUNK = 4 << 20
+# A file whose ctime is this close to the moment it was verified is re-hashed on its next read: file
+# times come from a coarse kernel clock, so a second write in the same tick could leave them unchanged
+# (git's "racy timestamp" rule for its index).
+RACY_NS = 2_000_000_000
+
+
+def identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What any write through the file system changes: the same path holding other bytes differs here."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _read_plain(f, size: int) -> bytearray:
+    data = bytearray(size)
+    with memoryview(data) as view:
+        pos = 0
+        while pos < size and (n := f.readinto(view[pos:])):
+            pos += n
+    return data if pos == size else data[:pos]
 
 
 def _read_hashed(f) -> tuple[bytearray, str]:
@@ -60,9 +84,14 @@ def _read_hashed(f) -> tuple[bytearray, str]:
 
 
 class BlobStore:
+    racy_ns = RACY_NS
+
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self._verified: dict[str, tuple] = {}  # content hash -> identity of the file whose bytes hashed to it
+        self._verified_lock = threading.Lock()
+        self.hashed_reads = 0  # reads that ran SHA-256 (the rest were vouched for by an unchanged identity)
 
     def path(self, content_hash: str) -> Path:
         if not _HEX64.match(content_hash or ""):
@@ -82,25 +111,51 @@ class BlobStore:
             f.write(data)
         return digest
 
-    def get(self, content_hash: str) -> bytearray:
+    def get(self, content_hash: str, rehash: bool = False) -> bytearray:
         """Read and verify. Raises ArtifactNotFound or IntegrityError (message says 'integrity').
 
-        Returns a fresh `bytearray` the caller owns (codec.loads makes zero-copy tensors from it).
+        The bytes are SHA-256 hashed unless this store already hashed this very file (same identity,
+        verified outside the racy window) and it is unchanged before and after the read; `rehash`
+        always hashes. Returns a fresh `bytearray` the caller owns (codec.loads makes zero-copy
+        tensors from it).
         """
         p = self.path(content_hash)
         try:
             with open(p, "rb") as f:
-                data, actual = _read_hashed(f)
+                before = identity(os.fstat(f.fileno()))
+                trusted = not rehash and self._verified.get(content_hash) == before
+                if trusted:
+                    data = _read_plain(f, before[2])
+                    trusted = identity(os.fstat(f.fileno())) == before and len(data) == before[2]
+                    actual = content_hash if trusted else sha256_bytes(data)
+                else:
+                    data, actual = _read_hashed(f)
+                after = identity(os.fstat(f.fileno()))
         except FileNotFoundError:
             raise ArtifactNotFound(
                 f"blob {content_hash} is missing from {self.root}; run `cli.py fsck` to see what else is missing"
             ) from None
+        if not trusted:
+            self.hashed_reads += 1
         if actual != content_hash:
+            with self._verified_lock:
+                self._verified.pop(content_hash, None)
             raise IntegrityError(
                 f"blob integrity check failed for {content_hash}: its bytes hash to {actual}. "
                 f"The file {p} is corrupt or was modified; restore it from a bundle or run `cli.py rebuild --verify`"
             )
+        if not trusted and after == before and time.time_ns() - after[4] > self.racy_ns:
+            with self._verified_lock:
+                self._verified[content_hash] = after
         return data
+
+    def forget(self, content_hash: str | None = None) -> None:
+        """Drop what this store remembers as hashed (one blob, or all): the next read hashes again."""
+        with self._verified_lock:
+            if content_hash is None:
+                self._verified.clear()
+            else:
+                self._verified.pop(content_hash, None)
 
     def actual_sha256(self, content_hash: str) -> str | None:
         """What the file stored under `content_hash` hashes to now (None when it is missing), streamed:
@@ -115,6 +170,7 @@ class BlobStore:
         return h.hexdigest()
 
     def delete(self, content_hash: str) -> bool:
+        self.forget(content_hash)
         try:
             self.path(content_hash).unlink()
             return True

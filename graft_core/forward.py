@@ -99,11 +99,14 @@ def prompt_and_decode(
     keep_prompt_rows: bool = False,
     on_token: Callable[[int], None] | None = None,
     head: int = 0,
+    on_head: Callable[[torch.Tensor], None] | None = None,
 ) -> Decoded:
     """Prefill `prompt_ids` at `start` then decode greedily, one token per forward (batch 1).
 
     With `head` > 0 the prompt runs as two chunks, its first `head` tokens then the rest, and the head
     chunk's last logits row is kept (the probe proof reads it); the chunk schedule is part of the bytes.
+    `on_head(row)` sees that row before the rest of the prompt runs (it may raise to stop the answer
+    before any token is chosen).
     """
     assert prompt_ids, "the prompt chunk must hold at least one token"
     assert 0 <= head <= len(prompt_ids), f"head {head} outside the {len(prompt_ids)}-token prompt"
@@ -112,6 +115,8 @@ def prompt_and_decode(
     if head:
         head_logits = forward_chunk(model, cache, prompt_ids[:head], start, all_logits=keep_prompt_rows)
         head_row, head_s, rest = head_logits[-1], time.perf_counter() - t0, prompt_ids[head:]
+        if on_head is not None:
+            on_head(head_row)
     if rest:
         logits = forward_chunk(model, cache, rest, start + head, all_logits=keep_prompt_rows)
         if head and keep_prompt_rows:

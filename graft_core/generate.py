@@ -117,11 +117,14 @@ def answer(
     on_token: Callable[[int], None] | None = None,
     baseline_decode_tokens: int | None = None,
     probe: bool = True,
+    on_probe: Callable[[Proof], None] | None = None,
 ) -> Answer:
     """Graft `chain` (own position; or, with `relocated`, independent roots re-rotated), then answer.
 
     `probe=False` serves the prompt as one chunk without the probe proof (bench/proof.py measures the
-    difference); the answer then says that no proof was made.
+    difference); the answer then says that no proof was made. `on_probe(proof)` sees the probe proof as
+    soon as the probe chunk has run, before the rest of the prompt and any token (it may raise to refuse
+    the answer: the library's first-use probe check of a leaf is this one).
     """
     prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw)
     t0 = time.perf_counter()
@@ -145,6 +148,7 @@ def answer(
         eos_ids=_eos(lm),
         on_token=on_token,
         head=head,
+        on_head=(lambda row: on_probe(probe_proof(chain[-1], row, 0.0))) if (head and on_probe) else None,
     )
     completion = lm.tokenizer.decode(dec.token_ids, skip_special_tokens=True)
     why = why_no_proof(chain, relocated) if probe else "probe proof turned off by the caller"

@@ -252,4 +252,14 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
     model.to(device).eval()
     weights, tok, combined = _fingerprints(model, tokenizer, source)
     info = describe(model, name, weights, tok, combined)
+    warm_up(model)
     return LoadedModel(model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0)
+
+
+def warm_up(model, tokens: int = 4) -> None:
+    """One throw-away forward at load (on its own cache): the first forward of a process pays one-off
+    costs (thread pool, allocator, kernel selection) that would otherwise land on the first answer's
+    time to first token. It computes nothing that is kept."""
+    from .forward import forward_chunk, new_cache
+
+    forward_chunk(model, new_cache(model), [0] * tokens, 0)

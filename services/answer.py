@@ -11,8 +11,10 @@ import time
 from collections.abc import Callable
 
 from db.rows import LedgerRow
-from errors import InvalidInput
+from errors import IntegrityError, InvalidInput
 from graft_core import generate, templates
+from graft_core.artifact import KVArtifact
+from graft_core.proof import Proof, probe_head
 from graft_core.verify import ExactnessCheck, check_composed
 from retrieval import DEFAULT_THRESHOLD, Hit, relevance
 
@@ -115,6 +117,44 @@ class AnswerPipeline:
 
         return tok_cb
 
+    def _load_for_answer(
+        self, ids: list[str], question: str, raw: bool, relocated: bool
+    ) -> tuple[list[KVArtifact], Callable[[Proof], None] | None]:
+        """`graftable(ids)`, except that a leaf not yet probe-checked in this process, whose prompt opens
+        with the probe tokens, is checked by the answer's own probe chunk instead of a separate restore
+        and probe forward: the same tokens at the same position on the same restored state, so the same
+        bytes. The returned callback quarantines and refuses before any token is chosen on a mismatch."""
+        if not ids or relocated:
+            return self.graftable(ids), None
+        leaf = self._catalog.get(ids[-1])
+        arts = [self.load_artifact(i) for i in ids]
+        prompt = generate.encode_prompt(self.lm, question, grafted=True, raw=raw)
+        defer = (
+            not self._probed.get(leaf.content_sha256)
+            and leaf.probe_sha256 == arts[-1].probe_sha256  # a catalog/file disagreement goes to probe_check
+            and probe_head(self.lm, arts, prompt) > 0
+        )
+        if not defer:
+            return self.graftable(ids), None
+        self.graftable(ids[:-1])  # the ancestors: their own first-use checks
+        return arts, self._first_use_probe(leaf.id, leaf.content_sha256)
+
+    def _first_use_probe(self, artifact_id: str, content_sha256: str) -> Callable[[Proof], None]:
+        def check(proof: Proof) -> None:
+            if proof.passed:
+                self._probed[content_sha256] = True
+                return
+            from .library import quarantine_message
+
+            why = (
+                f"probe check failed: the restored state's probe logits hash to {proof.observed_sha256[:16]}…, "
+                f"the artifact records {proof.expected_sha256[:16]}…"
+            )
+            self._catalog.set_quarantine(artifact_id, why)
+            raise IntegrityError(quarantine_message(artifact_id, why))
+
+        return check
+
     def _record(self, question: str, ans: generate.Answer, base: generate.Baseline | None, check: ExactnessCheck | None) -> int:
         checkd = check.as_dict() if check else None
         record = (checkd or {}) | ({"proof": ans.proof.as_dict()} if ans.proof else {})
@@ -165,7 +205,8 @@ class AnswerPipeline:
         with self._lock:
             lm = self.lm
             t0 = time.perf_counter()
-            chain = self.graftable(chain_ids)  # probe-checked on first restore; quarantined ones refuse
+            # probe-checked on first restore (a leaf by the answer's own probe chunk); quarantined ones refuse
+            chain, on_probe = self._load_for_answer(chain_ids, question, raw, relocated)
             read_s = time.perf_counter() - t0
             base = generate.baseline(lm, chain, question, max_new_tokens, raw) if (compare and chain) else None
             ans = generate.answer(
@@ -179,6 +220,7 @@ class AnswerPipeline:
                 relocated=relocated and len(chain) > 0,
                 on_token=self._token_callback(on_token, raw),
                 baseline_decode_tokens=base.decode_tokens if base else None,
+                on_probe=on_probe,
             )
             exactness = ans.check
             if check and relocated and chain:

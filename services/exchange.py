@@ -243,7 +243,7 @@ def import_bundle(
             for digest, staged_file in sorted(blobs.items()):
                 if lib._blobs.exists(digest):
                     try:
-                        lib._blobs.get(digest)
+                        lib._blobs.get(digest, rehash=True)
                         continue
                     except IntegrityError:  # a corrupt copy: the bundle's verified bytes restore it
                         lib._blobs.delete(digest)

@@ -1,0 +1,40 @@
+"""bench/peer.py: skipped with a message (exit 0, nothing written) without the llama.cpp peer; its kvgraft
+side measures the served path on a store (tiny Gemma-3 here) and reports byte-equality from the data."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from bench import peer
+from tests.test_maintenance import make_lib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_without_the_peer_the_bench_says_how_to_get_it_and_writes_nothing(tmp_path):
+    out = tmp_path / "peer.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.peer", "--peer-python", str(tmp_path / "nope"), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and "bench.peer skipped" in r.stdout and "bench/peer/build.sh" in r.stdout
+    assert not out.exists()
+
+
+def test_the_prefix_texts_and_the_peer_script_travel_with_the_repo():
+    for name in ("llama_restore.py", "prefix_2048.txt", "prefix_4096.txt", "build.sh"):
+        assert (peer.PEER / name).stat().st_size > 0, name
+
+
+def test_kvgraft_side_serves_byte_equal_with_the_probe_proof(kvgraft_home, tiny_gemma):
+    lib = make_lib(kvgraft_home, tiny_gemma)
+    text = (peer.PEER / "prefix_2048.txt").read_text(encoding="utf-8")[:300]
+    row = peer.run_kvgraft(lib, text, repeats=2)
+    assert row["logits_byte_equal"] is True and row["probe_proof_passed"] is True
+    assert row["prefix_tokens"] == len(tiny_gemma.tokenizer(text.rstrip("\n") + "\n")["input_ids"])
+    assert row["state_bytes"] == lib._blobs.path(lib._catalog.get(row["artifact_id"]).content_sha256).stat().st_size
+    assert 0 < row["ttft_grafted_warm_s"] and 0 < row["ttft_fresh_s"]
