@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-fast mutants lint bench bench-verify eval demo screenshots install install-dev install-bench system-deps clean
+.PHONY: run serve test test-fast mutants lint bench bench-verify eval demo screenshots install install-dev install-bench system-deps clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,11 @@ system-deps:
 run: install
 	@echo "kvgraft: http://$${GRADIO_SERVER_NAME:-127.0.0.1}:$${GRADIO_SERVER_PORT:-7860}  (page in a few seconds; the model loads behind it)"
 	$(BIN)/python app.py
+
+# Ray Serve replicas over the shared store (docs/SCALING.md): KVGRAFT_DB_URL, KVGRAFT_BLOB_ROOT, KVGRAFT_ADMIN_TOKEN.
+REPLICAS ?= 2
+serve: install
+	$(BIN)/python cli.py serve --replicas $(REPLICAS)
 
 demo: install
 	$(BIN)/python -m scripts.demo

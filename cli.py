@@ -163,6 +163,15 @@ def cmd_selftest(args) -> int:
     return 0 if rep.match else 1
 
 
+def cmd_serve(args) -> int:
+    """Ray Serve replicas over the shared store (serving/); runs until Ctrl-C, then drains."""
+    from serving import ServeSettings, launch
+
+    settings = ServeSettings.from_env(replicas=args.replicas, port=args.port, db_url=args.db_url, model=args.model)
+    launch.serve_forever(settings, address=args.address, num_cpus=args.num_cpus)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cli.py", description="kvgraft: byte-exact KV-cache grafting")
     p.add_argument("--home", default=None, help="store folder (default $KVGRAFT_HOME or ~/.local/share/kvgraft)")
@@ -227,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("selftest", help="recompute the golden hashes and compare with the committed ones")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_selftest)
+
+    sv = sub.add_parser("serve", help="serve the engine as Ray Serve replicas over one shared store (docs/SCALING.md)")
+    sv.add_argument("--replicas", type=int, default=None, help="fixed replica count (default: autoscale, see docs/SCALING.md)")
+    sv.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local Ray instance)")
+    sv.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray instance (default: all)")
+    sv.add_argument("--port", type=int, default=None, help="HTTP port (default $KVGRAFT_SERVE_PORT or 8000)")
+    sv.set_defaults(func=cmd_serve)
 
     import cli_upkeep
     from eval import cli as eval_cli

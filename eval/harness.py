@@ -161,10 +161,16 @@ CONDITIONS = (
 )
 
 
-def summarise(outputs: list[dict]) -> tuple[dict, dict, dict]:
-    """(scores, counts, cost) from the outputs. Pure: replay calls it on the stored outputs."""
+def summarise(outputs: list[dict], accepted: set[str] | None = None) -> tuple[dict, dict, dict]:
+    """(scores, counts, cost) from the outputs. Pure: replay calls it on the stored outputs. `accepted`
+    (the items the deposit gate accepted) adds the scores on accepted items: an item the gate refused
+    was never deposited, so its grafted questions are answered without its artifact."""
     sel = {(s, c): [o for o in outputs if o["set"] == s and o["condition"] == c] for s, c in CONDITIONS}
     counts = {f"{s}/{c}": _acc(v) for (s, c), v in sel.items()}
+    if accepted is not None:
+        for (s, c), v in sel.items():
+            if c != "no_graft" and s != "problems_heldout":
+                counts[f"{s}/{c}/accepted"] = _acc([o for o in v if o["item"] in accepted])
     recurring = sel[("knowledge", "graft_recurring")] + sel[("problems_deposited", "graft_recurring")]
     no_graft_rec = sel[("knowledge", "no_graft")] + sel[("problems_deposited", "no_graft")]
     counts["recurring/no_graft"] = _acc(no_graft_rec)
@@ -184,6 +190,14 @@ def summarise(outputs: list[dict]) -> tuple[dict, dict, dict]:
         "no_graft_accuracy_heldout": counts["problems_heldout/no_graft"]["accuracy"],
         "heldout_retrieval_same_template": (sum(1 for o in held if o["retrieved_same_template"]) / len(held)) if held else None,
     }
+    if accepted is not None:
+        counts["recurring/graft_recurring/accepted"] = _acc([o for o in recurring if o["item"] in accepted])
+        scores |= {
+            "grafted_accuracy_recurring_accepted": counts["recurring/graft_recurring/accepted"]["accuracy"],
+            "grafted_accuracy_recurring_knowledge_accepted": counts["knowledge/graft_recurring/accepted"]["accuracy"],
+            "grafted_accuracy_recurring_problems_accepted": counts["problems_deposited/graft_recurring/accepted"]["accuracy"],
+            "grafted_accuracy_paraphrase_accepted": counts["knowledge/graft_paraphrase/accepted"]["accuracy"],
+        }
     cost = _cost(recurring, sel)
     return scores, counts, cost
 
@@ -398,7 +412,7 @@ def evaluate(
     runner = Runner(lib, cfg, log=log)
     runner.run(sample)
     wall = time.perf_counter() - t0
-    scores, counts, cost = summarise(runner.outputs)
+    scores, counts, cost = summarise(runner.outputs, {d["item"] for d in runner.deposits})
     return {
         "format": FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -64,51 +64,128 @@ def _recall(lib, row: dict) -> dict:
     }
 
 
-def run_case(lib, problems: list[dict], cfg: RecurringConfig, log: Callable[[str], None] = print) -> dict:
-    """Baseline every candidate with nothing grafted (until `cfg.problems` failures), then deposit the
-    failed ones' verified solutions through the gate and recall each; recall the solved ones too."""
-    failed, solved = [], []
+BASELINE_KEYS = (
+    "id",
+    "template",
+    "reference",
+    "verifier",
+    "baseline_tokens",
+    "baseline_attempts",
+    "baseline_solved",
+    "baseline_answer",
+    "attempts_sha256",
+    "attempts",
+)
+
+
+def _baseline(lib, row: dict, cfg: RecurringConfig) -> dict:
+    """The no-graft model on one problem: greedy, then seeded samples, until solved or the budget is spent."""
+    s = lib.solve(
+        row["question"],
+        row["verifier"],
+        row["reference"],
+        budget=cfg.budget,
+        seed=cfg.seed,
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        library=False,
+    )
+    atts = [a.to_json() for a in s.attempts]
+    return {
+        "id": row["id"],
+        "template": row["template"],
+        "reference": row["reference"],
+        "verifier": row["verifier"],
+        "baseline_tokens": s.tokens_spent,
+        "baseline_attempts": len(atts),
+        "baseline_solved": s.solved,
+        "baseline_answer": s.answer,
+        "attempts_sha256": attempts_sha256(atts),
+        "attempts": atts,
+    }
+
+
+def reusable(previous: dict | None, cfg: RecurringConfig) -> dict[str, dict]:
+    """Baseline records of an earlier run of the same configuration whose attempt records still hash to
+    their `attempts_sha256` and sum to their token count (the sampling is seeded, so a re-run computes
+    the same records; `replay-eval --rerun` re-checks that). Anything else is computed again."""
+    if not previous or previous.get("config") != cfg.as_dict():
+        return {}
+    out = {}
+    for rec in [*previous["failed"], *previous["solved_by_sampling"]]:
+        if (
+            attempts_sha256(rec["attempts"]) == rec["attempts_sha256"]
+            and sum(a["tokens"] for a in rec["attempts"]) == rec["baseline_tokens"]
+        ):
+            out[rec["id"]] = {k: rec[k] for k in BASELINE_KEYS}
+    return out
+
+
+def concluding_line(solution: str) -> str | None:
+    """The last line of a worked solution that states its result ("In total: 36 + 48 = 84 minutes ..."),
+    skipping a bare "Answer: N" line; None for a one-line solution (nothing shorter to offer)."""
+    lines = [x.strip() for x in solution.strip().splitlines() if x.strip() and not x.strip().lower().startswith("answer:")]
+    return lines[-1] if len(lines) > 1 else None
+
+
+def deposit_verified(lib, row: dict) -> tuple[list[dict], bool]:
+    """The problem's verified solution through the deposit gate: the worked solution first; when the model
+    cannot answer from it (refused), its concluding line, which states the result. Every try is recorded."""
+    tries = []
+    for form, solution in (("worked solution", row["solution"]), ("concluding line", concluding_line(row["solution"]))):
+        if solution is None:
+            continue
+        try:
+            d = lib.deposit_item(row["question"], solution, row["answer"], row["verifier"], row["reference"])
+        except VerificationFailed as e:
+            tries.append({"form": form, "verdict": "refused", "detail": str(e)})
+            continue
+        tries.append({"form": form, "verdict": "accepted", "artifact": d.id})
+        return tries, True
+    return tries, False
+
+
+def run_case(
+    lib, problems: list[dict], cfg: RecurringConfig, log: Callable[[str], None] = print, reuse: dict[str, dict] | None = None
+) -> dict:
+    """Baseline every candidate with nothing grafted (until `cfg.problems` failures; records in `reuse`
+    are taken instead of recomputed), then deposit the failed ones' verified solutions through the gate
+    and recall each; recall the solved ones too."""
+    failed, solved, reused = [], [], []
     for row in candidates(problems, cfg):
         if len(failed) >= cfg.problems:
             break
-        s = lib.solve(
-            row["question"],
-            row["verifier"],
-            row["reference"],
-            budget=cfg.budget,
-            seed=cfg.seed,
-            temperature=cfg.temperature,
-            max_new_tokens=cfg.max_new_tokens,
-            library=False,
+        rec = (reuse or {}).get(row["id"])
+        if rec is not None:
+            reused.append(row["id"])
+        else:
+            rec = _baseline(lib, row, cfg)
+        (solved if rec["baseline_solved"] else failed).append(rec)
+        log(
+            f"recurring: {row['id']} {'solved' if rec['baseline_solved'] else 'failed'} after {rec['baseline_attempts']} "
+            f"attempts, {rec['baseline_tokens']} tokens{' (reused, hash-checked)' if rec['id'] in reused else ''}"
         )
-        atts = [a.to_json() for a in s.attempts]
-        rec = {
-            "id": row["id"],
-            "template": row["template"],
-            "reference": row["reference"],
-            "verifier": row["verifier"],
-            "baseline_tokens": s.tokens_spent,
-            "baseline_attempts": len(atts),
-            "baseline_solved": s.solved,
-            "baseline_answer": s.answer,
-            "attempts_sha256": attempts_sha256(atts),
-            "attempts": atts,
-        }
-        (solved if s.solved else failed).append(rec)
-        log(f"recurring: {row['id']} {'solved' if s.solved else 'failed'} after {len(atts)} attempts, {s.tokens_spent} tokens")
-    accepted = 0
     for rec, row in [(r, _row(problems, r["id"])) for r in failed]:
-        try:
-            lib.deposit_item(row["question"], row["solution"], row["answer"], row["verifier"], row["reference"])
-            rec["deposit"] = "accepted"
-            accepted += 1
-        except VerificationFailed as e:
-            rec["deposit"] = f"refused: {e}"
-            continue
-        rec["grafted"] = _recall(lib, row)
+        rec["deposit_tries"], ok = deposit_verified(lib, row)
+        rec["deposit"] = "accepted" if ok else f"refused: {rec['deposit_tries'][-1]['detail']}"
+        if ok:
+            rec["grafted"] = _recall(lib, row)
     for rec in solved:
-        rec["grafted"] = _recall(lib, _row(problems, rec["id"]))
-    return {"config": cfg.as_dict(), "failed": failed, "solved_by_sampling": solved, **summarise_case(failed, solved, cfg.budget)}
+        row = _row(problems, rec["id"])
+        if rec["id"] in reused:  # `solve` deposited the passing answer when it ran; a reused record does it here
+            passing = next(a for a in rec["attempts"] if a["passed"])
+            try:
+                lib.deposit_item(row["question"], passing["answer"], passing["answer"], row["verifier"], row["reference"])
+            except VerificationFailed as e:
+                rec["deposit"] = f"refused: {e}"
+        rec["grafted"] = _recall(lib, row)
+    return {
+        "config": cfg.as_dict(),
+        "baseline_reused": reused,
+        "failed": failed,
+        "solved_by_sampling": solved,
+        **summarise_case(failed, solved, cfg.budget),
+    }
 
 
 def _row(problems: list[dict], pid: str) -> dict:
@@ -118,16 +195,18 @@ def _row(problems: list[dict], pid: str) -> dict:
 def summarise_case(failed: list[dict], solved: list[dict], budget: int) -> dict:
     """The `recurring_case` object and the payback rows, from the per-problem records alone."""
     grafted = [r["grafted"] for r in failed if "grafted" in r]
-    base = sum(r["baseline_tokens"] for r in failed)
     dec = sum(g["decode_tokens"] for g in grafted)
+    # the ratio compares like with like: the baseline tokens of the problems that were answered from a graft
+    base_grafted = sum(r["baseline_tokens"] for r in failed if "grafted" in r)
     case = {
         "problems": len(failed),
         "budget_tokens_per_problem": budget,
-        "baseline_tokens_total": base,
+        "baseline_tokens_total": sum(r["baseline_tokens"] for r in failed),
         "baseline_solved": sum(1 for r in failed if r["baseline_solved"]),
+        "grafted_problems": len(grafted),
         "grafted_decode_tokens_total": dec,
         "grafted_solved": sum(1 for g in grafted if g["correct"]),
-        "ratio": round(base / dec, 1) if dec else None,
+        "ratio": round(base_grafted / dec, 1) if dec else None,
     }
     payback = [
         {
@@ -142,6 +221,7 @@ def summarise_case(failed: list[dict], solved: list[dict], budget: int) -> dict:
         if "grafted" in r
     ]
     accepted = sum(1 for r in failed if r.get("deposit") == "accepted")
+    first = sum(1 for r in failed if r.get("deposit_tries", [{}])[0].get("verdict") == "accepted")
     return {
         "recurring_case": case,
         "payback": payback,
@@ -149,6 +229,7 @@ def summarise_case(failed: list[dict], solved: list[dict], budget: int) -> dict:
             "accepted": accepted,
             "offered": len(failed),
             "rate": round(accepted / len(failed), 4) if failed else None,
+            "accepted_as_worked_solution": first,
         },
     }
 

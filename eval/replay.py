@@ -131,7 +131,19 @@ def check_offline(results: dict, report: ReplayReport) -> None:
         bad, n = recurring.check_case(results["recurring"], rows)
         report.problems.extend(bad)
         report.count("recurring_case", n)
-    scores, counts, cost = harness.summarise(outputs)
+    gate = results.get("gate")
+    accepted = {d["item"] for d in results["deposits"]} if gate is not None else None
+    if gate is not None:
+        report.count("gate")
+        refused = {r["item"] for r in gate["refused"]}
+        if len(accepted) != gate["accepted"] or len(accepted) + len(refused) != gate["offered"] or accepted & refused:
+            report.fail(
+                f"gate: {len(accepted)} deposits and {len(refused)} refusals do not make the recorded "
+                f"{gate['accepted']} accepted of {gate['offered']} offered"
+            )
+        if gate["acceptance_rate"] != gate["accepted"] / max(1, gate["offered"]):
+            report.fail("gate: the acceptance rate is not accepted / offered")
+    scores, counts, cost = harness.summarise(outputs, accepted)
     for name, got, want in (
         ("scores", scores, results["scores"]),
         ("counts", counts, results["counts"]),

@@ -183,14 +183,23 @@ def recurring_lines(case: dict | None) -> list[str]:
         f"{cfg['seed']}, {cfg['seed'] + 1}, ...; at most {cfg['max_new_tokens']} new tokens per attempt) until the verifier "
         f"accepted an answer or **{rc['budget_tokens_per_problem']:,} tokens per problem** (prompt + decode, every attempt) were spent.",
         "",
-        "| problems | budget / problem | baseline tokens | baseline solved | grafted decode tokens | grafted solved | ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| problems | budget / problem | baseline tokens | baseline solved | answered from a graft | grafted decode tokens | grafted solved | ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {rc['problems']} | {rc['budget_tokens_per_problem']:,} | {rc['baseline_tokens_total']:,} | {rc['baseline_solved']} | "
-        f"{rc['grafted_decode_tokens_total']} | {rc['grafted_solved']} | {_fmt(rc['ratio'], 1)}x |",
+        f"{rc.get('grafted_problems', '')} | {rc['grafted_decode_tokens_total']} | {rc['grafted_solved']} | {_fmt(rc['ratio'], 1)}x |",
         "",
-        f"Verified solutions deposited through the gate: {acc['accepted']} / {acc['offered']} accepted (rate {_fmt(acc['rate'])}).",
+        "The ratio is the baseline tokens of the problems answered from a graft over their grafted decode tokens.",
+        f"Verified solutions deposited through the gate: {acc['accepted']} / {acc['offered']} accepted (rate {_fmt(acc['rate'])}); "
+        f"{acc.get('accepted_as_worked_solution', acc['accepted'])} as the dataset's worked solution, the rest as its concluding line "
+        "(the 270M model could not read the result off the multi-line solution; every try is in `results.json`).",
         "",
     ]
+    if case.get("baseline_reused"):
+        lines += [
+            f"Baseline records of {len(case['baseline_reused'])} problems were taken from an earlier run of the same configuration, "
+            "model fingerprint and data (each record's attempts hash-checked; the sampling is seeded, so recomputing gives the same records).",
+            "",
+        ]
     if case["payback"]:
         lines += [
             "Problems the model did solve by sampling (the flywheel's payback):",
@@ -204,6 +213,31 @@ def recurring_lines(case: dict | None) -> list[str]:
         ]
         lines.append("")
     return lines
+
+
+def gate_lines(results: dict) -> list[str]:
+    """The deposit gate's acceptance, and the grafted accuracy on the items it accepted, side by side."""
+    gate, c = results.get("gate"), results["counts"]
+    if not gate or "recurring/graft_recurring/accepted" not in c:
+        return ["Deposits in this run did not pass through the verification gate (no acceptance rate recorded).", ""]
+    lines = [
+        f"**Deposit gate:** {gate['accepted']} / {gate['offered']} sampled items accepted (acceptance rate "
+        f"{_fmt(gate['acceptance_rate'])}): an item is deposited only when the model, with its artifact grafted, answers "
+        "its question and the verifier accepts that answer. A refused item is not deposited, so its questions above are "
+        "answered without its artifact (counted wrong unless the model knows). On the accepted items:",
+        "",
+        "| condition (accepted items only) | correct / n | accuracy |",
+        "|---|---|---|",
+    ]
+    for label, key in (
+        ("Facts, as deposited, graft", "knowledge/graft_recurring/accepted"),
+        ("Facts, paraphrased, graft", "knowledge/graft_paraphrase/accepted"),
+        ("Problems, as deposited, graft", "problems_deposited/graft_recurring/accepted"),
+        ("**Recurring (facts + problems), graft** (`grafted_accuracy_recurring_accepted`)", "recurring/graft_recurring/accepted"),
+    ):
+        lines.append(f"| {label} | {c[key]['correct']} / {c[key]['n']} | {_fmt(c[key]['accuracy'])} |")
+    reasons = "; ".join(f"{r['item']}: {r['reason'][:90]}" for r in gate["refused"][:3])
+    return [*lines, "", f"Refused (first 3 of {len(gate['refused'])}, all in `results.json` under `gate`): {reasons}", ""]
 
 
 def markdown(results: dict) -> str:
@@ -232,6 +266,7 @@ def markdown(results: dict) -> str:
         f"| **Recurring (facts + problems), no graft** | {c['recurring/no_graft']['correct']} / {c['recurring/no_graft']['n']} | {_fmt(s['no_graft_accuracy_recurring'])} |",
         f"| **Recurring (facts + problems), graft** (`grafted_accuracy_recurring`) | {c['recurring/graft_recurring']['correct']} / {c['recurring/graft_recurring']['n']} | {_fmt(s['grafted_accuracy_recurring'])} |",
         "",
+        *gate_lines(results),
         f"Retrieval: a paraphrase's top hit is its own fact's artifact in {_fmt(s['paraphrase_retrieval_top1'])} of cases; "
         f"a held-out problem's top hit is a worked example of the same template in {_fmt(s['heldout_retrieval_same_template'])} of cases.",
         "",

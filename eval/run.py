@@ -57,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-recurring", action="store_true", help="skip the recurring case (it samples for about an hour here)")
     p.add_argument("--recurring-budget", type=int, default=4096, help="sampling budget per problem (tokens)")
+    p.add_argument(
+        "--reuse-baseline",
+        type=Path,
+        default=None,
+        help="take the no-graft baseline records of the recurring case from this results file where they hash-check "
+        "and the configuration matches (the sampling is seeded: recomputing gives the same records)",
+    )
     p.add_argument("--report-only", action="store_true", help="rewrite the plots and README from --out; run nothing")
     args = p.parse_args(argv)
     if args.report_only:
@@ -109,9 +116,18 @@ def _recurring_only(args, cfg: harness.EvalConfig) -> int:
 
     rc = recurring.RecurringConfig(seed=args.seed, budget=args.recurring_budget)
     problems = harness.read_jsonl(harness.PROBLEMS)
+    reuse = {}
+    if args.reuse_baseline is not None:
+        previous = json.loads(args.reuse_baseline.read_text(encoding="utf-8")).get("recurring")
+        if previous and previous.get("problems_sha256") == harness.file_sha256(harness.PROBLEMS):
+            reuse = recurring.reusable(previous, rc)
+        print(f"recurring: {len(reuse)} baseline records reusable from {args.reuse_baseline}", flush=True)
     with tempfile.TemporaryDirectory(prefix="kvgraft-recurring-") as home:
         lib = services.Library(home=home, model_name=args.model)
-        case = recurring.run_case(lib, problems, rc, log=lambda m: print(m, flush=True))
+        if reuse and previous.get("model_fingerprint") != lib.lm.fingerprint:
+            print("recurring: the earlier run's model fingerprint differs; recomputing every baseline", flush=True)
+            reuse = {}
+        case = recurring.run_case(lib, problems, rc, log=lambda m: print(m, flush=True), reuse=reuse)
         fingerprint = lib.lm.fingerprint
         lib.close()
     case["model_fingerprint"] = fingerprint

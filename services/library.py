@@ -68,11 +68,12 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         model_name: str | None = None,
         embedder: Embedder | None = None,
         lm: model_mod.LoadedModel | None = None,
+        blob_root: str | os.PathLike | None = None,
     ):
         self.home = Path(home) if home else default_home()
         self.home.mkdir(parents=True, exist_ok=True)
         self._catalog = Catalog.open(db_url or os.environ.get("KVGRAFT_DB_URL") or None, self.home)
-        self._blobs = BlobStore(self.home / "blobs")
+        self._blobs = BlobStore(Path(blob_root) if blob_root else self.home / "blobs")  # shared by replicas (serving/)
         self.model_name = model_name
         self._lm = lm
         self._embedder = embedder
@@ -154,6 +155,11 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
     def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
         """Artifacts newest first, each with its latest verification; `query` matches title or text."""
         return [LibraryEntry.of(x) for x in library_rows(self._catalog, query=query, kind=kind, limit=limit, offset=offset)]
+
+    def catalog_version(self) -> int:
+        """The catalog's change counter (every deposit or delete bumps it); an index built at another
+        version is stale. Replicas (serving/) compare it with their index in their health check."""
+        return self._catalog.version()
 
     def count(self) -> int:
         return self._catalog.count_artifacts()

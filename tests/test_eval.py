@@ -114,6 +114,18 @@ def test_replay_fails_on_altered_score(results_file):
     assert not rep.ok and any("grafted_accuracy_recurring" in p for p in rep.problems)
 
 
+def test_scores_on_accepted_items_and_gate_counts_are_replayed(results_file):
+    r = json.loads(results_file.read_text())
+    accepted = {d["item"] for d in r["deposits"]}
+    rec = [o for o in r["outputs"] if o["condition"] == "graft_recurring" and o["item"] in accepted]
+    assert r["scores"]["grafted_accuracy_recurring_accepted"] == sum(o["correct"] for o in rec) / len(rec)
+    r["deposits"] = r["deposits"][1:]  # one accepted item silently dropped: the counts no longer add up
+    results_file.write_text(json.dumps(r))
+    rep = replay.replay(results_file)
+    assert any(p.startswith("gate: ") for p in rep.problems), rep.problems
+    assert any("recurring/graft_recurring/accepted" in p for p in rep.problems), rep.problems  # counts recomputed
+
+
 def test_rerun_is_byte_exact_and_catches_a_changed_output(results_file, tiny_gemma, tmp_path):
     rep = replay.replay(results_file, rerun_model=True, lm=tiny_gemma)
     assert rep.ok, rep.problems
@@ -161,6 +173,7 @@ def test_recurring_case_counts_every_token_and_replays(tiny_gemma, tmp_path):
         "budget_tokens_per_problem",
         "baseline_tokens_total",
         "baseline_solved",
+        "grafted_problems",
         "grafted_decode_tokens_total",
         "grafted_solved",
         "ratio",
@@ -172,9 +185,38 @@ def test_recurring_case_counts_every_token_and_replays(tiny_gemma, tmp_path):
         assert rec["baseline_tokens"] > 240 - len(rows[0]["question"]) - 8  # the budget was spent, not skipped
     assert rc["baseline_tokens_total"] == sum(r["baseline_tokens"] for r in failed)
     assert rc["grafted_decode_tokens_total"] == sum(r["grafted"]["decode_tokens"] for r in failed if "grafted" in r)
+    grafted_base = sum(r["baseline_tokens"] for r in failed if "grafted" in r)  # like with like: grafted problems only
+    assert rc["ratio"] == (
+        round(grafted_base / rc["grafted_decode_tokens_total"], 1) if rc["grafted_decode_tokens_total"] else None
+    )
     by_id = {r["id"]: r for r in rows}
     assert recurring.check_case(case, by_id)[0] == []
     bad = json.loads(json.dumps(case))
     bad["failed"][0]["attempts"][0]["tokens"] += 1
     problems, _ = recurring.check_case(bad, by_id)
     assert any("attempt" in p for p in problems)
+
+
+def test_recurring_concluding_line_and_reuse_of_hash_checked_baselines(tiny_gemma, tmp_path):
+    import services
+    from eval import recurring
+
+    assert recurring.concluding_line("a = 1.\nIn total: 84 minutes.\nAnswer: 84") == "In total: 84 minutes."
+    assert recurring.concluding_line("2 + 3 = 5.") is None
+    rows = _recurring_rows()
+    cfg = recurring.RecurringConfig(problems=2, budget=240, max_candidates=3, max_new_tokens=4)
+    lib = services.Library(home=tmp_path / "store", embedder=HashEmbedder(), lm=tiny_gemma)
+    first = recurring.run_case(lib, rows, cfg, log=lambda m: None)
+    reuse = recurring.reusable(first, cfg)
+    assert set(reuse) == {r["id"] for r in first["failed"] + first["solved_by_sampling"]}
+    tampered = json.loads(json.dumps(first))
+    tampered["failed"][0]["attempts"][0]["tokens"] += 1
+    assert tampered["failed"][0]["id"] not in recurring.reusable(tampered, cfg)  # a record that no longer hash-checks
+    assert recurring.reusable(first, recurring.RecurringConfig(problems=2, budget=241)) == {}  # another configuration
+    lib2 = services.Library(home=tmp_path / "store2", embedder=HashEmbedder(), lm=tiny_gemma)
+    again = recurring.run_case(lib2, rows, cfg, log=lambda m: None, reuse=reuse)
+    lib.close()
+    lib2.close()
+    assert again["baseline_reused"] == [r["id"] for r in first["failed"] + first["solved_by_sampling"]]
+    assert [r["attempts_sha256"] for r in again["failed"]] == [r["attempts_sha256"] for r in first["failed"]]
+    assert again["recurring_case"] == first["recurring_case"]

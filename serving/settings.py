@@ -1,0 +1,153 @@
+"""What a Ray Serve deployment of kvgraft is configured by: the shared store, the model, the replica
+bounds (fixed count or autoscaling), graceful drain and health-check timing, read from the environment.
+
+Knows nothing about Ray itself beyond the names of its deployment options (see `deployment_options`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from errors import InvalidInput
+
+EMBEDDERS = ("minilm", "hash")  # "hash": the deterministic test double of retrieval/embedder.py, tests only
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def _number(name: str, default: float, kind=float, low: float = 0) -> float:
+    raw = _env(name)
+    if raw is None:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise InvalidInput(f"{name} must be a {kind.__name__} >= {low}, got {raw!r}") from None
+    if value < low:
+        raise InvalidInput(f"{name} must be >= {low}, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """One deployment. `replicas` set: exactly that many; None: Ray autoscales between `min_replicas` and
+    `max_replicas`, aiming at `target_ongoing_requests` per replica."""
+
+    db_url: str  # the shared catalog (postgresql+psycopg://... across machines)
+    blob_root: Path  # the shared blob folder every replica can read (a shared filesystem across machines)
+    state_root: Path  # per-replica local state (FAISS index cache) lives in <state_root>/<replica id>
+    model: str | None = None  # KVGRAFT_MODEL semantics; None: the packaged Gemma 3 270M
+    admin_token: str = ""  # deposits over HTTP need it; empty: deposits are refused
+    embedder: str = "minilm"
+    replicas: int | None = None
+    min_replicas: int = 1
+    max_replicas: int = 4
+    target_ongoing_requests: float = 1.0
+    max_ongoing_requests: int = 2  # per replica; the model runs one request at a time, the router queues the rest
+    graceful_shutdown_wait_loop_s: float = 2.0  # drain: how often a stopping replica checks for requests left
+    graceful_shutdown_timeout_s: float = 120.0  # drain: how long a stopping replica may finish what it holds
+    health_check_period_s: float = 10.0
+    health_check_timeout_s: float = 30.0
+    replica_cpus: float = 1.0  # Ray CPUs reserved per replica
+    threads: int | None = None  # KVGRAFT_THREADS inside the replicas; None: inherited (default 2). Part of the
+    # model fingerprint: replicas must compute with the thread count the store's artifacts were made with
+    host: str = "127.0.0.1"
+    port: int = 8000
+    app_name: str = "kvgraft"
+    route_prefix: str = "/"
+
+    @classmethod
+    def from_env(cls, **overrides) -> ServeSettings:
+        """Settings from KVGRAFT_* variables (see docs/SCALING.md), then `overrides` (None values ignored)."""
+        home = Path(_env("KVGRAFT_HOME", str(Path.home() / ".local" / "share" / "kvgraft")))
+        db_url = _env("KVGRAFT_DB_URL") or f"sqlite:///{home / 'catalog.sqlite3'}"
+        base = cls(
+            db_url=db_url,
+            blob_root=Path(_env("KVGRAFT_BLOB_ROOT", str(home / "blobs"))),
+            state_root=Path(_env("KVGRAFT_REPLICA_STATE", str(Path(tempfile.gettempdir()) / "kvgraft-replicas"))),
+            model=_env("KVGRAFT_MODEL"),
+            admin_token=_env("KVGRAFT_ADMIN_TOKEN", ""),
+            embedder=_env("KVGRAFT_SERVE_EMBEDDER", "minilm"),
+            replicas=int(_number("KVGRAFT_SERVE_REPLICAS", 0, int)) or None,
+            min_replicas=int(_number("KVGRAFT_SERVE_MIN_REPLICAS", 1, int)),
+            max_replicas=int(_number("KVGRAFT_SERVE_MAX_REPLICAS", 4, int, 1)),
+            target_ongoing_requests=_number("KVGRAFT_SERVE_TARGET_ONGOING", 1.0),
+            max_ongoing_requests=int(_number("KVGRAFT_SERVE_MAX_ONGOING", 2, int, 1)),
+            graceful_shutdown_timeout_s=_number("KVGRAFT_SERVE_DRAIN_S", 120.0),
+            health_check_period_s=_number("KVGRAFT_SERVE_HEALTH_PERIOD_S", 10.0),
+            replica_cpus=_number("KVGRAFT_SERVE_REPLICA_CPUS", 1.0),
+            threads=int(_number("KVGRAFT_SERVE_THREADS", 0, int)) or None,
+            host=_env("KVGRAFT_SERVE_HOST", "127.0.0.1"),
+            port=int(_number("KVGRAFT_SERVE_PORT", 8000, int)),
+        )
+        return base.with_(**overrides)
+
+    def with_(self, **overrides) -> ServeSettings:
+        s = replace(self, **{k: v for k, v in overrides.items() if v is not None})
+        s.check()
+        return s
+
+    def check(self) -> None:
+        if self.embedder not in EMBEDDERS:
+            raise InvalidInput(f"KVGRAFT_SERVE_EMBEDDER must be one of {', '.join(EMBEDDERS)}, got {self.embedder!r}")
+        if self.replicas is not None and self.replicas < 1:
+            raise InvalidInput(f"--replicas must be at least 1, got {self.replicas}")
+        if not 0 <= self.min_replicas <= self.max_replicas:
+            raise InvalidInput(
+                f"autoscaling bounds need 0 <= min_replicas <= max_replicas, got {self.min_replicas} and {self.max_replicas}"
+            )
+
+    def deployment_options(self) -> dict:
+        """Keyword arguments for `Deployment.options`: replica count or autoscaling, drain, health checks,
+        resources, and the environment each replica process starts with."""
+        opts = {
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "graceful_shutdown_wait_loop_s": self.graceful_shutdown_wait_loop_s,
+            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
+            "health_check_period_s": self.health_check_period_s,
+            "health_check_timeout_s": self.health_check_timeout_s,
+            "ray_actor_options": {
+                "num_cpus": self.replica_cpus,
+                "runtime_env": {
+                    "env_vars": {
+                        "HF_HUB_OFFLINE": "1",
+                        "TRANSFORMERS_OFFLINE": "1",
+                        "TOKENIZERS_PARALLELISM": "false",
+                    }
+                },
+            },
+        }
+        if self.threads is not None:
+            opts["ray_actor_options"]["runtime_env"]["env_vars"]["KVGRAFT_THREADS"] = str(self.threads)
+        if self.replicas is not None:
+            opts["num_replicas"] = self.replicas
+        else:
+            opts["autoscaling_config"] = {
+                "min_replicas": self.min_replicas,
+                "max_replicas": self.max_replicas,
+                "target_ongoing_requests": self.target_ongoing_requests,
+            }
+        return opts
+
+    def public(self) -> dict:
+        """The settings without the admin token (for logs and /health)."""
+        d = asdict(self)
+        d["admin_token"] = "set" if self.admin_token else ""
+        d["db_url"] = _redact(self.db_url)
+        return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
+
+
+def _redact(url: str) -> str:
+    """A catalog URL without its password."""
+    head, sep, tail = url.partition("://")
+    if not sep or "@" not in tail:
+        return url
+    cred, at, rest = tail.rpartition("@")
+    user = cred.split(":", 1)[0]
+    return f"{head}://{user}:***@{rest}" if ":" in cred else url
