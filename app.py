@@ -168,10 +168,11 @@ def _not_answered(exc: Exception) -> str:
 
 
 def _chat_tab(library: services.Library, guard: Guard):
-    def chat(message, history, graft, k, max_new, check, compare, request: gr.Request):
+    def chat(message, history, graft, k, max_new, check, compare, admin_token="", request: gr.Request = None):
         history = list(history or [])
         try:
-            options, problem = _answer_options(guard, request, k, graft, max_new, check, compare), input_problem(message)
+            options = _answer_options(guard, request, k, graft, max_new, check, compare, admin_token)
+            problem = input_problem(message)
         except KvgraftError as exc:
             options, problem = {}, str(exc)
         if problem:
@@ -211,11 +212,10 @@ def _chat_tab(library: services.Library, guard: Guard):
                     graft = gr.Checkbox(True, label="graft")
                     check = gr.Checkbox(False, label="check exactness (a fresh recomputation)")
                     compare = gr.Checkbox(False, label="compare with no graft (measured)")
+                    atok = gr.Textbox(label="admin token (check, compare)", type="password", scale=2)
                 with gr.Row():
                     k = gr.Slider(1, services.MAX_K, 3, step=1, label="k (retrieved)")
-                    max_new = gr.Slider(
-                        1, ANON_MAX_NEW_TOKENS, 16, step=1, label="max new tokens"
-                    )  # 16: anonymous compare (decodes twice) fits the 32-token bound
+                    max_new = gr.Slider(1, ANON_MAX_NEW_TOKENS, 16, step=1, label="max new tokens")
                 clear = gr.Button("Clear chat", size="sm")
             with gr.Column(scale=2):
                 gr.Markdown("### Evidence")
@@ -223,7 +223,7 @@ def _chat_tab(library: services.Library, guard: Guard):
                     '<div class="kv-evidence kv-muted">Ask a question to see what was grafted and whether it was exact.</div>',
                     elem_id="kv-evidence",
                 )
-        inputs, outputs = [box, chatbot, graft, k, max_new, check, compare], [chatbot, evidence, box]
+        inputs, outputs = [box, chatbot, graft, k, max_new, check, compare, atok], [chatbot, evidence, box]
         model = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS}
         box.submit(chat, inputs, outputs, api_name="chat", api_visibility="undocumented", **model)
         send.click(chat, inputs, outputs, api_visibility="private", **model)
@@ -446,8 +446,8 @@ def _apis(library: services.Library, guard: Guard) -> None:
         admin_token: str = "",
         request: gr.Request = None,
     ) -> dict:
-        """Answer a question; returns the same JSON object as `cli.py ask --json`. `check=True` adds a fresh
-        recomputation (bounded by the context); max_new_tokens <= 64 without the admin token."""
+        """Answer a question; returns the same JSON object as `cli.py ask --json`. Without the admin token:
+        max_new_tokens <= 32 and no `check` (a fresh recomputation) or `compare` (a no-graft run)."""
         options = _call(_answer_options, guard, request, k, graft, max_new_tokens, check, compare, admin_token)
         problem = input_problem(question)
         if problem:

@@ -2,7 +2,7 @@
 
 `AdminGate` checks the admin token (constant-time) with a limit on failed guesses per client address
 and overall; `FairTurns` hands the model out one request at a time: at most one request in flight per
-session and a few per address, the waiting client with the least recent model time first. It knows
+session and a few per address, in turns (round robin over addresses, then sessions). It knows
 nothing about the store, the model or Gradio's widgets; app.py's handlers call it before any work.
 """
 
@@ -92,70 +92,59 @@ class AdminGate:
 
 
 class Turn:
-    """One client's claim on the model, from `FairTurns.turn`; `pause` lets a lighter waiting client go first."""
+    """One client's claim on the model, from `FairTurns.turn`; `pause` lets any other waiting client go first."""
 
     def __init__(self, turns: FairTurns, client: Client, seq: int):
         self._turns, self.client, self.seq = turns, client, seq
-        self._started = 0.0  # when it last got the model (for charging its time)
 
     def pause(self) -> None:
-        """Call between units of work (outside the model lock): hands the model to any waiting client that
-        has used less of it recently, then waits for it back."""
+        """Call between units of work (outside the model lock): hands the model to the next waiting client in
+        the turn order (this one was just served, so any other address goes first), then waits for it back."""
         self._turns._pause(self)
 
 
 class FairTurns:
-    """The model, one request at a time, shared fairly.
+    """The model, one request at a time, in turns.
 
     A client may have `per_session` requests in flight (waiting or running) per session and
     `per_address` per address; more are refused at once, so one client cannot queue many. Among the
-    waiting, the one whose session and address have used the least model time recently (decaying
-    with `half_life_s`) goes next; a request that waits longer than `max_wait_s` is refused."""
+    waiting, the address served least recently goes next, then (within an address) the session served
+    least recently, then the oldest request: a round robin over addresses, so a client whose address is
+    not the one just served gets the next turn, however many requests another host keeps waiting. A
+    newcomer cannot bank credit and a long-served client is not held back for it (the order is by turns,
+    not by model time: each anonymous turn is bounded to about one chat). A request that waits longer
+    than `max_wait_s` is refused."""
 
-    def __init__(
-        self,
-        per_session: int = 1,
-        per_address: int = 32,
-        half_life_s: float = 60.0,
-        max_wait_s: float = 600.0,
-        clock=time.monotonic,
-    ):
-        self.per_session, self.per_address = per_session, per_address
-        self.half_life_s, self.max_wait_s, self._clock = half_life_s, max_wait_s, clock
+    def __init__(self, per_session: int = 1, per_address: int = 32, max_wait_s: float = 600.0, clock=time.monotonic):
+        self.per_session, self.per_address, self.max_wait_s, self._clock = per_session, per_address, max_wait_s, clock
         self._cond = threading.Condition()
         self._holder: int | None = None
         self._waiting: dict[int, Client] = {}
         self._seq = itertools.count()
+        self._grants = itertools.count()
         self._sessions: dict[str, int] = defaultdict(int)
         self._addresses: dict[str, int] = defaultdict(int)
-        self._usage: dict[str, tuple[float, float]] = {}  # key -> (model seconds, when)
+        self._served: dict[str, int] = {}  # "a:"+address / "s:"+session -> number of its latest turn
 
-    def _used(self, key: str, now: float) -> float:
-        value, when = self._usage.get(key, (0.0, now))
-        return value * 0.5 ** ((now - when) / self.half_life_s)
+    def _order(self, seq: int) -> tuple[int, int, int]:
+        c = self._waiting[seq]
+        return self._served.get("a:" + c.address, -1), self._served.get("s:" + c.session, -1), seq
 
-    def _charge(self, client: Client, seconds: float, now: float) -> None:
-        for key in ("s:" + client.session, "a:" + client.address):
-            self._usage[key] = (self._used(key, now) + seconds, now)
-        if len(self._usage) > 10_000:  # forget the long idle
-            for key in [k for k in self._usage if self._used(k, now) < 1e-3]:
-                del self._usage[key]
+    def _grant(self, seq: int, client: Client) -> None:
+        """Under the condition: `seq` holds the model now; its address and session were served last."""
+        self._holder = seq
+        n = next(self._grants)
+        if len(self._served) > 10_000:  # forget the long gone (they count as never served again)
+            keep = {k for c in (client, *self._waiting.values()) for k in ("a:" + c.address, "s:" + c.session)}
+            self._served = {k: v for k, v in self._served.items() if k in keep}
+        self._served["a:" + client.address] = self._served["s:" + client.session] = n
 
-    def _next(self, now: float) -> int:
-        return min(
-            self._waiting,
-            key=lambda s: (
-                self._used("s:" + self._waiting[s].session, now) + self._used("a:" + self._waiting[s].address, now),
-                s,
-            ),
-        )
-
-    def _wait_for_model(self, seq: int, client: Client) -> float:
-        """Under the condition: queue `seq`, wait until it is the model's next holder; returns when it started."""
+    def _wait_for_model(self, seq: int, client: Client) -> None:
+        """Under the condition: queue `seq`, wait until it is first in the turn order and the model is free."""
         deadline = self._clock() + self.max_wait_s
         self._waiting[seq] = client
         try:
-            while self._holder is not None or self._next(self._clock()) != seq:
+            while self._holder is not None or min(self._waiting, key=self._order) != seq:
                 left = deadline - self._clock()
                 if left <= 0:
                     raise Refused(f"The model is busy (waited {self.max_wait_s:.0f} s); try again in a minute.")
@@ -163,13 +152,10 @@ class FairTurns:
         finally:
             del self._waiting[seq]
             self._cond.notify_all()
-        self._holder = seq
-        return self._clock()
+        self._grant(seq, client)
 
-    def _release(self, seq: int, client: Client, started: float) -> None:
-        """Under the condition: free the model and charge the holder for its time."""
-        now = self._clock()
-        self._charge(client, now - started, now)
+    def _release(self) -> None:
+        """Under the condition: free the model for the next in the turn order."""
         self._holder = None
         self._cond.notify_all()
 
@@ -186,7 +172,7 @@ class FairTurns:
             seq = next(self._seq)
             t = Turn(self, client, seq)
             try:
-                t._started = self._wait_for_model(seq, client)
+                self._wait_for_model(seq, client)
             except BaseException:
                 self._forget(client)
                 raise
@@ -195,7 +181,7 @@ class FairTurns:
         finally:
             with self._cond:
                 if self._holder == seq:
-                    self._release(seq, client, t._started)
+                    self._release()
                 self._forget(client)
 
     def _forget(self, client: Client) -> None:
@@ -208,8 +194,8 @@ class FairTurns:
         with self._cond:
             if self._holder != t.seq or not self._waiting:
                 return
-            self._release(t.seq, t.client, t._started)
-            t._started = self._wait_for_model(t.seq, t.client)
+            self._release()
+            self._wait_for_model(t.seq, t.client)
 
     def in_flight(self) -> int:
         """Requests waiting for or holding the model now."""

@@ -20,9 +20,17 @@ import gradio as gr
 
 import maintenance
 import services
-from app_guard import Guard
+from app_guard import Guard, Refused
 from errors import InvalidInput, KvgraftError
-from services.limits import ANON_MAX_NEW_TOKENS, ANON_VERIFY_SAMPLES, MAX_NEW_TOKENS, MAX_VERIFY_SAMPLES, whole
+from services.limits import (
+    ANON_MAX_NEW_TOKENS,
+    ANON_VERIFY_SAMPLES,
+    ANON_VERIFY_STEPS,
+    ANON_VERIFY_TOKENS,
+    MAX_NEW_TOKENS,
+    MAX_VERIFY_SAMPLES,
+    whole,
+)
 
 EXPORT_TTL_S = 600.0  # our own export file is removed this long after the handler returned it
 
@@ -54,33 +62,52 @@ def expire(folder: Path, after_s: float) -> threading.Timer:
     return timer
 
 
+ADMIN_ONLY_ANSWER = (
+    "{what} needs the admin token: {why}. Anonymous answers carry the cheap probe proof. Untick it, give the "
+    "admin token (KVGRAFT_ADMIN_TOKEN), or run `cli.py ask --check --compare` against your own store."
+)
+
+
 def answer_options(guard: Guard, request, k, graft, max_new, check, compare, admin_token=None) -> dict:
-    """The bounded options of one answer. Without the admin token the decoding, the no-graft comparison's
-    included (`compare` decodes again), is at most ANON_MAX_NEW_TOKENS, so one anonymous answer costs about
-    one default chat; `check` (one fresh recomputation, bounded by the context) runs only when asked for."""
+    """The bounded options of one answer. Without the admin token the decoding is at most
+    ANON_MAX_NEW_TOKENS and neither `check` nor `compare` runs (each recomputes the whole grafted context,
+    so either costs about as much again as the answer, with no bound but the context): an anonymous answer
+    is one model turn of about one default chat, and carries the cheap probe proof only."""
     admin = guard.is_admin(admin_token, request)
-    compare = compare is True
-    top = MAX_NEW_TOKENS if admin else ANON_MAX_NEW_TOKENS // (2 if compare else 1)
+    check, compare = check is True, compare is True
+    if not admin and (check or compare):
+        what = " and ".join(n for n, on in (("check", check), ("compare", compare)) if on)
+        why = {
+            "check": "it recomputes the whole grafted context from its text",
+            "compare": "it recomputes the whole context without the graft",
+        }
+        reason = " and ".join(why[n] for n in what.split(" and "))
+        raise Refused(ADMIN_ONLY_ANSWER.format(what=what, why=reason))
+    top = MAX_NEW_TOKENS if admin else ANON_MAX_NEW_TOKENS
     try:
         max_new_tokens = whole("max_new_tokens", max_new, 1, top)
     except KvgraftError as exc:
-        why = " (compare decodes twice)" if compare and not admin else ""
-        raise InvalidInput(f"{exc}{why}; larger answers need the admin token") from None
+        raise InvalidInput(f"{exc}{'' if admin else '; larger answers need the admin token'}") from None
     return dict(
-        k=whole("k", k, 1, services.MAX_K), graft=bool(graft), max_new_tokens=max_new_tokens, check=check is True, compare=compare
+        k=whole("k", k, 1, services.MAX_K), graft=bool(graft), max_new_tokens=max_new_tokens, check=check, compare=compare
     )
 
 
 def verify(library: services.Library, guard: Guard, request, samples, relocate, admin_token=None, progress=None):
-    """The N-sample report within this caller's bounds: ANON_VERIFY_SAMPLES without the admin token, a
-    relocate offset inside the model's context. Between samples the model goes to any lighter waiting client."""
-    top = MAX_VERIFY_SAMPLES if call(guard.is_admin, admin_token, request) else ANON_VERIFY_SAMPLES
+    """The N-sample report within this caller's bounds. Without the admin token: at most ANON_VERIFY_SAMPLES
+    samples of artifacts whose chain holds at most ANON_VERIFY_TOKENS tokens, ANON_VERIFY_STEPS greedy steps
+    each and no monolithic comparison, so one sample costs about one default chat. A relocate offset stays
+    inside the model's context. Every sample is its own model turn: between samples the model goes to the
+    next waiting client in the turn order."""
+    admin = call(guard.is_admin, admin_token, request)
+    top = MAX_VERIFY_SAMPLES if admin else ANON_VERIFY_SAMPLES
     try:
         n = whole("samples", samples, 1, top)
         offset = None if relocate is None else whole("relocate offset", relocate, 0, library.lm.info.max_positions - 1)
     except KvgraftError as exc:
         more = " (more with the admin token)" if top < MAX_VERIFY_SAMPLES else ""
         raise gr.Error(f"{exc}{more}") from None
+    bounds = {} if admin else {"decode_steps": ANON_VERIFY_STEPS, "monolithic": False, "max_tokens": ANON_VERIFY_TOKENS}
     with model_turn(guard, request) as turn:
 
         def step(fraction: float, message: str) -> None:
@@ -88,7 +115,7 @@ def verify(library: services.Library, guard: Guard, request, samples, relocate, 
                 progress(fraction, desc=message)
             turn.pause()
 
-        return library.verify_samples(n, relocate=offset, on_progress=step), offset
+        return library.verify_samples(n, relocate=offset, on_progress=step, **bounds), offset
 
 
 def upkeep(library: services.Library, guard: Guard, table: Callable[[], list[list]]):

@@ -1,13 +1,15 @@
 """Issue 12's load test against the running web app on loopback: 8 anonymous clients hammer the heaviest
-anonymous calls (`/verify` with the most samples allowed, `/answer` with the most decode tokens allowed,
-the fresh recomputation and the no-graft comparison) while one user chats through `/chat`.
+anonymous calls (`/verify` with the most samples allowed, own position and relocated; `/answer` with the
+most decode tokens and k allowed; the full check and the no-graft comparison are admin-only, so an attacker
+asking for them is refused at once, which `--refused` measures) while one user chats through `/chat`.
 
 Reports the user's chat latency idle and under attack (p50/p95), the errors each side saw, the attackers'
 calls and refusals, and every file that appeared outside the store meanwhile (the temp folder, Gradio's
 cache). Bounded: a fixed number of user chats, attackers stop when the user is done, a deadline on all.
 
-Usage: .venv/bin/python -m bench.abuse [--tiny] [--chats 20] [--attackers 8]   (real model by default,
-the built-in seed library; writes docs/bench/abuse.json with --write)
+Usage: .venv/bin/python -m bench.abuse [--tiny] [--chats 20] [--attackers 8] [--home DIR]   (real model by
+default, the built-in seed library, seeded into a scratch store unless --home names an already seeded one;
+writes docs/bench/abuse.json with --write)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "Who founded the town of Velmora?"
 ATTACK_QUESTION = "Tell me everything about the town of Velmora, its founder, its history and its people."
+REFUSED = ("One request at a time", "Too many requests in flight", "needs the admin token")
 
 
 def free_port() -> int:
@@ -82,7 +85,7 @@ class AbuseReport:
 
 def _chat(client, question: str) -> float:
     t0 = time.perf_counter()
-    history, _evidence, _box = client.predict(question, [], True, 3, 32, False, False, api_name="/chat")
+    history, _evidence, _box = client.predict(question, [], True, 3, 32, False, False, "", api_name="/chat")
     elapsed = time.perf_counter() - t0
     last = history[-1]["content"] if history else ""
     text = last if isinstance(last, str) else "".join(p.get("text", "") for p in last if isinstance(p, dict))
@@ -112,14 +115,17 @@ def _user(url: str, n: int, question: str, errors: list[str]) -> list[float]:
     return times
 
 
-def _attacker(c, i: int, stop, deadline: float, out: dict) -> None:
-    """One anonymous client calling its heaviest allowed request back to back until `stop`."""
+def _attacker(c, i: int, stop, deadline: float, out: dict, refused: bool = False) -> None:
+    """One anonymous client calling its heaviest allowed request back to back until `stop` (with `refused`,
+    the admin-only full check and comparison instead: refused at once, back to back)."""
     calls = [
         lambda: c.predict(5, None, api_name="/verify"),
-        lambda: c.predict(ATTACK_QUESTION, 16, True, 32, True, False, api_name="/answer"),
+        lambda: c.predict(ATTACK_QUESTION, 16, True, 32, False, False, api_name="/answer"),
         lambda: c.predict(5, 64, api_name="/verify"),
-        lambda: c.predict(ATTACK_QUESTION, 16, True, 16, True, True, api_name="/answer"),
+        lambda: c.predict(ATTACK_QUESTION[::-1], 16, True, 32, False, False, api_name="/answer"),
     ]
+    if refused:
+        calls = [lambda: c.predict(ATTACK_QUESTION, 16, True, 16, True, True, api_name="/answer")]
     call = calls[i % len(calls)]
     while not stop.is_set() and time.monotonic() < deadline:
         try:
@@ -128,26 +134,33 @@ def _attacker(c, i: int, stop, deadline: float, out: dict) -> None:
         except Exception as exc:
             out["calls"] += 1
             message = str(exc)
-            if "One request at a time" in message or "Too many requests in flight" in message:
+            if any(r in message for r in REFUSED):
                 out["refusals"] += 1
             else:
                 out["errors"].append(f"{type(exc).__name__}: {message}"[:300])
 
 
-def _attack(url: str, attackers: int, ready, stop, deadline: float, results) -> None:
+def _attack(url: str, attackers: int, ready, stop, deadline: float, results, refused: bool = False) -> None:
     """The attacking host, in its own process (its client threads do not share the server's GIL)."""
     outs = [{"calls": 0, "refusals": 0, "errors": []} for _ in range(attackers)]
     with ThreadPoolExecutor(attackers) as pool:
         clients = list(pool.map(lambda _: _client(url, ATTACKER_ADDRESS), range(attackers)))
         ready.set()
-        for f in [pool.submit(_attacker, clients[i], i, stop, deadline, outs[i]) for i in range(attackers)]:
+        for f in [pool.submit(_attacker, clients[i], i, stop, deadline, outs[i], refused) for i in range(attackers)]:
             f.result()
     results.put(outs)
 
 
-def run(url: str, chats: int = 20, attackers: int = 8, watch: tuple[Path, ...] = (), deadline_s: float = 900.0) -> AbuseReport:
+def run(
+    url: str,
+    chats: int = 20,
+    attackers: int = 8,
+    watch: tuple[Path, ...] = (),
+    deadline_s: float = 900.0,
+    refused: bool = False,
+) -> AbuseReport:
     """Idle chats, then the same number of chats while `attackers` anonymous clients of one other host
-    hammer the app. The server must trust X-Forwarded-For (`Guard(trust_proxy=True)`) to tell the two
+    hammer the app (with `refused`: with admin-only requests, refused at once). The server must trust X-Forwarded-For (`Guard(trust_proxy=True)`) to tell the two
     hosts apart on loopback; otherwise all share one address."""
     deadline = time.monotonic() + deadline_s
     user_errors: list[str] = []
@@ -156,7 +169,7 @@ def run(url: str, chats: int = 20, attackers: int = 8, watch: tuple[Path, ...] =
     before = files_under(list(watch))
     ctx = multiprocessing.get_context("spawn")
     ready, stop, results = ctx.Event(), ctx.Event(), ctx.Queue()
-    host = ctx.Process(target=_attack, args=(url, attackers, ready, stop, deadline, results), daemon=True)
+    host = ctx.Process(target=_attack, args=(url, attackers, ready, stop, deadline, results, refused), daemon=True)
     host.start()
     try:
         ready.wait(timeout=120)  # every attacker connected
@@ -197,6 +210,9 @@ def main() -> None:
     ap.add_argument("--chats", type=int, default=20)
     ap.add_argument("--attackers", type=int, default=8)
     ap.add_argument("--write", action="store_true", help="write docs/bench/abuse.json")
+    ap.add_argument("--home", type=Path, help="an already seeded store to use (the real model's seeding takes minutes)")
+    ap.add_argument("--refused", action="store_true", help="attackers send admin-only requests (refused at once)")
+    ap.add_argument("--deadline", type=float, default=900.0, help="seconds after which the attackers stop")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="kvgraft-abuse-"))
     os.environ["GRADIO_TEMP_DIR"] = str(scratch / "gradio")
@@ -216,16 +232,25 @@ def main() -> None:
         lib = services.Library(home=scratch / "home", lm=model_mod.load(str(folder)), embedder=HashEmbedder())
         seed_tiny(lib)
     else:
-        lib = services.Library(home=scratch / "home")
-        app.seed_library(lib)
+        lib = services.Library(home=args.home or scratch / "home")
+        if not lib.count():
+            app.seed_library(lib)
     demo = app.build_app(lib, admin_token="abuse-admin", guard=Guard("abuse-admin", trust_proxy=True))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
     try:
-        rep = run(demo.local_url, args.chats, args.attackers, watch=(scratch / "gradio", scratch / "tmp"))
+        load = os.getloadavg()[0]
+        watch = (scratch / "gradio", scratch / "tmp")
+        rep = run(demo.local_url, args.chats, args.attackers, watch=watch, deadline_s=args.deadline, refused=args.refused)
     finally:
         demo.close()
     out = rep.to_json()
-    out.update(model="tiny" if args.tiny else "default", date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+    out.update(
+        model="tiny" if args.tiny else "default",
+        attack="admin-only requests (refused)" if args.refused else "heaviest anonymous requests",
+        date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        load_average=[round(load, 1), round(os.getloadavg()[0], 1)],  # 1-minute load before / after, this machine
+        cpus=os.cpu_count(),
+    )
     print(json.dumps(out, indent=1))
     if args.write:
         (ROOT / "docs" / "bench").mkdir(parents=True, exist_ok=True)

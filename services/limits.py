@@ -25,7 +25,9 @@ def bounded(name: str, text: str, limit: int) -> str:
 MAX_NEW_TOKENS = 512  # any caller: decode steps of one answer
 ANON_MAX_NEW_TOKENS = 32  # without the admin token: decode steps of one answer, the no-graft comparison included
 MAX_VERIFY_SAMPLES = 1000
-ANON_VERIFY_SAMPLES = 5
+ANON_VERIFY_SAMPLES = 5  # without the admin token: samples of one verify, each its own model turn
+ANON_VERIFY_STEPS = 2  # without the admin token: greedy steps compared per sample (admins: 4)
+ANON_VERIFY_TOKENS = 256  # without the admin token: only artifacts whose chain holds at most this many tokens
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
 
 

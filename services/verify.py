@@ -1,6 +1,7 @@
 """The N-sample exactness report of a Library: draw (artifact, query) pairs from the store and compare
 the grafted logits with a fresh recomputation byte for byte (or, with `relocate`, measure how far a
-root grafted at another offset lands from the fresh computation there).
+root grafted at another offset lands from the fresh computation there). Each sample takes the model
+lock on its own, so a caller may hand the model to someone else between samples (`on_progress`).
 """
 
 from __future__ import annotations
@@ -29,13 +30,28 @@ class VerifyPipeline:
         relocate: int | None = None,
         seed: int = 0,
         on_progress: Callable[[float, str], None] | None = None,
+        decode_steps: int = 4,
+        monolithic: bool = True,
+        max_tokens: int | None = None,
     ) -> VerifyReport:
-        """Draw `samples` (artifact, query) pairs from the store and check graft vs fresh on each."""
+        """Draw `samples` (artifact, query) pairs from the store and check graft vs fresh on each, over the
+        query rows and `decode_steps` greedy steps (and, with `monolithic`, the one-forward schedule beside
+        it, labelled). With `max_tokens` only artifacts whose chain holds at most that many tokens are drawn
+        (a sample recomputes the whole chain: this bounds its cost)."""
         if not 1 <= samples <= 1000:
             raise InvalidInput(f"samples must be between 1 and 1000, got {samples}")
+        if not 1 <= decode_steps <= 16:
+            raise InvalidInput(f"decode_steps must be between 1 and 16, got {decode_steps}")
         rows = [r for r in self._catalog.list_artifacts(limit=10_000) if not r.quarantine]
         if not rows:
             raise ArtifactNotFound("the store is empty: deposit something first (cli.py deposit --text-file F)")
+        if max_tokens is not None:
+            rows = [r for r in rows if r.end_pos <= max_tokens]
+            if not rows:
+                raise ArtifactNotFound(
+                    f"no artifact in the store has a chain of at most {max_tokens:,} tokens; verifying longer ones "
+                    "needs the admin token (or `cli.py verify` on your own store)"
+                )
         rng = random.Random(seed)
         done: list[VerifySample] = []
         for i in range(samples):
@@ -45,9 +61,11 @@ class VerifyPipeline:
                 chain, _ = self.load_chain(row.id)
                 qids = generate.encode_prompt(self.lm, q, grafted=True)
                 if relocate is not None:
-                    done.append(VerifySample(chain[0].key, q, check_relocated(self.lm, chain[0], qids, offset=relocate)))
+                    c = check_relocated(self.lm, chain[0], qids, offset=relocate, decode_steps=decode_steps)
+                    done.append(VerifySample(chain[0].key, q, c))
                 else:
-                    done.append(VerifySample(row.id, q, exact_check(self.lm, chain, qids)))
+                    c = exact_check(self.lm, chain, qids, decode_steps=decode_steps, monolithic=monolithic)
+                    done.append(VerifySample(row.id, q, c))
             if on_progress:
                 on_progress((i + 1) / samples, f"sample {i + 1}/{samples}")
         return VerifyReport(

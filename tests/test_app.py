@@ -84,7 +84,7 @@ def test_deposit_accepted_with_token_and_answer_is_exact(client, deposited):
     assert deposited["created"] and deposited["verified"] and deposited["verifier"] == "exact"
     again = client.predict(TOKEN, *ITEM.values(), api_name="/deposit")
     assert again["id"] == deposited["id"] and not again["created"]
-    r = client.predict(ITEM["question"], check=True, api_name="/answer")  # the fresh recomputation, asked for
+    r = client.predict(ITEM["question"], check=True, admin_token=TOKEN, api_name="/answer")  # the fresh recomputation
     assert set(r) == answer_keys()  # the `cli.py ask --json` object
     assert r["tier"] == "exact" and r["artifact_ids"] == [deposited["id"]]
     assert r["check"]["exact"] is True and r["check"]["fresh_sha256"] == r["check"]["grafted_sha256"]
@@ -134,7 +134,7 @@ def test_bad_input_in_chat_keeps_history(client, deposited):
         {"role": "user", "content": [{"type": "text", "text": "earlier"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "kept"}]},
     ]
-    args = (True, 3, 8, True, False)
+    args = (True, 3, 8, True, False, TOKEN)  # the full check needs the admin token
     out, _evidence, _box = client.predict("a\x00b", history, *args, api_name="/chat")
     assert [_text(m) for m in out[:2]] == ["earlier", "kept"]
     assert "NUL bytes" in _text(out[-1])
@@ -155,7 +155,7 @@ def test_verify_endpoint(client, deposited):
 def test_eight_concurrent_clients(served, deposited):
     def ask(i: int) -> dict:
         c = gradio_client.Client(served, verbose=False)
-        return c.predict(ITEM["question"], 3, True, 4, i % 2 == 0, False, api_name="/answer")
+        return c.predict(ITEM["question"], 3, True, 4, i % 2 == 0, False, TOKEN, api_name="/answer")
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(ask, range(8)))
@@ -173,7 +173,7 @@ def test_export_delete_import_round_trip(client, deposited):
     msg, table = client.predict(TOKEN, gradio_client.handle_file(path), api_name="/import")
     assert msg.startswith("Imported 1 artifacts (1 new")
     assert deposited["id"][:16] in [row[0] for row in table["data"]]
-    assert client.predict(ITEM["question"], check=True, api_name="/answer")["check"]["exact"] is True
+    assert client.predict(ITEM["question"], check=True, admin_token=TOKEN, api_name="/answer")["check"]["exact"] is True
 
 
 @pytest.mark.integration
@@ -188,7 +188,7 @@ def test_real_model_seed_item_answered_exactly(real_lm, tmp_path):
     try:
         c = gradio_client.Client(demo.local_url, verbose=False)
         d = c.predict(TOKEN, *item.values(), api_name="/deposit")
-        r = c.predict(item["question"], check=True, api_name="/answer")  # the full recomputation, asked for
+        r = c.predict(item["question"], check=True, admin_token=TOKEN, api_name="/answer")  # the full recomputation
     finally:
         demo.close()
     assert d["verified"] and r["artifact_ids"] == [d["id"]] and r["tier"] == "exact"

@@ -71,10 +71,14 @@ def _fn_index(demo, name: str) -> int:
 
 def _raw_call(demo, name: str, data: list, address: str) -> dict:
     """Run handler `name` by fn_index through /gradio_api/queue/join, as a caller who ignores the API docs."""
+    return _raw_call_index(demo, _fn_index(demo, name), data, address)
+
+
+def _raw_call_index(demo, fn_index: int, data: list, address: str) -> dict:
     session = uuid.uuid4().hex
     headers = {"X-Forwarded-For": address}
     base = demo.local_url.rstrip("/") + "/gradio_api"
-    body = {"data": data, "fn_index": _fn_index(demo, name), "session_hash": session, "event_data": None, "trigger_id": None}
+    body = {"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None}
     r = httpx.post(f"{base}/queue/join", json=body, headers=headers, timeout=30)
     assert r.status_code == 200, r.text
     with httpx.stream("GET", f"{base}/queue/data", params={"session_hash": session}, headers=headers, timeout=120) as s:
@@ -171,20 +175,69 @@ def test_verify_bounds(served):
             c.predict(bad, None, api_name="/verify")
 
 
-def test_answer_defaults_to_no_check_and_bounds_decoding(served):
-    c = _client(served, "10.0.5.1")
-    r = c.predict("Who built the lighthouse of Varnek Isle?", api_name="/answer")
-    assert r["check"] is None  # no fresh recomputation unless asked for
-    r = c.predict("Who built the lighthouse of Varnek Isle?", 3, True, 4, True, api_name="/answer")
+def test_anonymous_answer_is_bounded_and_check_or_compare_need_the_token(served):
+    """Anonymous: the cheap probe proof only; the full check and the no-graft comparison (each a recomputation
+    of the whole context) are refused with what to do, and run with the admin token."""
+    c, q = _client(served, "10.0.5.1"), "Who built the lighthouse of Varnek Isle?"
+    r = c.predict(q, api_name="/answer")
+    assert r["check"] is None and r["baseline"] is None and r["proof"]["passed"] is True
+    for check, compare, what in ((True, False, "check"), (False, True, "compare"), (True, True, "check and compare")):
+        with pytest.raises(AppError, match=f"{what} needs the admin token: it recomputes the whole"):
+            c.predict(q, 3, True, 4, check, compare, api_name="/answer")
+    r = c.predict(q, 3, True, 4, True, True, TOKEN, api_name="/answer")
     assert r["check"]["exact"] is True and r["check"]["fresh_sha256"] == r["check"]["grafted_sha256"]
+    assert r["baseline"]["measured"] is True and r["baseline"]["prefill_tokens"] > r["computed_tokens"]
     with pytest.raises(AppError, match="max_new_tokens must be between 1 and 32, got 33; larger answers need the admin token"):
         c.predict("Who?", 3, True, 33, api_name="/answer")
-    with pytest.raises(AppError, match=r"between 1 and 16, got 17 \(compare decodes twice\)"):
-        c.predict("Who?", 3, True, 17, False, True, api_name="/answer")
     with pytest.raises(AppError, match="k must be between 1 and 16, got 17"):
         c.predict("Who?", 17, api_name="/answer")
     r = c.predict("Who?", 3, True, 40, False, False, TOKEN, api_name="/answer")
     assert r["decode_tokens"] <= 40
+
+
+def _text(message: dict) -> str:
+    c = message["content"]
+    return c if isinstance(c, str) else "".join(p.get("text", "") for p in c if isinstance(p, dict))
+
+
+def test_chat_check_needs_the_token_also_by_fn_index(served, library):
+    q = "Who built the lighthouse of Varnek Isle?"
+    before = len(library.ledger())
+    history, _evidence, _box = _client(served, "10.0.5.2").predict(q, [], True, 3, 8, True, False, "", api_name="/chat")
+    assert "check needs the admin token" in _text(history[-1]) and len(library.ledger()) == before  # nothing ran
+    for index in [i for i, f in served.fns.items() if f.name == "chat"]:  # the Enter key's and the button's
+        msg = _raw_call_index(served, index, [q, [], True, 3, 8, False, True, ""], "10.0.5.3")
+        assert "compare needs the admin token" in json.dumps(msg["output"]["data"][0])
+    assert len(library.ledger()) == before
+    history, evidence, _box = _client(served, "10.0.5.4").predict(q, [], True, 3, 8, True, True, TOKEN, api_name="/chat")
+    assert 'class="kv-badge kv-pass">EXACT<' in evidence and "(measured)" in evidence
+    assert len(library.ledger()) == before + 1
+
+
+def test_anonymous_verify_samples_are_bounded_per_sample(served, library, monkeypatch):
+    """Without the token each sample compares 2 greedy steps, skips the monolithic schedule and draws only
+    artifacts of at most ANON_VERIFY_TOKENS tokens; with it, the full sample. Checked on the reports' rows."""
+    import app_upkeep
+
+    seen = []
+    real = library.verify_samples
+
+    def spy(*args, **kwargs):
+        rep = real(*args, **kwargs)
+        seen.append(rep)
+        return rep
+
+    monkeypatch.setattr(library, "verify_samples", spy)
+    c = _client(served, "10.0.4.2")
+    assert c.predict(2, None, api_name="/verify")["byte_equal"] == 2
+    assert c.predict(2, None, TOKEN, api_name="/verify")["byte_equal"] == 2
+    anon, admin = seen
+    assert [r.check.decode_steps for r in anon.rows] == [2, 2] and {r.check.monolithic_kl for r in anon.rows} == {None}
+    assert [r.check.decode_steps for r in admin.rows] == [4, 4] and None not in {r.check.monolithic_kl for r in admin.rows}
+    monkeypatch.setattr(app_upkeep, "ANON_VERIFY_TOKENS", 3)  # shorter than every artifact here
+    with pytest.raises(AppError, match="no artifact in the store has a chain of at most 3 tokens; verifying longer"):
+        c.predict(1, None, api_name="/verify")
+    assert c.predict(1, None, TOKEN, api_name="/verify")["samples"] == 1
 
 
 # ---- fairness ---------------------------------------------------------------------------------------
@@ -221,7 +274,9 @@ def test_flood_from_one_address_is_refused_at_once_and_others_are_served(served,
             while sum("Too many requests in flight" in o for o in outcomes) < 56 and time.monotonic() < deadline:
                 time.sleep(0.05)
             refused_while_held = sum("Too many requests in flight from your address (8)" in o for o in outcomes)
-            user = _client(served, "10.0.7.2").submit("Who built the lighthouse?", [], True, 3, 8, False, False, api_name="/chat")
+            user = _client(served, "10.0.7.2").submit(
+                "Who built the lighthouse?", [], True, 3, 8, False, False, "", api_name="/chat"
+            )
         for f in futures:
             f.result(timeout=120)
         history, _evidence, _box = user.result(timeout=120)
@@ -229,11 +284,76 @@ def test_flood_from_one_address_is_refused_at_once_and_others_are_served(served,
     assert history[-1]["role"] == "assistant" and "Not answered" not in json.dumps(history)
 
 
-def test_lighter_client_goes_first_and_verify_yields_between_samples():
-    turns = FairTurns(half_life_s=1e9)
-    heavy, light, order = Client("h", "a1"), Client("l", "a2"), []
-    with turns.turn(heavy):
-        time.sleep(0.05)  # heavy has used the model
+def _wait_until(pred, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pred(), "timed out"
+
+
+def test_a_waiting_user_gets_the_next_turn_whatever_another_host_queued():
+    """The user has used the model for a while; then 9 requests of another host arrive, one holding the model.
+    The user's request, queued last, runs right after the current one (round robin over addresses), not
+    after every queued request of the host that had used the model less so far."""
+    turns, user, order = FairTurns(per_address=16), Client("u", "user-host"), []
+    for _ in range(10):
+        with turns.turn(user):
+            time.sleep(0.02)  # 0.2 s of model time in all, more than the attacker's first turn
+    holding, release = threading.Event(), threading.Event()
+
+    def run(who: Client, hold: bool = False) -> None:
+        with turns.turn(who):
+            order.append(who.session)
+            if hold:
+                holding.set()
+                release.wait(10)
+
+    threads = [threading.Thread(target=run, args=(Client("a0", "attacker-host"), True))]
+    threads[0].start()
+    holding.wait(10)
+    time.sleep(0.05)
+    threads += [threading.Thread(target=run, args=(Client(f"a{i}", "attacker-host"),)) for i in range(1, 9)]
+    for t in threads[1:]:
+        t.start()
+    _wait_until(lambda: turns.in_flight() == 9)
+    threads.append(threading.Thread(target=run, args=(user,)))
+    threads[-1].start()
+    _wait_until(lambda: turns.in_flight() == 10)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert order[:2] == ["a0", "u"] and sorted(order) == sorted(["u", *(f"a{i}" for i in range(9))])
+    assert turns.in_flight() == 0
+
+
+def test_sessions_of_one_address_take_turns():
+    turns, order = FairTurns(per_address=8), []
+    holding, release = threading.Event(), threading.Event()
+
+    def run(who: Client, hold: bool = False) -> None:
+        with turns.turn(who):
+            order.append(who.session)
+            if hold:
+                holding.set()
+                release.wait(10)
+
+    run(Client("s2", "host"))  # s2 was served before
+    first = threading.Thread(target=run, args=(Client("s1", "host"), True))
+    first.start()
+    holding.wait(10)
+    waiting = [threading.Thread(target=run, args=(Client(s, "host"),)) for s in ("s2", "s3")]  # s2 queues first
+    for i, t in enumerate(waiting):
+        t.start()
+        _wait_until(lambda n=i: turns.in_flight() == 2 + n)
+    release.set()
+    for t in (first, *waiting):
+        t.join(10)
+    assert order == ["s2", "s1", "s3", "s2"]  # s3, never served, goes before s2's second request
+
+
+def test_verify_yields_between_samples():
+    turns, order = FairTurns(), []
+    heavy, light = Client("h", "a1"), Client("l", "a2")
     gate = threading.Event()
 
     def run(who, tag):
@@ -241,9 +361,11 @@ def test_lighter_client_goes_first_and_verify_yields_between_samples():
             order.append(tag)
             if tag == "heavy-1":
                 gate.set()
-                time.sleep(0.1)
-                t.pause()  # between two samples: the waiting lighter client goes first
+                _wait_until(lambda: turns.in_flight() == 2)
+                t.pause()  # between two samples: the waiting client goes first
                 order.append("heavy-2")
+                t.pause()  # nobody waiting: keeps the model
+                order.append("heavy-3")
 
     th = threading.Thread(target=run, args=(heavy, "heavy-1"))
     th.start()
@@ -252,7 +374,7 @@ def test_lighter_client_goes_first_and_verify_yields_between_samples():
     tl.start()
     th.join(5)
     tl.join(5)
-    assert order == ["heavy-1", "light", "heavy-2"]
+    assert order == ["heavy-1", "light", "heavy-2", "heavy-3"]
     assert turns.in_flight() == 0
 
 

@@ -88,6 +88,7 @@ def test_chat_answer_with_exact_badge(page, served):
     playwright.expect(page.locator("#kv-status")).to_contain_text("Built-in library ready", timeout=1_200_000)
     page.get_by_label("compare with no graft (measured)").check()
     page.get_by_label("check exactness (a fresh recomputation)").check()  # off by default (the probe proof runs instead)
+    page.get_by_label("admin token (check, compare)").fill("t")  # both recompute the context: admin only
     _ask(page, QUESTION)
     badge = page.locator("#kv-evidence .kv-badge")
     playwright.expect(badge).to_have_text("EXACT", timeout=120_000)
