@@ -9,21 +9,33 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from db.rows import LedgerRow
 from errors import InvalidInput
-from graft_core import generate, templates
-from graft_core.verify import ExactnessCheck, check_composed
-from retrieval import DEFAULT_THRESHOLD, Hit, relevance
+from graft_core import templates
 
 from .limits import MAX_K, MAX_QUESTION_CHARS, bounded
 from .results import AnswerResult, Retrieved
+
+if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use, not with the web page
+    from graft_core import generate
+    from graft_core.verify import ExactnessCheck
+    from retrieval import Hit
+
+
+def _threshold(threshold: float | None) -> float:
+    from retrieval import DEFAULT_THRESHOLD
+
+    return DEFAULT_THRESHOLD if threshold is None else threshold
 
 
 class AnswerPipeline:
     """Mixed into `Library`; uses its `_catalog`, `_lock`, `lm`, `embedder`, `index`, `load_artifact`, `compose`."""
 
     def _describe(self, hit: Hit, question: str) -> Retrieved:
+        from retrieval import relevance
+
         row = self._catalog.get(hit.artifact_id)
         vs = self._catalog.verifications(row.id)
         last = vs[-1] if vs else None
@@ -45,13 +57,14 @@ class AnswerPipeline:
             reason=rel.reason,
         )
 
-    def retrieve(self, question: str, k: int = 3, threshold: float = DEFAULT_THRESHOLD) -> list[Retrieved]:
-        """The artifacts nearest to `question` (at most `k`, similarity at least `threshold`), best first,
-        each with the relevance stage's decision; only `relevant` ones are ever grafted."""
+    def retrieve(self, question: str, k: int = 3, threshold: float | None = None) -> list[Retrieved]:
+        """The artifacts nearest to `question` (at most `k`, similarity at least `threshold`, default
+        retrieval's DEFAULT_THRESHOLD), best first, each with the relevance stage's decision; only
+        `relevant` ones are ever grafted."""
         if not 1 <= k <= MAX_K:
             raise InvalidInput(f"k must be between 1 and {MAX_K}, got {k}")
         vec = self.embedder.embed(question)
-        return [self._describe(h, question) for h in self.index().search(vec, k=k, threshold=threshold)]
+        return [self._describe(h, question) for h in self.index().search(vec, k=k, threshold=_threshold(threshold))]
 
     def _choose(self, hits: list[Retrieved]) -> str:
         """The leaf to graft: the deepest hit whose chain contains the most other hits (exact composition)."""
@@ -116,6 +129,8 @@ class AnswerPipeline:
         return tok_cb
 
     def _record(self, question: str, ans: generate.Answer, base: generate.Baseline | None, check: ExactnessCheck | None) -> int:
+        from graft_core import generate
+
         checkd = check.as_dict() if check else None
         record = (checkd or {}) | ({"proof": ans.proof.as_dict()} if ans.proof else {})
         return self._catalog.add_ledger(
@@ -155,13 +170,16 @@ class AnswerPipeline:
         check: bool = False,
         compare: bool = False,
         relocated: bool = False,
-        threshold: float = DEFAULT_THRESHOLD,
+        threshold: float | None = None,  # None: retrieval's DEFAULT_THRESHOLD
         on_token: Callable[[str], None] | None = None,
         record: bool = True,
         compose: bool = False,
     ) -> AnswerResult:
+        from graft_core import generate
+        from graft_core.verify import check_composed
+
         question = bounded("question", question, MAX_QUESTION_CHARS)
-        retrieved, chain_ids, note = self._plan(question, k, artifact, graft, relocated, threshold, compose)
+        retrieved, chain_ids, note = self._plan(question, k, artifact, graft, relocated, _threshold(threshold), compose)
         with self._lock:
             lm = self.lm
             t0 = time.perf_counter()

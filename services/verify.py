@@ -11,9 +11,6 @@ from collections.abc import Callable
 import numpy as np
 
 from errors import ArtifactNotFound, InvalidInput
-from graft_core import generate
-from graft_core.verify import check as exact_check
-from graft_core.verify import check_relocated
 
 from .results import VerifyReport, VerifySample
 
@@ -31,6 +28,10 @@ class VerifyPipeline:
         on_progress: Callable[[float, str], None] | None = None,
     ) -> VerifyReport:
         """Draw `samples` (artifact, query) pairs from the store and check graft vs fresh on each."""
+        from graft_core import generate  # the engine loads at the first check, not with the web page
+        from graft_core.verify import check as exact_check
+        from graft_core.verify import check_relocated
+
         if not 1 <= samples <= 1000:
             raise InvalidInput(f"samples must be between 1 and 1000, got {samples}")
         rows = [r for r in self._catalog.list_artifacts(limit=10_000) if not r.quarantine]
