@@ -90,13 +90,15 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: b
                     )
                 time.sleep(0.2)
             first_page = time.perf_counter() - t0
-            client, tries, answer, slowest_page, timeouts = Client(url, verbose=False), 0, None, 0.0, 0
+            print(f"first page after {first_page:.1f} s; waiting for the first answer...", file=sys.stderr, flush=True)
+            client, tries, answer, slowest_page, timeouts = None, 0, None, 0.0, 0
             while answer is None:
                 tries += 1
                 t = time.perf_counter()
                 _page_up(url)  # how long the page takes while the model arrives
                 slowest_page = max(slowest_page, time.perf_counter() - t)
-                try:
+                try:  # the client too is made in the loop: on a busy machine its config read may time out
+                    client = client or Client(url, verbose=False, httpx_kwargs={"timeout": 60})
                     answer = client.predict(QUESTION, check=False, max_new_tokens=16, api_name="/answer")
                 except Exception as exc:  # "Still starting: ..." until the model is in
                     slow = type(exc).__name__ in ("ReadTimeout", "TimeoutException", "ConnectTimeout")
