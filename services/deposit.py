@@ -301,9 +301,29 @@ class DepositPipeline:
                 on_progress(i / max(1, len(todo)), f"composing {i + 1}/{len(todo)}")
             passed = [v for v in self._catalog.verifications(node.id) if v.verdict == "pass"]
             v = passed[-1] if passed else None
-            # the same item text after another parent: its gate record travels with it, saying where it ran
-            vrow = None if v is None else replace(v, artifact_id=None, id=None, detail=f"composed from {node.id}: {v.detail}")
+            vrow, check = None, None
+            if v is not None and v.provenance == "verified" and src.question:
+                check = self._regate(node.id, src, v)  # a verdict is about this graft: re-run it on the new chain
+            elif v is not None:  # an attestation or an import label is about the text: it travels, saying so
+                vrow = replace(v, artifact_id=None, id=None, detail=f"composed from {node.id}: {v.detail}")
             item = (src.question, src.solution, src.answer)
-            d = self._deposit(src.text, leaf.id, node.title, node.kind, item, vrow, embed_text=src.question or src.text)
+            d = self._deposit(
+                src.text, leaf.id, node.title, node.kind, item, vrow, embed_text=src.question or src.text, gate_check=check
+            )
             leaf = self._catalog.get(d.id)
         return leaf.id
+
+    def _regate(self, origin: str, src, v: VerificationRow):
+        """The graft run of a gate-verified item, re-run with the item after its new parent. A pass is a
+        fresh verification row of the composed artifact; a refusal is recorded and the composed artifact
+        is stored unverified (the exact chain is still useful; it is not claimed verified)."""
+
+        def check(chain: list[KVArtifact]) -> tuple[VerificationRow | None, float, int]:
+            run = gate.graft_run(self.lm, chain, src.question, src.solution, v.verifier, v.reference)
+            if not run.ok:
+                self._catalog.record_refusal(gate.record(run, v.item_sha256, v.verifier, v.reference))
+                return None, run.seconds, run.tokens
+            detail = f"composed from {origin}: re-gated after the new parent, the model answered {run.generated!r}; {run.detail}"
+            return gate.record(run, v.item_sha256, v.verifier, v.reference, detail=detail), run.seconds, run.tokens
+
+        return check

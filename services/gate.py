@@ -10,6 +10,7 @@ module knows nothing about the catalog: it returns `GateRun`s and the pipelines 
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,6 +25,8 @@ if TYPE_CHECKING:  # the engine (torch) loads at the first gate run, not with th
     from graft_core.model import LoadedModel
 
 GATE_MAX_NEW_TOKENS = 24  # an item's answer is short; the decode stops at the template's newline before this
+# A sentence that negates or hedges ("it is not 212 metres", "no, 300") is judged whole, never by a span.
+_NEGATION = re.compile(r"\b(?:not|no|never|neither|nor|none|cannot|instead|rather)\b|n't\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,10 @@ def judge_span(answer: str, question: str, solution: str, verifier: str, referen
     """The fact run's verdict: the model, given only the solution, tends to answer in a sentence ("The
     spire is 212 metres tall."), so the verifier is run on the whole answer and, for exact and numeric,
     on each run of up to len(reference)+2 words of it; the first accepted span is returned (it becomes
-    the deposited answer when none was typed). Contradicting text never contains an accepted span."""
+    the deposited answer when none was typed). An answer with a negation or hedge word ("not 212
+    metres", "no, 300") is judged whole only: a span cut out of a denial is not an assertion."""
     whole = judge(answer, question, solution, verifier, reference)
-    if whole.ok or verifier not in ("exact", "numeric"):
+    if whole.ok or verifier not in ("exact", "numeric") or _NEGATION.search(answer):
         return whole, answer.strip()
     for span in _spans(answer, len(reference.split()) + 2):
         try:

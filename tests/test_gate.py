@@ -172,3 +172,23 @@ def test_fsck_deep_checks_every_probe(lib):
     assert [q.id for q in r.quarantined] == [d.id] and not r.consistent
     reb = maintenance.rebuild_verify(lib, d.id)
     assert reb.probe_ok is False and not reb.equal and "catalog records probe hash" in reb.probe_detail
+
+
+@pytest.mark.real_gate
+@pytest.mark.parametrize(
+    ("answer", "ok"),
+    [
+        ("The spire is 212 metres tall.", True),
+        ("The spire is not 212 metres tall.", False),
+        ("No, 300 metres; 212 metres was the old spire.", False),
+        ("It isn't 212 metres.", False),
+        ("It is 300 metres rather than 212 metres.", False),
+    ],
+)
+def test_a_span_cut_out_of_a_denial_is_not_accepted(answer, ok):
+    """The fact run reads a sentence by its spans; a negated or hedged sentence is judged whole (and a
+    whole sentence is not a number), so "not 212 metres" cannot pass for 212 metres."""
+    verdict, span = gate.judge_span(answer, "How tall is the spire?", "The spire is 212 metres tall.", "numeric", "212 metres")
+    assert verdict.ok is ok, (answer, verdict.detail)
+    if ok:
+        assert span == "212"  # the shortest accepted span (a unitless number matches "212 metres")

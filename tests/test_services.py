@@ -69,6 +69,22 @@ def test_compose_builds_an_exact_chain_once(lib):
     assert lib.compose([a, b]) == leaf  # deterministic keys: composing again costs nothing
     r = lib.answer("anything", artifact=leaf, check=True, max_new_tokens=3)
     assert r.tier == "exact" and r.check.exact
+    # the composed child's verdict is a fresh gate run on its own chain, not a copy of b's
+    (vb,), (vc,) = lib._catalog.verifications(b), lib._catalog.verifications(leaf)
+    assert vc.artifact_id == leaf and "re-gated after the new parent" in vc.detail
+    assert vc.question_token_ids == vb.question_token_ids and vc.counts_as_verified
+
+
+def test_compose_stores_unverified_when_the_graft_fails_after_the_new_parent(lib, monkeypatch):
+    import verifiers
+    from services import gate
+
+    a, b = (lib.deposit_item(q, s, ans, "exact", ans).id for q, s, ans in FACTS)
+    monkeypatch.setattr(gate, "judge", lambda answer, q, s, v, r: verifiers.Verdict(False, v, f"test double refused {answer!r}"))
+    leaf = lib.compose([a, b])
+    assert lib._catalog.verifications(leaf) == [] and lib._catalog.chain(leaf)[0].id == a
+    shown = lib.show(leaf).to_json()
+    assert shown["verified"] is False and shown["provenance"] == "unverified"
 
 
 def test_relocated_composition_is_labelled_with_its_divergence(lib):
