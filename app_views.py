@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import html
 import unicodedata
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 import services
+
+if TYPE_CHECKING:  # matplotlib (~1 s) loads with the first plot, not with the page
+    from matplotlib.figure import Figure
 
 # ---- input checks and formatting -----------------------------------------------------------
 
@@ -244,6 +246,8 @@ def warn(message: str) -> dict:
 
 
 def figure(w: float = 6.4, h: float = 3.2) -> tuple[Figure, object]:
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(w, h), dpi=100, layout="constrained")
     return fig, fig.add_subplot()
 
@@ -358,6 +362,8 @@ def solve_summary(r: services.Solved) -> tuple[str, list[list]]:
 
 def flywheel_plot(f: services.Flywheel) -> Figure:
     """Library size over time, discovery vs recall tokens per solved item, cumulative tokens saved."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(12.8, 3.2), dpi=100, layout="constrained")
     a1, a2, a3 = fig.subplots(1, 3)
     if f.sizes:

@@ -243,6 +243,7 @@ def _convert_in_child() -> None:
 
 
 def _model_stages(library, tracker: Startup) -> bool:
+    import retrieval  # noqa: F401  (faiss before torch, see retrieval/__init__.py; the page did not load either)
     from graft_core import model as model_mod
 
     if library.model_loaded:

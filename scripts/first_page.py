@@ -1,13 +1,17 @@
 """Measure what a new user waits for: seconds from `python app.py` (what `make run` starts after its
-install step) to the first page, and to the first answer, in a throwaway store.
+install step) to the first page, and to the first answer, on a fresh clone with a throwaway store.
 
-By default the model cache is an empty temp folder too, so the packaged model is converted as on a fresh
-clone; `--model-cache DIR` reuses a converted one (a warm start). Prints one JSON object.
+By default the committed HEAD of this checkout is `git clone`d into a temp folder (no bytecode caches,
+no store) and the model cache is an empty temp folder too, so the packaged model is converted as on a
+fresh machine; only the venv (this Python) is reused. `--in-place` runs `--checkout` as it is;
+`--model-cache DIR` reuses a converted model (a warm start). Prints one JSON object.
 
-    python -m scripts.first_page [--checkout DIR] [--model-cache DIR] [--timeout-s 900]
+    python -m scripts.first_page [--checkout DIR] [--in-place] [--model-cache DIR] [--timeout-s 900]
 
 `app_says` is the app's own line: seconds from its first import to the page, and the CPU seconds of
-that (what a machine shared with other jobs does not inflate). Run it on a quiet machine for the figure.
+that (what a machine shared with other jobs does not inflate). `gradio_import` is the floor measured
+just before, in the same run: a bare `import gradio` in this Python (wall and CPU seconds). `load` is
+the load average at the start and the end. Run it on a quiet machine for the figure.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -40,10 +45,34 @@ def _page_up(url: str) -> bool:
         return False
 
 
-def measure(checkout: Path, model_cache: Path | None, timeout_s: float) -> dict:
+def _child_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def gradio_import() -> dict:
+    """The floor: wall and CPU seconds of a bare `import gradio` in a fresh process of this Python."""
+    t, cpu = time.perf_counter(), _child_cpu()
+    subprocess.run([sys.executable, "-c", "import gradio"], check=True, capture_output=True)
+    return {"wall_s": round(time.perf_counter() - t, 1), "cpu_s": round(_child_cpu() - cpu, 1)}
+
+
+def _clone(checkout: Path, into: Path) -> str:
+    """`git clone` of the checkout's committed HEAD (what a new user gets); returns its commit."""
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(checkout), str(into)], check=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=into, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: bool = True) -> dict:
     from gradio_client import Client
 
     with tempfile.TemporaryDirectory(prefix="kvgraft-first-page-") as tmp:
+        load_before = os.getloadavg()[0]
+        floor = gradio_import()
+        where = f"as it is: {checkout}"
+        if clone:
+            commit = _clone(checkout, Path(tmp) / "clone")
+            checkout, where = Path(tmp) / "clone", f"fresh git clone of {checkout} at {commit[:12]}"
         port = _free_port()
         env = dict(os.environ, KVGRAFT_HOME=str(Path(tmp) / "home"), GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port))
         env["KVGRAFT_MODEL_CACHE"] = str(model_cache or Path(tmp) / "models")
@@ -61,13 +90,15 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float) -> dict:
                     )
                 time.sleep(0.2)
             first_page = time.perf_counter() - t0
-            client, tries, answer, slowest_page, timeouts = Client(url, verbose=False), 0, None, 0.0, 0
+            print(f"first page after {first_page:.1f} s; waiting for the first answer...", file=sys.stderr, flush=True)
+            client, tries, answer, slowest_page, timeouts = None, 0, None, 0.0, 0
             while answer is None:
                 tries += 1
                 t = time.perf_counter()
                 _page_up(url)  # how long the page takes while the model arrives
                 slowest_page = max(slowest_page, time.perf_counter() - t)
-                try:
+                try:  # the client too is made in the loop: on a busy machine its config read may time out
+                    client = client or Client(url, verbose=False, httpx_kwargs={"timeout": 60})
                     answer = client.predict(QUESTION, check=False, max_new_tokens=16, api_name="/answer")
                 except Exception as exc:  # "Still starting: ..." until the model is in
                     slow = type(exc).__name__ in ("ReadTimeout", "TimeoutException", "ConnectTimeout")
@@ -90,8 +121,10 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float) -> dict:
             "asks_before_ready": tries - 1,
             "slowest_page_while_starting_s": round(slowest_page, 2),
             "client_timeouts_while_starting": timeouts,
+            "gradio_import": floor,
+            "load": [round(load_before, 1), round(os.getloadavg()[0], 1)],
             "model_cache": "given: " + str(model_cache) if model_cache else "empty temp folder (model converted)",
-            "checkout": str(checkout),
+            "checkout": where,
             "python": sys.executable,
         }
 
@@ -99,10 +132,11 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--in-place", action="store_true", help="run the checkout as it is instead of a fresh clone of its HEAD")
     ap.add_argument("--model-cache", type=Path, default=None)
     ap.add_argument("--timeout-s", type=float, default=900)
     args = ap.parse_args(argv)
-    print(json.dumps(measure(args.checkout.resolve(), args.model_cache, args.timeout_s), indent=2))
+    print(json.dumps(measure(args.checkout.resolve(), args.model_cache, args.timeout_s, clone=not args.in_place), indent=2))
     return 0
 
 

@@ -5,9 +5,12 @@ Front ends (cli.py, app.py) call one method of `Library` and format its result w
 the result's typed fields. Modules: `library` (the door), `deposit`, `answer`, `verify`, `index`
 (the pipelines mixed into it), `exchange`, `checks`, `replay` (upkeep, named by `maintenance.py`),
 `results` (what they return), `limits` (input bounds).
-"""
 
-import retrieval  # noqa: F401  (faiss before torch: see retrieval/__init__.py)
+Importing it loads neither the engine (torch, transformers) nor retrieval (faiss, the embedder): each
+pipeline imports them where it first needs them, so the web app serves its page before they load (its
+start-up stages load them). Entry points that use both import `retrieval` first (faiss before torch:
+see retrieval/__init__.py).
+"""
 
 from .library import DeleteReport, Library, default_home
 from .limits import MAX_K, MAX_QUESTION_CHARS, MAX_TEXT_CHARS

@@ -9,23 +9,35 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from db.rows import LedgerRow
 from errors import IntegrityError, InvalidInput
-from graft_core import generate, templates
-from graft_core.artifact import KVArtifact
-from graft_core.proof import Proof, probe_head
-from graft_core.verify import ExactnessCheck, check_composed
-from retrieval import DEFAULT_THRESHOLD, Hit, relevance
+from graft_core import templates
 
 from .limits import MAX_K, MAX_QUESTION_CHARS, bounded
 from .results import AnswerResult, Retrieved
+
+if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use, not with the web page
+    from graft_core import generate
+    from graft_core.artifact import KVArtifact
+    from graft_core.proof import Proof
+    from graft_core.verify import ExactnessCheck
+    from retrieval import Hit
+
+
+def _threshold(threshold: float | None) -> float:
+    from retrieval import DEFAULT_THRESHOLD
+
+    return DEFAULT_THRESHOLD if threshold is None else threshold
 
 
 class AnswerPipeline:
     """Mixed into `Library`; uses its `_catalog`, `_lock`, `lm`, `embedder`, `index`, `load_artifact`, `compose`."""
 
     def _describe(self, hit: Hit, question: str) -> Retrieved:
+        from retrieval import relevance
+
         row = self._catalog.get(hit.artifact_id)
         vs = self._catalog.verifications(row.id)
         last = vs[-1] if vs else None
@@ -47,13 +59,14 @@ class AnswerPipeline:
             reason=rel.reason,
         )
 
-    def retrieve(self, question: str, k: int = 3, threshold: float = DEFAULT_THRESHOLD) -> list[Retrieved]:
-        """The artifacts nearest to `question` (at most `k`, similarity at least `threshold`), best first,
-        each with the relevance stage's decision; only `relevant` ones are ever grafted."""
+    def retrieve(self, question: str, k: int = 3, threshold: float | None = None) -> list[Retrieved]:
+        """The artifacts nearest to `question` (at most `k`, similarity at least `threshold`, default
+        retrieval's DEFAULT_THRESHOLD), best first, each with the relevance stage's decision; only
+        `relevant` ones are ever grafted."""
         if not 1 <= k <= MAX_K:
             raise InvalidInput(f"k must be between 1 and {MAX_K}, got {k}")
         vec = self.embedder.embed(question)
-        return [self._describe(h, question) for h in self.index().search(vec, k=k, threshold=threshold)]
+        return [self._describe(h, question) for h in self.index().search(vec, k=k, threshold=_threshold(threshold))]
 
     def _choose(self, hits: list[Retrieved]) -> str:
         """The leaf to graft: the deepest hit whose chain contains the most other hits (exact composition)."""
@@ -124,6 +137,9 @@ class AnswerPipeline:
         with the probe tokens, is checked by the answer's own probe chunk instead of a separate restore
         and probe forward: the same tokens at the same position on the same restored state, so the same
         bytes. The returned callback quarantines and refuses before any token is chosen on a mismatch."""
+        from graft_core import generate
+        from graft_core.proof import probe_head
+
         if not ids or relocated:
             return self.graftable(ids), None
         leaf = self._catalog.get(ids[-1])
@@ -156,6 +172,8 @@ class AnswerPipeline:
         return check
 
     def _record(self, question: str, ans: generate.Answer, base: generate.Baseline | None, check: ExactnessCheck | None) -> int:
+        from graft_core import generate
+
         checkd = check.as_dict() if check else None
         record = (checkd or {}) | ({"proof": ans.proof.as_dict()} if ans.proof else {})
         return self._catalog.add_ledger(
@@ -195,13 +213,16 @@ class AnswerPipeline:
         check: bool = False,
         compare: bool = False,
         relocated: bool = False,
-        threshold: float = DEFAULT_THRESHOLD,
+        threshold: float | None = None,  # None: retrieval's DEFAULT_THRESHOLD
         on_token: Callable[[str], None] | None = None,
         record: bool = True,
         compose: bool = False,
     ) -> AnswerResult:
+        from graft_core import generate
+        from graft_core.verify import check_composed
+
         question = bounded("question", question, MAX_QUESTION_CHARS)
-        retrieved, chain_ids, note = self._plan(question, k, artifact, graft, relocated, threshold, compose)
+        retrieved, chain_ids, note = self._plan(question, k, artifact, graft, relocated, _threshold(threshold), compose)
         with self._lock:
             lm = self.lm
             t0 = time.perf_counter()

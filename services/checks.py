@@ -14,10 +14,6 @@ from typing import TYPE_CHECKING
 
 from db.blobs import sha256_bytes
 from errors import IncompatibleArtifact, IntegrityError, KvgraftError
-from graft_core import codec
-from graft_core.artifact import text_sha256
-from graft_core.capture import capture
-from retrieval import VectorIndex
 
 if TYPE_CHECKING:
     from .library import Library
@@ -47,6 +43,10 @@ class RebuildReport:
 
 def rebuild_verify(lib: Library, artifact_id: str) -> RebuildReport:
     """Recompute the artifact from its source text on this machine and compare bytes with the stored blob."""
+    from graft_core import codec  # the engine loads here, not with the web page
+    from graft_core.artifact import text_sha256
+    from graft_core.capture import capture
+
     row = lib._catalog.get(artifact_id)
     lm = lib.lm
     if row.model_fingerprint != lm.fingerprint:
@@ -162,6 +162,8 @@ class FsckReport:
 
 
 def _index_status(lib: Library) -> IndexStatus:
+    from retrieval import VectorIndex  # faiss loads here, not with the web page
+
     version = lib._catalog.version()
     try:
         idx = VectorIndex.load(lib.home / "index")

@@ -8,22 +8,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 import verifiers
 from db.rows import ArtifactRow, SourceRow, VerificationRow
 from errors import ArtifactNotFound, InputTooLong, InvalidInput, VerificationFailed
-from graft_core import codec, templates
-from graft_core.artifact import KVArtifact, artifact_key, text_sha256
-from graft_core.capture import capture
+from graft_core import templates
 
 from . import gate
 from .limits import MAX_TEXT_CHARS, bounded
 from .results import Deposited
 
+if TYPE_CHECKING:  # the engine (torch) loads at the first deposit, not with the web page
+    from graft_core.artifact import KVArtifact
+
 Progress = Callable[[float, str], None]
-Gate = Callable[[list[KVArtifact]], tuple[VerificationRow, float, int]]  # chain -> (row, seconds, tokens)
+Gate = Callable[[list["KVArtifact"]], tuple[VerificationRow, float, int]]  # chain -> (row, seconds, tokens)
 
 
 class DepositPipeline:
@@ -45,6 +47,10 @@ class DepositPipeline:
         """Tokenise, name (before any work), prefill, run `gate_check` on the chain with the new artifact
         grafted (it raises to refuse; nothing has been written yet), then write the blob and the catalog
         rows in one transaction. `item` is the source's (question, solution, answer), None for free text."""
+        from graft_core import codec
+        from graft_core.artifact import artifact_key, text_sha256
+        from graft_core.capture import capture
+
         progress = on_progress or (lambda f, m: None)
         lm = self.lm
         parent_row = self._catalog.get(parent) if parent else None
@@ -128,6 +134,8 @@ class DepositPipeline:
         on_progress: Progress | None = None,
     ) -> Deposited:
         """Free text (a document, a fact sheet). Unverified unless an admin attests it."""
+        from graft_core.artifact import text_sha256
+
         text = templates.document_text(bounded("text", text, MAX_TEXT_CHARS))
         verification, kind = None, "text"
         if attested_by:
@@ -224,6 +232,8 @@ class DepositPipeline:
 
     def _existing(self, text: str, parent: str | None) -> Deposited | None:
         """The deposit of exactly this text after this parent, if it is already stored (costs no model run)."""
+        from graft_core.artifact import artifact_key
+
         parent_row = self._catalog.get(parent) if parent else None
         token_ids = self.lm.tokenizer(text, add_special_tokens=parent_row is None)["input_ids"]
         try:

@@ -19,8 +19,6 @@ from db.blobs import sha256_bytes
 from db.catalog import EXPORT_FORMAT
 from errors import IncompatibleArtifact, IntegrityError, InvalidInput
 from files import sha256_file
-from graft_core import codec
-from graft_core.artifact import FORMAT
 
 from .reverify import reverify
 
@@ -69,6 +67,8 @@ def _checked_blob(lib: Library, digest: str) -> Path:
 
 def export_bundle(lib: Library, ids: list[str], out: str | Path) -> ExportReport:
     """Write the artifacts `ids`, their ancestors, their catalog rows and a manifest to the tar `out`."""
+    from graft_core.artifact import FORMAT  # the engine loads at the first export, not with the web page
+
     if not ids:
         raise InvalidInput("give at least one artifact id to export; list ids with `cli.py list`")
     requested = tuple(lib._catalog.get(i).id for i in ids)
@@ -130,6 +130,8 @@ class ImportReport:
 
 
 def _manifest(staged: dict[str, Path]) -> dict:
+    from graft_core.artifact import FORMAT
+
     if MANIFEST not in staged:
         raise InvalidInput(f"bundle has no {MANIFEST}; it is not a kvgraft bundle (make one with `cli.py export`)")
     try:
@@ -159,6 +161,8 @@ def _manifest(staged: dict[str, Path]) -> dict:
 def _verify_staged(staged: dict[str, Path]) -> tuple[dict, dict, dict[str, Path]]:
     """Every check of a staged bundle against itself: (manifest, catalog rows, content hash -> staged file).
     Blobs are read one at a time; none is held after its checks."""
+    from graft_core import codec
+
     manifest = _manifest(staged)
     entries = manifest["artifacts"]
     listed = {MANIFEST, manifest["catalog"]["member"], *(e["member"] for e in entries)}

@@ -13,14 +13,16 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import verifiers
 from db.rows import VerificationRow, token_ids_sha256
 from errors import InvalidInput
-from graft_core import generate, templates
-from graft_core.artifact import KVArtifact
-from graft_core.capture import capture
-from graft_core.model import LoadedModel
+from graft_core import templates
+
+if TYPE_CHECKING:  # the engine (torch) loads at the first gate run, not with the web page
+    from graft_core.artifact import KVArtifact
+    from graft_core.model import LoadedModel
 
 GATE_MAX_NEW_TOKENS = 24  # an item's answer is short; the decode stops at the template's newline before this
 # A sentence that negates or hedges ("it is not 212 metres", "no, 300") is judged whole, never by a span.
@@ -91,6 +93,8 @@ def judge_span(answer: str, question: str, solution: str, verifier: str, referen
 
 
 def _run(lm: LoadedModel, chain: list[KVArtifact], run: str, item: tuple[str, str, str, str], prefill: int) -> GateRun:
+    from graft_core import generate
+
     question, solution, verifier, reference = item
     t0 = time.perf_counter()
     ans = generate.answer(lm, chain, question, max_new_tokens=GATE_MAX_NEW_TOKENS)
@@ -113,6 +117,8 @@ def _run(lm: LoadedModel, chain: list[KVArtifact], run: str, item: tuple[str, st
 
 def fact_run(lm: LoadedModel, question: str, solution: str, verifier: str, reference: str) -> GateRun:
     """Graft the solution alone (`Fact: <solution>`, a scratch artifact) and judge the model's answer."""
+    from graft_core.capture import capture
+
     t0 = time.perf_counter()
     ids = lm.tokenizer(templates.fact_text(solution))["input_ids"]
     if len(ids) + 64 > lm.info.max_positions:

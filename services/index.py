@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from db.catalog import Catalog
 from errors import KvgraftError
-from retrieval import VectorIndex
-from retrieval.embedder import Embedder
+
+if TYPE_CHECKING:  # faiss loads with the first index (the web app's start-up stage), not with the page
+    from retrieval import Embedder, VectorIndex
 
 
 class IndexPipeline:
@@ -30,6 +32,8 @@ class IndexPipeline:
         """The FAISS index, loaded from disk or rebuilt from the catalog when missing or stale.
 
         One thread rebuilds at a time; the others wait and reuse its result."""
+        from retrieval import VectorIndex
+
         with self._index_lock:
             version = self._catalog.version()
             idx = self._index
@@ -68,6 +72,8 @@ class IndexPipeline:
         return idx
 
     def _rebuild(self, version: int, must_save: bool) -> VectorIndex:
+        from retrieval import VectorIndex
+
         idx = VectorIndex(self.embedder.dim, self.embedder.embedder_id)
         pairs = [(aid, np.frombuffer(vec, dtype="<f4")) for aid, vec in self._catalog.embeddings(self.embedder.embedder_id)]
         idx.build(pairs, version)

@@ -13,18 +13,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from db.blobs import BlobStore
 from db.catalog import Catalog
 from db.queries import library_rows
 from db.rows import LedgerRow
 from errors import IntegrityError, KvgraftError
-from graft_core import codec
-from graft_core import model as model_mod
-from graft_core.artifact import KVArtifact
-from graft_core.capture import probe_mismatch
-from retrieval import VectorIndex
-from retrieval.embedder import Embedder, SentenceEmbedder
+from graft_core import model as model_mod  # names only: torch loads in model_mod.load
 
 from .answer import AnswerPipeline
 from .deposit import DepositPipeline
@@ -32,6 +28,10 @@ from .index import IndexPipeline
 from .results import LibraryEntry, ShowReport, StoreStats
 from .solve import SolvePipeline
 from .verify import VerifyPipeline
+
+if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use (the web app's start-up
+    from graft_core.artifact import KVArtifact  # stages), so that importing services serves a page at once
+    from retrieval import Embedder, VectorIndex
 
 
 def quarantine_message(artifact_id: str, reason: str) -> str:
@@ -103,6 +103,8 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
     @property
     def embedder(self) -> Embedder:
         if self._embedder is None:
+            from retrieval.embedder import SentenceEmbedder
+
             self._embedder = SentenceEmbedder()
         return self._embedder
 
@@ -114,6 +116,8 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         row = self._catalog.get(artifact_id)
         if row.quarantine and not quarantined_too:
             raise IntegrityError(quarantine_message(row.id, row.quarantine))
+        from graft_core import codec
+
         art = codec.loads(self._blobs.get(row.content_sha256))
         if art.key != row.id:
             raise KvgraftError(f"artifact file for {row.id} holds {art.key}: the catalog and the blob store disagree; run fsck")
@@ -122,6 +126,8 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
     def probe_check(self, artifact_id: str, force: bool = False) -> str | None:
         """Restore the artifact's chain and check its probe hash (once per content hash in this process
         unless `force`). A mismatch quarantines the artifact and is returned as the reason; None: passed."""
+        from graft_core.capture import probe_mismatch
+
         row = self._catalog.get(artifact_id)
         if self._probed.get(row.content_sha256) and not force:
             return None

@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from errors import ArtifactNotFound, InvalidInput, KvgraftError
-from graft_core import generate
 
 if TYPE_CHECKING:
     from .library import Library
@@ -45,6 +44,8 @@ class ReplayReport:
 
 
 def _replay_one(lib: Library, row) -> ReplayEntry:
+    from graft_core import generate  # the engine loads at the first replay, not with the web page
+
     lm = lib.lm
     base = dict(
         ledger_id=row.id,

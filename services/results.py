@@ -7,13 +7,16 @@ No I/O and no computation of figures here beyond what a field's name promises.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from db.queries import Listed
 from db.rows import ArtifactRow, LedgerRow, LedgerTotals, SourceRow, VerificationRow
-from graft_core.accounting import TokenSavings
-from graft_core.generate import Baseline
-from graft_core.proof import Proof
-from graft_core.verify import ExactnessCheck
+
+if TYPE_CHECKING:  # the engine's types, named only in annotations: torch loads with the model, not with the page
+    from graft_core.accounting import TokenSavings
+    from graft_core.generate import Baseline
+    from graft_core.proof import Proof
+    from graft_core.verify import ExactnessCheck
 
 # The fields of an exactness check that the answer JSON shows (the ledger keeps them all).
 _CHECK_FIELDS = (

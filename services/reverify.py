@@ -21,13 +21,12 @@ import numpy as np
 from db.blobs import sha256_bytes
 from db.rows import VerificationRow
 from errors import IntegrityError, InvalidInput
-from graft_core import codec
-from graft_core.artifact import KVArtifact, text_sha256
-from graft_core.capture import probe_mismatch
 
 from . import gate
 
 if TYPE_CHECKING:
+    from graft_core.artifact import KVArtifact
+
     from .library import Library
 
 UNTRUSTED = "imported, not re-verified"
@@ -52,6 +51,8 @@ def _blob(blobs: dict[str, Path | bytes], digest: str) -> bytes:
 
 def _chains(rows: dict, blobs: dict[str, Path | bytes]) -> dict[str, list[KVArtifact]]:
     """Artifact id -> its chain (root first), decoded from the bundle's blobs (exports carry every ancestor)."""
+    from graft_core import codec  # the engine loads at the first import of a bundle, not with the web page
+
     arts = {a["id"]: codec.loads(_blob(blobs, a["content_sha256"])) for a in rows["artifacts"]}
     parent = {a["id"]: a.get("parent_id") for a in rows["artifacts"]}
     out = {}
@@ -67,6 +68,8 @@ def _chains(rows: dict, blobs: dict[str, Path | bytes]) -> dict[str, list[KVArti
 
 
 def _retokenise(lib: Library, aid: str, text: str, art: KVArtifact) -> None:
+    from graft_core.artifact import text_sha256
+
     ids = lib.lm.tokenizer(text, add_special_tokens=not art.parent)["input_ids"]
     if list(ids) != art.token_ids.tolist() or (art.text_sha256 and art.text_sha256 != text_sha256(text)):
         raise IntegrityError(
@@ -95,6 +98,9 @@ def _replay(lib: Library, chain: list[KVArtifact], src: dict, v: VerificationRow
 
 def reverify(lib: Library, rows: dict, blobs: dict[str, Path | bytes], use_model: bool, trust_verdicts: bool) -> Reverified:
     """The rows of a staged bundle as this store will record them (see the module docstring)."""
+    from graft_core.artifact import text_sha256
+    from graft_core.capture import probe_mismatch
+
     srcs = {s["artifact_id"]: s for s in rows["sources"]}
     chains = _chains(rows, blobs)
     probes = 0

@@ -13,7 +13,6 @@ import time
 
 import verifiers
 from errors import InvalidInput, VerificationFailed
-from graft_core import sample
 
 from .limits import MAX_QUESTION_CHARS, bounded
 from .results import Flywheel, SolveAttempt, Solved
@@ -56,8 +55,10 @@ class SolvePipeline:
         )
 
     def _work(self, question: str, max_new_tokens: int, temperature: float, seed: int | None) -> SolveAttempt:
-        a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed)
+        from graft_core import sample  # the engine loads at the first solve, not with the web page
         from graft_core.generate import tokens_sha256
+
+        a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed)
 
         return SolveAttempt(
             mode=a.mode,
@@ -86,6 +87,8 @@ class SolvePipeline:
         """Library first, then greedy, then sampled attempts (seeds seed, seed+1, ...) until one passes the
         verifier, `attempts` tries were made or `budget` tokens (prompt + decode, every try) are spent.
         `library=False` skips the recall step (the no-graft model alone, as the eval's baseline)."""
+        from graft_core import sample
+
         question = bounded("question", question, MAX_QUESTION_CHARS)
         if not 1 <= budget <= MAX_BUDGET:
             raise InvalidInput(f"budget must be between 1 and {MAX_BUDGET:,} tokens, got {budget}")

@@ -12,9 +12,6 @@ from collections.abc import Callable
 import numpy as np
 
 from errors import ArtifactNotFound, InvalidInput
-from graft_core import generate
-from graft_core.verify import check as exact_check
-from graft_core.verify import check_relocated
 
 from .results import VerifyReport, VerifySample
 
@@ -38,6 +35,10 @@ class VerifyPipeline:
         query rows and `decode_steps` greedy steps (and, with `monolithic`, the one-forward schedule beside
         it, labelled). With `max_tokens` only artifacts whose chain holds at most that many tokens are drawn
         (a sample recomputes the whole chain: this bounds its cost)."""
+        from graft_core import generate  # the engine loads at the first check, not with the web page
+        from graft_core.verify import check as exact_check
+        from graft_core.verify import check_relocated
+
         if not 1 <= samples <= 1000:
             raise InvalidInput(f"samples must be between 1 and 1000, got {samples}")
         if not 1 <= decode_steps <= 16:

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 import cli
+import retrieval.embedder
 import services
 from db.schema import ledger
 from retrieval import HashEmbedder
@@ -20,7 +21,7 @@ from retrieval import HashEmbedder
 
 @pytest.fixture(autouse=True)
 def fake_embedder(monkeypatch):
-    monkeypatch.setattr(services.library, "SentenceEmbedder", HashEmbedder)
+    monkeypatch.setattr(retrieval.embedder, "SentenceEmbedder", HashEmbedder)  # what Library.embedder makes
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import retrieval.embedder
 import services
 from errors import InvalidInput
 from graft_core import sample
@@ -127,7 +128,7 @@ def test_flywheel_counts_discovery_against_each_recall(lib):
 def test_cli_solve_json_and_exit_codes(tiny_dirs, kvgraft_home, capsys, monkeypatch):
     import cli
 
-    monkeypatch.setattr(services.library, "SentenceEmbedder", HashEmbedder)
+    monkeypatch.setattr(retrieval.embedder, "SentenceEmbedder", HashEmbedder)  # what Library.embedder makes
     base = ["--home", str(kvgraft_home), "--model", str(tiny_dirs["gemma3"]), "solve", "Who built the Varnek lighthouse?"]
     code = cli.main([*base, "--verifier", "exact", "--reference", "Osric Pellamy", "--budget", "120", "--json"])
     out = json.loads(capsys.readouterr().out)

@@ -366,3 +366,38 @@ def test_app_started_as_a_space_serves_at_once_as_a_read_only_demo(tiny_dirs, tm
         proc.wait(timeout=30)
     out = "".join(lines)
     assert "page served at" in out and "loading the model" in out
+
+
+# ---- the page path loads no engine -------------------------------------------------------------
+
+HEAVY = ("torch", "transformers", "faiss", "sentence_transformers", "safetensors", "matplotlib")
+PAGE_PATH = """
+import sys
+import app, hosting, services
+from startup import Startup, model_cache
+where = hosting.detect()
+library = services.Library()
+tracker = Startup.remembered(model_cache())
+app.build_app(library, admin_token="t", startup=tracker, where=where)
+print(library.count())
+print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))
+"""
+
+
+def test_the_page_path_imports_no_torch_transformers_faiss_or_matplotlib(tmp_path):
+    """What `python app.py` runs before `launch()` (import app, the Library over an empty store, the
+    remembered estimates, every tab built) must leave the engine unloaded: it loads in the background
+    start-up, so the page comes as soon as Gradio can serve it."""
+    env = dict(os.environ, KVGRAFT_HOME=str(tmp_path / "home"), KVGRAFT_MODEL_CACHE=str(tmp_path / "models"))
+    done = subprocess.run([sys.executable, "-c", PAGE_PATH, *HEAVY], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    count, loaded = done.stdout.strip().splitlines()[-2:]
+    assert count == "0"  # the catalog was opened and read, without the engine
+    assert loaded == "[]", f"the page path imported {loaded}; import them inside the function that needs them"
+
+
+def test_the_cli_and_upkeep_modules_import_no_torch_either():
+    code = "import sys, services, maintenance, cli, cli_upkeep, app_upkeep, app_views, app_solve; print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))"
+    done = subprocess.run([sys.executable, "-c", code, *HEAVY], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]", done.stdout
