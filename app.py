@@ -58,6 +58,7 @@ from app_views import (  # noqa: E402
     warn,
 )
 from errors import KvgraftError, VerificationFailed  # noqa: E402  (types, not the engine)
+from services import seed  # noqa: E402
 from services.limits import (  # noqa: E402
     ANON_MAX_NEW_TOKENS,
     ANON_VERIFY_SAMPLES,
@@ -68,7 +69,6 @@ from startup import start as start_up  # noqa: E402
 log = logging.getLogger("kvgraft.app")
 
 HERE = Path(__file__).resolve().parent
-SEED_DIR = HERE / "library_seed"
 STATIC = HERE / "static"
 QUEUE_MAX = 256  # over-quota requests are refused in microseconds, so a deep queue drains fast
 MODEL_WORKERS = 16  # handlers that may wait at once for the model; `FairTurns` runs one at a time
@@ -79,34 +79,8 @@ VERIFIERS = ["exact", "numeric", "sympy", "attested"]
 
 
 SeedStatus = Startup  # the start-up tracker under the name older callers (tests/test_browser.py) use
-
-
-def seed_items(folder: Path = SEED_DIR) -> tuple[list[dict], list[tuple[str, str]]]:
-    """The verified items (items.jsonl) and the fact sheets (*.txt: (title, text)) of a seed folder."""
-    items = [json.loads(line) for line in (folder / "items.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
-    sheets = [(p.stem, p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.txt"))]
-    return items, sheets
-
-
-def seed_library(
-    library: services.Library, folder: Path = SEED_DIR, on_progress: Callable[[float, str], None] | None = None
-) -> int:
-    """Deposit the built-in library, each item through the deposit gate (an item the model does not
-    answer correctly with its graft is refused, logged and left out); returns how many were new."""
-    progress = on_progress or (lambda f, m: None)
-    items, sheets = seed_items(folder)
-    total, created = len(items) + len(sheets), 0
-    for i, it in enumerate(items):
-        progress(i / total, f"seeding the built-in library: {i + 1}/{total} {it['question']}")
-        try:
-            created += library.deposit_item(**it).created
-        except VerificationFailed as e:
-            log.warning("seed item refused by the gate: %s", e)
-    for j, (title, text) in enumerate(sheets, start=len(items)):
-        progress(j / total, f"seeding the built-in library: {j + 1}/{total} fact sheet '{title}'")
-        created += library.deposit_text(text, title=title, attested_by="kvgraft built-in library", admin=True).created
-    progress(1.0, f"built-in library ready: {total} artifacts ({created} new)")
-    return created
+# The built-in library: one implementation in services/seed.py (the CLI's `seed` and `verify` use it too).
+SEED_DIR, seed_items, seed_library = seed.SEED_DIR, seed.seed_items, seed.seed_library
 
 
 # ---- the app ------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import retrieval  # noqa: E402,F401  (faiss before torch: services no longer imports it)
 import services  # noqa: E402
 from app import seed_items  # noqa: E402
 from errors import VerificationFailed  # noqa: E402

@@ -401,3 +401,40 @@ def test_the_cli_and_upkeep_modules_import_no_torch_either():
     done = subprocess.run([sys.executable, "-c", code, *HEAVY], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_seeding_goes_on_past_an_item_the_gate_refuses(tmp_path, caplog):
+    """One seed implementation (services/seed.py) for the app, `cli.py seed` and `verify`: a refused item
+    is logged and left out, every other item and fact sheet is still deposited."""
+    import json
+
+    from errors import VerificationFailed
+    from services import seed
+
+    folder = tmp_path / "seed"
+    folder.mkdir()
+    items = [
+        {"question": f"Q{i}?", "solution": f"S{i}.", "answer": str(i), "verifier": "exact", "reference": str(i)} for i in range(3)
+    ]
+    (folder / "items.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
+    (folder / "sheet.txt").write_text("A fact sheet.\n")
+
+    class Recorder:  # records what reached the library; the second item is refused as the gate would
+        def __init__(self):
+            self.deposited = []
+
+        def deposit_item(self, **it):
+            if it["question"] == "Q1?":
+                raise VerificationFailed("the model answered 'x' with the graft; the reference is '1'; nothing deposited")
+            self.deposited.append(it["question"])
+            return type("D", (), {"created": True})()
+
+        def deposit_text(self, text, **kw):
+            self.deposited.append(kw["title"])
+            return type("D", (), {"created": True})()
+
+    lib = Recorder()
+    with caplog.at_level("WARNING", logger="kvgraft.seed"):
+        assert seed.seed_library(lib, folder) == 3
+    assert lib.deposited == ["Q0?", "Q2?", "sheet"]
+    assert "seed item refused by the gate: the model answered 'x'" in caplog.text
