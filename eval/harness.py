@@ -197,9 +197,14 @@ def summarise(outputs: list[dict], accepted: set[str] | None = None) -> tuple[di
             "grafted_accuracy_recurring_knowledge_accepted": counts["knowledge/graft_recurring/accepted"]["accuracy"],
             "grafted_accuracy_recurring_problems_accepted": counts["problems_deposited/graft_recurring/accepted"]["accuracy"],
             "grafted_accuracy_paraphrase_accepted": counts["knowledge/graft_paraphrase/accepted"]["accuracy"],
+            "paraphrase_retrieval_top1_accepted": _share([o["retrieved_own"] for o in para if o["item"] in accepted]),
         }
     cost = _cost(recurring, sel)
     return scores, counts, cost
+
+
+def _share(flags: list[bool]) -> float | None:
+    return sum(1 for f in flags if f) / len(flags) if flags else None
 
 
 def _ratio(num: float, den: float) -> float | None:

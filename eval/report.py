@@ -236,6 +236,12 @@ def gate_lines(results: dict) -> list[str]:
         ("**Recurring (facts + problems), graft** (`grafted_accuracy_recurring_accepted`)", "recurring/graft_recurring/accepted"),
     ):
         lines.append(f"| {label} | {c[key]['correct']} / {c[key]['n']} | {_fmt(c[key]['accuracy'])} |")
+    top1 = results["scores"].get("paraphrase_retrieval_top1_accepted")
+    if top1 is not None:
+        lines += [
+            "",
+            f"Retrieval on the accepted items: a paraphrase's top hit is its own fact's artifact in {_fmt(top1)} of cases.",
+        ]
     reasons = "; ".join(f"{r['item']}: {r['reason'][:90]}" for r in gate["refused"][:3])
     return [*lines, "", f"Refused (first 3 of {len(gate['refused'])}, all in `results.json` under `gate`): {reasons}", ""]
 
