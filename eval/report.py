@@ -183,15 +183,17 @@ def recurring_lines(case: dict | None) -> list[str]:
         f"{cfg['seed']}, {cfg['seed'] + 1}, ...; at most {cfg['max_new_tokens']} new tokens per attempt) until the verifier "
         f"accepted an answer or **{rc['budget_tokens_per_problem']:,} tokens per problem** (prompt + decode, every attempt) were spent.",
         "",
-        "| problems | budget / problem | baseline tokens | baseline solved | answered from a graft | grafted decode tokens | grafted solved | ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| problems | budget / problem | baseline tokens | baseline solved | grafted decode tokens | grafted solved | ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
         f"| {rc['problems']} | {rc['budget_tokens_per_problem']:,} | {rc['baseline_tokens_total']:,} | {rc['baseline_solved']} | "
-        f"{rc.get('grafted_problems', '')} | {rc['grafted_decode_tokens_total']} | {rc['grafted_solved']} | {_fmt(rc['ratio'], 1)}x |",
+        f"{rc['grafted_decode_tokens_total']} | {rc['grafted_solved']} | {_fmt(rc['ratio'], 1)}x |",
         "",
-        "The ratio is the baseline tokens of the problems answered from a graft over their grafted decode tokens.",
-        f"Verified solutions deposited through the gate: {acc['accepted']} / {acc['offered']} accepted (rate {_fmt(acc['rate'])}); "
-        f"{acc.get('accepted_as_worked_solution', acc['accepted'])} as the dataset's worked solution, the rest as its concluding line "
-        "(the 270M model could not read the result off the multi-line solution; every try is in `results.json`).",
+        f"The problems: failed within the budget, their verified solution accepted by the deposit gate, asked again. "
+        f"Failures offered to the gate: {rc.get('failed_offered', rc['problems'])}; accepted {acc['accepted']} "
+        f"(acceptance rate {_fmt(acc['rate'])}; {acc.get('accepted_as_worked_solution', acc['accepted'])} as the dataset's "
+        "worked solution, the rest as its concluding line: the 270M model often answers with an intermediate line of a "
+        "multi-line solution, which the gate refuses). A refused solution is not deposited, so that problem is not recalled; "
+        "every try is in `results.json`.",
         "",
     ]
     if case.get("baseline_reused"):

@@ -173,13 +173,15 @@ def test_recurring_case_counts_every_token_and_replays(tiny_gemma, tmp_path):
         "budget_tokens_per_problem",
         "baseline_tokens_total",
         "baseline_solved",
-        "grafted_problems",
+        "failed_offered",
+        "baseline_tokens_all_failed",
         "grafted_decode_tokens_total",
         "grafted_solved",
         "ratio",
     }
     failed = case["failed"]
-    assert rc["problems"] == len(failed) and rc["budget_tokens_per_problem"] == 240
+    # the tiny model's gate verdict is the accepting test double: every failure's solution is accepted
+    assert rc["problems"] == rc["failed_offered"] == len(failed) and rc["budget_tokens_per_problem"] == 240
     for rec in failed:
         assert sum(a["tokens"] for a in rec["attempts"]) == rec["baseline_tokens"] <= 240
         assert rec["baseline_tokens"] > 240 - len(rows[0]["question"]) - 8  # the budget was spent, not skipped
@@ -220,3 +222,24 @@ def test_recurring_concluding_line_and_reuse_of_hash_checked_baselines(tiny_gemm
     assert again["baseline_reused"] == [r["id"] for r in first["failed"] + first["solved_by_sampling"]]
     assert [r["attempts_sha256"] for r in again["failed"]] == [r["attempts_sha256"] for r in first["failed"]]
     assert again["recurring_case"] == first["recurring_case"]
+
+
+def test_recurring_problems_are_the_failures_with_an_accepted_solution(tiny_gemma, tmp_path, monkeypatch):
+    """A failure whose verified solution the gate refuses is offered and counted, never a case problem;
+    the case goes on to further candidates until it has its problems or runs out of candidates."""
+    import services
+    import verifiers
+    from eval import recurring
+    from services import gate
+
+    monkeypatch.setattr(gate, "judge", lambda answer, q, s, v, r: verifiers.Verdict(False, v, f"test double refused {answer!r}"))
+    rows = _recurring_rows()
+    cfg = recurring.RecurringConfig(problems=2, budget=240, max_candidates=3, max_new_tokens=4)
+    lib = services.Library(home=tmp_path / "store", embedder=HashEmbedder(), lm=tiny_gemma)
+    case = recurring.run_case(lib, rows, cfg, log=lambda m: None)
+    lib.close()
+    rc, acc = case["recurring_case"], case["acceptance"]
+    assert len(case["failed"]) == 3  # every candidate tried: none gave an accepted solution
+    assert (rc["problems"], rc["failed_offered"], rc["grafted_decode_tokens_total"], rc["ratio"]) == (0, 3, 0, None)
+    assert (acc["accepted"], acc["offered"]) == (0, 3) and rc["baseline_tokens_total"] == 0
+    assert all(r["deposit"].startswith("refused: ") and "grafted" not in r for r in case["failed"])
