@@ -291,6 +291,19 @@ def _wait_until(pred, timeout: float = 10.0) -> None:
     assert pred(), "timed out"
 
 
+def _recording_turn(turns: FairTurns, order: list, holding: threading.Event, release: threading.Event):
+    """A model turn that records who got it; with `hold`, it signals `holding` and keeps the model until `release`."""
+
+    def run(who: Client, hold: bool = False) -> None:
+        with turns.turn(who):
+            order.append(who.session)
+            if hold:
+                holding.set()
+                release.wait(10)
+
+    return run
+
+
 def test_a_waiting_user_gets_the_next_turn_whatever_another_host_queued():
     """The user has used the model for a while; then 9 requests of another host arrive, one holding the model.
     The user's request, queued last, runs right after the current one (round robin over addresses), not
@@ -300,13 +313,7 @@ def test_a_waiting_user_gets_the_next_turn_whatever_another_host_queued():
         with turns.turn(user):
             time.sleep(0.02)  # 0.2 s of model time in all, more than the attacker's first turn
     holding, release = threading.Event(), threading.Event()
-
-    def run(who: Client, hold: bool = False) -> None:
-        with turns.turn(who):
-            order.append(who.session)
-            if hold:
-                holding.set()
-                release.wait(10)
+    run = _recording_turn(turns, order, holding, release)
 
     threads = [threading.Thread(target=run, args=(Client("a0", "attacker-host"), True))]
     threads[0].start()
@@ -329,13 +336,7 @@ def test_a_waiting_user_gets_the_next_turn_whatever_another_host_queued():
 def test_sessions_of_one_address_take_turns():
     turns, order = FairTurns(per_address=8), []
     holding, release = threading.Event(), threading.Event()
-
-    def run(who: Client, hold: bool = False) -> None:
-        with turns.turn(who):
-            order.append(who.session)
-            if hold:
-                holding.set()
-                release.wait(10)
+    run = _recording_turn(turns, order, holding, release)
 
     run(Client("s2", "host"))  # s2 was served before
     first = threading.Thread(target=run, args=(Client("s1", "host"), True))
