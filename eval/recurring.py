@@ -112,14 +112,24 @@ def reusable(previous: dict | None, cfg: RecurringConfig) -> dict[str, dict]:
     same = ("budget", "temperature", "seed", "max_new_tokens", "max_digits")  # what a baseline record depends on
     if not previous or any(previous.get("config", {}).get(k) != getattr(cfg, k) for k in same):
         return {}
-    out = {}
-    for rec in [*previous["failed"], *previous["solved_by_sampling"]]:
-        if (
-            attempts_sha256(rec["attempts"]) == rec["attempts_sha256"]
-            and sum(a["tokens"] for a in rec["attempts"]) == rec["baseline_tokens"]
-        ):
-            out[rec["id"]] = {k: rec[k] for k in BASELINE_KEYS}
-    return out
+    return {
+        rec["id"]: {k: rec[k] for k in BASELINE_KEYS}
+        for rec in [*previous["failed"], *previous["solved_by_sampling"]]
+        if not baseline_problems(rec, cfg.budget)
+    }
+
+
+def baseline_problems(rec: dict, budget: int) -> list[str]:
+    """What is wrong with one stored baseline record: attempts that no longer hash to `attempts_sha256`,
+    tokens that do not sum to `baseline_tokens`, a spend over the budget (empty: the record stands)."""
+    where, bad = f"recurring {rec['id']}", []
+    if attempts_sha256(rec["attempts"]) != rec["attempts_sha256"]:
+        bad.append(f"{where}: attempt records hash differently from the recorded attempts_sha256")
+    if sum(a["tokens"] for a in rec["attempts"]) != rec["baseline_tokens"]:
+        bad.append(f"{where}: attempt tokens do not sum to the recorded baseline_tokens")
+    if rec["baseline_tokens"] > budget:
+        bad.append(f"{where}: {rec['baseline_tokens']} tokens spent exceed the {budget}-token budget")
+    return bad
 
 
 def concluding_line(solution: str) -> str | None:
@@ -249,12 +259,7 @@ def check_case(case: dict, rows: dict[str, dict]) -> tuple[list[str], int]:
     for rec in [*case["failed"], *case["solved_by_sampling"]]:
         where = f"recurring {rec['id']}"
         n += 1
-        if attempts_sha256(rec["attempts"]) != rec["attempts_sha256"]:
-            bad.append(f"{where}: attempt records hash differently from the recorded attempts_sha256")
-        if sum(a["tokens"] for a in rec["attempts"]) != rec["baseline_tokens"]:
-            bad.append(f"{where}: attempt tokens do not sum to the recorded baseline_tokens")
-        if rec["baseline_tokens"] > case["config"]["budget"]:
-            bad.append(f"{where}: {rec['baseline_tokens']} tokens spent exceed the {case['config']['budget']}-token budget")
+        bad.extend(baseline_problems(rec, case["config"]["budget"]))
         row = rows.get(rec["id"])
         if row is None:
             bad.append(f"{where}: not in the data file")

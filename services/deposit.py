@@ -209,9 +209,8 @@ class DepositPipeline:
             raise VerificationFailed(fact.refusal(reference))
 
         def gate_check(chain: list[KVArtifact]) -> tuple[VerificationRow, float, int]:
-            run = gate.graft_run(self.lm, chain, question, solution, verifier, reference)
+            run = self._graft_run(chain, question, solution, verifier, reference, item_sha)
             if not run.ok:
-                self._catalog.record_refusal(gate.record(run, item_sha, verifier, reference))
                 raise VerificationFailed(run.refusal(reference))
             detail = f"with the solution grafted the model answered {fact.generated!r}; with the artifact grafted {run.generated!r}; {run.detail}"
             return gate.record(run, item_sha, verifier, reference, detail=detail), run.seconds, run.tokens
@@ -313,15 +312,21 @@ class DepositPipeline:
             leaf = self._catalog.get(d.id)
         return leaf.id
 
+    def _graft_run(self, chain: list[KVArtifact], question: str, solution: str, verifier: str, reference: str, item_sha: str):
+        """The gate's graft run on `chain`; a refusal is recorded here (the caller decides what it means)."""
+        run = gate.graft_run(self.lm, chain, question, solution, verifier, reference)
+        if not run.ok:
+            self._catalog.record_refusal(gate.record(run, item_sha, verifier, reference))
+        return run
+
     def _regate(self, origin: str, src, v: VerificationRow):
         """The graft run of a gate-verified item, re-run with the item after its new parent. A pass is a
         fresh verification row of the composed artifact; a refusal is recorded and the composed artifact
         is stored unverified (the exact chain is still useful; it is not claimed verified)."""
 
         def check(chain: list[KVArtifact]) -> tuple[VerificationRow | None, float, int]:
-            run = gate.graft_run(self.lm, chain, src.question, src.solution, v.verifier, v.reference)
+            run = self._graft_run(chain, src.question, src.solution, v.verifier, v.reference, v.item_sha256)
             if not run.ok:
-                self._catalog.record_refusal(gate.record(run, v.item_sha256, v.verifier, v.reference))
                 return None, run.seconds, run.tokens
             detail = f"composed from {origin}: re-gated after the new parent, the model answered {run.generated!r}; {run.detail}"
             return gate.record(run, v.item_sha256, v.verifier, v.reference, detail=detail), run.seconds, run.tokens
