@@ -57,11 +57,17 @@ def test_sampled_attempts_follow_greedy_with_recorded_seeds(lib):
     assert not r.solved and r.tokens_spent == sum(a.tokens for a in r.attempts)
 
 
-def test_a_passing_greedy_attempt_is_deposited_as_verified(lib):
-    q = "Who built the Varnek lighthouse?"
+def _greedy_or_skip(lib, q: str):
+    """The tiny model's greedy answer to `q`, the reference a solve of it will pass (skip when it is empty)."""
     greedy = sample.attempt(lib.lm, q, 8)
     if not greedy.text:
         pytest.skip("the tiny model's greedy answer is empty; the real-model test covers deposit")
+    return greedy
+
+
+def test_a_passing_greedy_attempt_is_deposited_as_verified(lib):
+    q = "Who built the Varnek lighthouse?"
+    greedy = _greedy_or_skip(lib, q)
     r = lib.solve(q, "exact", greedy.text, budget=1000, max_new_tokens=8)
     assert (r.solved, r.source, r.answer) == (True, "model", greedy.text)
     shown = lib.show(r.id)
@@ -109,9 +115,7 @@ def test_flywheel_counts_discovery_against_each_recall(lib):
     import app_views
 
     q = "Who built the Varnek lighthouse?"
-    greedy = sample.attempt(lib.lm, q, 8)
-    if not greedy.text:
-        pytest.skip("the tiny model's greedy answer is empty; the real-model test covers deposit")
+    greedy = _greedy_or_skip(lib, q)
     r = lib.solve(q, "exact", greedy.text, budget=1000, max_new_tokens=8)
     recall = lib.answer(q, max_new_tokens=4, threshold=0.0)
     assert recall.artifact_ids[-1] == r.id
