@@ -30,6 +30,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import boot  # noqa: E402  (stdlib only)
+
+# `python app.py`: a placeholder page answers on the app's port while Gradio imports (~5 s), see `boot`.
+_BOOT = boot.serve_while_starting(_T0) if __name__ == "__main__" else boot.NOT_SERVING
+
 import gradio as gr  # noqa: E402
 
 import hosting  # noqa: E402
@@ -535,13 +540,14 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     where = hosting.detect()
     hosting.apply(where)
-    print(
-        f"kvgraft: {where.url}  (bound to {where.host}:{where.port}; the page comes first, the model loads behind it)", flush=True
-    )
+    if _BOOT is boot.NOT_SERVING:
+        print(boot.url_line(where), flush=True)
+    _BOOT.stage("building the page")
     library = services.Library()
     tracker = Startup.remembered(model_cache())
     demo = build_app(library, admin_token=where.admin_token, startup=tracker, where=where)
-    demo.launch(server_name=where.host, server_port=where.port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    launch = dict(server_name=where.host, server_port=where.port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    boot.hand_over(_BOOT, where, lambda: demo.launch(**launch))
     wall, cpu = time.perf_counter() - _T0, time.process_time()  # CPU seconds: the part a busy machine does not inflate
     print(f"kvgraft: page served at {where.url} after {wall:.1f} s ({cpu:.1f} s of CPU); store {library.home}", flush=True)
     start_up(library, tracker, seed=seed_library, remember_in=model_cache())

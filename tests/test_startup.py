@@ -4,6 +4,7 @@ Space environment variables set (tiny model, loopback port, slowed model load)."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -11,12 +12,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+import boot
 import hosting
 import startup
 from errors import KvgraftError, NotReady
@@ -322,7 +325,7 @@ def test_app_started_as_a_space_serves_at_once_as_a_read_only_demo(tiny_dirs, tm
         KVGRAFT_MODEL=str(tiny_dirs["gemma3"]),
         KVGRAFT_HOME=str(tmp_path / "home"),
         KVGRAFT_MODEL_CACHE=str(tmp_path / "models"),
-        **{startup.SLOW_LOAD_ENV: "15"},
+        **{startup.SLOW_LOAD_ENV: "15", boot.SLOW_IMPORT_ENV: "3"},
     )
     env.pop("KVGRAFT_ADMIN_TOKEN", None)
     proc = subprocess.Popen(
@@ -331,6 +334,7 @@ def test_app_started_as_a_space_serves_at_once_as_a_read_only_demo(tiny_dirs, tm
     lines: list[str] = []
     threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
     url = f"http://127.0.0.1:{port}/"
+    placeholder = []  # the stages the placeholder page reported while Gradio was imported
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -339,11 +343,17 @@ def test_app_started_as_a_space_serves_at_once_as_a_read_only_demo(tiny_dirs, tm
                 with urllib.request.urlopen(url + "config", timeout=2) as r:
                     config = json.loads(r.read())
                 break
+            except urllib.error.HTTPError as exc:  # the placeholder: 503 + Retry-After on every path but its own
+                assert exc.code == 503 and exc.headers["Retry-After"] == str(boot.RETRY_AFTER_S)
+                with contextlib.suppress(OSError), urllib.request.urlopen(url + boot.STATUS_PATH[1:], timeout=2) as r:
+                    placeholder.append(json.loads(r.read())["stage"])  # (suppressed: the handover came in between)
             except OSError:
                 assert time.monotonic() < deadline, "".join(lines)
-                time.sleep(0.3)
+            time.sleep(0.3)
+        assert "loading the web framework" in placeholder
         ours = [line for line in lines if line.startswith("kvgraft:")]
         assert ours[0].startswith(f"kvgraft: http://127.0.0.1:{port}  (bound to 127.0.0.1:{port}")  # the URL comes first
+        assert ours[1].startswith("kvgraft: a placeholder page answers there after ")
         texts = json.dumps(config)
         assert "This Space has no persistent storage" in texts and "Read-only public demo" in texts
         tabs = [c["props"].get("label") for c in config["components"] if c.get("type") == "tabitem"]
