@@ -1,5 +1,6 @@
 """Measure what a new user waits for: seconds from `python app.py` (what `make run` starts after its
-install step) to the first page, and to the first answer, on a fresh clone with a throwaway store.
+install step) to the first HTTP 200 (the placeholder page `boot` serves while Gradio is imported), to the
+app's own page, and to the first answer, on a fresh clone with a throwaway store.
 
 By default the committed HEAD of this checkout is `git clone`d into a temp folder (no bytecode caches,
 no store) and the model cache is an empty temp folder too, so the packaged model is converted as on a
@@ -8,9 +9,9 @@ fresh machine; only the venv (this Python) is reused. `--in-place` runs `--check
 
     python -m scripts.first_page [--checkout DIR] [--in-place] [--model-cache DIR] [--timeout-s 900]
 
-`app_says` is the app's own line: seconds from its first import to the page, and the CPU seconds of
-that (what a machine shared with other jobs does not inflate). `gradio_import` is the floor measured
-just before, in the same run: a bare `import gradio` in this Python (wall and CPU seconds). `load` is
+`app_says` are the app's own lines: seconds from its first import to the placeholder and to the page,
+with the CPU seconds of the latter (what a machine shared with other jobs does not inflate). `gradio_import`
+is the floor measured just before, in the same run: a bare `import gradio` in this Python (wall and CPU seconds). `load` is
 the load average at the start and the end. Run it on a quiet machine for the figure.
 """
 
@@ -37,12 +38,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _page_up(url: str) -> bool:
+PLACEHOLDER_MARK = b"<h1>kvgraft is starting</h1>"  # boot.py's page, served while Gradio is imported
+
+
+def _page(url: str) -> str | None:
+    """Who answers `url` with HTTP 200: "placeholder" (boot.py's page), "app" (Gradio's), or None (nobody yet)."""
     try:
         with urllib.request.urlopen(url, timeout=30) as r:
-            return r.status == 200
+            if r.status != 200:
+                return None
+            return "placeholder" if PLACEHOLDER_MARK in r.read() else "app"
     except OSError:
-        return False
+        return None
 
 
 def _child_cpu() -> float:
@@ -83,19 +90,29 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: b
         t0 = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "app.py"], cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            while not _page_up(url):
+            first_200 = first_by = None
+            while (who := _page(url)) != "app":
+                if who and first_200 is None:
+                    first_200, first_by = time.perf_counter() - t0, who
                 if proc.poll() is not None or time.perf_counter() - t0 > timeout_s:
                     raise SystemExit(
                         f"no page after {time.perf_counter() - t0:.0f} s:\n{(Path(tmp) / 'app.log').read_text()[-3000:]}"
                     )
-                time.sleep(0.2)
+                time.sleep(0.1)
             first_page = time.perf_counter() - t0
-            print(f"first page after {first_page:.1f} s; waiting for the first answer...", file=sys.stderr, flush=True)
+            if first_200 is None:
+                first_200, first_by = first_page, "app"
+            print(
+                f"first HTTP 200 ({first_by}) after {first_200:.1f} s, the app's page after {first_page:.1f} s; "
+                "waiting for the first answer...",
+                file=sys.stderr,
+                flush=True,
+            )
             client, tries, answer, slowest_page, timeouts = None, 0, None, 0.0, 0
             while answer is None:
                 tries += 1
                 t = time.perf_counter()
-                _page_up(url)  # how long the page takes while the model arrives
+                _page(url)  # how long the page takes while the model arrives
                 slowest_page = max(slowest_page, time.perf_counter() - t)
                 try:  # the client too is made in the loop: on a busy machine its config read may time out
                     client = client or Client(url, verbose=False, httpx_kwargs={"timeout": 60})
@@ -111,10 +128,13 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: b
             proc.terminate()
             proc.wait(timeout=30)
             log.close()
-        served = [line for line in (Path(tmp) / "app.log").read_text().splitlines() if "page served at" in line]
+        said = (Path(tmp) / "app.log").read_text().splitlines()
+        served = [line for line in said if "page served at" in line or "placeholder page answers" in line]
         return {
-            "first_page_s": round(first_page, 1),
-            "app_says": served[0] if served else "",
+            "first_http_200_s": round(first_200, 1),
+            "first_http_200_from": first_by,
+            "first_app_page_s": round(first_page, 1),
+            "app_says": served,
             "first_answer_s": round(first_answer, 1),
             "answer": answer["answer"],
             "tier": answer["tier"],

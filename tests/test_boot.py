@@ -182,3 +182,21 @@ def test_serving_the_placeholder_prints_the_url_first_and_imports_only_the_stand
     assert lines[1].startswith("kvgraft: a placeholder page answers there after ")
     assert lines[2] == "['boot', 'hosting']"
     assert time.monotonic() - t >= 0.5  # the test hook held the first stage
+
+
+def test_first_page_tells_the_placeholder_from_the_app_and_from_nobody(placeholder):
+    """scripts/first_page reports two numbers (first HTTP 200, the app's page): it must tell them apart."""
+    from scripts.first_page import _page
+
+    p, url = placeholder
+    assert _page(url + "/") == "placeholder"
+    host, port = p.address
+    p.stop()
+    assert _page(url + "/") is None  # connection refused: the gap of the handover
+    app = ThreadingHTTPServer((host, port), _Plain)
+    threading.Thread(target=app.serve_forever, daemon=True).start()
+    try:
+        assert _page(url + "/") == "app"
+    finally:
+        app.shutdown()
+        app.server_close()
