@@ -200,3 +200,17 @@ def test_first_page_tells_the_placeholder_from_the_app_and_from_nobody(placehold
     finally:
         app.shutdown()
         app.server_close()
+
+
+def test_on_a_space_the_placeholder_binds_every_interface_as_the_app_will(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"SYSTEM": "spaces", "SPACE_ID": "someone/kvgraft", "GRADIO_SERVER_PORT": str(port)}  # the port: the test's
+    p = boot.serve_while_starting(time.perf_counter(), environ=env)
+    try:
+        assert p.address == ("0.0.0.0", port)  # hosting.detect's Space default, as Gradio will bind
+        assert _get(f"http://127.0.0.1:{port}/")[0] == 200
+    finally:
+        p.stop()
+    assert capsys.readouterr().out.startswith(f"kvgraft: http://127.0.0.1:{port}  (bound to 0.0.0.0:{port};")
