@@ -32,7 +32,10 @@ def test_first_answer_runs_the_probe_and_later_answers_prove_by_the_state_hash(l
     assert (later.output_sha256, later.logits_sha256) == (first.output_sha256, first.logits_sha256)
     lib._probed.clear()  # a new process: the probe again, the same bytes served
     again = lib.answer(Q, artifact=d.id, max_new_tokens=3)
-    assert again.proof.kind == "probe" and (again.output_sha256, again.logits_sha256) == (first.output_sha256, first.logits_sha256)
+    assert again.proof.kind == "probe" and (again.output_sha256, again.logits_sha256) == (
+        first.output_sha256,
+        first.logits_sha256,
+    )
 
 
 def test_a_chain_checks_its_ancestors_separately_and_the_leaf_in_the_answer(lib, monkeypatch):
