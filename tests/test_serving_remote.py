@@ -7,6 +7,7 @@ tests/test_serving_ray.py.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -233,3 +234,32 @@ def test_front_end_app_builds_without_torch():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
+def test_app_tabs_over_a_deployment_show_what_is_not_available(stub, real):
+    """The app over a RemoteLibrary: answers come from the deployment; delete and export say what to use."""
+    gradio_client = pytest.importorskip("gradio_client")
+    from gradio_client.exceptions import AppError
+
+    import app
+
+    stub.routes[("GET", "/health")] = (200, {"healthy": True, "problems": [], "store_artifacts": 2})
+    stub.routes[("POST", "/answer")] = (200, json.loads(_normal(real["plain"].to_json())))
+    remote, tracker = RemoteLibrary(stub.url, admin_token=TOKEN, retries=0), RemoteStartup()
+    connect(remote, tracker, poll_s=0.01)
+    demo = app.build_app(remote, admin_token=TOKEN, startup=tracker)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        c = gradio_client.Client(demo.local_url, verbose=False)
+        r = c.predict("Who built the tower?", max_new_tokens=3, api_name="/answer")
+        assert r["output_sha256"] == real["plain"].output_sha256
+        assert stub.requests[-1]["body"]["max_new_tokens"] == 3
+        with pytest.raises(AppError, match=r"Deleting an artifact is not available .* use `kvgraft delete`"):
+            c.predict(TOKEN, "abc", api_name="/delete")
+        with pytest.raises(AppError, match=r"Exporting a bundle is not available .* use `kvgraft export`"):
+            c.predict(TOKEN, "", api_name="/export")
+    finally:
+        demo.close()
