@@ -75,11 +75,20 @@ class RemoteLibrary:
         self._token = admin_token
         self._last_count = 0
 
-    def _call(self, client: Client, method: str, path: str, body: dict | None = None):
+    def _call(self, client: Client, method: str, path: str, body: dict | None = None, parse: Callable = lambda x: x):
+        """One request; the reply rebuilt by `parse` (a from_json). A reply of another shape (a deployment
+        of another kvgraft version) is a KvgraftError saying so, not an internal error of the app."""
         try:
-            return client.request(method, path, body).payload
+            payload = client.request(method, path, body).payload
         except BackendRefused as e:
             raise _refused(e) from None
+        try:
+            return parse(payload)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise KvgraftError(
+                f"the deployment's reply to {method} {path.split('?')[0]} is not what this app reads ({type(e).__name__}: {e}): "
+                "run the same kvgraft version in the app and the replicas"
+            ) from None
 
     def _unavailable(self, what: str, command: str = "") -> NotAvailable:
         return NotAvailable(
@@ -137,32 +146,32 @@ class RemoteLibrary:
 
     def answer(self, question: str, on_token: Callable | None = None, **options) -> AnswerResult:
         """POST /answer; `on_token` is not called (the answer arrives whole)."""
-        return AnswerResult.from_json(self._call(self._admin, "POST", "/answer", {"question": question, **options}))
+        return self._call(self._admin, "POST", "/answer", {"question": question, **options}, AnswerResult.from_json)
 
     def deposit_text(self, text, parent=None, title="", attested_by=None, admin=False, on_progress=None) -> Deposited:
         body = {"text": text, "parent": parent, "title": title, "attested_by": attested_by}
-        return Deposited.from_json(self._call(self._admin if admin else self._anon, "POST", "/deposit", body))
+        return self._call(self._admin if admin else self._anon, "POST", "/deposit", body, Deposited.from_json)
 
     def deposit_item(
         self, question, solution, answer, verifier, reference, parent=None, title="", admin=False, on_progress=None
     ) -> Deposited:
         body = {"question": question, "solution": solution, "answer": answer or None, "verifier": verifier}
         body |= {"reference": reference, "parent": parent, "title": title}
-        return Deposited.from_json(self._call(self._admin if admin else self._anon, "POST", "/deposit", body))
+        return self._call(self._admin if admin else self._anon, "POST", "/deposit", body, Deposited.from_json)
 
     def verify_samples(self, samples=10, relocate=None, seed=0, on_progress=None, **bounds) -> VerifyReport:
         """POST /verify. `bounds` (the app's anonymous limits) mean an anonymous caller: no admin token is
         sent, so the deployment applies its own anonymous bounds too."""
         client = self._anon if bounds else self._admin
         body = {"samples": samples, "relocate": relocate, "seed": seed}
-        return VerifyReport.from_json(self._call(client, "POST", "/verify", body))
+        return self._call(client, "POST", "/verify", body, VerifyReport.from_json)
 
     def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
         q = urllib.parse.urlencode({"query": query, "limit": limit, "offset": offset} | ({"kind": kind} if kind else {}))
-        return [LibraryEntry.from_json(e) for e in self._call(self._anon, "GET", f"/library?{q}")]
+        return self._call(self._anon, "GET", f"/library?{q}", parse=lambda rows: [LibraryEntry.from_json(e) for e in rows])
 
     def show(self, ref: str) -> ShowReport:
-        return ShowReport.from_json(self._call(self._anon, "GET", f"/library/{urllib.parse.quote(ref, safe='')}"))
+        return self._call(self._anon, "GET", f"/library/{urllib.parse.quote(ref, safe='')}", parse=ShowReport.from_json)
 
     @property
     def lm(self):

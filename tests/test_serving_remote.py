@@ -18,7 +18,7 @@ import pytest
 
 import maintenance
 import services
-from errors import ArtifactNotFound, VerificationFailed
+from errors import ArtifactNotFound, KvgraftError, VerificationFailed
 from retrieval import HashEmbedder
 from serving.client import ADMIN_HEADER, BackendRefused, BackendUnavailable
 from serving.remote import NotAvailable, RemoteLibrary, RemoteStartup, connect
@@ -182,6 +182,13 @@ def test_replica_errors_come_back_as_the_same_kvgraft_errors(stub):
     assert e.value.status == 403 and e.value.kind == "Forbidden" and str(e.value) == "deposits need the admin token"
     with pytest.raises(ArtifactNotFound, match="^no route$"):
         remote.show("abc")
+    stub.routes[("POST", "/answer")] = (200, {"answer": "4", "tier": "exact"})  # a replica of another version
+    with pytest.raises(KvgraftError) as e:
+        remote.answer("q")
+    assert str(e.value) == (
+        "the deployment's reply to POST /answer is not what this app reads (KeyError: 'grafted_tokens'): "
+        "run the same kvgraft version in the app and the replicas"
+    )
     stub.routes[("POST", "/answer")] = (500, b"Internal Server Error")  # a replica lost under the request
     with pytest.raises(BackendUnavailable, match=r"POST /answer: no replica completed the request in 1 attempts \(HTTP 500"):
         remote.answer("q")
