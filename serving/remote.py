@@ -72,7 +72,6 @@ class RemoteLibrary:
         self.home = Path(f"{self.base_url} (KVGRAFT_BACKEND_URL)")  # what the app prints as its store
         self._anon = Client(self.base_url, timeout_s=timeout_s, retries=retries)
         self._admin = Client(self.base_url, admin_token=admin_token, timeout_s=timeout_s, retries=retries)
-        self._token = admin_token
         self._last_count = 0
 
     def _call(self, client: Client, method: str, path: str, body: dict | None = None, parse: Callable = lambda x: x):
@@ -128,20 +127,24 @@ class RemoteLibrary:
         """GET /health once, no retry: (HTTP status, the JSON it returned); status 0 when nothing answered."""
         try:
             with urllib.request.urlopen(self.base_url + "/health", timeout=HEALTH_TIMEOUT_S) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            try:
-                return e.code, json.loads(e.read())
-            except ValueError:
-                return e.code, {"problems": [f"HTTP {e.code} without kvgraft JSON (the replicas may be starting)"]}
-        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as e:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as e:  # 503: a replica that is not healthy says why in the same JSON
+            status, raw = e.code, e.read()
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
             return 0, {"problems": [f"{type(e).__name__}: {getattr(e, 'reason', e)}"]}
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            return status, {"problems": [f"HTTP {status} without kvgraft's health JSON (the replicas may be starting)"]}
+        if isinstance(payload.get("store_artifacts"), int):
+            self._last_count = payload["store_artifacts"]
+        return status, payload
 
     def count(self) -> int:
         """Artifacts in the shared store (GET /health); the last count seen when no replica answers now."""
-        status, payload = self.health()
-        if isinstance(payload.get("store_artifacts"), int):
-            self._last_count = payload["store_artifacts"]
+        self.health()
         return self._last_count
 
     def answer(self, question: str, on_token: Callable | None = None, **options) -> AnswerResult:
@@ -209,7 +212,6 @@ def connect(remote: RemoteLibrary, tracker: RemoteStartup, poll_s: float = 1.0, 
         polls += 1
         status, payload = remote.health()
         if status == 200 and payload.get("healthy"):
-            remote._last_count = payload.get("store_artifacts", 0)
             tracker.finish(
                 "load",
                 f"healthy: replica {payload.get('replica', '?')}, {payload.get('store_artifacts')} artifacts, "
