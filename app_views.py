@@ -48,11 +48,12 @@ def ms(s: float | None) -> str:
 
 
 def _verdict(r: services.AnswerResult) -> tuple[str, str]:
-    """(css class, word): the full check when it ran, else the cheap probe proof, else why neither."""
+    """(css class, word): the full check when it ran, else the per-answer proof, else why neither."""
     if r.check is not None:
         return ("kv-pass", "EXACT") if r.check.exact else ("kv-fail", "NOT EXACT")
     if r.proof is not None and r.proof.passed is not None:
-        return ("kv-pass", "PROBE PROOF PASSED") if r.proof.passed else ("kv-fail", "PROBE PROOF FAILED")
+        word = f"{r.proof.kind.upper()} PROOF {'PASSED' if r.proof.passed else 'FAILED'}"
+        return ("kv-pass" if r.proof.passed else "kv-fail"), word
     return "kv-nocheck", "NOT CHECKED"
 
 
@@ -65,13 +66,24 @@ def badge(r: services.AnswerResult) -> str:
 
 
 def _proof_html(p) -> str:
-    rows = [
-        ("deposit-time probe SHA-256", p.expected_sha256),
-        ("serving cache's probe SHA-256", p.observed_sha256),
-        ("cost", f"{p.proof_s * 1000:.1f} ms (probe chunk forward + hash)"),
-    ]
+    if p.kind == "probe":
+        rows = [
+            ("deposit-time probe logits SHA-256", p.expected),
+            ("restored state's probe logits SHA-256", p.observed),
+            ("served state BLAKE3 (= the probed state's)", p.state_digest),
+            ("cost", f"{p.proof_s * 1000:.1f} ms (first use in this process: probe forward + state hashes)"),
+        ]
+        head = "Probe proof (first answer from this artifact in this process)"
+    else:
+        rows = [
+            ("state BLAKE3 proved by the probe at first use", p.expected),
+            ("served state BLAKE3", p.observed),
+            ("deposit-time probe logits SHA-256 it reproduced", p.probe_sha256),
+            ("cost", f"{p.proof_s * 1000:.1f} ms (one hash of the served keys and values)"),
+        ]
+        head = "State proof (every later grafted answer)"
     return (
-        '<div class="kv-sub">Probe proof (every grafted answer)</div><table class="kv-table kv-hash">'
+        f'<div class="kv-sub">{esc(head)}</div><table class="kv-table kv-hash">'
         + "".join(f"<tr><th>{esc(k)}</th><td><code>{esc(v)}</code></td></tr>" for k, v in rows)
         + f'</table><div class="kv-note">Proves: {esc(p.note)}. Does not prove: {esc(p.limits)}. '
         "The full check (tick “check exactness”, or `cli.py verify`) recomputes the prefix and compares "
@@ -163,7 +175,7 @@ def evidence_summary(r: services.AnswerResult) -> tuple[str, str]:
     title = f"Evidence · {verdict} · tier {r.tier} · {r.grafted_tokens} grafted / {r.computed_tokens} computed / {r.decode_tokens} decoded"
     lines = [f"- {h.title} (similarity {h.score:.3f}, {h.tokens} tokens, {h.verifier}: {h.verdict})" for h in r.retrieved]
     if r.proof is not None and r.proof.passed is not None:
-        lines.append(f"- probe proof: deposit `{r.proof.expected_sha256[:16]}…` vs served `{r.proof.observed_sha256[:16]}…`")
+        lines.append(f"- {r.proof.kind} proof: expected `{r.proof.expected[:16]}…` vs served `{r.proof.observed[:16]}…`")
     if r.check is not None:
         lines.append(f"- fresh `{r.check.fresh_sha256[:16]}…` vs served `{r.check.grafted_sha256[:16]}…`, KL {r.check.kl:.3g}")
     lines.append(

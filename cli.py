@@ -90,10 +90,9 @@ def cmd_ask(args) -> int:
         )
     if r.proof is not None and r.proof.passed is not None:
         p = r.proof
-        verdict = "PROBE PROOF PASSED" if p.passed else "PROBE PROOF FAILED"
-        lines.append(
-            f"proof: {verdict} deposit {p.expected_sha256[:16]} served {p.observed_sha256[:16]} ({p.proof_s * 1000:.1f} ms)"
-        )
+        verdict = f"{p.kind.upper()} PROOF {'PASSED' if p.passed else 'FAILED'}"
+        what = "probe logits sha256 deposit" if p.kind == "probe" else "state blake3 proved"
+        lines.append(f"proof: {verdict} {what} {p.expected[:16]} served {p.observed[:16]} ({p.proof_s * 1000:.1f} ms)")
     _emit(args, payload, "\n".join(lines))
     failed_proof = r.proof is not None and r.proof.passed is False
     return 1 if (r.check is not None and r.check.tier == "exact" and not r.check.exact) or failed_proof else 0

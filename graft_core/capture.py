@@ -100,13 +100,7 @@ def probe_restored(lm: LoadedModel, chain: list[KVArtifact]) -> bool:
 
 
 def probe_mismatch(lm: LoadedModel, chain: list[KVArtifact], recorded: str | None = None) -> str | None:
-    """Why the restored `chain` fails its leaf's probe check, or None when it passes: the probe logits
-    of the restored state must hash to the header's `probe_sha256`, and that to `recorded` (the hash
-    the catalog kept at deposit) when given."""
-    leaf = chain[-1]
-    if recorded is not None and recorded != leaf.probe_sha256:
-        return f"the catalog records probe hash {recorded[:16]}… but the artifact file says {leaf.probe_sha256[:16]}…"
-    got = _probe(lm, restore(lm, chain), leaf.end)
-    if got != leaf.probe_sha256:
-        return f"the restored state's probe logits hash to {got[:16]}…, the artifact records {leaf.probe_sha256[:16]}…"
-    return None
+    """Why the restored `chain` fails its leaf's probe check, or None when it passes (proof.check_probe)."""
+    from .proof import check_probe
+
+    return check_probe(lm, chain, recorded, restore)[0]

@@ -40,8 +40,6 @@ class Decoded:
     """Greedy continuation of a prompt chunk, with the logits rows when they were kept."""
 
     prompt_rows: torch.Tensor | None  # [n_prompt, vocab] when collected, else None
-    head_row: torch.Tensor | None  # [vocab] last logits row of the head chunk, when the prompt was split
-    head_s: float  # head chunk forward, seconds (0.0 without a head)
     token_ids: list[int]  # generated tokens, including a stop token if one was hit
     step_rows: list[torch.Tensor]  # [vocab] logits row that chose each generated token (first from the prompt)
     prompt_s: float  # prompt forward, seconds
@@ -98,31 +96,12 @@ def prompt_and_decode(
     eos_ids: frozenset[int] = frozenset(),
     keep_prompt_rows: bool = False,
     on_token: Callable[[int], None] | None = None,
-    head: int = 0,
-    on_head: Callable[[torch.Tensor], None] | None = None,
 ) -> Decoded:
-    """Prefill `prompt_ids` at `start` then decode greedily, one token per forward (batch 1).
-
-    With `head` > 0 the prompt runs as two chunks, its first `head` tokens then the rest, and the head
-    chunk's last logits row is kept (the probe proof reads it); the chunk schedule is part of the bytes.
-    `on_head(row)` sees that row before the rest of the prompt runs (it may raise to stop the answer
-    before any token is chosen).
-    """
+    """Prefill `prompt_ids` at `start` as one chunk (the chunk schedule is part of the bytes), then
+    decode greedily, one token per forward (batch 1)."""
     assert prompt_ids, "the prompt chunk must hold at least one token"
-    assert 0 <= head <= len(prompt_ids), f"head {head} outside the {len(prompt_ids)}-token prompt"
     t0 = time.perf_counter()
-    head_row, head_s, rest = None, 0.0, prompt_ids
-    if head:
-        head_logits = forward_chunk(model, cache, prompt_ids[:head], start, all_logits=keep_prompt_rows)
-        head_row, head_s, rest = head_logits[-1], time.perf_counter() - t0, prompt_ids[head:]
-        if on_head is not None:
-            on_head(head_row)
-    if rest:
-        logits = forward_chunk(model, cache, rest, start + head, all_logits=keep_prompt_rows)
-        if head and keep_prompt_rows:
-            logits = torch.cat([head_logits, logits], dim=0)
-    else:
-        logits = head_logits
+    logits = forward_chunk(model, cache, prompt_ids, start, all_logits=keep_prompt_rows)
     prompt_s = time.perf_counter() - t0
     rows: list[torch.Tensor] = []
     first: list[float] = []
@@ -140,8 +119,6 @@ def prompt_and_decode(
     first_token_s = first[0] if first else 0.0
     return Decoded(
         prompt_rows=logits if keep_prompt_rows else None,
-        head_row=head_row,
-        head_s=head_s,
         token_ids=generated,
         step_rows=rows,
         prompt_s=prompt_s,

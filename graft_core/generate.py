@@ -2,7 +2,7 @@
 
 `answer()` restores a chain (or nothing), computes only the prompt's tokens, decodes greedily until
 the template's end of answer, and reports what was grafted, computed and decoded, the time to first
-token and estimated FLOPs both ways, with the cheap probe proof of the served state (and, when asked,
+token and estimated FLOPs both ways, with the per-answer proof of the served state (and, when asked,
 the full recomputation of the served rows; graft_core/proof.py). `baseline()` measures the no-graft
 run over the same tokens.
 """
@@ -22,7 +22,7 @@ from .errors import InputTooLong, InvalidInput
 from .forward import new_cache, prompt_and_decode
 from .graft import restore, restore_relocated
 from .model import LoadedModel
-from .proof import Proof, full_check, no_proof, probe_head, probe_proof, why_no_proof
+from .proof import Proof, ProvenState, full_check, no_proof, prove, why_no_proof
 from .verify import ExactnessCheck
 
 MAX_NEW_TOKENS_LIMIT = 1024
@@ -117,14 +117,16 @@ def answer(
     on_token: Callable[[int], None] | None = None,
     baseline_decode_tokens: int | None = None,
     probe: bool = True,
-    on_probe: Callable[[Proof], None] | None = None,
+    proven: ProvenState | None = None,
+    on_proof: Callable[[Proof], None] | None = None,
 ) -> Answer:
     """Graft `chain` (own position; or, with `relocated`, independent roots re-rotated), then answer.
 
-    `probe=False` serves the prompt as one chunk without the probe proof (bench/proof.py measures the
-    difference); the answer then says that no proof was made. `on_probe(proof)` sees the probe proof as
-    soon as the probe chunk has run, before the rest of the prompt and any token (it may raise to refuse
-    the answer: the library's first-use probe check of a leaf is this one).
+    An own-position graft carries the per-answer proof (graft_core/proof.py), made before the prompt
+    runs: with `proven` (this process proved the artifact before) the served state's BLAKE3 against it,
+    else the probe on a second restore of the chain. `on_proof(proof)` sees it before any token is
+    chosen and may raise to refuse the answer. `probe=False` skips the proof (bench/proof.py measures
+    its cost). The prompt runs as one chunk either way, so the served bytes do not depend on the proof.
     """
     prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw)
     t0 = time.perf_counter()
@@ -137,7 +139,10 @@ def answer(
         cache, start, tier = restore(lm, chain), chain[-1].end, "exact"
     restore_s = time.perf_counter() - t0
     _bound(lm, start, len(prompt_ids), max_new_tokens)
-    head = probe_head(lm, chain, prompt_ids, relocated) if probe else 0
+    provable = probe and tier == "exact" and bool(chain[-1].probe_sha256)
+    proof = prove(lm, chain, cache, proven, restore) if provable else None
+    if proof is not None and on_proof is not None:
+        on_proof(proof)
     dec = prompt_and_decode(
         lm.model,
         cache,
@@ -147,13 +152,11 @@ def answer(
         is_stop=_stopper(lm, raw),
         eos_ids=_eos(lm),
         on_token=on_token,
-        head=head,
-        on_head=(lambda row: on_probe(probe_proof(chain[-1], row, 0.0))) if (head and on_probe) else None,
     )
     completion = lm.tokenizer.decode(dec.token_ids, skip_special_tokens=True)
-    why = why_no_proof(chain, relocated) if probe else "probe proof turned off by the caller"
-    proof = probe_proof(chain[-1], dec.head_row, dec.head_s) if head else no_proof(why)
-    served = (lm, chain, prompt_ids, head, dec.token_ids, dec.step_rows)
+    if proof is None:
+        proof = no_proof(why_no_proof(chain, relocated) if probe else "proof turned off by the caller")
+    served = (lm, chain, prompt_ids, dec.token_ids, dec.step_rows)
     exactness = full_check(*served) if (run_check and chain and not relocated) else None
     grafted = start
     return Answer(
@@ -165,8 +168,8 @@ def answer(
         artifact_ids=tuple(a.key for a in chain),
         restore_s=restore_s,
         prompt_s=dec.prompt_s,
-        ttft_s=read_s + restore_s + dec.first_token_s,
-        total_s=read_s + restore_s + dec.total_s,
+        ttft_s=read_s + restore_s + proof.proof_s + dec.first_token_s,
+        total_s=read_s + restore_s + proof.proof_s + dec.total_s,
         savings=savings(lm.info, grafted, len(prompt_ids), len(dec.token_ids), baseline_decode_tokens),
         output_sha256=tokens_sha256(dec.token_ids),
         logits_sha256=logits_sha256(dec.step_rows),

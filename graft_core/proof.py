@@ -1,9 +1,11 @@
-"""What a grafted answer carries as proof of what was served: the cheap probe proof on every answer,
-and the full fresh recomputation of the served logits rows on request.
+"""What a grafted answer carries as proof of what was served: a per-answer proof that costs one hash
+of the served state, and the full fresh recomputation of the served logits rows on request.
 
-Both read the state that produced the served tokens, never a second graft made for the check. The
-engine's own prompt schedule lives here too (`probe_head`): a prompt that starts with the probe
-tokens runs them as their own chunk, so the probe row comes out of the serving cache itself.
+The first time a process serves an artifact, its restored state runs the probe tokens and must
+reproduce the probe logits hash recorded at deposit byte for byte (the `probe` proof); the BLAKE3 of
+that restored state is kept (`ProvenState`). Every later answer hashes the state it is served from and
+must match (the `state` proof): the same bytes in the same process give the same rows the probe read.
+The prompt itself always runs as one chunk, so an answer's bytes never depend on which proof it got.
 """
 
 from __future__ import annotations
@@ -16,29 +18,49 @@ import torch
 from .artifact import KVArtifact
 from .capture import logits_sha256, probe_ids
 from .forward import forward_chunk, new_cache
+from .layers import state_digest
 from .model import LoadedModel
 from .verify import ExactnessCheck, divergence, fresh_cache
 
-PROVES = (
-    "the grafted cache that served this answer, run on the probe tokens that open the prompt, gave a logits row "
-    "whose SHA-256 equals the one recorded when the artifact was deposited: the restored state reproduces the "
-    "deposit-time state bit for bit wherever that row can see it (every layer, every position the probe attends to)"
+PROVES_PROBE = (
+    "the restored state, run on the probe tokens, gave a logits row whose SHA-256 equals the one recorded when the "
+    "artifact was deposited, and the state that served this answer is byte-identical to it (BLAKE3 of every layer's "
+    "keys and values): it reproduces the deposit-time state bit for bit wherever the probe row can see it"
+)
+PROVES_STATE = (
+    "the keys and values that served this answer hash (BLAKE3, every layer, shapes and token counts included) to the "
+    "state on which this process reproduced the deposit-time probe logits hash byte for byte at its first use of the "
+    "artifact: the same bytes under the same weights and kernels, so the same rows"
 )
 DOES_NOT_PROVE = (
-    "it does not recompute the prefix from its text (the full check does); it trusts the deposit-time hash, "
+    "it does not recompute the prefix from its text (the full check does); it trusts the deposit-time probe hash, "
     "which is as good as the deposit; rows outside a sliding layer's window are not read by the probe"
 )
 
 
 @dataclass(frozen=True)
-class Proof:
-    """The cheap proof of one answer. `passed` is None when no proof applies (`note` says why)."""
+class ProvenState:
+    """A restored state whose probe reproduced the deposit-time hash in this process."""
 
-    kind: str  # "probe" | "none"
+    digest: str  # BLAKE3 of the restored state (layers.state_digest)
+    probe_sha256: str  # the deposit-time probe logits hash it reproduced
+    proved_at: float  # time.time() of the probe
+
+
+@dataclass(frozen=True)
+class Proof:
+    """The per-answer proof. `passed` is None when no proof applies (`note` says why).
+
+    kind "probe": expected/observed are SHA-256 of the probe logits row (deposit time / now);
+    kind "state": expected/observed are BLAKE3 of the restored state (first use / this answer)."""
+
+    kind: str  # "probe" | "state" | "none"
     passed: bool | None
-    expected_sha256: str  # recorded at deposit (the leaf's probe_sha256)
-    observed_sha256: str  # the probe row of the serving cache
-    proof_s: float  # probe chunk forward + hashing (an upper bound on its cost: those tokens are computed anyway)
+    expected: str
+    observed: str
+    state_digest: str  # BLAKE3 of the state that served the answer ("" when none)
+    probe_sha256: str  # the deposit-time probe hash the state was proved against
+    proof_s: float  # what the proof cost: the state hash (+ the probe forward on first use)
     note: str  # what it proves (passed), what failed, or why no proof applies
     limits: str = ""  # what it does not prove
 
@@ -46,16 +68,8 @@ class Proof:
         return asdict(self)
 
 
-def probe_head(lm: LoadedModel, chain: list[KVArtifact], prompt_ids: list[int], relocated: bool = False) -> int:
-    """How many leading prompt tokens run as the probe chunk (0: no probe proof for this prompt)."""
-    if not chain or relocated or not chain[-1].probe_sha256:
-        return 0
-    probe = probe_ids(lm)
-    return len(probe) if list(prompt_ids[: len(probe)]) == probe else 0
-
-
 def no_proof(note: str) -> Proof:
-    return Proof(kind="none", passed=None, expected_sha256="", observed_sha256="", proof_s=0.0, note=note)
+    return Proof(kind="none", passed=None, expected="", observed="", state_digest="", probe_sha256="", proof_s=0.0, note=note)
 
 
 def why_no_proof(chain: list[KVArtifact], relocated: bool) -> str:
@@ -63,25 +77,76 @@ def why_no_proof(chain: list[KVArtifact], relocated: bool) -> str:
         return "nothing grafted: nothing to prove"
     if relocated:
         return "relocated graft: approximate by design, no deposit-time hash applies (measure it with the full check)"
-    if not chain[-1].probe_sha256:
-        return "the artifact records no probe hash: run the full check"
-    return "the prompt does not start with the probe tokens (raw prompt): run the full check"
+    return "the artifact records no probe hash: run the full check"
 
 
-def probe_proof(leaf: KVArtifact, head_row: torch.Tensor, head_s: float) -> Proof:
-    """Compare the serving cache's probe row with the leaf's deposit-time probe hash, byte for byte."""
+def probe_state(lm: LoadedModel, chain: list[KVArtifact], restore) -> tuple[str, str]:
+    """Restore `chain` with `restore`, hash the state, then run the probe tokens on it: (digest, probe row SHA-256)."""
+    cache = restore(lm, chain)
+    digest = state_digest(cache)
+    return digest, logits_sha256(forward_chunk(lm.model, cache, probe_ids(lm), chain[-1].end)[-1])
+
+
+def check_probe(lm: LoadedModel, chain: list[KVArtifact], recorded: str | None, restore) -> tuple[str | None, ProvenState | None]:
+    """(why the restored `chain` fails its leaf's probe check or None, and the proven state when it passes):
+    the probe logits of the restored state must hash to the header's `probe_sha256`, and that to
+    `recorded` (the hash the catalog kept at deposit) when given."""
+    leaf = chain[-1]
+    if recorded is not None and recorded != leaf.probe_sha256:
+        return f"the catalog records probe hash {recorded[:16]}… but the artifact file says {leaf.probe_sha256[:16]}…", None
+    digest, got = probe_state(lm, chain, restore)
+    if got != leaf.probe_sha256:
+        return f"the restored state's probe logits hash to {got[:16]}…, the artifact records {leaf.probe_sha256[:16]}…", None
+    return None, ProvenState(digest=digest, probe_sha256=got, proved_at=time.time())
+
+
+def prove(lm: LoadedModel, chain: list[KVArtifact], served, known: ProvenState | None, restore) -> Proof:
+    """The proof of the served cache `served` (restored from `chain`, nothing run on it yet).
+
+    With `known` (this process proved this artifact before): compare the served state's BLAKE3 with it.
+    Without: restore a second cache with `restore`, run the probe on it and compare with the leaf's
+    deposit-time hash, and require the served state to hash like the probed one."""
     t0 = time.perf_counter()
-    observed = logits_sha256(head_row)
-    passed = observed == leaf.probe_sha256
+    leaf = chain[-1]
+    observed_state = state_digest(served)
+    if known is not None:
+        passed = observed_state == known.digest and known.probe_sha256 == leaf.probe_sha256
+        return Proof(
+            kind="state",
+            passed=passed,
+            expected=known.digest,
+            observed=observed_state,
+            state_digest=observed_state,
+            probe_sha256=leaf.probe_sha256,
+            proof_s=time.perf_counter() - t0,
+            note=PROVES_STATE if passed else "the served state's BLAKE3 differs from the state proved at first use: not served",
+            limits=DOES_NOT_PROVE,
+        )
+    probed_state, probe_row = probe_state(lm, chain, restore)
+    passed = probe_row == leaf.probe_sha256 and probed_state == observed_state
+    why = (
+        "the restored state's probe logits differ from the deposit-time hash: the graft is not exact"
+        if probe_row != leaf.probe_sha256
+        else "the served state differs from the probed one"
+    )
     return Proof(
         kind="probe",
         passed=passed,
-        expected_sha256=leaf.probe_sha256,
-        observed_sha256=observed,
-        proof_s=head_s + time.perf_counter() - t0,
-        note=PROVES if passed else "the serving cache's probe row differs from the deposit-time hash: the graft is not exact",
+        expected=leaf.probe_sha256,
+        observed=probe_row,
+        state_digest=observed_state,
+        probe_sha256=leaf.probe_sha256,
+        proof_s=time.perf_counter() - t0,
+        note=PROVES_PROBE if passed else why,
         limits=DOES_NOT_PROVE,
     )
+
+
+def proven(proof: Proof) -> ProvenState | None:
+    """What a passing probe proof lets the process remember (None for any other proof)."""
+    if proof.kind != "probe" or not proof.passed:
+        return None
+    return ProvenState(digest=proof.state_digest, probe_sha256=proof.probe_sha256, proved_at=time.time())
 
 
 @torch.inference_mode()
@@ -89,24 +154,19 @@ def full_check(
     lm: LoadedModel,
     chain: list[KVArtifact],
     prompt_ids: list[int],
-    head: int,
     served_tokens: list[int],
     served_rows: list[torch.Tensor],
     monolithic: bool = True,
 ) -> ExactnessCheck:
     """Recompute the chain from its tokens and compare the rows that chose the served tokens, byte for byte.
 
-    Same schedule as the served answer: one chunk per artifact, the probe head, the rest of the prompt,
-    then one forward per served token (teacher-forced, so a divergent step is compared on equal inputs).
+    Same schedule as the served answer: one chunk per artifact, the prompt as one chunk, then one
+    forward per served token (teacher-forced, so a divergent step is compared on equal inputs).
     The grafted hash is the served one (the ledger's `logits_sha256`).
     """
     assert served_tokens and len(served_tokens) == len(served_rows), "one served row per served token"
     cache, pos = fresh_cache(lm, chain)
-    if 0 < head < len(prompt_ids):
-        forward_chunk(lm.model, cache, prompt_ids[:head], pos)
-        rows = [forward_chunk(lm.model, cache, prompt_ids[head:], pos + head)[-1]]
-    else:  # one chunk (a head that is the whole prompt is that chunk)
-        rows = [forward_chunk(lm.model, cache, prompt_ids, pos)[-1]]
+    rows = [forward_chunk(lm.model, cache, prompt_ids, pos)[-1]]
     at = pos + len(prompt_ids)
     for tok in served_tokens[:-1]:
         rows.append(forward_chunk(lm.model, cache, [tok], at)[-1])

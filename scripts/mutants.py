@@ -94,11 +94,18 @@ MUTATIONS = (
         ("tests/test_verifiers.py",),
     ),
     Mutation(
-        "the probe proof skipped (always passes)",
+        "the first-use probe proof skipped (always passes)",
         "graft_core/proof.py",
-        "passed = observed == leaf.probe_sha256",
+        "passed = probe_row == leaf.probe_sha256 and probed_state == observed_state",
         "passed = True",
         (_WRONG_CACHE,),
+    ),
+    Mutation(
+        "the per-answer state proof skipped (always passes)",
+        "graft_core/proof.py",
+        "passed = observed_state == known.digest and known.probe_sha256 == leaf.probe_sha256",
+        "passed = True",
+        (_PROOF + "test_a_later_answer_proves_its_served_state_by_hash_and_fails_on_one_changed_value",),
     ),
     Mutation(
         "gate that skips the graft (services/gate.graft_run)",

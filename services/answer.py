@@ -21,7 +21,7 @@ from .results import AnswerResult, Retrieved
 if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use, not with the web page
     from graft_core import generate
     from graft_core.artifact import KVArtifact
-    from graft_core.proof import Proof
+    from graft_core.proof import Proof, ProvenState
     from graft_core.verify import ExactnessCheck
     from retrieval import Hit
 
@@ -131,41 +131,34 @@ class AnswerPipeline:
         return tok_cb
 
     def _load_for_answer(
-        self, ids: list[str], question: str, raw: bool, relocated: bool
-    ) -> tuple[list[KVArtifact], Callable[[Proof], None] | None]:
-        """`graftable(ids)`, except that a leaf not yet probe-checked in this process, whose prompt opens
-        with the probe tokens, is checked by the answer's own probe chunk instead of a separate restore
-        and probe forward: the same tokens at the same position on the same restored state, so the same
-        bytes. The returned callback quarantines and refuses before any token is chosen on a mismatch."""
-        from graft_core import generate
-        from graft_core.proof import probe_head
-
+        self, ids: list[str], relocated: bool
+    ) -> tuple[list[KVArtifact], ProvenState | None, Callable[[Proof], None] | None]:
+        """The chain to graft, what this process proved about the leaf's restored state (None: not yet, the
+        answer's own proof runs the probe), and the callback that remembers a passing probe and quarantines
+        and refuses on a failed proof, before any token is chosen. Ancestors get `graftable`'s checks."""
         if not ids or relocated:
-            return self.graftable(ids), None
+            return self.graftable(ids), None, None
         leaf = self._catalog.get(ids[-1])
         arts = [self.load_artifact(i) for i in ids]
-        prompt = generate.encode_prompt(self.lm, question, grafted=True, raw=raw)
-        defer = (
-            not self._probed.get(leaf.content_sha256)
-            and leaf.probe_sha256 == arts[-1].probe_sha256  # a catalog/file disagreement goes to probe_check
-            and probe_head(self.lm, arts, prompt) > 0
-        )
-        if not defer:
-            return self.graftable(ids), None
-        self.graftable(ids[:-1])  # the ancestors: their own first-use checks
-        return arts, self._first_use_probe(leaf.id, leaf.content_sha256)
+        if leaf.probe_sha256 != arts[-1].probe_sha256:  # a catalog/file disagreement: probe_check reports it
+            return self.graftable(ids), self._probed.get(leaf.content_sha256), self._on_proof(leaf.id, leaf.content_sha256)
+        self.graftable(ids[:-1])
+        return arts, self._probed.get(leaf.content_sha256), self._on_proof(leaf.id, leaf.content_sha256)
 
-    def _first_use_probe(self, artifact_id: str, content_sha256: str) -> Callable[[Proof], None]:
+    def _on_proof(self, artifact_id: str, content_sha256: str) -> Callable[[Proof], None]:
+        from graft_core.proof import proven
+
         def check(proof: Proof) -> None:
             if proof.passed:
-                self._probed[content_sha256] = True
+                state = proven(proof)
+                if state is not None:
+                    self._probed[content_sha256] = state
                 return
             from .library import quarantine_message
 
-            why = (
-                f"probe check failed: the restored state's probe logits hash to {proof.observed_sha256[:16]}…, "
-                f"the artifact records {proof.expected_sha256[:16]}…"
-            )
+            self._probed.pop(content_sha256, None)
+            what = "probe check" if proof.kind == "probe" else "state proof"
+            why = f"{what} failed: {proof.note} (expected {proof.expected[:16]}…, observed {proof.observed[:16]}…)"
             self._catalog.set_quarantine(artifact_id, why)
             raise IntegrityError(quarantine_message(artifact_id, why))
 
@@ -227,7 +220,7 @@ class AnswerPipeline:
             lm = self.lm
             t0 = time.perf_counter()
             # probe-checked on first restore (a leaf by the answer's own probe chunk); quarantined ones refuse
-            chain, on_probe = self._load_for_answer(chain_ids, question, raw, relocated)
+            chain, known, on_proof = self._load_for_answer(chain_ids, relocated)
             read_s = time.perf_counter() - t0
             base = generate.baseline(lm, chain, question, max_new_tokens, raw) if (compare and chain) else None
             ans = generate.answer(
@@ -241,7 +234,8 @@ class AnswerPipeline:
                 relocated=relocated and len(chain) > 0,
                 on_token=self._token_callback(on_token, raw),
                 baseline_decode_tokens=base.decode_tokens if base else None,
-                on_probe=on_probe,
+                proven=known,
+                on_proof=on_proof,
             )
             exactness = ans.check
             if check and relocated and chain:

@@ -97,7 +97,6 @@ class DepositPipeline:
         emb = (self.embedder.embedder_id, np.asarray(vec, dtype="<f4").tobytes(), int(vec.shape[0]), text_sha256(embed_text))
         row = self._catalog.add_deposit(row, src, verification, emb, lambda: self._blobs.put(data))
         progress(1.0, "deposited")
-        self._probed[row.content_sha256] = True  # the probe hash was just computed on the live cache
         return self._deposited(row, prefill_s=stats.prefill_s, created=True, gate_s=gate_s, gate_tokens=gate_tokens)
 
     def _deposited(

@@ -31,6 +31,7 @@ from .verify import VerifyPipeline
 
 if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use (the web app's start-up
     from graft_core.artifact import KVArtifact  # stages), so that importing services serves a page at once
+    from graft_core.proof import ProvenState
     from retrieval import Embedder, VectorIndex
 
 
@@ -80,7 +81,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         self._index: VectorIndex | None = None
         self._lock = threading.RLock()
         self._index_lock = threading.Lock()
-        self._probed: dict[str, bool] = {}  # content hash -> probe checked in this process
+        self._probed: dict[str, ProvenState] = {}  # content hash -> its restored state, probe-proved in this process
 
     def close(self) -> None:
         """Release the catalog's connections (the library is unusable afterwards)."""
@@ -125,20 +126,22 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
 
     def probe_check(self, artifact_id: str, force: bool = False) -> str | None:
         """Restore the artifact's chain and check its probe hash (once per content hash in this process
-        unless `force`). A mismatch quarantines the artifact and is returned as the reason; None: passed."""
-        from graft_core.capture import probe_mismatch
+        unless `force`), remembering the proved state's BLAKE3 for the answers' state proofs. A mismatch
+        quarantines the artifact and is returned as the reason; None: passed."""
+        from graft_core.graft import restore
+        from graft_core.proof import check_probe
 
         row = self._catalog.get(artifact_id)
         if self._probed.get(row.content_sha256) and not force:
             return None
         with self._lock:
             chain = [self.load_artifact(r.id, quarantined_too=r.id == row.id) for r in self._catalog.chain(row.id)]
-            why = probe_mismatch(self.lm, chain, row.probe_sha256)
+            why, state = check_probe(self.lm, chain, row.probe_sha256, restore)
         if why is not None:
             self._catalog.set_quarantine(row.id, f"probe check failed: {why}")
             self._probed.pop(row.content_sha256, None)
             return why
-        self._probed[row.content_sha256] = True
+        self._probed[row.content_sha256] = state
         return None
 
     def graftable(self, ids: list[str]) -> list[KVArtifact]:

@@ -1,5 +1,6 @@
-"""The first-use probe check of a leaf runs as the answer's own probe chunk (issue 13): no second read,
-restore and probe forward; a mismatch still quarantines and refuses before any token is chosen."""
+"""An artifact's first answer in a process proves its restored state with the probe (and remembers the
+state's BLAKE3); every later answer proves its served state by that hash alone (issue 13: the per-answer
+proof costs one hash). A failed proof of either kind quarantines and refuses before any token is chosen."""
 
 from __future__ import annotations
 
@@ -18,15 +19,23 @@ def lib(kvgraft_home, tiny_gemma):
     return make_lib(kvgraft_home, tiny_gemma)
 
 
-def test_first_answer_proves_the_leaf_with_its_own_probe_chunk(lib, monkeypatch):
+def test_first_answer_runs_the_probe_and_later_answers_prove_by_the_state_hash(lib, monkeypatch):
     d = lib.deposit_text(TEXT)
-    reference = lib.answer(Q, artifact=d.id, max_new_tokens=3)  # probed at deposit: the plain path
-    lib._probed.clear()  # a new process
-    monkeypatch.setattr(lib, "probe_check", lambda *a, **k: pytest.fail("no separate probe check for the leaf"))
-    r = lib.answer(Q, artifact=d.id, max_new_tokens=3)
-    assert r.proof.passed and r.proof.observed_sha256 == lib._catalog.get(d.id).probe_sha256
-    assert lib._probed[lib._catalog.get(d.id).content_sha256]
-    assert (r.output_sha256, r.logits_sha256) == (reference.output_sha256, reference.logits_sha256)
+    row = lib._catalog.get(d.id)
+    first = lib.answer(Q, artifact=d.id, max_new_tokens=3)
+    assert first.proof.kind == "probe" and first.proof.passed and first.proof.observed == row.probe_sha256
+    state = lib._probed[row.content_sha256]
+    assert state.digest == first.proof.state_digest and state.probe_sha256 == row.probe_sha256
+    monkeypatch.setattr(lib, "probe_check", lambda *a, **k: pytest.fail("the leaf is proved already"))
+    later = lib.answer(Q, artifact=d.id, max_new_tokens=3)
+    assert later.proof.kind == "state" and later.proof.passed and later.proof.expected == state.digest
+    assert (later.output_sha256, later.logits_sha256) == (first.output_sha256, first.logits_sha256)
+    lib._probed.clear()  # a new process: the probe again, the same bytes served
+    again = lib.answer(Q, artifact=d.id, max_new_tokens=3)
+    assert again.proof.kind == "probe" and (again.output_sha256, again.logits_sha256) == (
+        first.output_sha256,
+        first.logits_sha256,
+    )
 
 
 def test_a_chain_checks_its_ancestors_separately_and_the_leaf_in_the_answer(lib, monkeypatch):
@@ -37,20 +46,21 @@ def test_a_chain_checks_its_ancestors_separately_and_the_leaf_in_the_answer(lib,
     real = lib.probe_check
     monkeypatch.setattr(lib, "probe_check", lambda i, **k: checked.append(i) or real(i, **k))
     r = lib.answer(Q, artifact=child.id, max_new_tokens=2)
-    assert checked == [root.id] and r.proof.passed
+    assert checked == [root.id] and r.proof.kind == "probe" and r.proof.passed
 
 
-def test_a_mismatching_served_probe_quarantines_before_any_token(lib, monkeypatch):
-    d = lib.deposit_text(TEXT)
-    lib._probed.clear()
-    restore = generate.restore
-
+def _tampered(restore):
     def tampered(lm, chain):
         cache = restore(lm, chain)
         cache.layers[0].keys = cache.layers[0].keys * 1.5  # the served state is not the deposited one
         return cache
 
-    monkeypatch.setattr(generate, "restore", tampered)
+    return tampered
+
+
+def test_a_mismatching_first_use_probe_quarantines_before_any_token(lib, monkeypatch):
+    d = lib.deposit_text(TEXT)
+    monkeypatch.setattr(generate, "restore", _tampered(generate.restore))
     tokens = []
     with pytest.raises(IntegrityError, match=f"artifact {d.id} is quarantined .*probe check failed"):
         lib.answer(Q, artifact=d.id, max_new_tokens=3, on_token=tokens.append)
@@ -58,3 +68,13 @@ def test_a_mismatching_served_probe_quarantines_before_any_token(lib, monkeypatc
     assert lib._catalog.get(d.id).quarantine.startswith("probe check failed")
     with pytest.raises(IntegrityError, match="quarantined"):
         lib.answer(Q, artifact=d.id, max_new_tokens=3)
+
+
+def test_a_served_state_unlike_the_proved_one_quarantines_before_any_token(lib, monkeypatch):
+    d = lib.deposit_text(TEXT)
+    lib.answer(Q, artifact=d.id, max_new_tokens=2)  # proved
+    monkeypatch.setattr(generate, "restore", _tampered(generate.restore))
+    tokens = []
+    with pytest.raises(IntegrityError, match=f"artifact {d.id} is quarantined .*state proof failed"):
+        lib.answer(Q, artifact=d.id, max_new_tokens=3, on_token=tokens.append)
+    assert tokens == [] and lib._catalog.get(d.id).quarantine.startswith("state proof failed")
