@@ -108,6 +108,9 @@ def test_results_round_trip_through_their_json(real):
         assert _normal(back.to_json()) == _normal(r.to_json())
         assert back.output_token_ids == r.output_token_ids and back.savings == r.savings
     back = services.AnswerResult.from_json(json.loads(_normal(checked.to_json())))
+    from app_views import evidence_html, evidence_summary
+
+    assert evidence_html(back) == evidence_html(checked) and evidence_summary(back) == evidence_summary(checked)
     assert back.check.exact is checked.check.exact and back.check.fresh_sha256 == checked.check.fresh_sha256
     assert back.ttft_speedup == checked.ttft_speedup and back.baseline.token_ids == checked.baseline.token_ids
     for d in (real["item"], real["text"]):
