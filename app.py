@@ -543,14 +543,22 @@ def main() -> None:
     if _BOOT is boot.NOT_SERVING:
         print(boot.url_line(where), flush=True)
     _BOOT.stage("building the page")
-    library = services.Library()
-    tracker = Startup.remembered(model_cache())
+    backend = os.environ.get("KVGRAFT_BACKEND_URL", "").strip()  # the front end of a deployment (docs/SCALING.md)
+    if backend:
+        from serving import remote  # no torch, no store: every call goes to the replicas over HTTP
+
+        library, tracker = remote.RemoteLibrary(backend, admin_token=where.admin_token), remote.RemoteStartup()
+    else:
+        library, tracker = services.Library(), Startup.remembered(model_cache())
     demo = build_app(library, admin_token=where.admin_token, startup=tracker, where=where)
     launch = dict(server_name=where.host, server_port=where.port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
     boot.hand_over(_BOOT, where, lambda: demo.launch(**launch))
     wall, cpu = time.perf_counter() - _T0, time.process_time()  # CPU seconds: the part a busy machine does not inflate
     print(f"kvgraft: page served at {where.url} after {wall:.1f} s ({cpu:.1f} s of CPU); store {library.home}", flush=True)
-    start_up(library, tracker, seed=seed_library, remember_in=model_cache())
+    if backend:
+        remote.start_connecting(library, tracker)
+    else:
+        start_up(library, tracker, seed=seed_library, remember_in=model_cache())
     TerminalProgress(tracker).start()
     demo.block_thread()
 

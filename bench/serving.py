@@ -5,6 +5,14 @@ at 1, 4 and 8 users; bounded in request count and time. The model runs one reque
 process behind Gradio's queue, so throughput is expected flat and latency to grow with users.
 
 Writes docs/bench/serving.json.  Usage: .venv/bin/python -m bench.serving [--users 1,4,8] [--per-user 4]
+
+Ray mode (`--ray --replicas 1,2`, docs/SCALING.md): the same seed questions posted to /answer of a Ray Serve
+deployment (serving/) by N users (default 8) with the stdlib client (its retries), in ONE run with each
+replica count in turn; each replica computes with `--threads` (default 1) torch threads. The bench deposits
+its own seed store with that thread count (it is part of the model fingerprint) in a temporary home and
+SQLite catalog shared by the replicas (one machine; `--db-url` for PostgreSQL). `--tiny` runs it on a tiny
+random model (a smoke test: nothing is written unless `--out` is given); the real-model run writes
+docs/bench/serving-ray.json.
 """
 
 from __future__ import annotations
@@ -40,14 +48,28 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def main() -> None:
-    from gradio_client import Client
-
     ap = argparse.ArgumentParser()
-    ap.add_argument("--users", default="1,4,8")
+    ap.add_argument("--users", default=None, help="user counts (default 1,4,8; Ray mode: 8)")
     ap.add_argument("--per-user", type=int, default=4)
     ap.add_argument("--level-timeout-s", type=float, default=300)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "serving.json"))
+    ap.add_argument("--out", default=None, help="default docs/bench/serving.json (Ray mode: serving-ray.json, real model only)")
+    ap.add_argument("--ray", action="store_true", help="post to a Ray Serve deployment instead of the Gradio app")
+    ap.add_argument("--replicas", default="1,2", help="Ray mode: replica counts, measured in turn in this run")
+    ap.add_argument("--threads", type=int, default=1, help="Ray mode: torch threads per replica (and for the seeding)")
+    ap.add_argument("--tiny", action="store_true", help="Ray mode: a tiny random model (smoke test, written only with --out)")
+    ap.add_argument("--db-url", default=None, help="Ray mode: the shared catalog (default SQLite in the temporary home)")
     args = ap.parse_args()
+    if args.ray:
+        return ray_main(args)
+    if args.out is None:
+        args.out = str(ROOT / "docs" / "bench" / "serving.json")
+    gradio_main(args)
+
+
+def gradio_main(args) -> None:
+    from gradio_client import Client
+
+    args.users = args.users or "1,4,8"
     with tempfile.TemporaryDirectory(prefix="kvgraft-serving-") as home:
         lib = services.Library(home=home)
         app.seed_library(lib)
@@ -110,6 +132,140 @@ def main() -> None:
         print(
             f"| {lv['users']} | {lv['requests']} | {lv['errors']} | {lv['throughput_rps']:.2f} | "
             f"{lv['latency_p50_s']:.2f} | {lv['latency_p95_s']:.2f} |"
+        )
+
+
+# ---- Ray mode -----------------------------------------------------------------------------------
+
+
+def _seed_store(home: Path, args) -> tuple[list[str], object]:
+    """Deposit the seed library into the shared store the replicas will open, with the replicas' thread
+    count (part of the model fingerprint). The real model seeds through the gate; a tiny random model
+    cannot pass it, so it deposits the same items' solutions as free text. Returns (questions, settings)."""
+    from retrieval import HashEmbedder
+    from serving import ServeSettings
+
+    os.environ["KVGRAFT_THREADS"] = str(args.threads)  # the pin applies it when the model loads below
+    model = None
+    if args.tiny:
+        from graft_core import tiny
+
+        model = str(tiny.build("gemma3", home / "tiny-model"))
+    db_url = args.db_url or f"sqlite:///{home / 'catalog.sqlite3'}"
+    settings = ServeSettings(
+        db_url=db_url,
+        blob_root=home / "blobs",
+        state_root=home / "replica-state",
+        model=model,
+        embedder="hash" if args.tiny else "minilm",
+        threads=args.threads,
+        replica_cpus=1.0,
+        health_check_period_s=10.0,
+        port=_free_port(),
+    )
+    embedder = HashEmbedder() if args.tiny else None
+    lib = services.Library(home=home / "seeder", db_url=db_url, model_name=model, embedder=embedder, blob_root=settings.blob_root)
+    try:
+        items = app.seed_items()[0]
+        if args.tiny:
+            for it in items:
+                lib.deposit_text(it["solution"], title=it["question"][:40])
+        else:
+            app.seed_library(lib)
+        print(f"seed store: {lib.count()} artifacts, model fingerprint {lib.lm.fingerprint[:16]}", flush=True)
+    finally:
+        lib.close()
+    return [it["question"] for it in items], settings
+
+
+def _ray_level(url: str, questions: list[str], users: int, per_user: int, timeout_s: float) -> dict:
+    """`users` clients, each posting `per_user` questions to /answer; latency, errors, replicas, retries."""
+    from serving.client import Client
+
+    def user(u: int) -> list[tuple[float, bool, str, int]]:
+        c = Client(url, timeout_s=timeout_s, retries=2)
+        out = []
+        for j in range(per_user):
+            q = questions[(u * per_user + j) % len(questions)]
+            t = time.perf_counter()
+            try:
+                r = c.answer(q, max_new_tokens=16)
+                out.append((time.perf_counter() - t, bool(r.payload["answer"]), r.replica, r.attempts))
+            except Exception as e:  # counted as an error, reported
+                print(f"error: {type(e).__name__}: {e}", flush=True)
+                out.append((time.perf_counter() - t, False, "", 0))
+        return out
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(users) as pool:
+        results = [x for f in [pool.submit(user, u) for u in range(users)] for x in f.result(timeout=timeout_s)]
+    wall = time.perf_counter() - t0
+    lat = [r[0] for r in results]
+    per_replica: dict[str, int] = {}
+    for r in results:
+        if r[2]:
+            per_replica[r[2]] = per_replica.get(r[2], 0) + 1
+    return {
+        "users": users,
+        "requests": len(results),
+        "errors": sum(1 for r in results if not r[1]),
+        "retried": sum(1 for r in results if r[3] > 1),
+        "wall_s": wall,
+        "throughput_rps": len(results) / wall,
+        "latency_p50_s": statistics.median(lat),
+        "latency_p95_s": pct(lat, 0.95),
+        "per_replica": per_replica,
+    }
+
+
+def ray_main(args) -> None:
+    """Each replica count in turn, in this one run: deploy, warm every replica, measure, tear down."""
+    from serving import launch
+    from serving.client import Client
+
+    users = int((args.users or "8").split(",")[0])
+    counts = [int(n) for n in args.replicas.split(",")]
+    out_path = args.out or (None if args.tiny else str(ROOT / "docs" / "bench" / "serving-ray.json"))
+    levels = []
+    with tempfile.TemporaryDirectory(prefix="kvgraft-serving-ray-") as tmp:
+        questions, base = _seed_store(Path(tmp), args)
+        try:
+            for n in counts:
+                settings = base.with_(replicas=n, port=_free_port())
+                t = time.perf_counter()
+                url = launch.start(settings, num_cpus=max(counts))
+                ready_s = time.perf_counter() - t
+                warm = Client(url, timeout_s=args.level_timeout_s)
+                with ThreadPoolExecutor(2 * n) as pool:  # each replica answers once before the clock starts
+                    list(pool.map(lambda i, c=warm: c.answer(questions[i % len(questions)], max_new_tokens=16), range(2 * n)))
+                level = {"replicas": n, "ready_s": ready_s} | _ray_level(
+                    url, questions, users, args.per_user, args.level_timeout_s
+                )
+                levels.append(level)
+                print(json.dumps(level), flush=True)
+                launch.stop(shutdown_ray=False)
+        finally:
+            launch.stop(shutdown_ray=True)
+    base_rps = levels[0]["throughput_rps"]
+    out = {
+        "benchmark": "serving-ray",
+        "command": f".venv/bin/python -m bench.serving --ray --replicas {args.replicas}" + (" --tiny" if args.tiny else ""),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0]},
+        "setup": f"{'tiny random' if args.tiny else 'real default'} model, seed library, Ray Serve on one machine, "
+        f"{args.threads} torch thread(s) per replica, {users} users x {args.per_user} requests, POST /answer "
+        "(retrieval on, check off, max_new_tokens 16), serving.client.Client with its retries, loopback",
+        "levels": levels,
+        "throughput_ratio_vs_first": [lv["throughput_rps"] / base_rps for lv in levels],
+    }
+    if out_path:
+        Path(out_path).write_text(json.dumps(out, indent=2) + "\n")
+    print("\n| replicas | requests | errors | retried | throughput (req/s) | ratio | p50 (s) | p95 (s) | per replica |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for lv, ratio in zip(levels, out["throughput_ratio_vs_first"], strict=True):
+        print(
+            f"| {lv['replicas']} | {lv['requests']} | {lv['errors']} | {lv['retried']} | {lv['throughput_rps']:.2f} | "
+            f"{ratio:.2f} | {lv['latency_p50_s']:.2f} | {lv['latency_p95_s']:.2f} | {sorted(lv['per_replica'].values())} |"
         )
 
 

@@ -6,7 +6,9 @@ No I/O and no computation of figures here beyond what a field's name promises.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, make_dataclass
+from datetime import datetime
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from db.queries import Listed
@@ -50,6 +52,27 @@ def row_json(row: ArtifactRow) -> dict:
     return {**asdict(row), "created_at": row.created_at.isoformat(), "end_pos": row.end_pos}
 
 
+def row_from_json(d: dict) -> ArtifactRow:
+    """`row_json`'s inverse (`end_pos` is derived, so it is dropped)."""
+    names = {f.name for f in fields(ArtifactRow)}
+    return ArtifactRow(**{k: v for k, v in d.items() if k in names} | {"created_at": datetime.fromisoformat(d["created_at"])})
+
+
+@lru_cache(maxsize=64)  # a few shapes in practice; the bound keeps odd replies from growing it
+def _record_type(name: str, keys: tuple[str, ...]) -> type:
+    return make_dataclass(name, keys, frozen=True, namespace={"as_dict": lambda self: asdict(self)})
+
+
+def _record(name: str, d: dict | None, derived: tuple[str, ...] = ()):
+    """An engine value (ExactnessCheck, Proof, Baseline) as it came back over HTTP: a frozen dataclass named
+    like it, with the fields its JSON carries (lists back to tuples) and `as_dict`, built without importing
+    the engine (the front end of a deployment loads no torch). `derived` fields are recomputed, not kept."""
+    if d is None:
+        return None
+    kept = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k not in derived}
+    return _record_type(name, tuple(kept))(**kept)
+
+
 @dataclass(frozen=True)
 class Deposited:
     id: str
@@ -71,6 +94,10 @@ class Deposited:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Deposited:
+        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -139,6 +166,25 @@ class AnswerResult:
             d["baseline"] = asdict(self.baseline) | {"ttft_speedup": self.ttft_speedup, "measured": True}
         return d
 
+    @classmethod
+    def from_json(cls, d: dict) -> AnswerResult:
+        """`to_json`'s inverse (derived fields such as ratios and the speedup are recomputed). The check,
+        proof and baseline come back as records with the JSON's fields (see `_record`)."""
+        from graft_core.accounting import TokenSavings  # torch-free: a dataclass and arithmetic
+
+        names = {f.name for f in fields(TokenSavings)}
+        return cls(
+            **{k: d[k] for k in ("answer", "tier", "grafted_tokens", "computed_tokens", "decode_tokens")},
+            **{k: d[k] for k in ("ttft_s", "total_s", "read_s", "output_sha256", "logits_sha256", "ledger_id", "note")},
+            retrieved=tuple(Retrieved(**r) for r in d["retrieved"]),
+            artifact_ids=tuple(d["artifact_ids"]),
+            savings=TokenSavings(**{k: v for k, v in d["savings"].items() if k in names}),
+            check=_record("ExactnessCheck", d["check"]),
+            baseline=_record("Baseline", d["baseline"], derived=("ttft_speedup", "measured")),
+            output_token_ids=tuple(d["output_token_ids"]),
+            proof=_record("Proof", d["proof"]),
+        )
+
 
 @dataclass(frozen=True)
 class VerifySample:
@@ -149,6 +195,12 @@ class VerifySample:
     def to_json(self, every_field: bool = True) -> dict:
         d = {"artifact": self.artifact, "query": self.query, **self.check.as_dict()}
         return d if every_field else {k: d[k] for k in _SAMPLE_FIELDS}
+
+    @classmethod
+    def from_json(cls, d: dict) -> VerifySample:
+        return cls(
+            d["artifact"], d["query"], _record("ExactnessCheck", {k: v for k, v in d.items() if k not in ("artifact", "query")})
+        )
 
 
 @dataclass(frozen=True)
@@ -163,6 +215,10 @@ class VerifyReport:
     def to_json(self, every_field: bool = True) -> dict:
         d = {k: getattr(self, k) for k in ("samples", "byte_equal", "max_kl", "argmax_agreement", "relocate")}
         return d | {"rows": [r.to_json(every_field) for r in self.rows]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> VerifyReport:
+        return cls(**{k: v for k, v in d.items() if k != "rows"}, rows=tuple(VerifySample.from_json(r) for r in d["rows"]))
 
 
 @dataclass(frozen=True)
@@ -179,6 +235,10 @@ class LibraryEntry:
 
     def to_json(self) -> dict:
         return row_json(self.row) | {"verifier": self.verifier, "verification": self.verdict}
+
+    @classmethod
+    def from_json(cls, d: dict) -> LibraryEntry:
+        return cls(row_from_json(d), d["verifier"], d["verification"])
 
 
 @dataclass(frozen=True)
@@ -209,6 +269,24 @@ class ShowReport:
             "children": list(self.children),
             "blob_present": self.blob_present,
         }
+
+    @classmethod
+    def from_json(cls, d: dict) -> ShowReport:
+        """`to_json`'s inverse (`verified`, `provenance`, each verification's `label` are derived)."""
+        names = {f.name for f in fields(VerificationRow)}
+        return cls(
+            artifact=row_from_json(d["artifact"]),
+            source=SourceRow(**d["source"]),
+            verifications=tuple(
+                VerificationRow(
+                    **{k: x for k, x in v.items() if k in names} | {"created_at": datetime.fromisoformat(v["created_at"])}
+                )
+                for v in d["verifications"]
+            ),
+            chain=tuple(d["chain"]),
+            children=tuple(d["children"]),
+            blob_present=d["blob_present"],
+        )
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ without a restart, and a replica killed under a request costs the client one ret
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -170,6 +173,55 @@ def test_replica_killed_mid_request_costs_a_retry_and_loses_nothing(deployment, 
     assert report.consistent, report.to_json()
     again = client.deposit_text("The Vell gorge ferry carries 12 carts an hour.", title="ferry").payload
     assert again["id"] == kept and not again["created"], "the surviving replicas must see the deposit made before the kill"
+
+
+@pytest.mark.ray
+@pytest.mark.postgres
+def test_gradio_app_fronts_the_deployment(deployment, tmp_path, tiny_gemma):
+    """`python app.py` with KVGRAFT_BACKEND_URL: no engine in its process, the answer is the in-process
+    answer byte for byte (output_sha256), an anonymous deposit is refused and the store is unchanged."""
+    gradio_client = pytest.importorskip("gradio_client")
+    from gradio_client.exceptions import AppError
+
+    settings, client, _ = deployment
+    port = _free_port()
+    env = os.environ | {
+        "KVGRAFT_BACKEND_URL": client.base_url,
+        "KVGRAFT_ADMIN_TOKEN": TOKEN,
+        "GRADIO_SERVER_NAME": "127.0.0.1",
+        "GRADIO_SERVER_PORT": str(port),
+        "KVGRAFT_HOME": str(tmp_path / "front-home"),  # must stay empty: the front end opens no store
+    }
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    app = subprocess.Popen(
+        [sys.executable, "app.py"], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        for line in app.stdout:  # "page served at ..." once Gradio listens
+            if "page served" in line or app.poll() is not None:
+                break
+        assert app.poll() is None, f"app.py exited with {app.returncode}"
+        front = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
+        for _ in range(60):  # the connecting stage: GET /health until healthy (NotReady until then)
+            try:
+                r = front.predict(QUESTION, max_new_tokens=8, api_name="/answer")
+                break
+            except AppError as e:
+                assert "Still starting" in str(e), e
+                time.sleep(0.5)
+        local = _local(settings, tmp_path / "local", tiny_gemma).answer(QUESTION, max_new_tokens=8)
+        assert r["output_sha256"] == local.output_sha256, "the front end's answer differs from the in-process answer"
+        assert r["artifact_ids"] == list(local.artifact_ids) and r["answer"] == local.answer
+        before = client.library(limit=1000).payload
+        with pytest.raises(AppError, match="Admin token refused"):
+            front.predict("", text="Anonymous visitors may not deposit this.", api_name="/deposit")
+        assert client.library(limit=1000).payload == before, "an anonymous deposit changed the store"
+        maps = open(f"/proc/{app.pid}/maps").read() if os.path.exists(f"/proc/{app.pid}/maps") else ""
+        assert "libtorch" not in maps, "the front end loaded torch"
+        assert not (tmp_path / "front-home").exists(), "the front end created a local store"
+    finally:
+        app.terminate()
+        app.wait(timeout=30)
 
 
 # ---- without Ray: the health rules and the settings a deployment is built from ----------------------

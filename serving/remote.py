@@ -1,0 +1,230 @@
+"""The web app as the front end of a deployment (KVGRAFT_BACKEND_URL): `RemoteLibrary` is the part of
+`services.Library` the app calls, served over HTTP by the replicas through `client.Client` (its retries),
+with the replica JSON rebuilt into the same result types (`from_json`). It imports no torch and opens no store.
+
+What has no route on the deployment (solve, delete, export/import, the dashboard) raises `NotAvailable`
+naming the command to use on a machine with the store. `RemoteStartup` is the app's start-up as one
+stage: connecting to the deployment (GET /health until it is healthy).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import errors
+from errors import KvgraftError
+from services.results import AnswerResult, Deposited, LibraryEntry, ShowReport, VerifyReport
+from startup import Stage, Startup
+
+from .client import BackendRefused, Client
+
+log = logging.getLogger("kvgraft.remote")
+
+BACKEND_ENV = "KVGRAFT_BACKEND_URL"
+HEALTH_TIMEOUT_S = 10.0  # one health poll; the app's status line must not hang on a dead deployment
+# What to run instead, per method without a route (solve, the upkeep handlers, the dashboard).
+COMMANDS = {
+    "solve": "kvgraft solve",
+    "delete": "kvgraft delete",
+    "export": "kvgraft export",
+    "dashboard": "python app.py over the store (the dashboard)",
+    "ledger": "kvgraft replay",
+}
+
+
+class NotAvailable(KvgraftError):
+    """The app fronts a deployment and this needs the store itself (no route serves it)."""
+
+
+def backend_url() -> str:
+    """KVGRAFT_BACKEND_URL without a trailing slash ("" when the app runs over a local store)."""
+    return os.environ.get(BACKEND_ENV, "").strip().rstrip("/")
+
+
+def _refused(e: BackendRefused) -> KvgraftError:
+    """The replica's kvgraft error as the same class here (the app shows VerificationFailed apart, for one)."""
+    kind = getattr(errors, e.kind, None)
+    if isinstance(kind, type) and issubclass(kind, KvgraftError) and kind is not KvgraftError:
+        return kind(str(e))
+    return e
+
+
+class RemoteLibrary:
+    """The Library methods app*.py call, each one HTTP request to the deployment at `base_url`.
+
+    `admin_token` (the app's own KVGRAFT_ADMIN_TOKEN) is forwarded in X-Kvgraft-Admin for deposits the app
+    made as admin (it checked its caller's token first) and for answers and verifies, which the app has
+    already bounded by its caller's authority. Nothing streams: an answer arrives whole."""
+
+    model_loaded = True  # the replicas hold the model; nothing loads here
+    model_name = "the deployment's model"
+
+    def __init__(self, base_url: str, admin_token: str = "", timeout_s: float = 300.0, retries: int = 2):
+        self.base_url = base_url.rstrip("/")
+        self.home = Path(f"{self.base_url} (KVGRAFT_BACKEND_URL)")  # what the app prints as its store
+        self._anon = Client(self.base_url, timeout_s=timeout_s, retries=retries)
+        self._admin = Client(self.base_url, admin_token=admin_token, timeout_s=timeout_s, retries=retries)
+        self._last_count = 0
+
+    def _call(self, client: Client, method: str, path: str, body: dict | None = None, parse: Callable = lambda x: x):
+        """One request; the reply rebuilt by `parse` (a from_json). A reply of another shape (a deployment
+        of another kvgraft version) is a KvgraftError saying so, not an internal error of the app."""
+        try:
+            payload = client.request(method, path, body).payload
+        except BackendRefused as e:
+            raise _refused(e) from None
+        try:
+            return parse(payload)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise KvgraftError(
+                f"the deployment's reply to {method} {path.split('?')[0]} is not what this app reads ({type(e).__name__}: {e}): "
+                "run the same kvgraft version in the app and the replicas"
+            ) from None
+
+    def _unavailable(self, what: str, command: str = "") -> NotAvailable:
+        return NotAvailable(
+            f"{what} is not available when the app fronts a deployment ({BACKEND_ENV}={self.base_url}): "
+            f"use `{command or 'kvgraft export|import|fsck|...'}` on a machine with the store"
+        )
+
+    def __getattr__(self, name: str):
+        """Anything else of a Library (the catalog, the blobs: what export and import reach for) is not here."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise self._unavailable(f"the store itself ({name.lstrip('_')})")
+
+    # ---- no route: each says what to use instead (called, so the app's handlers show the message) ----
+
+    def solve(self, *args, **kwargs):
+        raise self._unavailable("Solve and learn", COMMANDS["solve"])
+
+    def delete(self, ref: str):
+        raise self._unavailable("Deleting an artifact", COMMANDS["delete"])
+
+    def artifact_ids(self) -> list[str]:
+        raise self._unavailable("Exporting a bundle", COMMANDS["export"])
+
+    def stats(self, recent: int = 60):
+        raise self._unavailable("The dashboard", COMMANDS["dashboard"])
+
+    def flywheel(self):
+        raise self._unavailable("The dashboard", COMMANDS["dashboard"])
+
+    def ledger(self, last: int | None = None):
+        raise self._unavailable("The answer ledger", COMMANDS["ledger"])
+
+    # ---- the routes ----------------------------------------------------------------------------
+
+    def health(self) -> tuple[int, dict]:
+        """GET /health once, no retry: (HTTP status, the JSON it returned); status 0 when nothing answered."""
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=HEALTH_TIMEOUT_S) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as e:  # 503: a replica that is not healthy says why in the same JSON
+            status, raw = e.code, e.read()
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            return 0, {"problems": [f"{type(e).__name__}: {getattr(e, 'reason', e)}"]}
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            return status, {"problems": [f"HTTP {status} without kvgraft's health JSON (the replicas may be starting)"]}
+        if isinstance(payload.get("store_artifacts"), int):
+            self._last_count = payload["store_artifacts"]
+        return status, payload
+
+    def count(self) -> int:
+        """Artifacts in the shared store (GET /health); the last count seen when no replica answers now."""
+        self.health()
+        return self._last_count
+
+    def answer(self, question: str, on_token: Callable | None = None, **options) -> AnswerResult:
+        """POST /answer; `on_token` is not called (the answer arrives whole)."""
+        return self._call(self._admin, "POST", "/answer", {"question": question, **options}, AnswerResult.from_json)
+
+    def deposit_text(self, text, parent=None, title="", attested_by=None, admin=False, on_progress=None) -> Deposited:
+        body = {"text": text, "parent": parent, "title": title, "attested_by": attested_by}
+        return self._call(self._admin if admin else self._anon, "POST", "/deposit", body, Deposited.from_json)
+
+    def deposit_item(
+        self, question, solution, answer, verifier, reference, parent=None, title="", admin=False, on_progress=None
+    ) -> Deposited:
+        body = {"question": question, "solution": solution, "answer": answer or None, "verifier": verifier}
+        body |= {"reference": reference, "parent": parent, "title": title}
+        return self._call(self._admin if admin else self._anon, "POST", "/deposit", body, Deposited.from_json)
+
+    def verify_samples(self, samples=10, relocate=None, seed=0, on_progress=None, **bounds) -> VerifyReport:
+        """POST /verify. `bounds` (the app's anonymous limits) mean an anonymous caller: no admin token is
+        sent, so the deployment applies its own anonymous bounds too."""
+        client = self._anon if bounds else self._admin
+        body = {"samples": samples, "relocate": relocate, "seed": seed}
+        return self._call(client, "POST", "/verify", body, VerifyReport.from_json)
+
+    def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
+        q = urllib.parse.urlencode({"query": query, "limit": limit, "offset": offset} | ({"kind": kind} if kind else {}))
+        return self._call(self._anon, "GET", f"/library?{q}", parse=lambda rows: [LibraryEntry.from_json(e) for e in rows])
+
+    def show(self, ref: str) -> ShowReport:
+        return self._call(self._anon, "GET", f"/library/{urllib.parse.quote(ref, safe='')}", parse=ShowReport.from_json)
+
+    @property
+    def lm(self):
+        raise self._unavailable(
+            "The model (it lives in the replicas; a relocate offset is bounded there)", "kvgraft verify --relocate"
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class RemoteStartup(Startup):
+    """The start-up of an app that fronts a deployment: one stage, "connecting to the deployment" (keyed
+    "load": a deployment that never becomes healthy reads as a model that is not there)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._stages = {"load": Stage("load", "connecting to the deployment")}
+        self.expected = {"load": 2.0}
+        self.basis = "typical figure"
+
+    def note(self, key: str, detail: str) -> None:
+        """Show `detail` on a running stage (what the last poll returned) without claiming progress."""
+        with self._lock:
+            self._stages[key].detail = detail
+
+
+def connect(remote: RemoteLibrary, tracker: RemoteStartup, poll_s: float = 1.0, stop: threading.Event | None = None) -> None:
+    """Poll GET /health until the deployment answers healthy, showing each reply in the stage's detail.
+    It never gives up (a deployment that comes up later is found); every request is refused until then."""
+    stop = stop or threading.Event()
+    tracker.begin("load", f"GET {remote.base_url}/health")
+    polls = 0
+    while True:
+        polls += 1
+        status, payload = remote.health()
+        if status == 200 and payload.get("healthy"):
+            tracker.finish(
+                "load",
+                f"healthy: replica {payload.get('replica', '?')}, {payload.get('store_artifacts')} artifacts, "
+                f"catalog version {payload.get('catalog_version')}, model {str(payload.get('model_fingerprint', ''))[:16]}",
+            )
+            return
+        shown = f"HTTP {status}" if status else "no answer"
+        tracker.note("load", f"poll {polls}: {shown}: {'; '.join(payload.get('problems') or ['not healthy'])}")
+        if stop.wait(poll_s):
+            return
+
+
+def start_connecting(remote: RemoteLibrary, tracker: RemoteStartup, poll_s: float = 1.0) -> threading.Thread:
+    t = threading.Thread(target=connect, args=(remote, tracker, poll_s), name="kvgraft-connect", daemon=True)
+    t.start()
+    return t
