@@ -39,7 +39,7 @@ import gradio as gr  # noqa: E402
 
 import hosting  # noqa: E402
 import services  # noqa: E402
-from app_guard import ADMIN_HELP, Guard  # noqa: E402
+from app_guard import ADMIN_HELP, FairTurns, Guard, backend_slots, per_address  # noqa: E402
 from app_solve import solve_tab  # noqa: E402
 from app_upkeep import answer_options as _answer_options  # noqa: E402
 from app_upkeep import call as _call  # noqa: E402
@@ -548,9 +548,10 @@ def main() -> None:
         from serving import remote  # no torch, no store: every call goes to the replicas over HTTP
 
         library, tracker = remote.RemoteLibrary(backend, admin_token=where.admin_token), remote.RemoteStartup()
+        guard = Guard(where.admin_token or "", turns=FairTurns(per_address=per_address(), slots=backend_slots()))
     else:
-        library, tracker = services.Library(), Startup.remembered(model_cache())
-    demo = build_app(library, admin_token=where.admin_token, startup=tracker, where=where)
+        library, tracker, guard = services.Library(), Startup.remembered(model_cache()), None
+    demo = build_app(library, admin_token=where.admin_token, startup=tracker, where=where, guard=guard)
     launch = dict(server_name=where.host, server_port=where.port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
     boot.hand_over(_BOOT, where, lambda: demo.launch(**launch))
     wall, cpu = time.perf_counter() - _T0, time.process_time()  # CPU seconds: the part a busy machine does not inflate

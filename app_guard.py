@@ -104,7 +104,8 @@ class Turn:
 
 
 class FairTurns:
-    """The model, one request at a time, in turns.
+    """The model, `slots` requests at a time (1 for an in-process model; more when the app fronts a
+    deployment of several replicas), in turns.
 
     A client may have `per_session` requests in flight (waiting or running) per session and
     `per_address` per address; more are refused at once, so one client cannot queue many. Among the
@@ -115,10 +116,15 @@ class FairTurns:
     not by model time: each anonymous turn is bounded to about one chat). A request that waits longer
     than `max_wait_s` is refused."""
 
-    def __init__(self, per_session: int = 1, per_address: int = 32, max_wait_s: float = 600.0, clock=time.monotonic):
+    def __init__(
+        self, per_session: int = 1, per_address: int = 32, max_wait_s: float = 600.0, clock=time.monotonic, slots: int = 1
+    ):
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
         self.per_session, self.per_address, self.max_wait_s, self._clock = per_session, per_address, max_wait_s, clock
+        self.slots = slots
         self._cond = threading.Condition()
-        self._holder: int | None = None
+        self._holders: set[int] = set()
         self._waiting: dict[int, Client] = {}
         self._seq = itertools.count()
         self._grants = itertools.count()
@@ -131,8 +137,8 @@ class FairTurns:
         return self._served.get("a:" + c.address, -1), self._served.get("s:" + c.session, -1), seq
 
     def _grant(self, seq: int, client: Client) -> None:
-        """Under the condition: `seq` holds the model now; its address and session were served last."""
-        self._holder = seq
+        """Under the condition: `seq` holds a model slot now; its address and session were served last."""
+        self._holders.add(seq)
         n = next(self._grants)
         if len(self._served) > 10_000:  # forget the long gone (they count as never served again)
             keep = {k for c in (client, *self._waiting.values()) for k in ("a:" + c.address, "s:" + c.session)}
@@ -140,11 +146,11 @@ class FairTurns:
         self._served["a:" + client.address] = self._served["s:" + client.session] = n
 
     def _wait_for_model(self, seq: int, client: Client) -> None:
-        """Under the condition: queue `seq`, wait until it is first in the turn order and the model is free."""
+        """Under the condition: queue `seq`, wait until it is first in the turn order and a model slot is free."""
         deadline = self._clock() + self.max_wait_s
         self._waiting[seq] = client
         try:
-            while self._holder is not None or min(self._waiting, key=self._order) != seq:
+            while len(self._holders) >= self.slots or min(self._waiting, key=self._order) != seq:
                 left = deadline - self._clock()
                 if left <= 0:
                     raise Refused(f"The model is busy (waited {self.max_wait_s:.0f} s); try again in a minute.")
@@ -154,9 +160,9 @@ class FairTurns:
             self._cond.notify_all()
         self._grant(seq, client)
 
-    def _release(self) -> None:
-        """Under the condition: free the model for the next in the turn order."""
-        self._holder = None
+    def _release(self, seq: int) -> None:
+        """Under the condition: free `seq`'s slot for the next in the turn order."""
+        self._holders.discard(seq)
         self._cond.notify_all()
 
     @contextmanager
@@ -180,8 +186,8 @@ class FairTurns:
             yield t
         finally:
             with self._cond:
-                if self._holder == seq:
-                    self._release()
+                if seq in self._holders:
+                    self._release(seq)
                 self._forget(client)
 
     def _forget(self, client: Client) -> None:
@@ -192,15 +198,29 @@ class FairTurns:
 
     def _pause(self, t: Turn) -> None:
         with self._cond:
-            if self._holder != t.seq or not self._waiting:
+            if t.seq not in self._holders or not self._waiting:
                 return
-            self._release()
+            self._release(t.seq)
             self._wait_for_model(t.seq, t.client)
 
     def in_flight(self) -> int:
         """Requests waiting for or holding the model now."""
         with self._cond:
-            return len(self._waiting) + (self._holder is not None)
+            return len(self._waiting) + len(self._holders)
+
+
+def per_address() -> int:
+    """KVGRAFT_PER_ADDRESS: requests one address may have in flight (default 32)."""
+    return int(os.environ.get("KVGRAFT_PER_ADDRESS", "32"))
+
+
+def backend_slots(limit: int = 16) -> int:
+    """KVGRAFT_BACKEND_CONCURRENCY: requests the app, as a deployment's front end, sends at once (default 4,
+    at most `limit`); the fair turn order decides who gets the next free one."""
+    raw = os.environ.get("KVGRAFT_BACKEND_CONCURRENCY", "4").strip()
+    if not raw.isdigit() or not 1 <= int(raw) <= limit:
+        raise ValueError(f"KVGRAFT_BACKEND_CONCURRENCY must be a whole number from 1 to {limit}, got {raw!r}")
+    return int(raw)
 
 
 class Guard:
@@ -211,7 +231,7 @@ class Guard:
     ):
         """`trust_proxy` defaults to KVGRAFT_TRUST_PROXY=1; the per-address cap to KVGRAFT_PER_ADDRESS (32)."""
         self.gate = gate or AdminGate(token)
-        self.turns = turns or FairTurns(per_address=int(os.environ.get("KVGRAFT_PER_ADDRESS", "32")))
+        self.turns = turns or FairTurns(per_address=per_address())
         self.trust_proxy = os.environ.get("KVGRAFT_TRUST_PROXY") == "1" if trust_proxy is None else trust_proxy
 
     def client(self, request) -> Client:

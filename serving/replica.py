@@ -21,7 +21,16 @@ from ray import serve
 import services
 from errors import ArtifactNotFound, InputTooLong, IntegrityError, InvalidInput, KvgraftError, VerificationFailed
 from retrieval.embedder import HashEmbedder, SentenceEmbedder
-from services.limits import ANON_MAX_NEW_TOKENS, ANON_VERIFY_SAMPLES, MAX_K, MAX_NEW_TOKENS, MAX_VERIFY_SAMPLES, whole
+from services.limits import (
+    ANON_MAX_NEW_TOKENS,
+    ANON_VERIFY_SAMPLES,
+    ANON_VERIFY_STEPS,
+    ANON_VERIFY_TOKENS,
+    MAX_K,
+    MAX_NEW_TOKENS,
+    MAX_VERIFY_SAMPLES,
+    whole,
+)
 
 from . import health as health_mod
 from .client import ADMIN_HEADER, REPLICA_HEADER
@@ -216,9 +225,13 @@ class Replica:
     def _verify(self, body: dict, admin: bool) -> dict:
         cap = MAX_VERIFY_SAMPLES if admin else ANON_VERIFY_SAMPLES
         relocate = body.get("relocate")
+        # anonymous: the web app's bounds (a sample costs about one short chat: few greedy steps, short
+        # chains, no monolithic recomputation); a relocation offset stays inside the model's context
+        bounds = {} if admin else {"decode_steps": ANON_VERIFY_STEPS, "monolithic": False, "max_tokens": ANON_VERIFY_TOKENS}
         rep = self.lib.verify_samples(
             whole("samples", body.get("samples", 3), 1, cap),
-            relocate=None if relocate is None else whole("relocate", relocate, 0, 1 << 20),
+            relocate=None if relocate is None else whole("relocate", relocate, 0, self.lib.lm.info.max_positions - 1),
             seed=whole("seed", body.get("seed", 0), 0, 2**31),
+            **bounds,
         )
         return rep.to_json(every_field=_flag(body, "rows"))

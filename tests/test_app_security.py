@@ -21,7 +21,7 @@ gradio_client = pytest.importorskip("gradio_client")
 import httpx  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from app_guard import AdminGate, Client, FairTurns, Guard, Refused  # noqa: E402
+from app_guard import AdminGate, Client, FairTurns, Guard, Refused, backend_slots  # noqa: E402
 
 TOKEN = "sec-admin-token"
 FACT = "The lighthouse of Varnek Isle was built by the engineer Talia Brennic in 1871."
@@ -350,6 +350,45 @@ def test_sessions_of_one_address_take_turns():
     for t in (first, *waiting):
         t.join(10)
     assert order == ["s2", "s1", "s3", "s2"]  # s3, never served, goes before s2's second request
+
+
+def test_a_front_end_runs_as_many_turns_at_once_as_it_has_slots_and_queues_the_rest_fairly(monkeypatch):
+    """Fronting a deployment, the app sends `slots` requests at once (KVGRAFT_BACKEND_CONCURRENCY); the next
+    free slot goes by the same turn order (here: the host not served yet before the one that holds two)."""
+    turns = FairTurns(per_address=8, slots=2)
+    inside, order = threading.Semaphore(0), []
+    release = {s: threading.Event() for s in ("b1", "b2", "b3", "o1")}
+
+    def run(who: Client) -> None:
+        with turns.turn(who):
+            order.append(who.session)
+            inside.release()
+            release[who.session].wait(10)
+
+    threads = [threading.Thread(target=run, args=(Client(s, "busy-host"),)) for s in ("b1", "b2")]
+    for t in threads:
+        t.start()
+    assert inside.acquire(timeout=10) and inside.acquire(timeout=10)  # two at once: both slots taken
+    for session, host, n in (("b3", "busy-host", 3), ("o1", "other-host", 4)):
+        threads.append(threading.Thread(target=run, args=(Client(session, host),)))
+        threads[-1].start()
+        _wait_until(lambda n=n: turns.in_flight() == n)
+    assert not inside.acquire(timeout=0.2) and sorted(order) == ["b1", "b2"]  # no third slot
+    release["b1"].set()  # one slot frees: the host not served yet goes first, though b3 queued before it
+    assert inside.acquire(timeout=10) and order[2] == "o1"
+    for e in release.values():
+        e.set()
+    for t in threads:
+        t.join(10)
+    assert order[3] == "b3" and turns.in_flight() == 0
+    monkeypatch.setenv("KVGRAFT_BACKEND_CONCURRENCY", "3")
+    assert backend_slots() == 3
+    for bad in ("0", "17", "two", "-1"):
+        monkeypatch.setenv("KVGRAFT_BACKEND_CONCURRENCY", bad)
+        with pytest.raises(ValueError, match="KVGRAFT_BACKEND_CONCURRENCY must be a whole number from 1 to 16"):
+            backend_slots()
+    with pytest.raises(ValueError, match="slots must be at least 1"):
+        FairTurns(slots=0)
 
 
 def test_verify_yields_between_samples():

@@ -263,3 +263,23 @@ def test_settings_give_a_fixed_count_or_autoscaling_bounds(tmp_path, monkeypatch
     monkeypatch.setenv("KVGRAFT_DB_URL", "postgresql+psycopg://kv:secret@db/kv")
     monkeypatch.setenv("KVGRAFT_SERVE_MAX_REPLICAS", "4")
     assert "secret" not in str(ServeSettings.from_env().public())
+
+
+def test_anonymous_verify_on_a_replica_gets_the_web_apps_bounds(kvgraft_home, tiny_gemma):
+    """The replica's /verify bounds an anonymous caller as the web app does (few steps, short chains, no
+    monolithic recomputation, relocation inside the context); the admin gets the full check."""
+    from serving import replica
+
+    lib = services.Library(home=kvgraft_home, lm=tiny_gemma, embedder=HashEmbedder())
+    try:
+        lib.deposit_text("The harbour master of Quenmora was Osric Pellamy.\n")
+        r = object.__new__(replica.Replica.func_or_class)  # the class Serve deploys, without Ray
+        r.lib = lib
+        anon = r._verify({"samples": 1, "rows": True}, admin=False)["rows"][0]
+        full = r._verify({"samples": 1, "rows": True}, admin=True)["rows"][0]
+        assert (anon["decode_steps"], full["decode_steps"]) == (2, 4)  # 2 compared steps for anonymous callers
+        assert anon.get("monolithic_kl") is None and full["monolithic_kl"] is not None
+        with pytest.raises(InvalidInput, match="relocate"):
+            r._verify({"samples": 1, "relocate": tiny_gemma.info.max_positions}, admin=False)
+    finally:
+        lib.close()
