@@ -44,7 +44,6 @@ class ProvenState:
 
     digest: str  # BLAKE3 of the restored state (layers.state_digest)
     probe_sha256: str  # the deposit-time probe logits hash it reproduced
-    proved_at: float  # time.time() of the probe
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def check_probe(lm: LoadedModel, chain: list[KVArtifact], recorded: str | None, 
     digest, got = probe_state(lm, chain, restore)
     if got != leaf.probe_sha256:
         return f"the restored state's probe logits hash to {got[:16]}…, the artifact records {leaf.probe_sha256[:16]}…", None
-    return None, ProvenState(digest=digest, probe_sha256=got, proved_at=time.time())
+    return None, ProvenState(digest=digest, probe_sha256=got)
 
 
 def prove(lm: LoadedModel, chain: list[KVArtifact], served, known: ProvenState | None, restore) -> Proof:
@@ -146,7 +145,7 @@ def proven(proof: Proof) -> ProvenState | None:
     """What a passing probe proof lets the process remember (None for any other proof)."""
     if proof.kind != "probe" or not proof.passed:
         return None
-    return ProvenState(digest=proof.state_digest, probe_sha256=proof.probe_sha256, proved_at=time.time())
+    return ProvenState(digest=proof.state_digest, probe_sha256=proof.probe_sha256)
 
 
 @torch.inference_mode()

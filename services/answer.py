@@ -141,8 +141,9 @@ class AnswerPipeline:
         leaf = self._catalog.get(ids[-1])
         arts = [self.load_artifact(i) for i in ids]
         if leaf.probe_sha256 != arts[-1].probe_sha256:  # a catalog/file disagreement: probe_check reports it
-            return self.graftable(ids), self._probed.get(leaf.content_sha256), self._on_proof(leaf.id, leaf.content_sha256)
-        self.graftable(ids[:-1])
+            self.graftable(ids)
+        else:
+            self.graftable(ids[:-1])
         return arts, self._probed.get(leaf.content_sha256), self._on_proof(leaf.id, leaf.content_sha256)
 
     def _on_proof(self, artifact_id: str, content_sha256: str) -> Callable[[Proof], None]:
