@@ -25,10 +25,9 @@ from errors import InvalidInput, KvgraftError
 from services.limits import (
     ANON_MAX_NEW_TOKENS,
     ANON_VERIFY_SAMPLES,
-    ANON_VERIFY_STEPS,
-    ANON_VERIFY_TOKENS,
     MAX_NEW_TOKENS,
     MAX_VERIFY_SAMPLES,
+    verify_bounds,
     whole,
 )
 
@@ -107,7 +106,7 @@ def verify(library: services.Library, guard: Guard, request, samples, relocate, 
     except KvgraftError as exc:
         more = " (more with the admin token)" if top < MAX_VERIFY_SAMPLES else ""
         raise gr.Error(f"{exc}{more}") from None
-    bounds = {} if admin else {"decode_steps": ANON_VERIFY_STEPS, "monolithic": False, "max_tokens": ANON_VERIFY_TOKENS}
+    bounds = verify_bounds(admin)
     with model_turn(guard, request) as turn:
 
         def step(fraction: float, message: str) -> None:

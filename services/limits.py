@@ -31,6 +31,12 @@ ANON_VERIFY_TOKENS = 256  # without the admin token: only artifacts whose chain 
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
 
 
+def verify_bounds(admin: bool) -> dict:
+    """`verify_samples` keyword bounds for a caller: none for the admin; without the token a sample costs about
+    one short chat (ANON_VERIFY_STEPS compared steps, chains of at most ANON_VERIFY_TOKENS, no monolithic run)."""
+    return {} if admin else {"decode_steps": ANON_VERIFY_STEPS, "monolithic": False, "max_tokens": ANON_VERIFY_TOKENS}
+
+
 def whole(name: str, value: object, low: int, high: int) -> int:
     """`value` as an int in [low, high]: an int, an integral float or a canonical decimal string (no sign,
     spaces, `_` or leading zeros); InvalidInput naming the field and the bounds otherwise."""

@@ -24,11 +24,10 @@ from retrieval.embedder import HashEmbedder, SentenceEmbedder
 from services.limits import (
     ANON_MAX_NEW_TOKENS,
     ANON_VERIFY_SAMPLES,
-    ANON_VERIFY_STEPS,
-    ANON_VERIFY_TOKENS,
     MAX_K,
     MAX_NEW_TOKENS,
     MAX_VERIFY_SAMPLES,
+    verify_bounds,
     whole,
 )
 
@@ -227,7 +226,7 @@ class Replica:
         relocate = body.get("relocate")
         # anonymous: the web app's bounds (a sample costs about one short chat: few greedy steps, short
         # chains, no monolithic recomputation); a relocation offset stays inside the model's context
-        bounds = {} if admin else {"decode_steps": ANON_VERIFY_STEPS, "monolithic": False, "max_tokens": ANON_VERIFY_TOKENS}
+        bounds = verify_bounds(admin)
         rep = self.lib.verify_samples(
             whole("samples", body.get("samples", 3), 1, cap),
             relocate=None if relocate is None else whole("relocate", relocate, 0, self.lib.lm.info.max_positions - 1),

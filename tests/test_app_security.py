@@ -217,7 +217,7 @@ def test_chat_check_needs_the_token_also_by_fn_index(served, library):
 def test_anonymous_verify_samples_are_bounded_per_sample(served, library, monkeypatch):
     """Without the token each sample compares 2 greedy steps, skips the monolithic schedule and draws only
     artifacts of at most ANON_VERIFY_TOKENS tokens; with it, the full sample. Checked on the reports' rows."""
-    import app_upkeep
+    from services import limits
 
     seen = []
     real = library.verify_samples
@@ -234,7 +234,7 @@ def test_anonymous_verify_samples_are_bounded_per_sample(served, library, monkey
     anon, admin = seen
     assert [r.check.decode_steps for r in anon.rows] == [2, 2] and {r.check.monolithic_kl for r in anon.rows} == {None}
     assert [r.check.decode_steps for r in admin.rows] == [4, 4] and None not in {r.check.monolithic_kl for r in admin.rows}
-    monkeypatch.setattr(app_upkeep, "ANON_VERIFY_TOKENS", 3)  # shorter than every artifact here
+    monkeypatch.setattr(limits, "ANON_VERIFY_TOKENS", 3)  # shorter than every artifact here (limits.verify_bounds)
     with pytest.raises(AppError, match="no artifact in the store has a chain of at most 3 tokens; verifying longer"):
         c.predict(1, None, api_name="/verify")
     assert c.predict(1, None, TOKEN, api_name="/verify")["samples"] == 1
