@@ -67,6 +67,7 @@ from services import seed  # noqa: E402
 from services.limits import (  # noqa: E402
     ANON_MAX_NEW_TOKENS,
     ANON_VERIFY_SAMPLES,
+    warm_proofs_limit,
 )
 from startup import Gate, Startup, TerminalProgress, model_cache, status_html  # noqa: E402
 from startup import start as start_up  # noqa: E402
@@ -544,6 +545,7 @@ def main() -> None:
         print(boot.url_line(where), flush=True)
     _BOOT.stage("building the page")
     backend = os.environ.get("KVGRAFT_BACKEND_URL", "").strip()  # the front end of a deployment (docs/SCALING.md)
+    warm = 0 if backend else warm_proofs_limit()  # a bad KVGRAFT_WARM_PROOFS stops the start here, before the page
     if backend:
         from serving import remote  # no torch, no store: every call goes to the replicas over HTTP
 
@@ -559,7 +561,7 @@ def main() -> None:
     if backend:
         remote.start_connecting(library, tracker)
     else:
-        start_up(library, tracker, seed=seed_library, remember_in=model_cache())
+        start_up(library, tracker, seed=seed_library, remember_in=model_cache(), warm=warm)
     TerminalProgress(tracker).start()
     demo.block_thread()
 

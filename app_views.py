@@ -81,7 +81,7 @@ def _proof_html(p) -> str:
             ("deposit-time probe logits SHA-256 it reproduced", p.probe_sha256),
             ("cost", f"{p.proof_s * 1000:.1f} ms (one hash of the served keys and values)"),
         ]
-        head = "State proof (every later grafted answer)"
+        head = "State proof (answers after the artifact's first use in this process: its first answer or the start-up's warm-up)"
     return (
         f'<div class="kv-sub">{esc(head)}</div><table class="kv-table kv-hash">'
         + "".join(f"<tr><th>{esc(k)}</th><td><code>{esc(v)}</code></td></tr>" for k, v in rows)

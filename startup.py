@@ -263,8 +263,11 @@ def _model_stages(library, tracker: Startup) -> bool:
     return True
 
 
-def run(library, tracker: Startup, seed: Callable | None = None, remember_in: Path | None = None) -> None:
-    """Every stage in order; a failure is recorded in its stage (the app stays up and says so)."""
+def run(library, tracker: Startup, seed: Callable | None = None, remember_in: Path | None = None, warm: int = 0) -> None:
+    """Every stage in order; a failure is recorded in its stage (the app stays up and says so). Then, with
+    `warm` > 0 and the app already answering, the first-use probe of the `warm` newest artifacts
+    (`Library.warm_proofs`): not a stage, because answers need not wait for it (each probe takes the model
+    lock on its own, and an answer that comes first proves its artifact itself)."""
     try:
         _model_stages(library, tracker)
     except Exception as exc:  # the page stays up; the status line and every answer say what failed
@@ -295,11 +298,21 @@ def run(library, tracker: Startup, seed: Callable | None = None, remember_in: Pa
         tracker.fail("index", exc)
     if remember_in is not None:
         tracker.save_times(remember_in)
+    if warm > 0:
+        try:
+            report = library.warm_proofs(warm)
+            log.info("%s", report.line())
+            for why in report.skipped_why:
+                log.info("warm-up passed over %s", why)
+        except Exception:  # answers prove their artifacts themselves
+            log.exception("warming the proofs failed")
 
 
-def start(library, tracker: Startup, seed: Callable | None = None, remember_in: Path | None = None) -> threading.Thread:
+def start(
+    library, tracker: Startup, seed: Callable | None = None, remember_in: Path | None = None, warm: int = 0
+) -> threading.Thread:
     """`run` in a daemon thread; returns the thread (join it in tests)."""
-    t = threading.Thread(target=run, args=(library, tracker, seed, remember_in), name="kvgraft-startup", daemon=True)
+    t = threading.Thread(target=run, args=(library, tracker, seed, remember_in, warm), name="kvgraft-startup", daemon=True)
     t.start()
     return t
 

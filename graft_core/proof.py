@@ -3,7 +3,8 @@ of the served state, and the full fresh recomputation of the served logits rows 
 
 The first time a process serves an artifact, its restored state runs the probe tokens and must
 reproduce the probe logits hash recorded at deposit byte for byte (the `probe` proof); the BLAKE3 of
-that restored state is kept (`ProvenState`). Every later answer hashes the state it is served from and
+that restored state is kept (`ProvenState`). A serving process runs that same check ahead of the
+questions for its newest artifacts once it is up (`Library.warm_proofs`). Every later answer hashes the state it is served from and
 must match (the `state` proof): the same bytes in the same process give the same rows the probe read.
 The prompt itself always runs as one chunk, so an answer's bytes never depend on which proof it got.
 """
@@ -30,7 +31,7 @@ PROVES_PROBE = (
 PROVES_STATE = (
     "the keys and values that served this answer hash (BLAKE3, every layer, shapes and token counts included) to the "
     "state on which this process reproduced the deposit-time probe logits hash byte for byte at its first use of the "
-    "artifact: the same bytes under the same weights and kernels, so the same rows"
+    "artifact (its first answer from it, or the start-up's warm-up): the same bytes under the same weights and kernels, so the same rows"
 )
 DOES_NOT_PROVE = (
     "it does not recompute the prefix from its text (the full check does); it trusts the deposit-time probe hash, "

@@ -12,7 +12,7 @@ start-up stages load them). Entry points that use both import `retrieval` first 
 see retrieval/__init__.py).
 """
 
-from .library import DeleteReport, Library, default_home
+from .library import DeleteReport, Library, WarmReport, default_home
 from .limits import MAX_K, MAX_QUESTION_CHARS, MAX_TEXT_CHARS
 from .results import (
     AnswerResult,
@@ -43,5 +43,6 @@ __all__ = [
     "StoreStats",
     "VerifyReport",
     "VerifySample",
+    "WarmReport",
     "default_home",
 ]

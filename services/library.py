@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,6 +55,30 @@ class DeleteReport:
 
     def to_json(self) -> dict:
         return {"id": self.id, "content_sha256": self.content_sha256, "blob_removed": self.blob_removed}
+
+
+@dataclass(frozen=True)
+class WarmReport:
+    """What `Library.warm_proofs` did: probe-proved now, found already proved, passed over (quarantined, another
+    model's fingerprint, no probe hash, unreadable: `skipped_why` says which), and quarantined by a failed probe."""
+
+    proved: int
+    already: int
+    skipped: int
+    quarantined: tuple[str, ...]
+    seconds: float
+    skipped_why: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        q = (
+            f", {len(self.quarantined)} quarantined by a failed probe ({', '.join(i[:12] for i in self.quarantined)})"
+            if self.quarantined
+            else ""
+        )
+        return (
+            f"probe-proved {self.proved} artifacts ahead of their first answers in {self.seconds:.1f} s "
+            f"({self.already} already proved, {self.skipped} passed over{q})"
+        )
 
 
 class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, SolvePipeline):
@@ -135,6 +160,8 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         if self._probed.get(row.content_sha256) and not force:
             return None
         with self._lock:
+            if self._probed.get(row.content_sha256) and not force:  # an answer proved it while this one waited
+                return None
             chain = [self.load_artifact(r.id, quarantined_too=r.id == row.id) for r in self._catalog.chain(row.id)]
             why, state = check_probe(self.lm, chain, row.probe_sha256, restore)
         if why is not None:
@@ -143,6 +170,53 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
             return why
         self._probed[row.content_sha256] = state
         return None
+
+    def warm_proofs(self, limit: int, on_progress: Callable[[float, str], None] | None = None) -> WarmReport:
+        """Run the first-use probe (`probe_check`, the same check an answer's first use runs: a mismatch
+        quarantines) on up to `limit` of the newest artifacts, so that their first answers in this process
+        carry the state proof (one BLAKE3 of the served state) instead of paying the probe forward. Each probe
+        takes the model lock on its own, so answers asked meanwhile interleave. Quarantined artifacts, other
+        models' artifacts and artifacts without a probe hash are passed over (answers refuse or skip them anyway)."""
+        t0 = time.perf_counter()
+        rows = self._catalog.list_artifacts(limit=limit) if limit > 0 else []
+        fingerprint = self.lm.fingerprint if rows else ""
+        proved = already = 0
+        skipped: list[str] = []
+        quarantined: list[str] = []
+        for n, row in enumerate(rows):
+            why_not = (
+                "quarantined"
+                if row.quarantine
+                else "another model fingerprint"
+                if row.model_fingerprint != fingerprint
+                else "no probe hash"
+                if not row.probe_sha256
+                else None
+            )
+            if why_not:
+                skipped.append(f"{row.id[:12]}: {why_not}")
+            elif self._probed.get(row.content_sha256):
+                already += 1
+            else:
+                try:
+                    why = self.probe_check(row.id)
+                except KvgraftError as exc:  # unreadable, a chain link missing: its answers will say so
+                    skipped.append(f"{row.id[:12]}: {exc}")
+                else:
+                    if why is None:
+                        proved += 1
+                    else:
+                        quarantined.append(row.id)
+            if on_progress is not None:
+                on_progress((n + 1) / len(rows), f"{n + 1}/{len(rows)} artifacts")
+        return WarmReport(
+            proved=proved,
+            already=already,
+            skipped=len(skipped),
+            quarantined=tuple(quarantined),
+            seconds=time.perf_counter() - t0,
+            skipped_why=tuple(skipped),
+        )
 
     def graftable(self, ids: list[str]) -> list[KVArtifact]:
         """Load `ids` for grafting; each artifact's probe is checked on its first restore in this process

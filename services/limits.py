@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 from errors import InputTooLong, InvalidInput
@@ -29,6 +30,19 @@ ANON_VERIFY_SAMPLES = 5  # without the admin token: samples of one verify, each 
 ANON_VERIFY_STEPS = 2  # without the admin token: greedy steps compared per sample (admins: 4)
 ANON_VERIFY_TOKENS = 256  # without the admin token: only artifacts whose chain holds at most this many tokens
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
+
+
+WARM_PROOFS_ENV = "KVGRAFT_WARM_PROOFS"
+DEFAULT_WARM_PROOFS = 64  # newest artifacts a serving process proves after start-up, ~0.2-0.5 s each on 2 cores
+
+
+def warm_proofs_limit() -> int:
+    """How many of the newest artifacts a serving process (the web app, a replica) probe-proves once it is up,
+    before a question needs them: KVGRAFT_WARM_PROOFS, default 64; 0 turns it off."""
+    raw = os.environ.get(WARM_PROOFS_ENV, "").strip() or str(DEFAULT_WARM_PROOFS)
+    if not raw.isdigit() or int(raw) > 100_000:
+        raise InvalidInput(f"{WARM_PROOFS_ENV} must be a whole number from 0 to 100000, got {raw!r}")
+    return int(raw)
 
 
 def verify_bounds(admin: bool) -> dict:

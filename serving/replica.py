@@ -28,6 +28,7 @@ from services.limits import (
     MAX_NEW_TOKENS,
     MAX_VERIFY_SAMPLES,
     verify_bounds,
+    warm_proofs_limit,
     whole,
 )
 
@@ -95,6 +96,8 @@ class Replica:
         )
         self.fingerprint = self.lib.lm.fingerprint  # the model, once per replica
         self.lib.index()  # the index at the catalog's current version before the first request
+        # first answers from the newest artifacts then carry the one-hash state proof instead of the probe forward
+        self.warm = self.lib.warm_proofs(warm_proofs_limit())  # KVGRAFT_WARM_PROOFS of the replica's environment
         self.load_s = time.perf_counter() - t0
 
     # ---- Ray's hooks -------------------------------------------------------------------------
@@ -181,7 +184,12 @@ class Replica:
     @api.get("/health")
     async def health(self) -> JSONResponse:
         h = await asyncio.to_thread(health_mod.check, self.lib, self.settings.blob_root, self.replica_id, self.fingerprint)
-        payload = h.to_json() | {"actor_name": self.actor_name, "load_s": self.load_s, "pid": os.getpid()}
+        payload = h.to_json() | {
+            "actor_name": self.actor_name,
+            "load_s": self.load_s,
+            "pid": os.getpid(),
+            "warm_proofs": self.warm.line(),
+        }
         return self._reply(payload, 200 if h.healthy else 503)
 
     # ---- the work, in a worker thread ----------------------------------------------------------

@@ -7,6 +7,7 @@ without a restart, and a replica killed under a request costs the client one ret
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -86,6 +87,8 @@ def test_two_replicas_answer_concurrently_and_byte_identically(deployment, tmp_p
     hashes = {r.payload["output_sha256"] for r in replies}
     assert len(hashes) == 1, f"replicas disagree on the output tokens: {hashes}"
     assert all(seeded[0] in r.payload["artifact_ids"] for r in replies), "the tower fact should be retrieved and grafted"
+    # each replica probe-proved the seeded artifacts at start: even its first answer carries the one-hash state proof
+    assert {(r.payload["proof"]["kind"], r.payload["proof"]["passed"]) for r in replies} == {("state", True)}
     local = _local(settings, tmp_path / "local", tiny_gemma).answer(QUESTION, max_new_tokens=8)
     assert local.output_sha256 == hashes.pop(), "a replica's answer differs from the same answer computed in this process"
 
@@ -106,6 +109,7 @@ def test_health_reports_every_check_from_each_replica(deployment):
         assert h["replica"] == rid and h["actor_name"].endswith(rid)
         assert h["model_loaded"] and h["catalog_reachable"] and h["blob_root_readable"] and h["index_current"]
         assert h["store_artifacts"] >= len(seeded) and h["index_artifacts"] == h["store_artifacts"]
+        assert re.match(rf"probe-proved {len(seeded)} artifacts ahead of their first answers", h["warm_proofs"]), h
 
 
 @pytest.mark.ray
