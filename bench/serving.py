@@ -74,7 +74,8 @@ def gradio_main(args) -> None:
     with tempfile.TemporaryDirectory(prefix="kvgraft-serving-") as home:
         lib = services.Library(home=home)
         app.seed_library(lib)
-        warm = lib.warm_proofs(limits.warm_proofs_limit())  # what the app's start-up does next (KVGRAFT_WARM_PROOFS)
+        warm_limit = limits.warm_proofs_limit()
+        warm = lib.warm_proofs(warm_limit)  # what the app's start-up does next (KVGRAFT_WARM_PROOFS)
         print(warm.line(), flush=True)
         questions = [it["question"] for it in app.seed_items()[0]]
         demo = app.build_app(lib)
@@ -127,7 +128,7 @@ def gradio_main(args) -> None:
         "machine": {"cpus": os.cpu_count()},
         "setup": f"real default model, built-in seed library, /answer with retrieval on and check off, max_new_tokens 16, "
         f"{args.per_user} requests per user, loopback",
-        "warm_proofs": {"limit": limits.warm_proofs_limit(), "proved": warm.proved, "seconds": warm.seconds},
+        "warm_proofs": {"limit": warm_limit, "proved": warm.proved, "seconds": warm.seconds},
         "levels": levels,
     }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

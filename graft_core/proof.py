@@ -4,8 +4,9 @@ of the served state, and the full fresh recomputation of the served logits rows 
 The first time a process serves an artifact, its restored state runs the probe tokens and must
 reproduce the probe logits hash recorded at deposit byte for byte (the `probe` proof); the BLAKE3 of
 that restored state is kept (`ProvenState`). A serving process runs that same check ahead of the
-questions for its newest artifacts once it is up (`Library.warm_proofs`). Every later answer hashes the state it is served from and
-must match (the `state` proof): the same bytes in the same process give the same rows the probe read.
+questions for its newest artifacts once it is up (`Library.warm_proofs`). Every later answer hashes
+the state it is served from and must match (the `state` proof): the same bytes in the same process
+give the same rows the probe read.
 The prompt itself always runs as one chunk, so an answer's bytes never depend on which proof it got.
 """
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,10 +63,13 @@ class WarmReport:
 
     proved: int
     already: int
-    skipped: int
     quarantined: tuple[str, ...]
     seconds: float
     skipped_why: tuple[str, ...] = ()
+
+    @property
+    def skipped(self) -> int:
+        return len(self.skipped_why)
 
     def line(self) -> str:
         q = (
@@ -171,7 +173,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         self._probed[row.content_sha256] = state
         return None
 
-    def warm_proofs(self, limit: int, on_progress: Callable[[float, str], None] | None = None) -> WarmReport:
+    def warm_proofs(self, limit: int) -> WarmReport:
         """Run the first-use probe (`probe_check`, the same check an answer's first use runs: a mismatch
         quarantines) on up to `limit` of the newest artifacts, so that their first answers in this process
         carry the state proof (one BLAKE3 of the served state) instead of paying the probe forward. Each probe
@@ -183,7 +185,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         proved = already = 0
         skipped: list[str] = []
         quarantined: list[str] = []
-        for n, row in enumerate(rows):
+        for row in rows:
             why_not = (
                 "quarantined"
                 if row.quarantine
@@ -207,12 +209,9 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
                         proved += 1
                     else:
                         quarantined.append(row.id)
-            if on_progress is not None:
-                on_progress((n + 1) / len(rows), f"{n + 1}/{len(rows)} artifacts")
         return WarmReport(
             proved=proved,
             already=already,
-            skipped=len(skipped),
             quarantined=tuple(quarantined),
             seconds=time.perf_counter() - t0,
             skipped_why=tuple(skipped),

@@ -39,10 +39,7 @@ DEFAULT_WARM_PROOFS = 64  # newest artifacts a serving process proves after star
 def warm_proofs_limit() -> int:
     """How many of the newest artifacts a serving process (the web app, a replica) probe-proves once it is up,
     before a question needs them: KVGRAFT_WARM_PROOFS, default 64; 0 turns it off."""
-    raw = os.environ.get(WARM_PROOFS_ENV, "").strip() or str(DEFAULT_WARM_PROOFS)
-    if not raw.isdigit() or int(raw) > 100_000:
-        raise InvalidInput(f"{WARM_PROOFS_ENV} must be a whole number from 0 to 100000, got {raw!r}")
-    return int(raw)
+    return whole(WARM_PROOFS_ENV, os.environ.get(WARM_PROOFS_ENV, "").strip() or DEFAULT_WARM_PROOFS, 0, 100_000)
 
 
 def verify_bounds(admin: bool) -> dict:

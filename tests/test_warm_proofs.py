@@ -114,7 +114,7 @@ def test_an_unreadable_artifact_is_passed_over_not_fatal(lib, monkeypatch):
     assert lib._catalog.get(ok.id).content_sha256 in lib._probed and lib._catalog.get(d.id).quarantine is None
 
 
-def test_the_startup_warms_after_its_stages_and_only_when_asked(lib, monkeypatch, tmp_path):
+def test_the_startup_warms_after_its_stages_and_only_when_asked(lib):
     d = lib.deposit_text(TEXT)
     lib._probed.clear()
     startup.run(lib, startup.Startup(), seed=None)
@@ -132,7 +132,10 @@ def test_the_limit_comes_from_the_environment_and_bad_values_stop_the_start(monk
     assert limits.warm_proofs_limit() == 0
     monkeypatch.setenv(limits.WARM_PROOFS_ENV, "12")
     assert limits.warm_proofs_limit() == 12
-    for bad in ("-1", "many", "1e3", "100001"):
+    for bad in ("-1", "many", "1e3", "012"):
         monkeypatch.setenv(limits.WARM_PROOFS_ENV, bad)
-        with pytest.raises(InvalidInput, match="KVGRAFT_WARM_PROOFS must be a whole number"):
+        with pytest.raises(InvalidInput, match="KVGRAFT_WARM_PROOFS must be a whole number between 0 and 100,000"):
             limits.warm_proofs_limit()
+    monkeypatch.setenv(limits.WARM_PROOFS_ENV, "100001")
+    with pytest.raises(InvalidInput, match="KVGRAFT_WARM_PROOFS must be between 0 and 100,000, got 100,001"):
+        limits.warm_proofs_limit()
