@@ -4,6 +4,8 @@ The record is part of every artifact's fingerprint: two artifacts made under dif
 never grafted into each other's sessions. It includes the CPU kernel path (ATen's capability, the CPU
 vendor and widest vector ISA that MKL dispatches on, the BLAS build and MKL's reproducibility
 setting, oneDNN on/off, the intra-op thread count), because those change the bits of float32 results (docs/DETERMINISM.md).
+One more input decides bits and is fixed rather than recorded: where each weight sits in memory
+(`place_weights`).
 This module sets process-wide torch state and reads the machine; nothing else.
 """
 
@@ -112,6 +114,37 @@ def kernel_path(device: str = "cpu") -> tuple[tuple[str, str], ...]:
         "threads": str(torch.get_num_threads()),  # pinned by pin() (KVGRAFT_THREADS, default 2)
     }
     return tuple(sorted(path.items()))
+
+
+# Every weight's first byte sits at an address = 56 (mod 64): see place_weights.
+WEIGHT_PLACEMENT = (64, 56)
+
+
+def place_weights(model: torch.nn.Module) -> int:
+    """Put every parameter's data at an address = 56 (mod 64), copying those that sit elsewhere; returns
+    how many moved. Values are untouched and tied parameters stay tied.
+
+    MKL's one-row float32 products (every answer's vocabulary projection, every decode step) compute
+    different bits for the same weight at a different address mod 16: measured on this AMD EPYC, 4
+    distinct results for the 4 float32 alignments, the same result for addresses 64 bytes apart
+    (`python -m bench.kernels` records it under `bits`). The fingerprint hashes the weights' values,
+    not where the loader put them, so without this two processes with equal fingerprints could
+    disagree (a safetensors file written with another header length, a loader that copies instead
+    of mapping) and a good artifact would fail its probe. 56 is where the packaged model's file puts
+    every tensor when mapped, so for it nothing moves and the artifacts made before stay valid."""
+    mod, rem = WEIGHT_PLACEMENT
+    moved = 0
+    for p in model.parameters():  # a tied Parameter is one object: listed once, moved once for both users
+        if p.device.type != "cpu" or p.data_ptr() % mod == rem:
+            continue
+        nbytes = p.numel() * p.element_size()
+        raw = torch.empty(nbytes + mod, dtype=torch.uint8)
+        off = (rem - raw.data_ptr()) % mod
+        placed = raw[off : off + nbytes].view(p.dtype).view(p.shape)
+        placed.copy_(p.data)
+        p.data = placed
+        moved += 1
+    return moved
 
 
 def pin(device: str = "cpu", dtype: torch.dtype = torch.float32) -> DeterminismConfig:

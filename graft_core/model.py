@@ -250,7 +250,7 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .determinism import ATTN_IMPLEMENTATION, pin
+    from .determinism import ATTN_IMPLEMENTATION, pin, place_weights
 
     name = name or os.environ.get("KVGRAFT_MODEL") or DEFAULT_MODEL
     t0 = time.perf_counter()
@@ -259,6 +259,9 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION)
     model.to(device).eval()
+    moved = place_weights(model)
+    if moved:
+        log.info("placed %d weight tensors at the pinned address alignment (copied)", moved)
     weights, tok, combined = _fingerprints(model, tokenizer, source)
     info = describe(model, name, weights, tok, combined)
     warm_up(model)

@@ -108,6 +108,13 @@ MUTATIONS = (
         (_PROOF + "test_a_later_answer_proves_its_served_state_by_hash_and_fails_on_one_changed_value",),
     ),
     Mutation(
+        "weights left wherever the loader put them (determinism.place_weights)",
+        "graft_core/determinism.py",
+        "        p.data = placed\n",
+        "",
+        ("tests/test_engine.py::test_weights_sit_where_their_bits_depend_only_on_their_values",),
+    ),
+    Mutation(
         "gate that skips the graft (services/gate.graft_run)",
         "services/gate.py",
         'return _run(lm, chain, "graft", (question, solution, verifier, reference), prefill=0)',

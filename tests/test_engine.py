@@ -340,6 +340,34 @@ def test_kernel_path_is_in_the_record_and_the_fingerprint(tiny_dirs, tiny_gemma)
     assert fingerprint != tiny_gemma.fingerprint  # another kernel path: another artifact identity
 
 
+def test_weights_sit_where_their_bits_depend_only_on_their_values(tiny_gemma):
+    """MKL's one-row products compute other bits for the same weight at another address mod 16
+    (`bench.kernels` measures it), and the fingerprint sees only the values: load() places every weight
+    at 56 mod 64, so the same values give the same row wherever a loader first put them."""
+    from graft_core.determinism import WEIGHT_PLACEMENT, place_weights
+
+    mod, rem = WEIGHT_PLACEMENT
+    assert {p.data_ptr() % mod for p in tiny_gemma.model.parameters()} == {rem}
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(4096, 640, generator=g), torch.randn(1, 640, generator=g)
+    rows = set()
+    for at in range(0, mod, 4):  # the same values at 16 addresses 4 bytes apart
+        raw = torch.empty(w.numel() * 4 + mod, dtype=torch.uint8)
+        off = (at - raw.data_ptr()) % mod
+        lin = torch.nn.Linear(640, 4096, bias=False)
+        lin.weight.data = raw[off : off + w.numel() * 4].view(torch.float32).view(w.shape)
+        lin.weight.data.copy_(w)
+        assert place_weights(lin) == (0 if at == rem else 1)
+        assert lin.weight.data_ptr() % mod == rem and torch.equal(lin.weight, w)
+        with torch.inference_mode():
+            rows.add(lin(x).numpy().tobytes())
+    assert len(rows) == 1
+    shared = torch.nn.Sequential(torch.nn.Embedding(64, 640), torch.nn.Linear(640, 64, bias=False))
+    shared[1].weight = shared[0].weight  # tied, as Gemma's head and embedding are
+    place_weights(shared)
+    assert shared[1].weight.data_ptr() == shared[0].weight.data_ptr() and shared[0].weight.data_ptr() % mod == rem
+
+
 def test_pin_sets_the_pinned_thread_count_whatever_the_cores(monkeypatch):
     """Threads change the bits of short forwards, so every process computes with KVGRAFT_THREADS (default 2)."""
     import torch
