@@ -76,6 +76,7 @@ bench: install-bench
 	$(BIN)/python -m bench.retrieval
 	$(BIN)/python -m bench.serving
 	$(BIN)/python -m bench.scale
+	$(BIN)/python -m bench.kernels
 	$(BIN)/python -m bench.peer  # skipped with a message unless the llama.cpp peer is built (bench/peer/build.sh)
 
 # The verification figures (docs/bench/gate.json, verify.json, relocate.json, relocate0.json): seeds the
