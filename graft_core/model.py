@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -276,7 +276,7 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .determinism import ATTN_IMPLEMENTATION, pin, place_weights
+    from .determinism import ATTN_IMPLEMENTATION, WEIGHT_PLACEMENT, pin, place_weights
 
     name = name or os.environ.get("KVGRAFT_MODEL") or DEFAULT_MODEL
     t0 = time.perf_counter()
@@ -289,6 +289,13 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
     moved = place_weights(model)
     if moved:
         log.info("placed %d weight tensors at the pinned address alignment (copied)", moved)
+    if name != DEFAULT_MODEL:
+        # The packaged model's file has always put every weight where place_weights puts it, so its bits
+        # and record are as before. Any other model may compute other bits since the placement: its
+        # record says so, and artifacts made before are refused as incompatible (rebuild them), not
+        # quarantined by a failing probe.
+        mod, rem = WEIGHT_PLACEMENT
+        config = replace(config, numerics=tuple(sorted((*config.numerics, ("weights_placement", f"{rem} mod {mod}")))))
     weights, tok, combined = _fingerprints(model, tokenizer, source)
     info = describe(model, name, weights, tok, combined)
     warm_up(model)
