@@ -289,7 +289,7 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
     moved = place_weights(model)
     if moved:
         log.info("placed %d weight tensors at the pinned address alignment (copied)", moved)
-    if name != DEFAULT_MODEL:
+    if name != DEFAULT_MODEL and device.startswith("cpu"):  # place_weights places CPU tensors only
         # The packaged model's file has always put every weight where place_weights puts it, so its bits
         # and record are as before. Any other model may compute other bits since the placement: its
         # record says so, and artifacts made before are refused as incompatible (rebuild them), not
