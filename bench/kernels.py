@@ -32,6 +32,7 @@ Writes docs/bench/kernels.json and prints the tables.
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime as dt
 import json
 import mmap
@@ -44,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.peer import QUESTION
+from bench.peer import QUESTION, wait_until_settled
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / "bench" / "peer"
@@ -102,7 +103,7 @@ def stages(lib, text: str, repeats: int) -> dict:
     lm, m = lib.lm, lib.lm.model
     d = lib.deposit_text(text, title=f"kernels prefix {len(text)} chars")
     row = lib._catalog.get(d.id)
-    time.sleep(max(0.0, 2.1 - (time.time() - os.stat(lib._blobs.path(row.content_sha256)).st_ctime)))  # let it settle
+    wait_until_settled(lib, row.content_sha256)
     chain, _ = lib.load_chain(d.id)
     why, known = check_probe(lm, chain, None, restore)  # what an answer's first use does once per process
     if why:
@@ -176,17 +177,16 @@ def ops(lib, artifact_id: str, repeats: int) -> dict:
     return {k: ms(v) for k, v in groups.items()} | {"matrix_product_calls": calls}
 
 
-def placed_copy(t, at: int, huge_pages: bool = False):
-    """`t` copied to an address = `at` (mod 64), in anonymous memory advised for transparent huge pages
-    when asked (returns (None, None) where this Python cannot ask). Returns (copy, region to keep alive)."""
+def huge_page_copy(t, at: int):
+    """`t` copied to an address = `at` (mod 64) in anonymous memory advised for transparent huge pages.
+    Returns (copy, region to keep alive), or (None, None) where this Python cannot ask for them."""
     import torch
 
-    if huge_pages and not hasattr(mmap, "MADV_HUGEPAGE"):
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
         return None, None
-    nbytes, align = t.numel() * t.element_size(), (2 << 20) if huge_pages else 64
+    nbytes, align = t.numel() * t.element_size(), 2 << 20
     region = mmap.mmap(-1, nbytes + align + 64, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if huge_pages:
-        region.madvise(mmap.MADV_HUGEPAGE)
+    region.madvise(mmap.MADV_HUGEPAGE)
     raw = torch.frombuffer(region, dtype=torch.uint8)
     off = (-raw.data_ptr()) % align + at
     out = raw[off : off + nbytes].view(t.dtype).view(t.shape)
@@ -199,6 +199,8 @@ def kernels(model, repeats: int) -> dict:
     import numpy as np
     import torch
     import torch.nn.functional as F
+
+    from graft_core.determinism import WEIGHT_PLACEMENT, copy_at
 
     gen = torch.Generator().manual_seed(0)
     layers = [
@@ -255,11 +257,8 @@ def kernels(model, repeats: int) -> dict:
     for w in (vocab, layers[0][-1]):  # the vocabulary and a down projection, the same values at other addresses
         x1 = torch.randn(1, w.shape[1], generator=gen)
         by_address = {}
-        for at in range(0, 68, 4):  # 17 addresses: the 16 four-byte steps of 64 bytes, and 64 itself
-            copy, region = placed_copy(w, at)
-            by_address[at] = F.linear(x1, copy).numpy().tobytes()
-            del copy
-            region.close()
+        for at in range(0, 68, 4):  # 17 addresses mod 128: the 16 four-byte steps of 64 bytes, and 64 itself
+            by_address[at] = F.linear(x1, copy_at(w, at, 128)).numpy().tobytes()
         bits["x".join(map(str, w.shape))] |= {
             "mkl_1_row_distinct_results_over_16_addresses_mod_64": len({by_address[a] for a in range(0, 64, 4)}),
             "mkl_1_row_distinct_results_over_4_addresses_mod_16": len({by_address[a] for a in range(0, 16, 4)}),
@@ -268,9 +267,7 @@ def kernels(model, repeats: int) -> dict:
             "loaded_weight_address_mod_64": w.data_ptr() % 64,
         }
     out["bits"] = bits
-    from graft_core.determinism import WEIGHT_PLACEMENT
-
-    huge, region = placed_copy(vocab, WEIGHT_PLACEMENT[1], huge_pages=True)
+    huge, region = huge_page_copy(vocab, WEIGHT_PLACEMENT[1])
     if huge is None:
         out["vocab_mkl_huge_pages"] = {"skipped": "this Python's mmap cannot advise MADV_HUGEPAGE"}
     else:
@@ -311,8 +308,6 @@ def variant_main(prefix_tokens: int, repeats: int) -> None:
         torch.nn.Linear.forward = _openblas_linear
     q = generate.encode_prompt(lm, QUESTION, grafted=True)
     ids, pos = torch.tensor([q]), torch.arange(len(prefix), len(prefix) + len(q)).unsqueeze(0)
-    import copy
-
     layers_t, vocab_t = [], []
     for i in range(repeats + 1):
         cache = copy.deepcopy(cache0)

@@ -137,14 +137,19 @@ def place_weights(model: torch.nn.Module) -> int:
     for p in model.parameters():  # a tied Parameter is one object: listed once, moved once for both users
         if p.device.type != "cpu" or p.data_ptr() % mod == rem:
             continue
-        nbytes = p.numel() * p.element_size()
-        raw = torch.empty(nbytes + mod, dtype=torch.uint8)
-        off = (rem - raw.data_ptr()) % mod
-        placed = raw[off : off + nbytes].view(p.dtype).view(p.shape)
-        placed.copy_(p.data)
-        p.data = placed
+        p.data = copy_at(p.data, rem, mod)
         moved += 1
     return moved
+
+
+def copy_at(t: torch.Tensor, rem: int, mod: int = 64) -> torch.Tensor:
+    """A contiguous CPU copy of `t` whose first byte sits at an address = `rem` (mod `mod`)."""
+    nbytes = t.numel() * t.element_size()
+    raw = torch.empty(nbytes + mod, dtype=torch.uint8)
+    off = (rem - raw.data_ptr()) % mod
+    placed = raw[off : off + nbytes].view(t.dtype).view(t.shape)
+    placed.copy_(t)
+    return placed
 
 
 def pin(device: str = "cpu", dtype: torch.dtype = torch.float32) -> DeterminismConfig:

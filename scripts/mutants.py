@@ -110,7 +110,7 @@ MUTATIONS = (
     Mutation(
         "weights left wherever the loader put them (determinism.place_weights)",
         "graft_core/determinism.py",
-        "        p.data = placed\n",
+        "        p.data = copy_at(p.data, rem, mod)\n",
         "",
         ("tests/test_engine.py::test_weights_sit_where_their_bits_depend_only_on_their_values",),
     ),

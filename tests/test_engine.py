@@ -344,7 +344,7 @@ def test_weights_sit_where_their_bits_depend_only_on_their_values(tiny_gemma):
     """MKL's one-row products compute other bits for the same weight at another address mod 16
     (`bench.kernels` measures it), and the fingerprint sees only the values: load() places every weight
     at 56 mod 64, so the same values give the same row wherever a loader first put them."""
-    from graft_core.determinism import WEIGHT_PLACEMENT, place_weights
+    from graft_core.determinism import WEIGHT_PLACEMENT, copy_at, place_weights
 
     mod, rem = WEIGHT_PLACEMENT
     assert {p.data_ptr() % mod for p in tiny_gemma.model.parameters()} == {rem}
@@ -352,11 +352,9 @@ def test_weights_sit_where_their_bits_depend_only_on_their_values(tiny_gemma):
     w, x = torch.randn(4096, 640, generator=g), torch.randn(1, 640, generator=g)
     rows = set()
     for at in range(0, mod, 4):  # the same values at 16 addresses 4 bytes apart
-        raw = torch.empty(w.numel() * 4 + mod, dtype=torch.uint8)
-        off = (at - raw.data_ptr()) % mod
         lin = torch.nn.Linear(640, 4096, bias=False)
-        lin.weight.data = raw[off : off + w.numel() * 4].view(torch.float32).view(w.shape)
-        lin.weight.data.copy_(w)
+        lin.weight.data = copy_at(w, at, mod)
+        assert lin.weight.data_ptr() % mod == at
         assert place_weights(lin) == (0 if at == rem else 1)
         assert lin.weight.data_ptr() % mod == rem and torch.equal(lin.weight, w)
         with torch.inference_mode():
