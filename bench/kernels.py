@@ -378,6 +378,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--prefixes", default="2048,4096")
     ap.add_argument("--no-variants", action="store_true", help="skip the OpenBLAS whole-forward processes")
+    ap.add_argument(
+        "--no-large-buffers",
+        action="store_true",
+        help="leave glibc's allocation thresholds as they are (graft_core.model.keep_large_buffers off): the 'before' side of its A/B",
+    )
     ap.add_argument("--variant", type=int, help=argparse.SUPPRESS)  # internal: one forward-variant process
     ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "kernels.json"))
     args = ap.parse_args()
@@ -385,6 +390,10 @@ def main() -> None:
     if args.variant:
         variant_main(args.variant, args.repeats)
         return
+    if args.no_large_buffers:
+        from graft_core import model as model_mod
+
+        model_mod.keep_large_buffers = lambda: False  # load() calls it through the module
     import services
     from retrieval.embedder import HashEmbedder
 
@@ -404,7 +413,8 @@ def main() -> None:
     doc = {
         "benchmark": "kernels",
         "command": f".venv/bin/python -m bench.kernels --repeats {args.repeats} --prefixes {args.prefixes}"
-        + (" --no-variants" if args.no_variants else ""),
+        + (" --no-variants" if args.no_variants else "")
+        + (" --no-large-buffers" if args.no_large_buffers else ""),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_before": load},
         "model_fingerprint": fingerprint,
