@@ -254,9 +254,10 @@ def keep_large_buffers() -> bool:
     """Let this process reuse freed buffers up to LARGE_BUFFER_BYTES instead of getting fresh pages each time.
 
     By default glibc serves an allocation above 32 MiB with fresh mmap'd pages and unmaps them on free,
-    so every artifact read over 32 MB faults and zeroes all its pages again: reading a 40.9 MB artifact
-    (4,096 tokens) took 62 ms against 8 ms for a 28.3 MB one (bench.kernels `read_check`; 62 -> 12 ms
-    with this, main thread and worker threads alike). Raising the mmap and trim thresholds keeps such
+    so an artifact read over 32 MB faults and zeroes all its pages again unless the heap happens to hold
+    a free block that large: reading a 40.9 MB artifact (4,096 tokens) took 7-62 ms across runs against
+    8 ms for a 28.3 MB one, and 6-10 ms with this (bench.kernels `read_check`, `--no-large-buffers` for
+    the before side). Raising the mmap and trim thresholds keeps such
     buffers in the heap for the next read. Cost: up to that much freed memory per malloc arena stays
     with the process instead of going back to the OS. Process-wide, like the pinned thread count;
     True when set, False where the C library has no mallopt (not glibc): nothing changes there. Bits
