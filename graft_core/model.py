@@ -77,6 +77,7 @@ class LoadedModel:
     info: ModelInfo
     config: DeterminismConfig
     load_s: float
+    products: str = ""  # which products run faster with the same bytes (graft_core.products.speed_up)
 
     @property
     def fingerprint(self) -> str:
@@ -278,6 +279,7 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .determinism import ATTN_IMPLEMENTATION, WEIGHT_PLACEMENT, pin, place_weights
+    from .products import speed_up
 
     name = name or os.environ.get("KVGRAFT_MODEL") or DEFAULT_MODEL
     t0 = time.perf_counter()
@@ -299,8 +301,15 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
         config = replace(config, numerics=tuple(sorted((*config.numerics, ("weights_placement", f"{rem} mod {mod}")))))
     weights, tok, combined = _fingerprints(model, tokenizer, source)
     info = describe(model, name, weights, tok, combined)
+    if os.environ.get("KVGRAFT_PRODUCTS", "").strip().lower() == "plain":  # the before side of an A/B, or a doubt
+        products = "plain (KVGRAFT_PRODUCTS=plain)"
+    else:
+        products = speed_up(model).line()
+    log.info("products: %s", products)
     warm_up(model)
-    return LoadedModel(model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
+    )
 
 
 def warm_up(model, tokens: int = 4) -> None:
