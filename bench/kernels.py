@@ -20,11 +20,16 @@ the peer bench's prefix texts and question, 2 threads, medians:
 4. **forward variants**: the whole question forward and projection with every `nn.Linear` through
    numpy's OpenBLAS instead of MKL, in fresh processes (the thread pools' settings only take effect
    at start): OpenBLAS default, torch's OpenMP set passive, one OpenBLAS thread; MKL beside them.
+5. **the same MKL, called faster** (graft_core.products, on in the served path and so in the stages
+   above): the 1-row vocabulary product split into row blocks on the pinned threads, and the layer
+   products taken as (W @ x^T)^T, timed beside the plain calls in `kernels`, with the row counts at
+   which each computes the plain call's bytes in `bits`. `--plain-products` (KVGRAFT_PRODUCTS=plain)
+   measures the stages without them: the before side of that A/B.
 
-Everything other than MKL here computes other bits (other kernels), so adopting it means a new
+Everything other than MKL (items 3 and 4) computes other bits (other kernels), so adopting it means a new
 kernel fingerprint and a rebuilt store; this bench says what each would buy.
 
-    .venv/bin/python -m bench.kernels [--repeats 7] [--prefixes 2048,4096] [--no-variants]
+    .venv/bin/python -m bench.kernels [--repeats 7] [--prefixes 2048,4096] [--no-variants] [--plain-products]
 
 Writes docs/bench/kernels.json and prints the tables.
 """
@@ -200,6 +205,7 @@ def kernels(model, repeats: int) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from graft_core import products
     from graft_core.determinism import WEIGHT_PLACEMENT, copy_at
 
     gen = torch.Generator().manual_seed(0)
@@ -220,6 +226,14 @@ def kernels(model, repeats: int) -> dict:
     flat = [w for layer in layers for w in layer]
     bf_flat, bf_vocab = [w.to(torch.bfloat16) for w in flat], vocab.to(torch.bfloat16)
     np_flat, np_vocab = [w.numpy().T for w in flat], vocab.numpy().T
+    split = products.SplitRows(
+        torch.nn.Linear(vocab.shape[1], vocab.shape[0], bias=False, device="meta"), torch.get_num_threads()
+    )
+    split.linear.weight = torch.nn.Parameter(vocab, requires_grad=False)  # the real matrix, no copy
+
+    def transposed(x, w):
+        return torch.mm(w, x.t()).t().contiguous()
+
     out: dict = {"products_per_forward": len(flat), "per_layer_shapes": per_layer, "vocab_shape": list(vocab.shape), "rows": {}}
     for m_rows in ROWS:
         x = inputs(m_rows)
@@ -232,7 +246,10 @@ def kernels(model, repeats: int) -> dict:
             "vocab_mkl_ms": ms(timed(lambda x=x: F.linear(x[vocab.shape[1]], vocab), repeats)),
             "vocab_openblas_ms": ms(timed(lambda xn=xn: xn[vocab.shape[1]] @ np_vocab, repeats)),
             "vocab_bf16_ms": ms(timed(lambda xb=xb: F.linear(xb[vocab.shape[1]], bf_vocab), repeats)),
+            "layers_mkl_transposed_ms": ms(timed(lambda x=x: through(flat, x, transposed), repeats)),
         }
+        if m_rows == 1:
+            out["rows"]["1"]["vocab_mkl_split_ms"] = ms(timed(lambda x=x: split.split(x[vocab.shape[1]]), repeats))
     out["stream_once_ms"] = {
         "layers": ms(timed(lambda: [w.sum() for w in flat], repeats)),
         "vocab": ms(timed(lambda: vocab.sum(), repeats)),
@@ -254,6 +271,14 @@ def kernels(model, repeats: int) -> dict:
             "mkl_8_rows_independent_of_other_rows": bool(torch.equal(F.linear(other, w)[0], full[0])),
             "openblas_equals_mkl_1_row": bool(np.array_equal(x8[:1].numpy() @ w.numpy().T, one.numpy())),
         }
+        if w is not vocab:
+            equal = sorted(products.transposed_rows(w, range(1, 65)))
+            bits["x".join(map(str, w.shape))]["mkl_transposed_equal_at_rows"] = spans(equal)
+    v1 = torch.randn(1, vocab.shape[1], generator=gen)
+    bits["x".join(map(str, vocab.shape))]["mkl_1_row_split_in_blocks_equal"] = bool(
+        torch.equal(split.split(v1), F.linear(v1, vocab))
+    )
+    bits["x".join(map(str, vocab.shape))]["split_blocks"] = len(split.bounds)
     for w in (vocab, layers[0][-1]):  # the vocabulary and a down projection, the same values at other addresses
         x1 = torch.randn(1, w.shape[1], generator=gen)
         by_address = {}
@@ -288,6 +313,18 @@ def kernels(model, repeats: int) -> dict:
     return out
 
 
+def spans(ns: list[int]) -> str:
+    """[1, 12, 13, 14] -> "1,12-14" ("" for none)."""
+    out, i = [], 0
+    while i < len(ns):
+        j = i
+        while j + 1 < len(ns) and ns[j + 1] == ns[j] + 1:
+            j += 1
+        out.append(str(ns[i]) if i == j else f"{ns[i]}-{ns[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
 def variant_main(prefix_tokens: int, repeats: int) -> None:
     """In a fresh process: prefill the peer prefix, then time the question's layers and projection (JSON line)."""
     import torch
@@ -305,6 +342,9 @@ def variant_main(prefix_tokens: int, repeats: int) -> None:
     cache0 = new_cache(m)
     forward_chunk(m, cache0, prefix, 0)
     if os.environ.get("KVGRAFT_BENCH_LINEAR") == "openblas":
+        from graft_core import products
+
+        products.undo(m)  # per-module MKL fast paths would shadow the class's forward
         torch.nn.Linear.forward = _openblas_linear
     q = generate.encode_prompt(lm, QUESTION, grafted=True)
     ids, pos = torch.tensor([q]), torch.arange(len(prefix), len(prefix) + len(q)).unsqueeze(0)
@@ -357,11 +397,16 @@ def tables(doc: dict) -> str:
             f"{o['matrix_products_ms']:.1f} / {o['attention_ms']:.1f} / {o['rest_ms']:.1f} |"
         )
     k = doc["kernels"]
-    lines += ["", "| rows | layers MKL / OpenBLAS / bf16 (ms) | vocab MKL / OpenBLAS / bf16 (ms) |", "|---:|---|---|"]
+    lines += [
+        "",
+        "| rows | layers MKL / MKL transposed / OpenBLAS / bf16 (ms) | vocab MKL / MKL split / OpenBLAS / bf16 (ms) |",
+        "|---:|---|---|",
+    ]
     for m_rows, r in k["rows"].items():
+        split = f"{r['vocab_mkl_split_ms']:.1f}" if "vocab_mkl_split_ms" in r else "-"
         lines.append(
-            f"| {m_rows} | {r['layers_mkl_ms']:.1f} / {r['layers_openblas_ms']:.1f} / {r['layers_bf16_ms']:.1f} | "
-            f"{r['vocab_mkl_ms']:.1f} / {r['vocab_openblas_ms']:.1f} / {r['vocab_bf16_ms']:.1f} |"
+            f"| {m_rows} | {r['layers_mkl_ms']:.1f} / {r['layers_mkl_transposed_ms']:.1f} / {r['layers_openblas_ms']:.1f} / "
+            f"{r['layers_bf16_ms']:.1f} | {r['vocab_mkl_ms']:.1f} / {split} / {r['vocab_openblas_ms']:.1f} / {r['vocab_bf16_ms']:.1f} |"
         )
     f = k["stream_once_ms"]
     lines.append(
@@ -383,6 +428,11 @@ def main() -> None:
         action="store_true",
         help="leave glibc's allocation thresholds as they are (graft_core.model.keep_large_buffers off): the 'before' side of its A/B",
     )
+    ap.add_argument(
+        "--plain-products",
+        action="store_true",
+        help="KVGRAFT_PRODUCTS=plain: every product through the plain nn.Linear (graft_core.products off), the before side",
+    )
     ap.add_argument("--variant", type=int, help=argparse.SUPPRESS)  # internal: one forward-variant process
     ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "kernels.json"))
     args = ap.parse_args()
@@ -390,6 +440,8 @@ def main() -> None:
     if args.variant:
         variant_main(args.variant, args.repeats)
         return
+    if args.plain_products:
+        os.environ["KVGRAFT_PRODUCTS"] = "plain"  # read when the model loads, here and in the variant processes
     if args.no_large_buffers:
         from graft_core import model as model_mod
 
@@ -408,16 +460,18 @@ def main() -> None:
             rows.append(r)
         kern = kernels(lib.lm.model, args.repeats)
         print("kernels", json.dumps(kern), flush=True)
-        fingerprint = lib.lm.fingerprint
+        fingerprint, products_line = lib.lm.fingerprint, lib.lm.products
     first = int(args.prefixes.split(",")[0])
     doc = {
         "benchmark": "kernels",
         "command": f".venv/bin/python -m bench.kernels --repeats {args.repeats} --prefixes {args.prefixes}"
         + (" --no-variants" if args.no_variants else "")
-        + (" --no-large-buffers" if args.no_large_buffers else ""),
+        + (" --no-large-buffers" if args.no_large_buffers else "")
+        + (" --plain-products" if args.plain_products else ""),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_before": load},
         "model_fingerprint": fingerprint,
+        "products": products_line,
         "stage_names": list(rows[0]["stages_ms"]),
         "prefixes": rows,
         "kernels": kern,

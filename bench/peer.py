@@ -10,6 +10,11 @@ through `cli.py ask` (a new process per ask, so every ask pays the first-use pro
 question, as the CLI reports it), state bytes, and byte-equality of the served row with a fresh recomputation in the same
 schedule. Medians. Writes docs/bench/peer.json and prints a markdown table.
 
+The same MKL products called faster (graft_core.products: the vocabulary's 1-row product split on
+threads, layer products transposed, each where it computes the plain call's bytes) are measured
+against the plain calls in this run: the warm answers alternate between the two, and so do the
+`cli.py ask` processes (KVGRAFT_PRODUCTS=plain); both sides must serve the same logits row.
+
     .venv/bin/python -m bench.peer [--repeats 5] [--prefixes 2048,4096] [--peer-python P] [--gguf F]
 
 Without the peer (build it with `bash bench/peer/build.sh /tmp/peer/venv`, ~15 min on 2 cores) it
@@ -68,10 +73,11 @@ def wait_until_settled(lib, content_sha256: str) -> None:
 
 
 def run_kvgraft(lib, text: str, repeats: int) -> dict:
-    """Deposit `text` (free text), then fresh TTFT, warm grafted TTFT and the byte-equality check."""
+    """Deposit `text` (free text), then fresh TTFT, warm grafted TTFT (faster products and plain ones,
+    alternating) and the byte-equality check."""
     import torch
 
-    from graft_core import generate
+    from graft_core import generate, products
     from graft_core.forward import forward_chunk, new_cache
 
     lm = lib.lm
@@ -86,10 +92,22 @@ def run_kvgraft(lib, text: str, repeats: int) -> dict:
         fresh.append(time.perf_counter() - t)
     wait_until_settled(lib, d.content_sha256)
     first = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, record=False)  # the first-use probe
+    fast = {
+        m: m.forward
+        for m in lm.model.modules()
+        if isinstance(m.__dict__.get("forward"), (products.SplitRows, products.Transposed))
+    }
+    plain, served = [], set()
     for _ in range(repeats):
-        r = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, record=False)
-        warm.append(r.ttft_s)
-        proofs.append(bool(r.proof and r.proof.passed and r.proof.kind == "state"))
+        for side in (warm, plain):
+            if side is plain:
+                products.undo(lm.model)
+            r = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, record=False)
+            for m, f in fast.items():
+                m.forward = f
+            side.append(r.ttft_s)
+            served.add(r.logits_sha256)
+            proofs.append(bool(r.proof and r.proof.passed and r.proof.kind == "state"))
     checked = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, check=True, record=False)
     return {
         "artifact_id": d.id,
@@ -97,6 +115,10 @@ def run_kvgraft(lib, text: str, repeats: int) -> dict:
         "question_tokens": len(q),
         "ttft_fresh_s": statistics.median(fresh),
         "ttft_grafted_warm_s": statistics.median(warm),
+        "ttft_grafted_warm_plain_products_s": statistics.median(plain),
+        "products": lm.products,
+        "products_taken_over": len(fast),
+        "same_logits_both_ways": len(served) == 1,
         "ttft_grafted_first_use_s": first.ttft_s,
         "first_use_proof": first.proof.kind if first.proof else None,
         "state_bytes": lib._blobs.path(d.content_sha256).stat().st_size,
@@ -106,25 +128,39 @@ def run_kvgraft(lib, text: str, repeats: int) -> dict:
 
 
 def run_cli(home: Path, artifact_id: str, repeats: int) -> dict:
-    """`cli.py ask` in a new process per ask: the TTFT the CLI reports (from the question) and the wall."""
-    ttft, wall = [], []
+    """`cli.py ask` in a new process per ask: the TTFT the CLI reports (from the question) and the wall,
+    alternating with asks under KVGRAFT_PRODUCTS=plain."""
+    ttft, wall, plain, served = [], [], [], set()
     cmd = [sys.executable, str(ROOT / "cli.py"), "--home", str(home), "ask", "--json", QUESTION]
     for _ in range(repeats):
-        t = time.perf_counter()
-        r = subprocess.run([*cmd, "--artifact", artifact_id, "--max-new-tokens", "1"], capture_output=True, text=True)
-        wall.append(time.perf_counter() - t)
-        if r.returncode != 0:
-            raise RuntimeError(f"cli.py ask failed ({r.returncode}): {r.stderr.strip()[-400:]}")
-        ttft.append(json.loads(r.stdout)["ttft_s"])
-    return {"ttft_grafted_cli_s": statistics.median(ttft), "cli_process_wall_s": statistics.median(wall)}
+        for side, env in ((ttft, {}), (plain, {"KVGRAFT_PRODUCTS": "plain"})):
+            t = time.perf_counter()
+            r = subprocess.run(
+                [*cmd, "--artifact", artifact_id, "--max-new-tokens", "1"],
+                capture_output=True,
+                text=True,
+                env={**os.environ, **env},
+            )
+            if side is ttft:
+                wall.append(time.perf_counter() - t)
+            if r.returncode != 0:
+                raise RuntimeError(f"cli.py ask failed ({r.returncode}): {r.stderr.strip()[-400:]}")
+            side.append(json.loads(r.stdout)["ttft_s"])
+            served.add(json.loads(r.stdout)["logits_sha256"])
+    return {
+        "ttft_grafted_cli_s": statistics.median(ttft),
+        "ttft_grafted_cli_plain_products_s": statistics.median(plain),
+        "cli_process_wall_s": statistics.median(wall),
+        "cli_same_logits_both_ways": len(served) == 1,
+    }
 
 
 def table(rows: list[dict]) -> str:
     lines = [
         "| prefix tokens (kvgraft / llama.cpp) | fresh TTFT kvgraft / llama.cpp (s) | grafted TTFT kvgraft warm / "
-        "`cli.py ask` / llama.cpp restored (s) | state bytes kvgraft / llama.cpp | restored logits byte-equal "
-        "kvgraft / llama.cpp |",
-        "|---:|---:|---:|---:|---:|",
+        "`cli.py ask` / llama.cpp restored (s) | the same two, plain products (s) | state bytes kvgraft / llama.cpp | "
+        "restored logits byte-equal kvgraft / llama.cpp |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         k, p = r["kvgraft"], r["llama_cpp"]
@@ -132,7 +168,9 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {k['prefix_tokens']:,} / {p['prefix_tokens']:,} | {k['ttft_fresh_s']:.2f} / {p['ttft_fresh_s']:.2f} | "
             f"{k['ttft_grafted_warm_s']:.3f} / {k.get('ttft_grafted_cli_s', float('nan')):.3f} / "
-            f"{p['ttft_restored_s']:.3f} | {k['state_bytes'] / 1e6:.1f} MB / {p['state_bytes'] / 1e6:.1f} MB | "
+            f"{p['ttft_restored_s']:.3f} | {k['ttft_grafted_warm_plain_products_s']:.3f} / "
+            f"{k.get('ttft_grafted_cli_plain_products_s', float('nan')):.3f} | "
+            f"{k['state_bytes'] / 1e6:.1f} MB / {p['state_bytes'] / 1e6:.1f} MB | "
             f"{'yes' if k['logits_byte_equal'] else 'no'} / {'yes' if p['logits_byte_equal'] else 'no'}{diff} |"
         )
     return "\n".join(lines)
