@@ -115,6 +115,20 @@ MUTATIONS = (
         ("tests/test_engine.py::test_weights_sit_where_their_bits_depend_only_on_their_values",),
     ),
     Mutation(
+        "split vocabulary product taken without its byte check (products.split_vocabulary)",
+        "graft_core/products.py",
+        "same = torch.equal(split.plain(probe), split.split(probe))",
+        "same = True",
+        ("tests/test_products.py::test_split_is_refused_when_its_bytes_differ",),
+    ),
+    Mutation(
+        "transposed row counts taken without their byte check (products.transposed_rows)",
+        "graft_core/products.py",
+        "if torch.equal(F.linear(xs, weight), torch.mm(weight, xs.t()).t().contiguous()):",
+        "if True:",
+        ("tests/test_products.py::test_row_counts_whose_transposed_bytes_differ_are_left_plain",),
+    ),
+    Mutation(
         "gate that skips the graft (services/gate.graft_run)",
         "services/gate.py",
         'return _run(lm, chain, "graft", (question, solution, verifier, reference), prefill=0)',
