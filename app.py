@@ -67,6 +67,7 @@ from services import seed  # noqa: E402
 from services.limits import (  # noqa: E402
     ANON_MAX_NEW_TOKENS,
     ANON_VERIFY_SAMPLES,
+    decode_together,
     warm_proofs_limit,
 )
 from startup import Gate, Startup, TerminalProgress, model_cache, status_html  # noqa: E402
@@ -77,7 +78,7 @@ log = logging.getLogger("kvgraft.app")
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
 QUEUE_MAX = 256  # over-quota requests are refused in microseconds, so a deep queue drains fast
-MODEL_WORKERS = 16  # handlers that may wait at once for the model; `FairTurns` runs one at a time
+MODEL_WORKERS = 16  # handlers that may wait at once for the model; `FairTurns` runs KVGRAFT_DECODE_TOGETHER at a time
 VERIFIERS = ["exact", "numeric", "sympy", "attested"]
 
 
@@ -482,7 +483,9 @@ def build_app(
     With a `startup` tracker (`seed_status` is its older name) the page is built at once and every model
     call says "still starting" until the tracker is ready; without one the model is loaded here, now."""
     token = admin_token if admin_token is not None else os.environ.get("KVGRAFT_ADMIN_TOKEN", "")
-    guard = guard or Guard(token)
+    # in process, answers run together up to KVGRAFT_DECODE_TOGETHER at once: their decode steps share passes
+    # (graft_core.batch, same bytes as alone), and everything else that runs the model takes the model lock
+    guard = guard or Guard(token, turns=FairTurns(per_address=per_address(), slots=decode_together()))
     tracker = startup or seed_status
     if tracker is None:
         library.lm  # noqa: B018  (load the model now, not on the first request)

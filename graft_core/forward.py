@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -63,11 +64,13 @@ def decode(
     is_stop: Callable[[list[int]], bool] | None = None,
     eos_ids: frozenset[int] = frozenset(),
     on_step: Callable[[int, torch.Tensor], None] | None = None,
+    step: Callable[[DynamicCache, int, int], torch.Tensor] | None = None,
 ) -> tuple[list[int], str]:
     """The one decode loop: from the logits `row` of the token before `pos`, choose a token, feed it at
     `pos`, repeat, until EOS, the stop rule or `max_new_tokens`. Returns (tokens, "eos" | "stop" | "length").
     `on_step(token, row)` sees each token with the row that chose it. Greedy and sampled decoding differ
-    only in `choose`."""
+    only in `choose`. `step(cache, token, pos)` computes a step's row (default: `forward_chunk` alone;
+    graft_core.batch.StepGroup.step takes it together with other sessions' steps, same bytes)."""
     generated: list[int] = []
     while len(generated) < max_new_tokens:
         tok = choose(row)
@@ -80,7 +83,7 @@ def decode(
             return generated, "stop"
         if len(generated) == max_new_tokens:
             break
-        row = forward_chunk(model, cache, [tok], pos)[-1]
+        row = forward_chunk(model, cache, [tok], pos)[-1] if step is None else step(cache, tok, pos)
         pos += 1
     return generated, "length"
 
@@ -96,9 +99,11 @@ def prompt_and_decode(
     eos_ids: frozenset[int] = frozenset(),
     keep_prompt_rows: bool = False,
     on_token: Callable[[int], None] | None = None,
+    steps=None,
 ) -> Decoded:
     """Prefill `prompt_ids` at `start` as one chunk (the chunk schedule is part of the bytes), then
-    decode greedily, one token per forward (batch 1)."""
+    decode greedily, one token per step: alone, or with `steps` (a graft_core.batch.StepGroup) together
+    with other sessions' steps, which gives the same rows."""
     assert prompt_ids, "the prompt chunk must hold at least one token"
     t0 = time.perf_counter()
     logits = forward_chunk(model, cache, prompt_ids, start, all_logits=keep_prompt_rows)
@@ -113,9 +118,10 @@ def prompt_and_decode(
         if on_token is not None:
             on_token(tok)
 
-    generated, stopped = decode(
-        model, cache, logits[-1], start + len(prompt_ids), max_new_tokens, _greedy, is_stop, eos_ids, on_step
-    )
+    with nullcontext() if steps is None else steps.session() as step:
+        generated, stopped = decode(
+            model, cache, logits[-1], start + len(prompt_ids), max_new_tokens, _greedy, is_stop, eos_ids, on_step, step
+        )
     first_token_s = first[0] if first else 0.0
     return Decoded(
         prompt_rows=logits if keep_prompt_rows else None,

@@ -119,6 +119,7 @@ def answer(
     probe: bool = True,
     proven: ProvenState | None = None,
     on_proof: Callable[[Proof], None] | None = None,
+    steps=None,
 ) -> Answer:
     """Graft `chain` (own position; or, with `relocated`, independent roots re-rotated), then answer.
 
@@ -127,6 +128,7 @@ def answer(
     else the probe on a second restore of the chain. `on_proof(proof)` sees it before any token is
     chosen and may raise to refuse the answer. `probe=False` skips the proof (bench/proof.py measures
     its cost). The prompt runs as one chunk either way, so the served bytes do not depend on the proof.
+    `steps` (a graft_core.batch.StepGroup) decodes together with concurrent answers: the same bytes.
     """
     prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw)
     t0 = time.perf_counter()
@@ -152,6 +154,7 @@ def answer(
         is_stop=_stopper(lm, raw),
         eos_ids=_eos(lm),
         on_token=on_token,
+        steps=steps,
     )
     completion = lm.tokenizer.decode(dec.token_ids, skip_special_tokens=True)
     if proof is None:

@@ -129,6 +129,13 @@ MUTATIONS = (
         ("tests/test_products.py::test_row_counts_whose_transposed_bytes_differ_are_left_plain",),
     ),
     Mutation(
+        "sessions stepped together through multi-row products (batch.Batcher._columns)",
+        "graft_core/batch.py",
+        "return torch.mm(weight, padded.t()).t()[:n].contiguous()",
+        "return F.linear(x, weight)",
+        ("tests/test_batch.py::test_tiny_sessions_decoded_together_match_each_alone",),
+    ),
+    Mutation(
         "gate that skips the graft (services/gate.graft_run)",
         "services/gate.py",
         'return _run(lm, chain, "graft", (question, solution, verifier, reference), prefill=0)',

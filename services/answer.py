@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from db.rows import LedgerRow
 from errors import IntegrityError, InvalidInput
 from graft_core import templates
 
+from . import limits
 from .limits import MAX_K, MAX_QUESTION_CHARS, bounded
 from .results import AnswerResult, Retrieved
 
@@ -24,6 +27,8 @@ if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use,
     from graft_core.proof import Proof, ProvenState
     from graft_core.verify import ExactnessCheck
     from retrieval import Hit
+
+log = logging.getLogger("kvgraft.answer")
 
 
 def _threshold(threshold: float | None) -> float:
@@ -196,6 +201,22 @@ class AnswerPipeline:
             )
         )
 
+    def decode_group(self):
+        """The graft_core.batch.StepGroup answers decode through, built on first use under the model lock;
+        None when KVGRAFT_DECODE_TOGETHER is 1 or no padded width gives the 1-row bytes here (then every
+        answer decodes alone, as before)."""
+        from graft_core.batch import Batcher, StepGroup
+
+        if self._steps is not None:  # built (or ruled out) once; no lock needed to read it
+            return self._steps or None
+        with self._lock:
+            if self._steps is None:
+                batcher = Batcher(self.lm.model) if limits.decode_together() > 1 else None
+                self._steps = StepGroup(batcher, lock=self._lock) if batcher is not None and batcher.widths else False
+                if batcher is not None and not batcher.widths:
+                    log.info("answers decode one at a time: %s", batcher.why)
+            return self._steps or None
+
     def answer(
         self,
         question: str,
@@ -217,7 +238,8 @@ class AnswerPipeline:
 
         question = bounded("question", question, MAX_QUESTION_CHARS)
         retrieved, chain_ids, note = self._plan(question, k, artifact, graft, relocated, _threshold(threshold), compose)
-        with self._lock:
+        steps = self.decode_group()
+        with steps.arriving() if steps is not None else nullcontext(), self._lock:
             lm = self.lm
             t0 = time.perf_counter()
             # probe-checked on first restore (a leaf by the answer's own probe chunk); quarantined ones refuse
@@ -237,6 +259,7 @@ class AnswerPipeline:
                 baseline_decode_tokens=base.decode_tokens if base else None,
                 proven=known,
                 on_proof=on_proof,
+                steps=steps,
             )
             exactness = ans.check
             if check and relocated and chain:

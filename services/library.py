@@ -109,6 +109,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         self._lock = threading.RLock()
         self._index_lock = threading.Lock()
         self._probed: dict[str, ProvenState] = {}  # content hash -> its restored state, probe-proved in this process
+        self._steps = None  # graft_core.batch.StepGroup once an answer needs it; False where none applies
 
     def close(self) -> None:
         """Release the catalog's connections (the library is unusable afterwards)."""

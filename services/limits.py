@@ -42,6 +42,17 @@ def warm_proofs_limit() -> int:
     return whole(WARM_PROOFS_ENV, os.environ.get(WARM_PROOFS_ENV, "").strip() or DEFAULT_WARM_PROOFS, 0, 100_000)
 
 
+DECODE_TOGETHER_ENV = "KVGRAFT_DECODE_TOGETHER"
+DEFAULT_DECODE_TOGETHER = 8  # the widest padded column count graft_core.batch checks
+
+
+def decode_together() -> int:
+    """How many answers a process with its own model runs at once, their decode steps taken together
+    (graft_core.batch; same bytes as alone): KVGRAFT_DECODE_TOGETHER, default 8; 1 runs one answer at a time."""
+    raw = os.environ.get(DECODE_TOGETHER_ENV, "").strip() or DEFAULT_DECODE_TOGETHER
+    return whole(DECODE_TOGETHER_ENV, raw, 1, DEFAULT_DECODE_TOGETHER)
+
+
 def verify_bounds(admin: bool) -> dict:
     """`verify_samples` keyword bounds for a caller: none for the admin; without the token a sample costs about
     one short chat (ANON_VERIFY_STEPS compared steps, chains of at most ANON_VERIFY_TOKENS, no monolithic run)."""

@@ -1,0 +1,138 @@
+"""Decode throughput of several sessions stepped together (graft_core.batch) against one after another.
+
+Real model, 2 threads. For 1, 2, 4 and 8 sessions (caches of different lengths, some past the
+512-token window, made by prefilling seeded random tokens), greedy-decode `--steps` tokens per
+session two ways, alternating per repeat: each session's step alone (`forward_chunk`, what an answer
+does today) and all sessions' steps in one `Batcher.step` pass. Reports decode tokens per second both
+ways and their ratio (medians), and whether every logits row and every final cache was byte-equal
+between the two ways (compared as SHA-256 over the bytes, per session). This is the engine half of
+issue 13's target 3; the web app does not batch requests yet (see the README).
+
+    .venv/bin/python -m bench.batch [--steps 8] [--repeats 3] [--sessions 1,2,4,8]
+
+Writes docs/bench/batch.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LENGTHS = (40, 700, 130, 560, 60, 300, 90, 1200)  # prefix tokens per session, in order of joining
+
+
+def _digest(rows, cache) -> str:
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(r.numpy().tobytes())
+    for layer in cache.layers:
+        h.update(layer.keys.numpy().tobytes())
+        h.update(layer.values.numpy().tobytes())
+    return h.hexdigest()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sessions", default="1,2,4,8")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "batch.json"))
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from graft_core import batch
+    from graft_core.forward import forward_chunk, new_cache
+    from graft_core.model import load
+
+    lm = load()
+    m = lm.model
+    t = time.perf_counter()
+    b = batch.Batcher(m)
+    build_s = time.perf_counter() - t
+    print(f"batcher: widths {b.widths} ({b.why or 'checked'}), built in {build_s:.2f} s", flush=True)
+    gen = torch.Generator().manual_seed(0)
+    caches = []
+    for n in LENGTHS:
+        cache = new_cache(m)
+        forward_chunk(m, cache, torch.randint(3, m.config.vocab_size, (n,), generator=gen).tolist(), 0)
+        caches.append(cache)
+
+    def alone(k: int):
+        cs = [copy.deepcopy(c) for c in caches[:k]]
+        toks, pos, rows = [7 + i for i in range(k)], list(LENGTHS[:k]), [[] for _ in range(k)]
+        t = time.perf_counter()
+        for _ in range(args.steps):
+            for i in range(k):
+                r = forward_chunk(m, cs[i], [toks[i]], pos[i])[-1]
+                rows[i].append(r)
+                toks[i], pos[i] = int(torch.argmax(r)), pos[i] + 1
+        return time.perf_counter() - t, [_digest(rows[i], cs[i]) for i in range(k)]
+
+    def together(k: int):
+        cs = [copy.deepcopy(c) for c in caches[:k]]
+        toks, pos, rows = [7 + i for i in range(k)], list(LENGTHS[:k]), [[] for _ in range(k)]
+        t = time.perf_counter()
+        for _ in range(args.steps):
+            out = b.step([batch.Session(cs[i], toks[i], pos[i]) for i in range(k)])
+            for i, r in enumerate(out):
+                rows[i].append(r)
+                toks[i], pos[i] = int(torch.argmax(r)), pos[i] + 1
+        return time.perf_counter() - t, [_digest(rows[i], cs[i]) for i in range(k)]
+
+    levels = []
+    for k in [int(x) for x in args.sessions.split(",")]:
+        if k > len(LENGTHS):
+            raise SystemExit(f"at most {len(LENGTHS)} sessions")
+        ta, tt, same = [], [], True
+        for _ in range(args.repeats):  # alternating, the machine drifts
+            sa, da = alone(k)
+            st, dt_ = together(k)
+            ta.append(sa)
+            tt.append(st)
+            same &= da == dt_
+        tokens = k * args.steps
+        level = {
+            "sessions": k,
+            "decode_tokens": tokens,
+            "alone_s": statistics.median(ta),
+            "together_s": statistics.median(tt),
+            "alone_tokens_per_s": tokens / statistics.median(ta),
+            "together_tokens_per_s": tokens / statistics.median(tt),
+            "ratio": statistics.median(ta) / statistics.median(tt),
+            "rows_and_caches_byte_equal": same,
+        }
+        levels.append(level)
+        print(json.dumps(level), flush=True)
+    doc = {
+        "benchmark": "batch",
+        "command": f".venv/bin/python -m bench.batch --steps {args.steps} --repeats {args.repeats} --sessions {args.sessions}",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_after": os.getloadavg()},
+        "model_fingerprint": lm.fingerprint,
+        "products": lm.products,
+        "widths": list(b.widths),
+        "batcher_build_s": build_s,
+        "prefix_tokens": list(LENGTHS),
+        "levels": levels,
+    }
+    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    print("\n| sessions | decode tokens/s alone / together | ratio | rows and caches byte-equal |\n|---:|---:|---:|---|")
+    for lv in levels:
+        print(
+            f"| {lv['sessions']} | {lv['alone_tokens_per_s']:.1f} / {lv['together_tokens_per_s']:.1f} | {lv['ratio']:.2f}x | "
+            f"{'yes' if lv['rows_and_caches_byte_equal'] else 'NO'} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""graft_core.batch: several sessions' decode steps in one pass give each session's own rows and caches, byte for byte."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+
+from graft_core import batch
+from graft_core.forward import forward_chunk, new_cache
+
+
+def _sessions(lm, lengths: list[int], seed: int = 0) -> list:
+    gen = torch.Generator().manual_seed(seed)
+    caches = []
+    for n in lengths:
+        cache = new_cache(lm.model)
+        forward_chunk(lm.model, cache, torch.randint(3, lm.model.config.vocab_size, (n,), generator=gen).tolist(), 0)
+        caches.append(cache)
+    return caches
+
+
+def _same_cache(a, b) -> bool:
+    return all(
+        x.keys.numpy().tobytes() == y.keys.numpy().tobytes() and x.values.numpy().tobytes() == y.values.numpy().tobytes()
+        for x, y in zip(a.layers, b.layers, strict=True)
+    )
+
+
+def _decode_both_ways(lm, b: batch.Batcher, lengths: list[int], steps: int) -> tuple[bool, int]:
+    """Greedy-decode every session `steps` tokens alone and together; (all rows and caches byte-equal, passes taken together)."""
+    caches = _sessions(lm, lengths)
+    alone, together = [copy.deepcopy(c) for c in caches], [copy.deepcopy(c) for c in caches]
+    tok_a = tok_t = [7 + i for i in range(len(lengths))]
+    pos = list(lengths)
+    passes = 0
+    real_step = b._step
+
+    def counting(sessions):
+        nonlocal passes
+        passes += 1
+        return real_step(sessions)
+
+    b._step = counting
+    equal = True
+    try:
+        for _ in range(steps):
+            rows_a = [forward_chunk(lm.model, alone[i], [tok_a[i]], pos[i])[-1] for i in range(len(lengths))]
+            rows_t = b.step([batch.Session(together[i], tok_t[i], pos[i]) for i in range(len(lengths))])
+            equal &= all(x.numpy().tobytes() == y.numpy().tobytes() for x, y in zip(rows_a, rows_t, strict=True))
+            tok_a = [int(torch.argmax(r)) for r in rows_a]
+            tok_t = [int(torch.argmax(r)) for r in rows_t]
+            pos = [p + 1 for p in pos]
+        equal &= all(_same_cache(x, y) for x, y in zip(alone, together, strict=True))
+    finally:
+        b._step = real_step
+    return equal, passes
+
+
+@pytest.mark.parametrize("lengths", [[5, 9], [3, 12, 7], [6, 2, 11, 4, 9], [3, 5, 7, 9, 11, 13, 15, 17, 19, 21]])
+def test_tiny_sessions_decoded_together_match_each_alone(tiny_gemma, lengths):
+    b = batch.Batcher(tiny_gemma.model)
+    equal, passes = _decode_both_ways(tiny_gemma, b, lengths, steps=4)
+    assert equal
+    if b.widths:  # on a machine where no width is checked equal, sessions step alone (and still match)
+        assert passes == 4 * -(-len(lengths) // b.most)  # one pass per step per group of up to `most` sessions
+
+
+def test_a_width_whose_columns_differ_is_not_used(tiny_gemma, monkeypatch):
+    real_mm = torch.mm
+
+    def mm(a, b):
+        out = real_mm(a, b)
+        if b.dim() == 2 and b.shape[1] == 8:  # 8 padded columns compute one other bit
+            out = out.clone()
+            out[0, 0] = torch.nextafter(out[0, 0], torch.tensor(float("inf")))
+        return out
+
+    monkeypatch.setattr(batch.torch, "mm", mm)
+    b = batch.Batcher(tiny_gemma.model)
+    assert 8 not in b.widths
+
+
+def test_models_other_than_gemma3_step_one_by_one(tiny_llama):
+    b = batch.Batcher(tiny_llama.model)
+    assert not b.supported() and b.widths == () and b.most == 1 and "not a Gemma 3" in b.why
+    equal, passes = _decode_both_ways(tiny_llama, b, [4, 6, 3], steps=2)
+    assert equal and passes == 0
+
+
+def test_real_sessions_past_the_window_decoded_together_match_each_alone(real_lm):
+    b = batch.Batcher(real_lm.model)
+    window = real_lm.info.sliding_window
+    equal, passes = _decode_both_ways(real_lm, b, [window + 90, 40, window - 1, 300, 7], steps=3)
+    assert equal
+    if b.widths:
+        assert passes == 3
+
+
+def test_a_step_group_takes_waiting_sessions_in_one_pass_with_their_own_bytes(tiny_gemma):
+    b = batch.Batcher(tiny_gemma.model)
+    if not b.widths:
+        pytest.skip(f"no padded width here: {b.why}")
+    lengths, steps = [5, 9, 3, 12], 5
+    caches = _sessions(tiny_gemma, lengths)
+    alone = [copy.deepcopy(c) for c in caches]
+    expected = []
+    for i, c in enumerate(alone):
+        tok, rows = 7 + i, []
+        for k in range(steps):
+            rows.append(forward_chunk(tiny_gemma.model, c, [tok], lengths[i] + k)[-1])
+            tok = int(torch.argmax(rows[-1]))
+        expected.append(rows)
+    group = batch.StepGroup(b, wait_s=30.0)  # everyone registers before stepping: passes never time out
+    start = threading.Barrier(len(lengths))
+    got: list = [None] * len(lengths)
+
+    def run(i: int) -> None:
+        with group.session() as step:
+            start.wait()
+            tok, rows = 7 + i, []
+            for k in range(steps):
+                rows.append(step(caches[i], tok, lengths[i] + k))
+                tok = int(torch.argmax(rows[-1]))
+            got[i] = rows
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(lengths))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(r is not None for r in got)
+    assert all(
+        x.numpy().tobytes() == y.numpy().tobytes() for e, g in zip(expected, got, strict=True) for x, y in zip(e, g, strict=True)
+    )
+    assert all(_same_cache(x, y) for x, y in zip(alone, caches, strict=True))
+    assert (group.passes, group.steps) == (steps, steps * len(lengths))  # every step of all four in one pass
+
+
+def test_a_failing_pass_fails_every_session_in_it(tiny_gemma, monkeypatch):
+    b = batch.Batcher(tiny_gemma.model)
+    monkeypatch.setattr(b, "step", lambda sessions: (_ for _ in ()).throw(RuntimeError("pass failed")))
+    group = batch.StepGroup(b, wait_s=0.01)
+    with group.session() as step, pytest.raises(RuntimeError, match="pass failed"):
+        step(new_cache(tiny_gemma.model), 7, 0)
+    assert group.pending == [] and group.active == 0
+
+
+def test_concurrent_answers_are_byte_identical_to_each_answer_alone(tmp_path, tiny_gemma):
+    import services
+    from retrieval import HashEmbedder
+
+    lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
+    try:
+        ids = [lib.deposit_text(f"Fact {i}: the harbour of Quenmora{i} has {i * 7 + 3} cranes.\n").id for i in range(4)]
+        questions = [f"How many cranes has the harbour of Quenmora{i}?" for i in range(4)]
+        alone = [lib.answer(q, artifact=a, max_new_tokens=12, record=False) for q, a in zip(questions, ids, strict=True)]
+        together: list = [None] * 4
+
+        def ask(i: int) -> None:
+            together[i] = lib.answer(questions[i], artifact=ids[i], max_new_tokens=12, record=False)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for a, t in zip(alone, together, strict=True):
+            assert t is not None and t.tier == a.tier == "exact"
+            assert (t.output_sha256, t.logits_sha256, t.answer) == (a.output_sha256, a.logits_sha256, a.answer)
+        group = lib.decode_group()
+        assert group is None or group.active == 0
+    finally:
+        lib.close()
