@@ -75,6 +75,7 @@ bench: install-bench
 	$(BIN)/python -m bench.engine
 	$(BIN)/python -m bench.retrieval
 	$(BIN)/python -m bench.serving
+	$(BIN)/python -m bench.batch
 	$(BIN)/python -m bench.scale
 	$(BIN)/python -m bench.kernels
 	$(BIN)/python -m bench.peer  # skipped with a message unless the llama.cpp peer is built (bench/peer/build.sh)

@@ -1,8 +1,11 @@
 """Concurrent serving on loopback: N simulated users against the running web app (real model, the
 built-in seed library), each asking seed questions through `gradio_client` `/answer` with the
 exactness check off (the default chat path is measured elsewhere). Throughput and latency p50/p95
-at 1, 4 and 8 users; bounded in request count and time. The model runs one request at a time per
-process behind Gradio's queue, so throughput is expected flat and latency to grow with users.
+at 1, 4 and 8 users; bounded in request count and time. Two apps over the same store and model, in
+one run, each user count measured on both in turn: one answer at a time (the app before issue 13's
+target 3: KVGRAFT_DECODE_TOGETHER=1) and up to 8 at once with their decode steps taken together
+(graft_core.batch; the default). Every answer's output and logits hashes must equal the same
+question's answer alone (`byte_identical`).
 
 Writes docs/bench/serving.json.  Usage: .venv/bin/python -m bench.serving [--users 1,4,8] [--per-user 4]
 
@@ -52,6 +55,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--users", default=None, help="user counts (default 1,4,8; Ray mode: 8)")
     ap.add_argument("--per-user", type=int, default=4)
+    ap.add_argument(
+        "--together", default="1,8", help="answers at once per app (FairTurns slots), measured in turn per user count"
+    )
     ap.add_argument("--level-timeout-s", type=float, default=300)
     ap.add_argument("--out", default=None, help="default docs/bench/serving.json (Ray mode: serving-ray.json, real model only)")
     ap.add_argument("--ray", action="store_true", help="post to a Ray Serve deployment instead of the Gradio app")
@@ -70,6 +76,8 @@ def main() -> None:
 def gradio_main(args) -> None:
     from gradio_client import Client
 
+    from app_guard import FairTurns, Guard, per_address
+
     args.users = args.users or "1,4,8"
     with tempfile.TemporaryDirectory(prefix="kvgraft-serving-") as home:
         lib = services.Library(home=home)
@@ -78,15 +86,23 @@ def gradio_main(args) -> None:
         warm = lib.warm_proofs(warm_limit)  # what the app's start-up does next (KVGRAFT_WARM_PROOFS)
         print(warm.line(), flush=True)
         questions = [it["question"] for it in app.seed_items()[0]]
-        demo = app.build_app(lib)
-        demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True)
-        url = demo.local_url
+        alone = {}  # question -> (output_sha256, logits_sha256) answered alone, in process
+        for q in questions:
+            r = lib.answer(q, max_new_tokens=16, record=False)
+            alone[q] = (r.output_sha256, r.logits_sha256)
+        demos = {}
+        for together in [int(t) for t in args.together.split(",")]:
+            guard = Guard("", turns=FairTurns(per_address=per_address(), slots=together))
+            demos[together] = app.build_app(lib, guard=guard)
+            demos[together].launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True)
         levels = []
         try:
-            Client(url, verbose=False).predict(questions[0], check=False, api_name="/answer")  # warm-up
-            for users in [int(u) for u in args.users.split(",")]:
+            for demo in demos.values():
+                Client(demo.local_url, verbose=False).predict(questions[0], check=False, api_name="/answer")  # warm-up
+            for users, (together, demo) in [(int(u), d) for u in args.users.split(",") for d in demos.items()]:
+                url = demo.local_url
 
-                def user(u: int, users=users) -> list[tuple[float, bool]]:
+                def user(u: int, users=users, url=url) -> list[tuple[float, bool, bool]]:
                     c = Client(url, verbose=False)
                     out = []
                     for j in range(args.per_user):
@@ -95,9 +111,10 @@ def gradio_main(args) -> None:
                         try:
                             r = c.predict(q, check=False, max_new_tokens=16, api_name="/answer")
                             ok = r["tier"] == "exact" and bool(r["answer"])
+                            same = (r["output_sha256"], r["logits_sha256"]) == alone[q]
                         except Exception:  # counted as an error, reported
-                            ok = False
-                        out.append((time.perf_counter() - t, ok))
+                            ok = same = False
+                        out.append((time.perf_counter() - t, ok, same))
                     return out
 
                 t0 = time.perf_counter()
@@ -109,8 +126,10 @@ def gradio_main(args) -> None:
                 lat = [r[0] for r in results]
                 level = {
                     "users": users,
+                    "together": together,
                     "requests": len(results),
                     "errors": sum(1 for r in results if not r[1]),
+                    "byte_identical": all(r[2] for r in results),
                     "wall_s": wall,
                     "throughput_rps": len(results) / wall,
                     "latency_p50_s": statistics.median(lat),
@@ -119,7 +138,8 @@ def gradio_main(args) -> None:
                 levels.append(level)
                 print(json.dumps(level), flush=True)
         finally:
-            demo.close()
+            for demo in demos.values():
+                demo.close()
             lib.close()
     out = {
         "benchmark": "serving",
@@ -127,16 +147,26 @@ def gradio_main(args) -> None:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count()},
         "setup": f"real default model, built-in seed library, /answer with retrieval on and check off, max_new_tokens 16, "
-        f"{args.per_user} requests per user, loopback",
+        f"{args.per_user} requests per user, loopback; two apps over one store and model, answers at once: {args.together}, "
+        "each user count measured on each in turn",
         "warm_proofs": {"limit": warm_limit, "proved": warm.proved, "seconds": warm.seconds},
         "levels": levels,
+        "throughput_ratio": {
+            str(lv["users"]): lv["throughput_rps"] / first["throughput_rps"]
+            for lv in levels
+            for first in [next(x for x in levels if x["users"] == lv["users"])]
+            if lv is not first
+        },
     }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print("\n| users | requests | errors | throughput (req/s) | p50 (s) | p95 (s) |\n|---:|---:|---:|---:|---:|---:|")
+    print(
+        "\n| users | answers at once | requests | errors | byte-identical | throughput (req/s) | p50 (s) | p95 (s) |"
+        "\n|---:|---:|---:|---:|---|---:|---:|---:|"
+    )
     for lv in levels:
         print(
-            f"| {lv['users']} | {lv['requests']} | {lv['errors']} | {lv['throughput_rps']:.2f} | "
-            f"{lv['latency_p50_s']:.2f} | {lv['latency_p95_s']:.2f} |"
+            f"| {lv['users']} | {lv['together']} | {lv['requests']} | {lv['errors']} | {'yes' if lv['byte_identical'] else 'NO'} | "
+            f"{lv['throughput_rps']:.2f} | {lv['latency_p50_s']:.2f} | {lv['latency_p95_s']:.2f} |"
         )
 
 
