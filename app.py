@@ -489,6 +489,8 @@ def build_app(
     tracker = startup or seed_status
     if tracker is None:
         library.lm  # noqa: B018  (load the model now, not on the first request)
+        if hasattr(library, "start_decoding_together"):
+            library.start_decoding_together()
         tracker = Startup.already_done()
     read_only = where is not None and where.read_only
     gated = Gate(library, tracker)

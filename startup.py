@@ -298,6 +298,12 @@ def run(library, tracker: Startup, seed: Callable | None = None, remember_in: Pa
         tracker.fail("index", exc)
     if remember_in is not None:
         tracker.save_times(remember_in)
+    together = getattr(library, "start_decoding_together", None)  # not a stage: until built, answers decode alone
+    try:
+        if together is not None:
+            together()
+    except Exception:
+        log.exception("building the decode group failed; answers decode one at a time")
     if warm > 0:
         try:
             report = library.warm_proofs(warm)

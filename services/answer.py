@@ -202,20 +202,31 @@ class AnswerPipeline:
         )
 
     def decode_group(self):
-        """The graft_core.batch.StepGroup answers decode through, built on first use under the model lock;
-        None when KVGRAFT_DECODE_TOGETHER is 1 or no padded width gives the 1-row bytes here (then every
-        answer decodes alone, as before)."""
+        """The graft_core.batch.StepGroup answers decode through once `start_decoding_together` built it; None
+        before, with KVGRAFT_DECODE_TOGETHER=1, or where no padded width gives the 1-row bytes (then every
+        answer decodes alone, as before). A one-answer process (`cli.py ask`) never builds it."""
+        return self._steps or None
+
+    def start_decoding_together(self) -> str:
+        """Build the StepGroup concurrent answers decode through (~1 s: every width is checked per weight
+        shape), under the model lock; what a serving process calls once its model is up. Returns a log line."""
         from graft_core.batch import Batcher, StepGroup
 
-        if self._steps is not None:  # built (or ruled out) once; no lock needed to read it
-            return self._steps or None
         with self._lock:
             if self._steps is None:
-                batcher = Batcher(self.lm.model) if limits.decode_together() > 1 else None
-                self._steps = StepGroup(batcher, lock=self._lock) if batcher is not None and batcher.widths else False
-                if batcher is not None and not batcher.widths:
-                    log.info("answers decode one at a time: %s", batcher.why)
-            return self._steps or None
+                if limits.decode_together() <= 1:
+                    self._steps, line = False, "answers decode one at a time (KVGRAFT_DECODE_TOGETHER=1)"
+                else:
+                    batcher = Batcher(self.lm.model)
+                    self._steps = StepGroup(batcher, lock=self._lock) if batcher.widths else False
+                    line = (
+                        f"answers decode together, up to {batcher.most} per pass (widths {batcher.widths} checked)"
+                        if batcher.widths
+                        else f"answers decode one at a time: {batcher.why}"
+                    )
+                log.info("%s", line)
+                return line
+            return "answers decode together" if self._steps else "answers decode one at a time"
 
     def answer(
         self,
