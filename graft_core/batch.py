@@ -85,7 +85,8 @@ class Batcher:
             return
         shapes = {}
         for layer in model.model.layers:
-            for lin in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+            a = layer.self_attn
+            for lin in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, a.q_proj, a.k_proj, a.v_proj, a.o_proj):
                 shapes.setdefault((tuple(lin.weight.shape), lin.weight.data_ptr() % 64), lin.weight)
         shapes.setdefault((tuple(model.lm_head.weight.shape), model.lm_head.weight.data_ptr() % 64), model.lm_head.weight)
         if any(w.dtype != torch.float32 or w.device.type != "cpu" for w in shapes.values()):
@@ -106,6 +107,7 @@ class Batcher:
             and getattr(m.config, "final_logit_softcapping", None) is None
             and not getattr(m.config, "use_bidirectional_attention", False)
             and getattr(m.lm_head, "bias", None) is None
+            and not getattr(m.config, "attention_bias", False)
         )
 
     @property
@@ -152,17 +154,7 @@ class Batcher:
             kind = cfg.layer_types[i]
             residual = hidden
             h = layer.input_layernorm(hidden)
-            attn = [
-                layer.self_attn(
-                    hidden_states=h[j : j + 1],
-                    position_embeddings=per[j][3][kind],
-                    attention_mask=per[j][2][kind],
-                    position_ids=per[j][1],
-                    cache=s.cache,
-                )[0]
-                for j, s in enumerate(sessions)
-            ]
-            h = layer.post_attention_layernorm(torch.cat(attn, dim=0))
+            h = layer.post_attention_layernorm(self._attention(layer.self_attn, h, sessions, per, kind))
             hidden = residual + h
             residual = hidden
             h = layer.pre_feedforward_layernorm(hidden)
@@ -176,6 +168,33 @@ class Batcher:
         hidden = m.norm(hidden)
         logits = self._columns(lm.lm_head.weight, hidden.reshape(len(sessions), -1)).float()
         return [logits[j] for j in range(len(sessions))]
+
+    def _attention(self, attn, h: torch.Tensor, sessions: list[Session], per: list, kind: str) -> torch.Tensor:
+        """Gemma3Attention.forward for each session's row of `h` [n, 1, hidden], its q/k/v/o products as padded
+        column products across sessions; the rest (norms, rotary, cache update, attention) per session, as there."""
+        from transformers.models.gemma3 import modeling_gemma3 as g3
+
+        n = len(sessions)
+        flat = h.reshape(n, -1)
+        q_all = self._columns(attn.q_proj.weight, flat)
+        k_all = self._columns(attn.k_proj.weight, flat)
+        v_all = self._columns(attn.v_proj.weight, flat)
+        interface = g3.ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, g3.eager_attention_forward)
+        outs = []
+        for j, s in enumerate(sessions):
+            shape = (1, 1, -1, attn.head_dim)  # (*input_shape, -1, head_dim) of a [1, 1, hidden] input
+            q = attn.q_norm(q_all[j : j + 1].view(shape).transpose(1, 2))
+            k = attn.k_norm(k_all[j : j + 1].view(shape).transpose(1, 2))
+            v = v_all[j : j + 1].view(shape).transpose(1, 2)
+            cos, sin = per[j][3][kind]
+            q, k = g3.apply_rotary_pos_emb(q, k, cos, sin)
+            kwargs = {"position_ids": per[j][1]}
+            k, v = s.cache.update(k, v, attn.layer_idx, kwargs=kwargs)
+            out, _ = interface(
+                attn, q, k, v, per[j][2][kind], dropout=0.0, scaling=attn.scaling, sliding_window=attn.sliding_window, **kwargs
+            )
+            outs.append(out.reshape(1, -1))
+        return self._columns(attn.o_proj.weight, torch.cat(outs, dim=0).contiguous()).reshape(n, 1, -1)
 
 
 class StepGroup:
