@@ -1,20 +1,22 @@
 """Decode steps of several sessions in one pass, each row byte-identical to the session's own step.
 
 A decode step feeds one token per session. Alone, every matrix product of that step is a 1-row
-product, and MKL streams each weight matrix once per session. Measured on this machine (`bench.kernels`
-records it as `bits`): the product W @ X^T with X holding 4 or 8 rows (1 to 3, 5 to 7 other bytes)
-gives, column by column, the bytes of the 1-row products x_j W^T; and it streams W once for all of
-them, so 4 sessions' MLP and vocabulary products cost about what one session's did.
+product, and MKL streams each weight matrix once per session. Measured on this machine (`Batcher`
+checks it whenever it is built; `bench.batch` records the widths it kept): the product W @ X^T with X
+holding 4 or 8 rows (1 to 3, 5 to 7 give other bytes) gives, column by column, the bytes of the 1-row
+products x_j W^T; and it streams W once for all of them, so 4 sessions' products cost about what one
+session's did.
 
-`step_together` runs that: per session, exactly the model's own code for everything that depends on
-the session's cache (its masks, rotary embeddings, the attention block with its q/k/v/o products and
-the cache update); across sessions, the MLP's three products and the vocabulary projection as padded
-column products, the norms and the residual adds on the stacked rows. Which widths are used is
-checked, not assumed: `Batcher` compares each weight shape's padded column product with the 1-row
-product byte for byte on seeded inputs when it is built, and a width that differs for any shape is
-not used (with no width left, sessions step one after another through the plain forward). The rows
-it returns are therefore the rows `forward.forward_chunk(model, cache, [token], pos)` returns for
-each session alone; tests/test_batch.py checks it on the tiny and the real model, rows and caches.
+`Batcher.step` runs that: per session, the model's own code for everything that depends on the
+session's cache (its masks and rotary embeddings, and Gemma3Attention's steps: q/k norms, rotary, the
+cache update, the attention itself); across sessions, every matrix product (q/k/v/o, the MLP's three,
+the vocabulary projection) as a padded column product, and the norms, activations and residual adds
+on the stacked rows. Which widths are used is checked, not assumed: `Batcher` compares each weight
+shape's padded column product with the 1-row product byte for byte on seeded inputs when it is built,
+and a width that differs for any shape is not used (with no width left, sessions step one after
+another through the plain forward). The rows it returns are therefore the rows
+`forward.forward_chunk(model, cache, [token], pos)` returns for each session alone; tests/test_batch.py
+checks it on the tiny and the real model, rows and caches.
 
 Gemma 3 text models only (`Gemma3ForCausalLM`): the layer structure below is theirs; other models get
 `supported() == False` and step one by one.

@@ -2,8 +2,8 @@
 
 Two measured facts about MKL's float32 products on this machine (bench.kernels records both):
 - A 1-row product with the vocabulary matrix (262,144 x 640, 671 MB for the packaged model; every
-  answer's first token and every decode step) runs on one core: it took the same 58-61 ms with 1 and
-  with 2 torch threads, about a third of the machine's memory bandwidth. Each output is one matrix row
+  answer's first token and every decode step) runs on one core: in a one-off check it took the same 58-61 ms with 1
+  and with 2 torch threads, about a third of the machine's memory bandwidth. Each output is one matrix row
   dotted with the input, and MKL's value for an output did not depend on how many matrix rows one call
   covers. So `SplitRows` cuts the matrix into contiguous row blocks and runs one call per block at once
   on the pinned number of threads, each writing its own slice of the output.
