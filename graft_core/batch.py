@@ -227,7 +227,11 @@ class StepGroup:
             yield
         finally:
             with self._coming_lock:
+                never_joined = me in self.coming  # failed (or was refused) before its decode loop
                 self.coming.discard(me)
+            if never_joined:  # passes waiting for it go on now rather than at their bound
+                with self.cond:
+                    self.cond.notify_all()
 
     @contextmanager
     def session(self):

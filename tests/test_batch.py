@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
+import time
 
 import pytest
 import torch
@@ -176,3 +178,29 @@ def test_concurrent_answers_are_byte_identical_to_each_answer_alone(tmp_path, ti
         assert group is None or (group.active == 0 and not group.coming and group.steps > 0)
     finally:
         lib.close()
+
+
+def test_an_answer_that_never_reaches_its_decode_loop_does_not_hold_up_the_others(tiny_gemma):
+    b = batch.Batcher(tiny_gemma.model)
+    if not b.widths:
+        pytest.skip(f"no padded width here: {b.why}")
+    group = batch.StepGroup(b, wait_s=30.0)  # only a wake-up, not the bound, can end the wait below quickly
+    cache = _sessions(tiny_gemma, [5])[0]
+    entered, done = threading.Event(), threading.Event()
+
+    def failing_answer() -> None:
+        with contextlib.suppress(RuntimeError), group.arriving():
+            entered.set()
+            done.wait(10)
+            raise RuntimeError("refused before decoding")
+
+    t = threading.Thread(target=failing_answer)
+    t.start()
+    entered.wait(10)
+    threading.Timer(0.2, done.set).start()
+    t0 = time.monotonic()
+    with group.session() as step:
+        row = step(cache, 7, 5)  # waits for the coming answer, which fails instead of joining
+    t.join(10)
+    assert row is not None and time.monotonic() - t0 < 10
+    assert not group.coming and group.active == 0
