@@ -66,6 +66,26 @@ def widths_equal_to_rows(weight: torch.Tensor, widths, seed: int = 0) -> tuple[i
     return tuple(agreed)
 
 
+STACK_MAX = 512  # rows of one prompt pass
+STACK_SIZES = tuple(range(4, 65)) + tuple(range(96, STACK_MAX + 1, 32))  # stacked row counts checked at build
+
+
+def stack_sizes(weights, sizes=STACK_SIZES, seed: int = 1) -> frozenset[int]:
+    """The row counts T at which a T-row product's rows are, byte for byte, the rows of the same inputs
+    in the STACK_MAX-row product, at the start, the end and in between: a prompt's rows stacked with other
+    prompts' rows (padded up to a checked count) then give that prompt's own product."""
+    agreed = set(sizes)
+    with torch.inference_mode():
+        for w in weights:
+            x = _random(max(sizes), w.shape[1], seed)
+            ref = F.linear(x, w)
+            for t in sorted(agreed):
+                at = (0, max(sizes) - t, (max(sizes) - t) // 3)
+                if not all(torch.equal(F.linear(x[a : a + t], w), ref[a : a + t]) for a in at):
+                    agreed.discard(t)
+    return frozenset(agreed)
+
+
 @dataclass
 class Session:
     """One session's next decode step: its cache (mutated), the token to feed and its position."""
@@ -81,6 +101,7 @@ class Batcher:
     def __init__(self, model, widths=WIDTHS):
         self.model = model
         self.widths: tuple[int, ...] = ()
+        self.stack_sizes: frozenset[int] = frozenset()
         self.why = ""
         if not self.supported():
             self.why = f"{type(model).__name__} is not a Gemma 3 text model"
@@ -99,6 +120,8 @@ class Batcher:
             agreed &= set(widths_equal_to_rows(weight, sorted(agreed)))
         self.widths = tuple(sorted(agreed))
         self.threads = torch.get_num_threads()
+        layer_shapes = [w for w in shapes.values() if w is not model.lm_head.weight]
+        self.stack_sizes = stack_sizes(layer_shapes) if self.widths else frozenset()
         if not self.widths:
             self.why = f"no padded width in {widths} gave the 1-row products' bytes for every shape here"
 
@@ -138,65 +161,114 @@ class Batcher:
         return rows
 
     def _step(self, sessions: list[Session]) -> list[torch.Tensor]:
+        return self._pass([(s.cache, [s.token], s.pos) for s in sessions], self._columns)
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[tuple]) -> list[torch.Tensor]:
+        """Each prompt's (cache, ids, start) last logits row [vocab], as `forward_chunk(model, cache, ids,
+        start)[-1]` gives it alone (every cache gains its ids). A prompt whose length is not a checked
+        stacked size runs alone; the others run in passes of up to `most` prompts and STACK_MAX rows."""
+        from .forward import forward_chunk
+
+        rows: list = [None] * len(prompts)
+        group: list[int] = []
+        together = len(prompts) > 1 and bool(self.stack_sizes) and torch.get_num_threads() == self.threads
+
+        def flush() -> None:
+            if len(group) == 1:
+                cache, ids, start = prompts[group[0]]
+                rows[group[0]] = forward_chunk(self.model, cache, list(ids), start)[-1]
+            elif group:
+                for i, r in zip(group, self._pass([prompts[i] for i in group], self._stacked), strict=True):
+                    rows[i] = r
+            group.clear()
+
+        for i, (cache, ids, start) in enumerate(prompts):
+            if not together or len(ids) not in self.stack_sizes:
+                rows[i] = forward_chunk(self.model, cache, list(ids), start)[-1]
+                continue
+            if len(group) == self.most or sum(len(prompts[j][1]) for j in group) + len(ids) > max(self.stack_sizes):
+                flush()
+            group.append(i)
+        flush()
+        return rows
+
+    def _stacked(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x [T, K] -> x W^T as one product over T rows, zero-padded up to the next checked stacked size."""
+        t = x.shape[0]
+        size = min(s for s in self.stack_sizes if s >= t)
+        if size == t:
+            return F.linear(x, weight)
+        padded = torch.zeros((size, x.shape[1]), dtype=x.dtype)
+        padded[:t] = x
+        return F.linear(padded, weight)[:t]
+
+    def _pass(self, items: list[tuple], product) -> list[torch.Tensor]:
+        """One pass over sessions' (cache, ids, start): per session, what Gemma3TextModel.forward prepares
+        (embedding, masks, rotary embeddings) and Gemma3Attention's steps around its products; across
+        sessions every matrix product through `product` (padded columns for 1-row steps, stacked rows for
+        prompts) and each session's last row's vocabulary projection as a padded column product."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         m, lm = self.model.model, self.model
         cfg = m.config
-        per = []
-        for s in sessions:  # what Gemma3TextModel.forward prepares, per session, before any layer runs
-            ids = torch.tensor([[s.token]], dtype=torch.long)
-            pos = torch.tensor([[s.pos]], dtype=torch.long)
-            emb = m.embed_tokens(ids)
-            kw = {"config": cfg, "inputs_embeds": emb, "attention_mask": None, "cache": s.cache, "position_ids": pos}
+        per, spans, embs, total = [], [], [], 0
+        for cache, ids, start in items:
+            ids_t = torch.tensor([list(ids)], dtype=torch.long)
+            pos = torch.arange(start, start + len(ids), dtype=torch.long).unsqueeze(0)
+            emb = m.embed_tokens(ids_t)
+            kw = {"config": cfg, "inputs_embeds": emb, "attention_mask": None, "cache": cache, "position_ids": pos}
             masks = {"full_attention": create_causal_mask(**kw), "sliding_attention": create_sliding_window_causal_mask(**kw)}
             rope = {t: m.rotary_emb(emb, pos, t) for t in set(cfg.layer_types)}
-            per.append((emb, pos, masks, rope))
-        hidden = torch.cat([p[0] for p in per], dim=0)  # [n, 1, hidden]
+            per.append((cache, pos, masks, rope))
+            embs.append(emb)
+            spans.append((total, total + len(ids)))
+            total += len(ids)
+        hidden = torch.cat(embs, dim=1)  # [1, rows of all sessions, hidden]
         for i, layer in enumerate(m.layers[: cfg.num_hidden_layers]):
             kind = cfg.layer_types[i]
             residual = hidden
             h = layer.input_layernorm(hidden)
-            h = layer.post_attention_layernorm(self._attention(layer.self_attn, h, sessions, per, kind))
+            h = layer.post_attention_layernorm(self._attention(layer.self_attn, h, per, spans, kind, product))
             hidden = residual + h
             residual = hidden
             h = layer.pre_feedforward_layernorm(hidden)
-            flat = h.reshape(len(sessions), -1)
+            flat = h.reshape(total, -1)
             mlp = layer.mlp
-            up = self._columns(mlp.up_proj.weight, flat)
-            act = mlp.act_fn(self._columns(mlp.gate_proj.weight, flat)) * up
-            h = self._columns(mlp.down_proj.weight, act).reshape(h.shape)
+            up = product(mlp.up_proj.weight, flat)
+            act = mlp.act_fn(product(mlp.gate_proj.weight, flat)) * up
+            h = product(mlp.down_proj.weight, act).reshape(h.shape)
             h = layer.post_feedforward_layernorm(h)
             hidden = residual + h
         hidden = m.norm(hidden)
-        logits = self._columns(lm.lm_head.weight, hidden.reshape(len(sessions), -1)).float()
-        return [logits[j] for j in range(len(sessions))]
+        last = torch.cat([hidden[0, e - 1 : e] for _, e in spans], dim=0)  # each session's last row
+        logits = self._columns(lm.lm_head.weight, last).float()
+        return [logits[j] for j in range(len(items))]
 
-    def _attention(self, attn, h: torch.Tensor, sessions: list[Session], per: list, kind: str) -> torch.Tensor:
-        """Gemma3Attention.forward for each session's row of `h` [n, 1, hidden], its q/k/v/o products as padded
-        column products across sessions; the rest (norms, rotary, cache update, attention) per session, as there."""
+    def _attention(self, attn, h: torch.Tensor, per: list, spans: list, kind: str, product) -> torch.Tensor:
+        """Gemma3Attention.forward for each session's rows of `h` [1, rows, hidden], its q/k/v/o products
+        through `product` across sessions; the rest (norms, rotary, cache update, attention) per session, as there."""
         from transformers.models.gemma3 import modeling_gemma3 as g3
 
-        n = len(sessions)
-        flat = h.reshape(n, -1)
-        q_all = self._columns(attn.q_proj.weight, flat)
-        k_all = self._columns(attn.k_proj.weight, flat)
-        v_all = self._columns(attn.v_proj.weight, flat)
+        flat = h.reshape(h.shape[1], -1)
+        q_all = product(attn.q_proj.weight, flat)
+        k_all = product(attn.k_proj.weight, flat)
+        v_all = product(attn.v_proj.weight, flat)
         interface = g3.ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, g3.eager_attention_forward)
         outs = []
-        for j, s in enumerate(sessions):
-            shape = (1, 1, -1, attn.head_dim)  # (*input_shape, -1, head_dim) of a [1, 1, hidden] input
-            q = attn.q_norm(q_all[j : j + 1].view(shape).transpose(1, 2))
-            k = attn.k_norm(k_all[j : j + 1].view(shape).transpose(1, 2))
-            v = v_all[j : j + 1].view(shape).transpose(1, 2)
-            cos, sin = per[j][3][kind]
-            q, k = g3.apply_rotary_pos_emb(q, k, cos, sin)
-            kwargs = {"position_ids": per[j][1]}
-            k, v = s.cache.update(k, v, attn.layer_idx, kwargs=kwargs)
+        for (cache, pos, masks, rope), (a, e) in zip(per, spans, strict=True):
+            shape = (1, e - a, -1, attn.head_dim)  # (*input_shape, -1, head_dim) of the session's [1, rows, hidden]
+            q = attn.q_norm(q_all[a:e].view(shape).transpose(1, 2))
+            k = attn.k_norm(k_all[a:e].view(shape).transpose(1, 2))
+            v = v_all[a:e].view(shape).transpose(1, 2)
+            q, k = g3.apply_rotary_pos_emb(q, k, *rope[kind])
+            kwargs = {"position_ids": pos}
+            k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
             out, _ = interface(
-                attn, q, k, v, per[j][2][kind], dropout=0.0, scaling=attn.scaling, sliding_window=attn.sliding_window, **kwargs
+                attn, q, k, v, masks[kind], dropout=0.0, scaling=attn.scaling, sliding_window=attn.sliding_window, **kwargs
             )
-            outs.append(out.reshape(1, -1))
-        return self._columns(attn.o_proj.weight, torch.cat(outs, dim=0).contiguous()).reshape(n, 1, -1)
+            outs.append(out.reshape(e - a, -1))
+        return product(attn.o_proj.weight, torch.cat(outs, dim=0).contiguous()).reshape(h.shape)
 
 
 class StepGroup:
@@ -214,8 +286,10 @@ class StepGroup:
         self.coming: set[int] = set()  # threads of answers on their way to a decode loop (prefill first)
         self._coming_lock = threading.Lock()  # not the model lock: a coming answer is about to wait for that
         self.pending: list[list] = []  # [Session, row, error] waiting for a pass
-        self.passes = 0
+        self.passes = 0  # decode passes and the steps they took
         self.steps = 0
+        self.prompt_passes = 0  # prompt rounds and the prompts they took
+        self.prompts = 0
 
     @contextmanager
     def arriving(self):
@@ -249,7 +323,15 @@ class StepGroup:
 
     def step(self, cache, token: int, pos: int) -> torch.Tensor:
         """The logits row of `token` at `pos` on `cache` (mutated), computed with the other waiting sessions' steps."""
-        req = [Session(cache, token, pos), None, None]
+        return self._submit(Session(cache, token, pos))
+
+    def prefill(self, cache, ids: list[int], start: int) -> torch.Tensor:
+        """The last logits row of prompt `ids` at `start` on `cache` (mutated), computed with the other waiting
+        answers' prompts where their lengths allow (`Batcher.prefill`); the row `forward_chunk` gives alone."""
+        return self._submit((cache, list(ids), start))
+
+    def _submit(self, item) -> torch.Tensor:
+        req = [item, None, None]  # (a Session step or a (cache, ids, start) prompt, row, error)
         with self.cond:
             self.pending.append(req)
             self.cond.notify_all()
@@ -259,18 +341,7 @@ class StepGroup:
                     expected = self.active + len(self.coming)
                 everyone = len(self.pending) >= min(max(expected, 1), self.batcher.most)
                 if self.pending and (everyone or time.monotonic() >= deadline):
-                    take = self.pending[: self.batcher.most]
-                    del self.pending[: len(take)]
-                    try:
-                        rows = self.batcher.step([r[0] for r in take])
-                    except BaseException as e:  # every taken session fails with the pass, none waits forever
-                        for r in take:
-                            r[2] = e
-                    else:
-                        for r, row in zip(take, rows, strict=True):
-                            r[1] = row
-                        self.passes += 1
-                        self.steps += len(take)
+                    self._run()
                     self.cond.notify_all()
                     deadline = time.monotonic() + self.wait_s
                 else:
@@ -278,3 +349,26 @@ class StepGroup:
             if req[2] is not None:
                 raise req[2]
             return req[1]
+
+    def _run(self) -> None:
+        """One round, under the model lock: the waiting prompts in one prefill, then up to `most` waiting steps."""
+        prompts = [r for r in self.pending if not isinstance(r[0], Session)][: self.batcher.most]
+        steps = [r for r in self.pending if isinstance(r[0], Session)][: self.batcher.most]
+        for taken, run, stepping in ((prompts, self.batcher.prefill, False), (steps, self.batcher.step, True)):
+            if not taken:
+                continue
+            self.pending = [r for r in self.pending if all(r is not t for t in taken)]
+            try:
+                rows = run([r[0] for r in taken])
+            except BaseException as e:  # every taken request fails with the pass, none waits forever
+                for r in taken:
+                    r[2] = e
+            else:
+                for r, row in zip(taken, rows, strict=True):
+                    r[1] = row
+                if stepping:
+                    self.passes += 1
+                    self.steps += len(taken)
+                else:
+                    self.prompt_passes += 1
+                    self.prompts += len(taken)

@@ -102,11 +102,14 @@ def prompt_and_decode(
     steps=None,
 ) -> Decoded:
     """Prefill `prompt_ids` at `start` as one chunk (the chunk schedule is part of the bytes), then
-    decode greedily, one token per step: alone, or with `steps` (a graft_core.batch.StepGroup) together
-    with other sessions' steps, which gives the same rows."""
+    decode greedily, one token per step: alone, or with `steps` (a graft_core.batch.StepGroup) the prompt
+    and the steps together with other answers' prompts and steps, which gives the same rows."""
     assert prompt_ids, "the prompt chunk must hold at least one token"
     t0 = time.perf_counter()
-    logits = forward_chunk(model, cache, prompt_ids, start, all_logits=keep_prompt_rows)
+    if steps is None or keep_prompt_rows:
+        logits = forward_chunk(model, cache, prompt_ids, start, all_logits=keep_prompt_rows)
+    else:  # with other answers' prompts where it can (same row)
+        logits = steps.prefill(cache, prompt_ids, start).unsqueeze(0)
     prompt_s = time.perf_counter() - t0
     rows: list[torch.Tensor] = []
     first: list[float] = []

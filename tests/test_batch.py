@@ -204,3 +204,36 @@ def test_an_answer_that_never_reaches_its_decode_loop_does_not_hold_up_the_other
     t.join(10)
     assert row is not None and time.monotonic() - t0 < 10
     assert not group.coming and group.active == 0
+
+
+def _prefill_both_ways(lm, lengths: list[int], prompt_lengths: list[int]) -> tuple[bool, batch.Batcher]:
+    b = batch.Batcher(lm.model)
+    caches = _sessions(lm, lengths, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, lm.model.config.vocab_size, (n,), generator=gen).tolist() for n in prompt_lengths]
+    alone, together = [copy.deepcopy(c) for c in caches], [copy.deepcopy(c) for c in caches]
+    rows_a = [forward_chunk(lm.model, alone[i], prompts[i], lengths[i])[-1] for i in range(len(lengths))]
+    real_pass, b.passes_run = b._pass, 0
+
+    def counting(items, product):
+        b.passes_run += 1
+        return real_pass(items, product)
+
+    b._pass = counting
+    rows_t = b.prefill([(together[i], prompts[i], lengths[i]) for i in range(len(lengths))])
+    same = all(x.numpy().tobytes() == y.numpy().tobytes() for x, y in zip(rows_a, rows_t, strict=True))
+    return same and all(_same_cache(x, y) for x, y in zip(alone, together, strict=True)), b
+
+
+def test_tiny_prompts_stacked_in_one_pass_match_each_alone(tiny_gemma):
+    # 3 rows is below every stacked size and 70 between the checked ones: those two run alone
+    same, b = _prefill_both_ways(tiny_gemma, [5, 9, 3, 12, 7, 2], [16, 13, 3, 40, 70, 12])
+    assert same
+    if {12, 13, 16, 40} <= b.stack_sizes:  # the four stackable prompts (81 rows) went in one pass
+        assert 70 not in b.stack_sizes and b.passes_run == 1
+
+
+def test_real_prompts_stacked_in_one_pass_match_each_alone(real_lm):
+    window = real_lm.info.sliding_window
+    same, _ = _prefill_both_ways(real_lm, [window + 90, 40, window - 1, 300], [16, 13, 20, 33])
+    assert same
