@@ -5,8 +5,10 @@ Real model, 2 threads. For 1, 2, 4 and 8 sessions (caches of different lengths, 
 session two ways, alternating per repeat: each session's step alone (`forward_chunk`, what an answer
 does today) and all sessions' steps in one `Batcher.step` pass. Reports decode tokens per second both
 ways and their ratio (medians), and whether every logits row and every final cache was byte-equal
-between the two ways (compared as SHA-256 over the bytes, per session). This is the engine half of
-issue 13's target 3; the web app does not batch requests yet (see the README).
+between the two ways (compared as SHA-256 over the bytes, per session). Then the same for the prompt
+forwards: each session's question-sized prompt (PROMPTS tokens) alone, against all of them stacked in
+`Batcher.prefill` passes, last rows and caches compared the same way. The web app uses both through
+`StepGroup` (README, "Serving").
 
     .venv/bin/python -m bench.batch [--steps 8] [--repeats 3] [--sessions 1,2,4,8]
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LENGTHS = (40, 700, 130, 560, 60, 300, 90, 1200)  # prefix tokens per session, in order of joining
+PROMPTS = (16, 13, 20, 17, 33, 14, 24, 12)  # prompt tokens per session (a question and its template)
 
 
 def _digest(rows, cache) -> str:
@@ -89,6 +92,18 @@ def main() -> None:
                 toks[i], pos[i] = int(torch.argmax(r)), pos[i] + 1
         return time.perf_counter() - t, [_digest(rows[i], cs[i]) for i in range(k)]
 
+    def prompts(k: int, stacked: bool):
+        cs = [copy.deepcopy(c) for c in caches[:k]]
+        ids = [
+            torch.randint(3, m.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in PROMPTS[:k]
+        ]
+        t = time.perf_counter()
+        if stacked:
+            rows = b.prefill([(cs[i], ids[i], LENGTHS[i]) for i in range(k)])
+        else:
+            rows = [forward_chunk(m, cs[i], ids[i], LENGTHS[i])[-1] for i in range(k)]
+        return time.perf_counter() - t, [_digest([rows[i]], cs[i]) for i in range(k)]
+
     levels = []
     for k in [int(x) for x in args.sessions.split(",")]:
         if k > len(LENGTHS):
@@ -100,6 +115,13 @@ def main() -> None:
             ta.append(sa)
             tt.append(st)
             same &= da == dt_
+        pa, pt, psame = [], [], True
+        for _ in range(args.repeats):
+            sa, da = prompts(k, False)
+            st, dt_ = prompts(k, True)
+            pa.append(sa)
+            pt.append(st)
+            psame &= da == dt_
         tokens = k * args.steps
         level = {
             "sessions": k,
@@ -110,6 +132,11 @@ def main() -> None:
             "together_tokens_per_s": tokens / statistics.median(tt),
             "ratio": statistics.median(ta) / statistics.median(tt),
             "rows_and_caches_byte_equal": same,
+            "prompt_tokens": sum(PROMPTS[:k]),
+            "prompts_alone_s": statistics.median(pa),
+            "prompts_stacked_s": statistics.median(pt),
+            "prompts_ratio": statistics.median(pa) / statistics.median(pt),
+            "prompt_rows_and_caches_byte_equal": psame,
         }
         levels.append(level)
         print(json.dumps(level), flush=True)
@@ -121,16 +148,22 @@ def main() -> None:
         "model_fingerprint": lm.fingerprint,
         "products": lm.products,
         "widths": list(b.widths),
+        "stacked_sizes": len(b.stack_sizes),
+        "prompt_tokens": list(PROMPTS),
         "batcher_build_s": build_s,
         "prefix_tokens": list(LENGTHS),
         "levels": levels,
     }
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
-    print("\n| sessions | decode tokens/s alone / together | ratio | rows and caches byte-equal |\n|---:|---:|---:|---|")
+    print(
+        "\n| sessions | decode tokens/s alone / together | ratio | prompts alone / stacked (s) | ratio | rows and caches byte-equal |"
+        "\n|---:|---:|---:|---:|---:|---|"
+    )
     for lv in levels:
+        same = lv["rows_and_caches_byte_equal"] and lv["prompt_rows_and_caches_byte_equal"]
         print(
             f"| {lv['sessions']} | {lv['alone_tokens_per_s']:.1f} / {lv['together_tokens_per_s']:.1f} | {lv['ratio']:.2f}x | "
-            f"{'yes' if lv['rows_and_caches_byte_equal'] else 'NO'} |"
+            f"{lv['prompts_alone_s']:.3f} / {lv['prompts_stacked_s']:.3f} | {lv['prompts_ratio']:.2f}x | {'yes' if same else 'NO'} |"
         )
 
 
