@@ -483,7 +483,7 @@ def build_app(
     With a `startup` tracker (`seed_status` is its older name) the page is built at once and every model
     call says "still starting" until the tracker is ready; without one the model is loaded here, now."""
     token = admin_token if admin_token is not None else os.environ.get("KVGRAFT_ADMIN_TOKEN", "")
-    # in process, answers run together up to KVGRAFT_DECODE_TOGETHER at once: their decode steps share passes
+    # in process, answers run together up to KVGRAFT_DECODE_TOGETHER at once: their prompts and steps share passes
     # (graft_core.batch, same bytes as alone), and everything else that runs the model takes the model lock
     guard = guard or Guard(token, turns=FairTurns(per_address=per_address(), slots=decode_together()))
     tracker = startup or seed_status

@@ -136,6 +136,13 @@ MUTATIONS = (
         ("tests/test_batch.py::test_tiny_sessions_decoded_together_match_each_alone",),
     ),
     Mutation(
+        "prompts stacked whatever their length (batch.Batcher.prefill)",
+        "graft_core/batch.py",
+        "if not together or len(ids) not in self.stack_sizes:",
+        "if not together:",
+        ("tests/test_batch.py::test_tiny_prompts_stacked_in_one_pass_match_each_alone",),
+    ),
+    Mutation(
         "gate that skips the graft (services/gate.graft_run)",
         "services/gate.py",
         'return _run(lm, chain, "graft", (question, solution, verifier, reference), prefill=0)',

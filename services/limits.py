@@ -47,7 +47,7 @@ DEFAULT_DECODE_TOGETHER = 8  # the widest padded column count graft_core.batch c
 
 
 def decode_together() -> int:
-    """How many answers a process with its own model runs at once, their decode steps taken together
+    """How many answers a process with its own model runs at once, their prompts and decode steps taken together
     (graft_core.batch; same bytes as alone): KVGRAFT_DECODE_TOGETHER, default 8; 1 runs one answer at a time."""
     raw = os.environ.get(DECODE_TOGETHER_ENV, "").strip() or DEFAULT_DECODE_TOGETHER
     return whole(DECODE_TOGETHER_ENV, raw, 1, DEFAULT_DECODE_TOGETHER)
