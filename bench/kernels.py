@@ -231,9 +231,6 @@ def kernels(model, repeats: int) -> dict:
     )
     split.linear.weight = torch.nn.Parameter(vocab, requires_grad=False)  # the real matrix, no copy
 
-    def transposed(x, w):
-        return torch.mm(w, x.t()).t().contiguous()
-
     out: dict = {"products_per_forward": len(flat), "per_layer_shapes": per_layer, "vocab_shape": list(vocab.shape), "rows": {}}
     for m_rows in ROWS:
         x = inputs(m_rows)
@@ -246,7 +243,9 @@ def kernels(model, repeats: int) -> dict:
             "vocab_mkl_ms": ms(timed(lambda x=x: F.linear(x[vocab.shape[1]], vocab), repeats)),
             "vocab_openblas_ms": ms(timed(lambda xn=xn: xn[vocab.shape[1]] @ np_vocab, repeats)),
             "vocab_bf16_ms": ms(timed(lambda xb=xb: F.linear(xb[vocab.shape[1]], bf_vocab), repeats)),
-            "layers_mkl_transposed_ms": ms(timed(lambda x=x: through(flat, x, transposed), repeats)),
+            "layers_mkl_transposed_ms": ms(
+                timed(lambda x=x: through(flat, x, lambda x, w: products.transposed_product(w, x)), repeats)
+            ),
         }
         if m_rows == 1:
             out["rows"]["1"]["vocab_mkl_split_ms"] = ms(timed(lambda x=x: split.split(x[vocab.shape[1]]), repeats))

@@ -21,11 +21,14 @@ checks it on the tiny and the real model, rows and caches.
 Gemma 3 text models only (`Gemma3ForCausalLM`): the layer structure below is theirs; other models get
 `supported() == False` and step one by one.
 
+`Batcher.prefill` does the same for prompts: from 4 rows up a row of MKL's product does not depend on
+the other rows, so prompts of checked lengths are stacked into one product (`stack_sizes`).
+
 `StepGroup` is how concurrent answers use it: an answer says it is coming before it waits for the
-model lock (its prefill), its decode loop registers as a session and asks for its steps; when every
-registered or coming session waits for its next step (or `wait_s` passed), one of them runs the pass
-for all, under the model lock the group shares with everything else that runs the model, and hands
-each its row. Waiting for step lets the lock go, so a coming answer's prefill runs between passes.
+model lock, asks for its prompt's row, then its decode loop registers as a session and asks for its
+steps; when every registered or coming answer waits (or `wait_s` passed), one of them runs a round for
+all (the waiting prompts in one pass, then the waiting steps in one pass), under the model lock the
+group shares with everything else that runs the model, and hands each its row.
 """
 
 from __future__ import annotations
@@ -38,11 +41,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .products import seeded_rows
+
 WIDTHS = (4, 8)  # padded column counts checked at build; the smallest checked one that fits is used
 
 
-def _random(rows: int, cols: int, seed: int) -> torch.Tensor:
-    return torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+def column_product(weight: torch.Tensor, x: torch.Tensor, width: int) -> torch.Tensor:
+    """x [n, K] -> x W^T [n, N] as W @ X^T over `width` columns, x copied into a fresh zeroed buffer of
+    them (always a fresh, aligned buffer, as the check had it): the call `Batcher` makes and its check compares."""
+    columns = torch.zeros((width, x.shape[1]), dtype=x.dtype)
+    columns[: x.shape[0]] = x
+    return torch.mm(weight, columns.t()).t()[: x.shape[0]].contiguous()
 
 
 def widths_equal_to_rows(weight: torch.Tensor, widths, seed: int = 0) -> tuple[int, ...]:
@@ -50,16 +59,14 @@ def widths_equal_to_rows(weight: torch.Tensor, widths, seed: int = 0) -> tuple[i
     column the bytes of the 1-row products x_j W^T; checked full, with one real column, and with all
     but one, on seeded random rows."""
     top = max(widths, default=0)
-    x = _random(top, weight.shape[1], seed)
+    x = seeded_rows(top, weight.shape[1], seed)
     agreed = []
     with torch.inference_mode():
         alone = [F.linear(x[j : j + 1], weight)[0] for j in range(top)]
         for width in widths:
             ok = True
             for real in sorted({width, 1, width - 1} - {0}):
-                padded = torch.zeros((width, x.shape[1]), dtype=x.dtype)
-                padded[:real] = x[:real]
-                cols = torch.mm(weight, padded.t()).t()
+                cols = column_product(weight, x[:real], width)
                 ok = ok and all(torch.equal(cols[j], alone[j]) for j in range(real))
             if ok:
                 agreed.append(width)
@@ -77,7 +84,7 @@ def stack_sizes(weights, sizes=STACK_SIZES, seed: int = 1) -> frozenset[int]:
     agreed = set(sizes)
     with torch.inference_mode():
         for w in weights:
-            x = _random(max(sizes), w.shape[1], seed)
+            x = seeded_rows(max(sizes), w.shape[1], seed)
             ref = F.linear(x, w)
             for t in sorted(agreed):
                 at = (0, max(sizes) - t, (max(sizes) - t) // 3)
@@ -142,11 +149,7 @@ class Batcher:
 
     def _columns(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x [n, K] -> x W^T [n, N] as a padded column product (n <= the widest checked width)."""
-        n = x.shape[0]
-        width = min(w for w in self.widths if w >= n)
-        padded = torch.zeros((width, x.shape[1]), dtype=x.dtype)
-        padded[:n] = x
-        return torch.mm(weight, padded.t()).t()[:n].contiguous()
+        return column_product(weight, x, min(w for w in self.widths if w >= x.shape[0]))
 
     @torch.inference_mode()
     def step(self, sessions: list[Session]) -> list[torch.Tensor]:
@@ -272,11 +275,12 @@ class Batcher:
 
 
 class StepGroup:
-    """Concurrent sessions' decode steps, taken together in `Batcher` passes under one model lock.
+    """Concurrent answers' prompts and decode steps, taken together in `Batcher` passes under one model lock.
 
     `lock` is the model's lock (re-entrant; a caller may already hold it): the group waits on a
-    condition over it, so a session waiting for its step lets prefills and other model work run, and a
-    pass runs while holding it. Each session's rows are those of its own `forward_chunk` steps (`Batcher`)."""
+    condition over it, so an answer waiting for its prompt or step lets other model work run (the others'
+    restores and proofs), and a round runs while holding it. Each answer's rows are those of its own
+    `forward_chunk` calls (`Batcher`)."""
 
     def __init__(self, batcher: Batcher, lock=None, wait_s: float = 0.05):
         self.batcher = batcher
@@ -285,11 +289,9 @@ class StepGroup:
         self.active = 0  # sessions inside their decode loop
         self.coming: set[int] = set()  # threads of answers on their way to a decode loop (prefill first)
         self._coming_lock = threading.Lock()  # not the model lock: a coming answer is about to wait for that
-        self.pending: list[list] = []  # [Session, row, error] waiting for a pass
-        self.passes = 0  # decode passes and the steps they took
+        self.pending: list[list] = []  # [a Session step or a (cache, ids, start) prompt, row, error] waiting for a round
+        self.passes = 0  # decode rounds and the steps they took
         self.steps = 0
-        self.prompt_passes = 0  # prompt rounds and the prompts they took
-        self.prompts = 0
 
     @contextmanager
     def arriving(self):
@@ -369,6 +371,3 @@ class StepGroup:
                 if stepping:
                     self.passes += 1
                     self.steps += len(taken)
-                else:
-                    self.prompt_passes += 1
-                    self.prompts += len(taken)

@@ -56,7 +56,7 @@ def blocks(rows: int, parts: int) -> list[tuple[int, int]]:
     return [(a, min(a + step, rows)) for a in range(0, rows, max(step, BLOCK_ROWS))]
 
 
-def _plain_input(x: torch.Tensor, w: torch.Tensor, threads: int) -> bool:
+def _eligible(x: torch.Tensor, w: torch.Tensor, threads: int) -> bool:
     """What every fast path requires of a call: float32 on the CPU, no autograd, the checked thread count."""
     return (
         x.dtype == w.dtype == torch.float32
@@ -66,7 +66,8 @@ def _plain_input(x: torch.Tensor, w: torch.Tensor, threads: int) -> bool:
     )
 
 
-def _random(rows: int, cols: int, seed: int) -> torch.Tensor:
+def seeded_rows(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Random float32 rows from their own generator (the global RNG is left alone): the load-time checks' inputs."""
     return torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
 
 
@@ -82,7 +83,7 @@ class SplitRows:
 
     def applies(self, x: torch.Tensor) -> bool:
         w = self.linear.weight
-        return x.numel() == w.shape[1] and _plain_input(x, w, self.threads)
+        return x.numel() == w.shape[1] and _eligible(x, w, self.threads)
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         w = self.linear.weight
@@ -114,6 +115,11 @@ class SplitRows:
         return self.split(x) if self.applies(x) else self.plain(x)
 
 
+def transposed_product(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x [n, K] @ W^T computed as (W @ x^T)^T, made contiguous: the call `Transposed` makes and its check compares."""
+    return torch.mm(weight, x.t()).t().contiguous()
+
+
 class Transposed:
     """The forward of a bias-free `nn.Linear` that computes x @ W^T as (W @ x^T)^T for the checked row counts."""
 
@@ -131,13 +137,12 @@ class Transposed:
             and x.numel() // w.shape[1] in self.rows
             and x.is_contiguous()
             and x.data_ptr() % ALIGN == 0
-            and _plain_input(x, w, self.threads)
+            and _eligible(x, w, self.threads)
         )
 
     def transposed(self, x: torch.Tensor) -> torch.Tensor:
         w = self.linear.weight
-        flat = x.reshape(-1, w.shape[1])
-        return torch.mm(w, flat.t()).t().contiguous().reshape(*x.shape[:-1], w.shape[0])
+        return transposed_product(w, x.reshape(-1, w.shape[1])).reshape(*x.shape[:-1], w.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.transposed(x) if self.applies(x) else self.plain(x)
@@ -170,7 +175,7 @@ def split_vocabulary(head, parts: int) -> str:
     if head.out_features < SPLIT_MIN_ROWS or parts < 2:
         return f"plain ({head.out_features:,} rows on {parts} thread(s): too small to split)"
     split = SplitRows(head, parts)
-    probe = _random(1, head.in_features, seed=0).reshape(1, 1, -1)
+    probe = seeded_rows(1, head.in_features, seed=0).reshape(1, 1, -1)
     with torch.inference_mode():
         same = torch.equal(split.plain(probe), split.split(probe))
     if not same:
@@ -183,12 +188,12 @@ def split_vocabulary(head, parts: int) -> str:
 def transposed_rows(weight: torch.Tensor, candidates=TRANSPOSED_ROWS) -> frozenset[int]:
     """The row counts for which (W @ x^T)^T equals x @ W^T byte for byte on seeded random inputs."""
     top = max(candidates, default=0)
-    x = _random(top, weight.shape[1], seed=1)
+    x = seeded_rows(top, weight.shape[1], seed=1)
     agreed = set()
     with torch.inference_mode():
         for n in candidates:
             xs = x[:n]  # a prefix of a contiguous tensor: same address, aligned
-            if torch.equal(F.linear(xs, weight), torch.mm(weight, xs.t()).t().contiguous()):
+            if torch.equal(F.linear(xs, weight), transposed_product(weight, xs)):
                 agreed.add(n)
     return frozenset(agreed)
 
