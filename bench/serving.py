@@ -5,7 +5,10 @@ at 1, 4 and 8 users; bounded in request count and time. Two apps over the same s
 one run, each user count measured on both in turn: one answer at a time (the app before issue 13's
 target 3: KVGRAFT_DECODE_TOGETHER=1) and up to 8 at once with their decode steps taken together
 (graft_core.batch; the default). Every answer's output and logits hashes must equal the same
-question's answer alone (`byte_identical`).
+question's answer alone (`byte_identical`). The users run in a process of their own (bench/users.py,
+`gradio_client`, one client each, connected before the clock starts), as remote users would: in the
+server's process they shared its interpreter lock, and the clients' own work (a new HTTP client and TLS
+context per request) then counted against the server.
 
 Writes docs/bench/serving.json.  Usage: .venv/bin/python -m bench.serving [--users 1,4,8] [--per-user 4]
 
@@ -26,6 +29,8 @@ import json
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +78,27 @@ def main() -> None:
     gradio_main(args)
 
 
+def _users(url: str, questions: list[str], users: int, per_user: int, timeout_s: float) -> dict:
+    """`users` clients in a process of their own (bench/users.py), each asking `per_user` questions;
+    started and connected before the clock starts. Returns its {"wall_s", "requests"}."""
+    spec = {"url": url, "users": users, "per_user": per_user, "questions": questions, "max_new_tokens": 16}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.users"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        proc.stdin.write(json.dumps(spec) + "\n")
+        proc.stdin.flush()
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("bench.users did not start (its error is above)")
+        line = proc.communicate("go\n", timeout=timeout_s)[0].strip()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if not line:
+        raise RuntimeError("bench.users printed no results (its error is above)")
+    return json.loads(line)
+
+
 def gradio_main(args) -> None:
     from gradio_client import Client
 
@@ -100,36 +126,15 @@ def gradio_main(args) -> None:
             for demo in demos.values():
                 Client(demo.local_url, verbose=False).predict(questions[0], check=False, api_name="/answer")  # warm-up
             for users, (together, demo) in [(int(u), d) for u in args.users.split(",") for d in demos.items()]:
-                url = demo.local_url
-
-                def user(u: int, users=users, url=url) -> list[tuple[float, bool, bool]]:
-                    c = Client(url, verbose=False)
-                    out = []
-                    for j in range(args.per_user):
-                        q = questions[(u * args.per_user + j) % len(questions)]
-                        t = time.perf_counter()
-                        try:
-                            r = c.predict(q, check=False, max_new_tokens=16, api_name="/answer")
-                            ok = r["tier"] == "exact" and bool(r["answer"])
-                            same = (r["output_sha256"], r["logits_sha256"]) == alone[q]
-                        except Exception:  # counted as an error, reported
-                            ok = same = False
-                        out.append((time.perf_counter() - t, ok, same))
-                    return out
-
-                t0 = time.perf_counter()
-                with ThreadPoolExecutor(users) as pool:
-                    results = [
-                        x for f in [pool.submit(user, u) for u in range(users)] for x in f.result(timeout=args.level_timeout_s)
-                    ]
-                wall = time.perf_counter() - t0
+                run = _users(demo.local_url, questions, users, args.per_user, args.level_timeout_s)
+                results, wall = run["requests"], run["wall_s"]
                 lat = [r[0] for r in results]
                 level = {
                     "users": users,
                     "together": together,
                     "requests": len(results),
                     "errors": sum(1 for r in results if not r[1]),
-                    "byte_identical": all(r[2] for r in results),
+                    "byte_identical": all((r[3], r[4]) == alone[r[2]] for r in results),
                     "wall_s": wall,
                     "throughput_rps": len(results) / wall,
                     "latency_p50_s": statistics.median(lat),
