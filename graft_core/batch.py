@@ -27,8 +27,10 @@ the other rows, so prompts of checked lengths are stacked into one product (`sta
 `StepGroup` is how concurrent answers use it: an answer says it is coming before it waits for the
 model lock, asks for its prompt's row, then its decode loop registers as a session and asks for its
 steps; when every registered or coming answer waits (or `wait_s` passed), one of them runs a round for
-all (the waiting prompts in one pass, then the waiting steps in one pass), under the model lock the
-group shares with everything else that runs the model, and hands each its row.
+all (`Batcher.run`: the waiting prompts and steps in one pass, each product taken as padded columns for
+the steps' rows and stacked rows for the prompts', so a prompt arriving while others decode shares their
+weight streams and their vocabulary product), under the model lock the group shares with everything
+else that runs the model, and hands each its row.
 """
 
 from __future__ import annotations
@@ -206,6 +208,54 @@ class Batcher:
         padded[:t] = x
         return F.linear(padded, weight)[:t]
 
+    @torch.inference_mode()
+    def run(self, prompts: list[tuple], sessions: list[Session]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(`prefill(prompts)`, `step(sessions)`), the same rows, in as few passes as the checks allow: a pass
+        takes up to `most` of them, the steps' rows as padded columns and the prompts' rows stacked, product
+        by product, so each weight is streamed once for both, and one vocabulary product takes every last
+        row (a prompt alone pays that product for its one row). A prompt of an unchecked length, or a pass
+        of one prompt or one step, runs as `prefill`/`step` run it."""
+        if not (prompts and sessions) or not self.stack_sizes or torch.get_num_threads() != self.threads:
+            return self.prefill(prompts), self.step(sessions)
+        stackable = [i for i, p in enumerate(prompts) if len(p[1]) in self.stack_sizes]
+        rest = [i for i in range(len(prompts)) if i not in stackable]
+        prompt_rows: list = [None] * len(prompts)
+        for i, row in zip(rest, self.prefill([prompts[i] for i in rest]), strict=True):
+            prompt_rows[i] = row
+        step_rows: list = []
+        queue = [("s", j) for j in range(len(sessions))] + [("p", i) for i in stackable]
+        while queue:
+            group, rows = [], 0
+            while queue and len(group) < self.most:
+                kind, i = queue[0]
+                t = len(prompts[i][1]) if kind == "p" else 0
+                if rows + t > max(self.stack_sizes):
+                    break
+                group.append(queue.pop(0))
+                rows += t
+            steps = [sessions[i] for kind, i in group if kind == "s"]
+            mine = [i for kind, i in group if kind == "p"]
+            if not steps or not mine:
+                step_rows += self.step(steps) if steps else []
+                for i, row in zip(mine, self.prefill([prompts[i] for i in mine]) if mine else [], strict=True):
+                    prompt_rows[i] = row
+                continue
+            items = [(s.cache, [s.token], s.pos) for s in steps] + [prompts[i] for i in mine]
+            out = self._pass(items, self._mixed(len(steps)))
+            step_rows += out[: len(steps)]
+            for i, row in zip(mine, out[len(steps) :], strict=True):
+                prompt_rows[i] = row
+        return prompt_rows, step_rows
+
+    def _mixed(self, n: int):
+        """The product of a pass whose first `n` rows are decode steps (padded columns, `_columns`) and the
+        rest stacked prompts (`_stacked`, on a fresh copy of their rows, as `prefill`'s passes have them)."""
+
+        def product(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([self._columns(weight, x[:n]), self._stacked(weight, x[n:].clone())])
+
+        return product
+
     def _pass(self, items: list[tuple], product) -> list[torch.Tensor]:
         """One pass over sessions' (cache, ids, start): per session, what Gemma3TextModel.forward prepares
         (embedding, masks, rotary embeddings) and Gemma3Attention's steps around its products; across
@@ -353,21 +403,20 @@ class StepGroup:
             return req[1]
 
     def _run(self) -> None:
-        """One round, under the model lock: the waiting prompts in one prefill, then up to `most` waiting steps."""
+        """One round, under the model lock: up to `most` waiting prompts and up to `most` waiting steps,
+        together in as few passes as `Batcher.run` can take them."""
         prompts = [r for r in self.pending if not isinstance(r[0], Session)][: self.batcher.most]
         steps = [r for r in self.pending if isinstance(r[0], Session)][: self.batcher.most]
-        for taken, run, stepping in ((prompts, self.batcher.prefill, False), (steps, self.batcher.step, True)):
-            if not taken:
-                continue
-            self.pending = [r for r in self.pending if all(r is not t for t in taken)]
-            try:
-                rows = run([r[0] for r in taken])
-            except BaseException as e:  # every taken request fails with the pass, none waits forever
-                for r in taken:
-                    r[2] = e
-            else:
-                for r, row in zip(taken, rows, strict=True):
-                    r[1] = row
-                if stepping:
-                    self.passes += 1
-                    self.steps += len(taken)
+        taken = prompts + steps
+        self.pending = [r for r in self.pending if all(r is not t for t in taken)]
+        try:
+            prompt_rows, step_rows = self.batcher.run([r[0] for r in prompts], [r[0] for r in steps])
+        except BaseException as e:  # every taken request fails with the pass, none waits forever
+            for r in taken:
+                r[2] = e
+            return
+        for r, row in zip(taken, prompt_rows + step_rows, strict=True):
+            r[1] = row
+        if steps:
+            self.passes += 1
+            self.steps += len(steps)

@@ -237,3 +237,53 @@ def test_real_prompts_stacked_in_one_pass_match_each_alone(real_lm):
     window = real_lm.info.sliding_window
     same, _ = _prefill_both_ways(real_lm, [window + 90, 40, window - 1, 300], [16, 13, 20, 33])
     assert same
+
+
+def _steps_and_prompts_both_ways(lm, step_lengths: list[int], prompt_at: list[int], prompt_lengths: list[int]):
+    """Decode steps of sessions and prompts of others, each alone and through one `Batcher.run`:
+    (rows and caches byte-equal, passes the run took)."""
+    b = batch.Batcher(lm.model)
+    caches = _sessions(lm, step_lengths + prompt_at, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, lm.model.config.vocab_size, (n,), generator=gen).tolist() for n in prompt_lengths]
+    alone, together = [copy.deepcopy(c) for c in caches], [copy.deepcopy(c) for c in caches]
+    ns = len(step_lengths)
+    steps_a = [forward_chunk(lm.model, alone[i], [7 + i], step_lengths[i])[-1] for i in range(ns)]
+    prompts_a = [forward_chunk(lm.model, alone[ns + i], prompts[i], prompt_at[i])[-1] for i in range(len(prompts))]
+    real_pass, passes = b._pass, []
+
+    def counting(items, product):
+        passes.append(len(items))
+        return real_pass(items, product)
+
+    b._pass = counting
+    prompts_t, steps_t = b.run(
+        [(together[ns + i], prompts[i], prompt_at[i]) for i in range(len(prompts))],
+        [batch.Session(together[i], 7 + i, step_lengths[i]) for i in range(ns)],
+    )
+    rows_same = all(
+        x.numpy().tobytes() == y.numpy().tobytes() for x, y in zip(steps_a + prompts_a, steps_t + prompts_t, strict=True)
+    )
+    return rows_same and all(_same_cache(x, y) for x, y in zip(alone, together, strict=True)), passes, b
+
+
+def test_tiny_steps_and_prompts_in_one_pass_match_each_alone(tiny_gemma):
+    # 3 sessions step while 3 prompts arrive (one of 70 rows, an unchecked length, runs alone)
+    same, passes, b = _steps_and_prompts_both_ways(tiny_gemma, [5, 9, 12], [4, 7, 2], [16, 70, 13])
+    assert same
+    if {13, 16} <= b.stack_sizes and 70 not in b.stack_sizes:
+        assert sorted(passes) == [5]  # 3 steps and 2 prompts in one pass; the 70-row prompt alone, no pass
+
+
+def test_tiny_steps_and_prompts_beyond_one_pass_match_each_alone(tiny_gemma):
+    # 6 steps and 5 prompts: more than `most` (8) items, so more than one pass, each still each one's own bytes
+    same, passes, b = _steps_and_prompts_both_ways(tiny_gemma, [3, 4, 5, 6, 7, 8], [2, 3, 4, 5, 6], [12, 13, 14, 15, 16])
+    assert same
+    if b.most == 8 and {12, 13, 14, 15, 16} <= b.stack_sizes:
+        assert passes == [8, 3]
+
+
+def test_real_steps_and_prompts_in_one_pass_match_each_alone(real_lm):
+    window = real_lm.info.sliding_window
+    same, passes, _ = _steps_and_prompts_both_ways(real_lm, [window + 40, 30], [window - 3, 60], [16, 13])
+    assert same and passes == [4]
