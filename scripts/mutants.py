@@ -143,6 +143,20 @@ MUTATIONS = (
         ("tests/test_batch.py::test_tiny_prompts_stacked_in_one_pass_match_each_alone",),
     ),
     Mutation(
+        "a pass's decode steps taken as multi-row products beside prompts (batch.Batcher._mixed)",
+        "graft_core/batch.py",
+        "return torch.cat([self._columns(weight, x[:n]), self._stacked(weight, x[n:].clone())])",
+        "return torch.cat([F.linear(x[:n], weight), self._stacked(weight, x[n:].clone())])",
+        ("tests/test_batch.py::test_tiny_steps_and_prompts_in_one_pass_match_each_alone",),
+    ),
+    Mutation(
+        "prompts joined to decode passes whatever their length (batch.Batcher.run)",
+        "graft_core/batch.py",
+        "stackable = [i for i, p in enumerate(prompts) if len(p[1]) in self.stack_sizes]",
+        "stackable = list(range(len(prompts)))",
+        ("tests/test_batch.py::test_tiny_steps_and_prompts_in_one_pass_match_each_alone",),
+    ),
+    Mutation(
         "gate that skips the graft (services/gate.graft_run)",
         "services/gate.py",
         'return _run(lm, chain, "graft", (question, solution, verifier, reference), prefill=0)',
