@@ -7,7 +7,9 @@ does today) and all sessions' steps in one `Batcher.step` pass. Reports decode t
 ways and their ratio (medians), and whether every logits row and every final cache was byte-equal
 between the two ways (compared as SHA-256 over the bytes, per session). Then the same for the prompt
 forwards: each session's question-sized prompt (PROMPTS tokens) alone, against all of them stacked in
-`Batcher.prefill` passes, last rows and caches compared the same way. The web app uses both through
+`Batcher.prefill` passes, last rows and caches compared the same way. Then a round as serving meets it
+most: one answer's prompt arriving while the other sessions decode, run as two passes (the prompt alone,
+then the steps together) against one `Batcher.run` pass taking both. The web app uses all three through
 `StepGroup` (README, "Serving").
 
     .venv/bin/python -m bench.batch [--steps 8] [--repeats 3] [--sessions 1,2,4,8]
@@ -104,6 +106,20 @@ def main() -> None:
             rows = [forward_chunk(m, cs[i], ids[i], LENGTHS[i])[-1] for i in range(k)]
         return time.perf_counter() - t, [_digest([rows[i]], cs[i]) for i in range(k)]
 
+    def arriving(k: int, one_pass: bool):
+        """Sessions 0..k-2 take a decode step while session k-1's prompt arrives."""
+        cs = [copy.deepcopy(c) for c in caches[:k]]
+        n = PROMPTS[k - 1]
+        ids = torch.randint(3, m.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+        prompt, steps = [(cs[k - 1], ids, LENGTHS[k - 1])], [batch.Session(cs[i], 7 + i, LENGTHS[i]) for i in range(k - 1)]
+        t = time.perf_counter()
+        if one_pass:
+            prompt_rows, step_rows = b.run(prompt, steps)
+        else:
+            prompt_rows, step_rows = b.prefill(prompt), b.step(steps)
+        rows = step_rows + prompt_rows
+        return time.perf_counter() - t, [_digest([rows[i]], cs[i]) for i in range(k)]
+
     levels = []
     for k in [int(x) for x in args.sessions.split(",")]:
         if k > len(LENGTHS):
@@ -122,6 +138,13 @@ def main() -> None:
             pa.append(sa)
             pt.append(st)
             psame &= da == dt_
+        ma, mt, msame = [], [], True
+        for _ in range(args.repeats if k > 1 else 0):
+            sa, da = arriving(k, False)
+            st, dt_ = arriving(k, True)
+            ma.append(sa)
+            mt.append(st)
+            msame &= da == dt_
         tokens = k * args.steps
         level = {
             "sessions": k,
@@ -138,6 +161,13 @@ def main() -> None:
             "prompts_ratio": statistics.median(pa) / statistics.median(pt),
             "prompt_rows_and_caches_byte_equal": psame,
         }
+        if ma:
+            level |= {
+                "arriving_two_passes_s": statistics.median(ma),
+                "arriving_one_pass_s": statistics.median(mt),
+                "arriving_ratio": statistics.median(ma) / statistics.median(mt),
+                "arriving_rows_and_caches_byte_equal": msame,
+            }
         levels.append(level)
         print(json.dumps(level), flush=True)
     doc = {
@@ -156,14 +186,22 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(
-        "\n| sessions | decode tokens/s alone / together | ratio | prompts alone / stacked (s) | ratio | rows and caches byte-equal |"
-        "\n|---:|---:|---:|---:|---:|---|"
+        "\n| sessions | decode tokens/s alone / together | ratio | prompts alone / stacked (s) | ratio "
+        "| a prompt arriving during k-1 steps: two passes / one (s) | ratio | rows and caches byte-equal |"
+        "\n|---:|---:|---:|---:|---:|---:|---:|---|"
     )
     for lv in levels:
         same = lv["rows_and_caches_byte_equal"] and lv["prompt_rows_and_caches_byte_equal"]
+        same &= lv.get("arriving_rows_and_caches_byte_equal", True)
+        arriving = (
+            f"{lv['arriving_two_passes_s']:.3f} / {lv['arriving_one_pass_s']:.3f} | {lv['arriving_ratio']:.2f}x"
+            if "arriving_ratio" in lv
+            else "- | -"
+        )
         print(
             f"| {lv['sessions']} | {lv['alone_tokens_per_s']:.1f} / {lv['together_tokens_per_s']:.1f} | {lv['ratio']:.2f}x | "
-            f"{lv['prompts_alone_s']:.3f} / {lv['prompts_stacked_s']:.3f} | {lv['prompts_ratio']:.2f}x | {'yes' if same else 'NO'} |"
+            f"{lv['prompts_alone_s']:.3f} / {lv['prompts_stacked_s']:.3f} | {lv['prompts_ratio']:.2f}x | {arriving} | "
+            f"{'yes' if same else 'NO'} |"
         )
 
 
