@@ -177,3 +177,34 @@ def test_a_refused_deposit_exits_non_zero_with_one_line(run, lib):
     assert code == 2 and out == ""
     assert_one_line_error(err, "with the graft; the reference is 'Osric Pellamy'; nothing deposited")
     assert lib.count() == 0
+
+
+def test_ask_with_a_named_artifact_proves_its_chain_at_load_and_serves_the_same_bytes(run, lib, chain):
+    _, child = chain
+    q = "What is the tallest bridge of Quendia's capital?"
+    code, out, _ = run("ask", q, "--artifact", child.id, "--max-new-tokens", "3")
+    assert code == 0 and out["proved_at_load_s"] > 0
+    assert out["proof"]["kind"] == "state" and out["proof"]["passed"] is True  # the probe ran before the question
+    alone = lib.answer(q, artifact=child.id, max_new_tokens=3)  # this process proves it inside the answer
+    assert alone.proof.kind == "probe" and alone.proof.passed
+    assert (out["output_sha256"], out["logits_sha256"]) == (alone.output_sha256, alone.logits_sha256)
+    code, out, _ = run("ask", q, "--max-new-tokens", "3")  # retrieval picks the artifact: nothing known at load
+    assert code == 0 and "proved_at_load_s" not in out
+
+
+def test_ask_refuses_a_named_artifact_whose_probe_fails_at_load(run, lib, chain, monkeypatch):
+    from graft_core import graft
+
+    _, child = chain
+    real = graft.restore
+
+    def tampered(lm, arts):
+        cache = real(lm, arts)
+        cache.layers[0].keys = cache.layers[0].keys * 1.5  # the restored state is not the deposited one
+        return cache
+
+    monkeypatch.setattr(graft, "restore", tampered)
+    code, out, err = run("ask", "What is the capital of Quendia?", "--artifact", child.id, as_json=False)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "quarantined")
+    assert lib._catalog.get(lib._catalog.chain(child.id)[0].id).quarantine.startswith("probe check failed")
