@@ -10,7 +10,7 @@ question's answer alone (`byte_identical`). The users run in a process of their 
 server's process they shared its interpreter lock, and the clients' own work (a new HTTP client and TLS
 context per request) then counted against the server.
 
-Writes docs/bench/serving.json.  Usage: .venv/bin/python -m bench.serving [--users 1,4,8] [--per-user 4]
+Writes docs/bench/serving.json.  Usage: .venv/bin/python -m bench.serving [--users 1,4,8] [--per-user 8]
 
 Ray mode (`--ray --replicas 1,2`, docs/SCALING.md): the same seed questions posted to /answer of a Ray Serve
 deployment (serving/) by N users (default 8) with the stdlib client (its retries), in ONE run with each
@@ -59,7 +59,7 @@ def pct(xs: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--users", default=None, help="user counts (default 1,4,8; Ray mode: 8)")
-    ap.add_argument("--per-user", type=int, default=4)
+    ap.add_argument("--per-user", type=int, default=8)
     ap.add_argument(
         "--together", default="1,8", help="answers at once per app (FairTurns slots), measured in turn per user count"
     )
@@ -152,7 +152,7 @@ def gradio_main(args) -> None:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count()},
         "setup": f"real default model, built-in seed library, /answer with retrieval on and check off, max_new_tokens 16, "
-        f"{args.per_user} requests per user, loopback; two apps over one store and model, answers at once: {args.together}, "
+        f"{args.per_user} requests per user from a process of their own (bench/users.py, gradio_client), loopback; two apps over one store and model, answers at once: {args.together}, "
         "each user count measured on each in turn",
         "warm_proofs": {"limit": warm_limit, "proved": warm.proved, "seconds": warm.seconds},
         "levels": levels,
