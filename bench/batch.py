@@ -10,7 +10,9 @@ forwards: each session's question-sized prompt (PROMPTS tokens) alone, against a
 `Batcher.prefill` passes, last rows and caches compared the same way. Then a round as serving meets it
 most: one answer's prompt arriving while the other sessions decode, run as two passes (the prompt alone,
 then the steps together) against one `Batcher.run` pass taking both. The web app uses all three through
-`StepGroup` (README, "Serving").
+`StepGroup` (README, "Serving"). Last, where one pass of the most sessions spends its time (`pass_parts`:
+the padded column products, the vocabulary's among them, the attention calls and the cache updates,
+timed inside the pass) and the vocabulary's padded column product alone at each checked width.
 
     .venv/bin/python -m bench.batch [--steps 8] [--repeats 3] [--sessions 1,2,4,8]
 
@@ -120,6 +122,89 @@ def main() -> None:
         rows = step_rows + prompt_rows
         return time.perf_counter() - t, [_digest([rows[i]], cs[i]) for i in range(k)]
 
+    def pass_parts(k: int) -> dict:
+        """One k-session step pass timed whole (median of repeats), then once more with its parts timed."""
+        from collections import defaultdict
+
+        from transformers.models.gemma3 import modeling_gemma3 as g3
+
+        def one() -> float:
+            cs = [copy.deepcopy(c) for c in caches[:k]]
+            sessions = [batch.Session(cs[i], 7 + i, LENGTHS[i]) for i in range(k)]
+            t = time.perf_counter()
+            b.step(sessions)
+            return time.perf_counter() - t
+
+        whole = statistics.median([one() for _ in range(args.repeats)])
+        parts: dict[str, float] = defaultdict(float)
+        undo = []
+
+        def timing(obj, name: str, key) -> None:
+            orig = getattr(obj, name)
+
+            def timed_call(*a, **kw):
+                t = time.perf_counter()
+                try:
+                    return orig(*a, **kw)
+                finally:
+                    parts[key(a) if callable(key) else key] += time.perf_counter() - t
+
+            setattr(obj, name, timed_call)
+            undo.append((obj, name, orig, name in vars(obj)))
+
+        vocab = tuple(m.lm_head.weight.shape)
+        timing(batch, "column_product", lambda a: "vocabulary" if tuple(a[0].shape) == vocab else "layer_products")
+        for cls in {type(layer) for c in caches[:k] for layer in c.layers}:
+            timing(cls, "update", "cache_updates")
+        registry = g3.ALL_ATTENTION_FUNCTIONS
+        real_get = registry.get_interface
+        undo.append((registry, "get_interface", real_get, False))
+
+        def get_interface(*a, **kw):
+            fn = real_get(*a, **kw)
+
+            def attention(*x, **y):
+                t = time.perf_counter()
+                try:
+                    return fn(*x, **y)
+                finally:
+                    parts["attention"] += time.perf_counter() - t
+
+            return attention
+
+        registry.get_interface = get_interface
+        try:
+            timed_whole = one()
+        finally:
+            for obj, name, orig, own in reversed(undo):
+                if own:
+                    setattr(obj, name, orig)
+                else:
+                    delattr(obj, name)
+        out = {k_: round(1000 * v, 1) for k_, v in parts.items()}
+        out["rest"] = round(1000 * timed_whole - sum(out.values()), 1)
+        x = torch.randn(max(b.widths), m.config.hidden_size, generator=torch.Generator().manual_seed(9))
+        widths = {
+            str(w): round(1000 * statistics.median(timed_runs(lambda w=w: batch.column_product(m.lm_head.weight, x[:w], w))), 1)
+            for w in b.widths
+        }
+        return {
+            "sessions": k,
+            "pass_ms": round(1000 * whole, 1),
+            "timed_pass_ms": round(1000 * timed_whole, 1),
+            "parts_ms": out,
+            "vocabulary_columns_ms": widths,
+        }
+
+    def timed_runs(fn) -> list[float]:
+        fn()
+        out = []
+        for _ in range(max(3, args.repeats)):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+        return out
+
     levels = []
     for k in [int(x) for x in args.sessions.split(",")]:
         if k > len(LENGTHS):
@@ -170,6 +255,8 @@ def main() -> None:
             }
         levels.append(level)
         print(json.dumps(level), flush=True)
+    parts = pass_parts(max(int(x) for x in args.sessions.split(","))) if b.widths else None
+    print(json.dumps({"pass_parts": parts}), flush=True)
     doc = {
         "benchmark": "batch",
         "command": f".venv/bin/python -m bench.batch --steps {args.steps} --repeats {args.repeats} --sessions {args.sessions}",
@@ -183,6 +270,7 @@ def main() -> None:
         "batcher_build_s": build_s,
         "prefix_tokens": list(LENGTHS),
         "levels": levels,
+        "pass_parts": parts,
     }
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(
@@ -202,6 +290,11 @@ def main() -> None:
             f"| {lv['sessions']} | {lv['alone_tokens_per_s']:.1f} / {lv['together_tokens_per_s']:.1f} | {lv['ratio']:.2f}x | "
             f"{lv['prompts_alone_s']:.3f} / {lv['prompts_stacked_s']:.3f} | {lv['prompts_ratio']:.2f}x | {arriving} | "
             f"{'yes' if same else 'NO'} |"
+        )
+    if parts:
+        print(
+            f"\none pass of {parts['sessions']} steps: {parts['pass_ms']} ms (timed in parts: {parts['parts_ms']}); "
+            f"the vocabulary's padded column product alone by width: {parts['vocabulary_columns_ms']} ms"
         )
 
 
