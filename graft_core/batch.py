@@ -278,11 +278,13 @@ class Batcher:
             spans.append((total, total + len(ids)))
             total += len(ids)
         hidden = torch.cat(embs, dim=1)  # [1, rows of all sessions, hidden]
+        # each session's rotary cos/sin, stacked along the rows: applied once per layer to every row
+        ropes = {t: tuple(torch.cat([r[3][t][j] for r in per], dim=1) for j in (0, 1)) for t in set(cfg.layer_types)}
         for i, layer in enumerate(m.layers[: cfg.num_hidden_layers]):
             kind = cfg.layer_types[i]
             residual = hidden
             h = layer.input_layernorm(hidden)
-            h = layer.post_attention_layernorm(self._attention(layer.self_attn, h, per, spans, kind, product))
+            h = layer.post_attention_layernorm(self._attention(layer.self_attn, h, per, spans, ropes[kind], kind, product))
             hidden = residual + h
             residual = hidden
             h = layer.pre_feedforward_layernorm(hidden)
@@ -298,27 +300,35 @@ class Batcher:
         logits = self._columns(lm.lm_head.weight, last).float()
         return [logits[j] for j in range(len(items))]
 
-    def _attention(self, attn, h: torch.Tensor, per: list, spans: list, kind: str, product) -> torch.Tensor:
-        """Gemma3Attention.forward for each session's rows of `h` [1, rows, hidden], its q/k/v/o products
-        through `product` across sessions; the rest (norms, rotary, cache update, attention) per session, as there."""
+    def _attention(self, attn, h: torch.Tensor, per: list, spans: list, rope: tuple, kind: str, product) -> torch.Tensor:
+        """Gemma3Attention.forward for each session's rows of `h` [1, rows, hidden]: its q/k/v/o products
+        through `product` across sessions; the q/k norms and the rotary embedding (`rope`: every row's
+        cos/sin, stacked) on all rows at once, since they act row by row and element by element; per
+        session, as there, the cache update and the attention itself."""
         from transformers.models.gemma3 import modeling_gemma3 as g3
 
-        flat = h.reshape(h.shape[1], -1)
-        q_all = product(attn.q_proj.weight, flat)
-        k_all = product(attn.k_proj.weight, flat)
-        v_all = product(attn.v_proj.weight, flat)
+        total = h.shape[1]
+        flat = h.reshape(total, -1)
+        shape = (1, total, -1, attn.head_dim)  # (*input_shape, -1, head_dim) over every session's rows
+        q = attn.q_norm(product(attn.q_proj.weight, flat).view(shape).transpose(1, 2))
+        k = attn.k_norm(product(attn.k_proj.weight, flat).view(shape).transpose(1, 2))
+        v = product(attn.v_proj.weight, flat).view(shape).transpose(1, 2)
+        q, k = g3.apply_rotary_pos_emb(q, k, *rope)
         interface = g3.ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, g3.eager_attention_forward)
         outs = []
-        for (cache, pos, masks, rope), (a, e) in zip(per, spans, strict=True):
-            shape = (1, e - a, -1, attn.head_dim)  # (*input_shape, -1, head_dim) of the session's [1, rows, hidden]
-            q = attn.q_norm(q_all[a:e].view(shape).transpose(1, 2))
-            k = attn.k_norm(k_all[a:e].view(shape).transpose(1, 2))
-            v = v_all[a:e].view(shape).transpose(1, 2)
-            q, k = g3.apply_rotary_pos_emb(q, k, *rope[kind])
+        for (cache, pos, masks, _), (a, e) in zip(per, spans, strict=True):
             kwargs = {"position_ids": pos}
-            k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
+            ks, vs = cache.update(k[:, :, a:e], v[:, :, a:e], attn.layer_idx, kwargs=kwargs)
             out, _ = interface(
-                attn, q, k, v, masks[kind], dropout=0.0, scaling=attn.scaling, sliding_window=attn.sliding_window, **kwargs
+                attn,
+                q[:, :, a:e],
+                ks,
+                vs,
+                masks[kind],
+                dropout=0.0,
+                scaling=attn.scaling,
+                sliding_window=attn.sliding_window,
+                **kwargs,
             )
             outs.append(out.reshape(e - a, -1))
         return product(attn.o_proj.weight, torch.cat(outs, dim=0).contiguous()).reshape(h.shape)
