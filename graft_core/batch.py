@@ -8,10 +8,11 @@ products x_j W^T; and it streams W once for all of them, so 4 sessions' products
 session's did.
 
 `Batcher.step` runs that: per session, the model's own code for everything that depends on the
-session's cache (its masks and rotary embeddings, and Gemma3Attention's steps: q/k norms, rotary, the
-cache update, the attention itself); across sessions, every matrix product (q/k/v/o, the MLP's three,
-the vocabulary projection) as a padded column product, and the norms, activations and residual adds
-on the stacked rows. Which widths are used is checked, not assumed: `Batcher` compares each weight
+session's cache (its masks and rotary cos/sin, and Gemma3Attention's cache update and attention
+itself); across sessions, every matrix product (q/k/v/o, the MLP's three, the vocabulary projection)
+as a padded column product, and the norms (the q/k norms too), the rotary embedding (each row with its
+own session's cos/sin), activations and residual adds on the stacked rows: they act row by row and
+element by element. Which widths are used is checked, not assumed: `Batcher` compares each weight
 shape's padded column product with the 1-row product byte for byte on seeded inputs when it is built,
 and a width that differs for any shape is not used (with no width left, sessions step one after
 another through the plain forward). The rows it returns are therefore the rows
