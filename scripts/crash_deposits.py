@@ -33,6 +33,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _say(line: str) -> None:
+    """One protocol line in one write(2) to the pipe (atomic below PIPE_BUF): a SIGKILL can cut between
+    two writes of a buffered print, and the half line left behind would swallow the next one (the
+    zygote's pid line), so the parent would wait for it forever."""
+    os.write(1, (line + "\n").encode())
+
+
 def _deposit_loop(lib, seed: int, tag: str = "") -> None:
     """Deposit forever, announcing each committed id on stdout before the next one starts."""
     rng = random.Random(seed)
@@ -42,9 +49,9 @@ def _deposit_loop(lib, seed: int, tag: str = "") -> None:
         words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "kv", "graft", "store", "fact"]) for _ in range(10))
         text = f"Note {seed}-{i}: {words}."
         d = lib.deposit_text(text, parent=parent if i % 3 else None)
-        print(f"{tag}committed {d.id}", flush=True)
+        _say(f"{tag}committed {d.id}")
         if i == 0:  # the first deposit warms the model up; the kill window starts after it
-            print(f"{tag}ready", flush=True)
+            _say(f"{tag}ready")
         parent = d.id
         i += 1
 
@@ -73,7 +80,8 @@ def zygote(home: str, model_dir: str) -> None:
 
     lm = model_mod.load(model_dir)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    print("zygote ready", flush=True)
+    sys.stdout.flush()
+    _say("zygote ready")
     for line in sys.stdin:
         seed = int(line)
         pid = os.fork()
@@ -82,7 +90,7 @@ def zygote(home: str, model_dir: str) -> None:
                 _deposit_loop(services.Library(home=home, lm=lm, embedder=HashEmbedder()), seed, tag=f"{seed} ")
             finally:
                 os._exit(1)
-        print(f"pid {seed} {pid}", flush=True)
+        _say(f"pid {seed} {pid}")
 
 
 class _Lines:
@@ -126,7 +134,9 @@ def _run_forked(home: Path, model_dir: str, kills: int, rng: random.Random, seed
             z.stdin.flush()
             lines: list[str] = []
             pid = None
+            give_up = time.monotonic() + 300
             while f"{tag} ready" not in lines or pid is None:  # the child may say ready before the zygote prints its pid
+                assert time.monotonic() < give_up, f"no ready/pid line for child {tag} in 300 s; last lines: {lines[-5:]}"
                 lines += out.read(60)
                 pid = pid or next((int(x.split()[2]) for x in lines if x.startswith(f"pid {tag} ")), None)
                 assert z.poll() is None, f"zygote died: {z.stderr.read().decode()[-2000:]}"
