@@ -27,6 +27,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Run as `python bench/x.py`, bench/ itself leads sys.path and bench/kernels.py shadows the `kernels`
+# package transformers looks for (the import of the model then fails): the checkout's root instead.
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
