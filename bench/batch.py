@@ -57,6 +57,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
+    from bench.kernels import timed
     from graft_core import batch
     from graft_core.forward import forward_chunk, new_cache
     from graft_core.model import load
@@ -185,7 +186,11 @@ def main() -> None:
         out["rest"] = round(1000 * timed_whole - sum(out.values()), 1)
         x = torch.randn(max(b.widths), m.config.hidden_size, generator=torch.Generator().manual_seed(9))
         widths = {
-            str(w): round(1000 * statistics.median(timed_runs(lambda w=w: batch.column_product(m.lm_head.weight, x[:w], w))), 1)
+            str(w): round(
+                1000
+                * statistics.median(timed(lambda w=w: batch.column_product(m.lm_head.weight, x[:w], w), max(3, args.repeats))),
+                1,
+            )
             for w in b.widths
         }
         return {
@@ -195,15 +200,6 @@ def main() -> None:
             "parts_ms": out,
             "vocabulary_columns_ms": widths,
         }
-
-    def timed_runs(fn) -> list[float]:
-        fn()
-        out = []
-        for _ in range(max(3, args.repeats)):
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
-        return out
 
     levels = []
     for k in [int(x) for x in args.sessions.split(",")]:
