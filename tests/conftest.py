@@ -84,6 +84,24 @@ def tiny_gemma(tiny_dirs):
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma_torch(tiny_dirs):
+    """The tiny Gemma with torch's (MKL's) products instead of fma16 (KVGRAFT_LINEAR=torch): the path
+    every machine without AVX-512 computes on, whose checks (graft_core.products, batch widths) these
+    tests keep exercising where fma16 runs."""
+    from graft_core import model
+
+    before = os.environ.get("KVGRAFT_LINEAR")
+    os.environ["KVGRAFT_LINEAR"] = "torch"
+    try:
+        return model.load(str(tiny_dirs["gemma3"]))
+    finally:
+        if before is None:
+            del os.environ["KVGRAFT_LINEAR"]
+        else:
+            os.environ["KVGRAFT_LINEAR"] = before
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tiny_dirs):
     from graft_core import model
 

@@ -10,8 +10,12 @@ import time
 import pytest
 import torch
 
-from graft_core import batch
+from graft_core import batch, fma16
 from graft_core.forward import forward_chunk, new_cache
+
+# Each tiny test runs on both product paths: fma16 (graft_core/fma16.py, where the CPU has AVX-512) and
+# torch's MKL products with the checked widths and stacked sizes (every other machine).
+BOTH = pytest.mark.parametrize("which", ["tiny_gemma", "tiny_gemma_torch"], ids=["fma16", "torch"])
 
 
 def _sessions(lm, lengths: list[int], seed: int = 0) -> list:
@@ -61,16 +65,19 @@ def _decode_both_ways(lm, b: batch.Batcher, lengths: list[int], steps: int) -> t
     return equal, passes
 
 
+@BOTH
 @pytest.mark.parametrize("lengths", [[5, 9], [3, 12, 7], [6, 2, 11, 4, 9], [3, 5, 7, 9, 11, 13, 15, 17, 19, 21]])
-def test_tiny_sessions_decoded_together_match_each_alone(tiny_gemma, lengths):
-    b = batch.Batcher(tiny_gemma.model)
-    equal, passes = _decode_both_ways(tiny_gemma, b, lengths, steps=4)
+def test_tiny_sessions_decoded_together_match_each_alone(request, which, lengths):
+    lm = request.getfixturevalue(which)
+    b = batch.Batcher(lm.model)
+    assert bool(b.fma16) == (which == "tiny_gemma" and not fma16.why_not())
+    equal, passes = _decode_both_ways(lm, b, lengths, steps=4)
     assert equal
     if b.widths:  # on a machine where no width is checked equal, sessions step alone (and still match)
         assert passes == 4 * -(-len(lengths) // b.most)  # one pass per step per group of up to `most` sessions
 
 
-def test_a_width_whose_columns_differ_is_not_used(tiny_gemma, monkeypatch):
+def test_a_width_whose_columns_differ_is_not_used(tiny_gemma_torch, monkeypatch):
     real_mm = torch.mm
 
     def mm(a, b):
@@ -81,7 +88,7 @@ def test_a_width_whose_columns_differ_is_not_used(tiny_gemma, monkeypatch):
         return out
 
     monkeypatch.setattr(batch.torch, "mm", mm)
-    b = batch.Batcher(tiny_gemma.model)
+    b = batch.Batcher(tiny_gemma_torch.model)
     assert 8 not in b.widths
 
 
@@ -225,11 +232,14 @@ def _prefill_both_ways(lm, lengths: list[int], prompt_lengths: list[int]) -> tup
     return same and all(_same_cache(x, y) for x, y in zip(alone, together, strict=True)), b
 
 
-def test_tiny_prompts_stacked_in_one_pass_match_each_alone(tiny_gemma):
-    # 3 rows is below every stacked size and 70 between the checked ones: those two run alone
-    same, b = _prefill_both_ways(tiny_gemma, [5, 9, 3, 12, 7, 2], [16, 13, 3, 40, 70, 12])
+@BOTH
+def test_tiny_prompts_stacked_in_one_pass_match_each_alone(request, which):
+    # MKL: 3 rows is below every stacked size and 70 between the checked ones: those two run alone
+    same, b = _prefill_both_ways(request.getfixturevalue(which), [5, 9, 3, 12, 7, 2], [16, 13, 3, 40, 70, 12])
     assert same
-    if {12, 13, 16, 40} <= b.stack_sizes:  # the four stackable prompts (81 rows) went in one pass
+    if b.fma16:  # no row depends on another: all six in one pass, unpadded
+        assert b.passes_run == 1
+    elif {12, 13, 16, 40} <= b.stack_sizes:  # the four stackable prompts (81 rows) went in one pass
         assert 70 not in b.stack_sizes and b.passes_run == 1
 
 
@@ -267,17 +277,23 @@ def _steps_and_prompts_both_ways(lm, step_lengths: list[int], prompt_at: list[in
     return rows_same and all(_same_cache(x, y) for x, y in zip(alone, together, strict=True)), passes, b
 
 
-def test_tiny_steps_and_prompts_in_one_pass_match_each_alone(tiny_gemma):
-    # 3 sessions step while 3 prompts arrive (one of 70 rows, an unchecked length, runs alone)
-    same, passes, b = _steps_and_prompts_both_ways(tiny_gemma, [5, 9, 12], [4, 7, 2], [16, 70, 13])
+@BOTH
+def test_tiny_steps_and_prompts_in_one_pass_match_each_alone(request, which):
+    # 3 sessions step while 3 prompts arrive (MKL: one of 70 rows, an unchecked length, runs alone)
+    same, passes, b = _steps_and_prompts_both_ways(request.getfixturevalue(which), [5, 9, 12], [4, 7, 2], [16, 70, 13])
     assert same
-    if {13, 16} <= b.stack_sizes and 70 not in b.stack_sizes:
+    if b.fma16:
+        assert sorted(passes) == [6]  # all of them in one pass
+    elif {13, 16} <= b.stack_sizes and 70 not in b.stack_sizes:
         assert sorted(passes) == [5]  # 3 steps and 2 prompts in one pass; the 70-row prompt alone, no pass
 
 
-def test_tiny_steps_and_prompts_beyond_one_pass_match_each_alone(tiny_gemma):
+@BOTH
+def test_tiny_steps_and_prompts_beyond_one_pass_match_each_alone(request, which):
     # 6 steps and 5 prompts: more than `most` (8) items, so more than one pass, each still each one's own bytes
-    same, passes, b = _steps_and_prompts_both_ways(tiny_gemma, [3, 4, 5, 6, 7, 8], [2, 3, 4, 5, 6], [12, 13, 14, 15, 16])
+    same, passes, b = _steps_and_prompts_both_ways(
+        request.getfixturevalue(which), [3, 4, 5, 6, 7, 8], [2, 3, 4, 5, 6], [12, 13, 14, 15, 16]
+    )
     assert same
     if b.most == 8 and {12, 13, 14, 15, 16} <= b.stack_sizes:
         assert passes == [8, 3]

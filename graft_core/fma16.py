@@ -1,0 +1,345 @@
+"""kvgraft's own matrix product (fma16.c): one fixed float32 operation order, faster than MKL here.
+
+Why: with MKL, the bytes of a row of x @ W^T depended on how many rows the call held, on the weight's
+address and on the thread count, and its 1-row and few-row calls were slow on this CPU (a 16-token
+question's 126 layer products took ~43 ms, the 1-row vocabulary product ~22 ms split on 2 threads,
+bench.kernels). fma16 fixes the order of every operation of every output (fma16.c's header): a row's
+bytes depend only on that row and the weight, by construction, on any CPU that runs the same
+instructions. And it reads the packaged model's weights in the GGUF blocks they were published in
+(Q8_0, Q5_0, Q4_K, Q6_K: 4-6x fewer bytes than float32), expanded in registers exactly as the float32
+weights were made from them.
+
+What is checked at load, not assumed:
+- per tensor, that the blocks expand to the float32 weight's bytes (a tensor whose blocks differ, or are
+  missing, is multiplied from its float32 weight instead: the same products, more bytes read);
+- per weight shape, on seeded rows, that the AVX-512 kernel gives the bytes of the plain C reference
+  (one output at a time, written as the definition) and that a row's bytes do not change with the rows
+  beside it.
+
+Where it is used it replaces every float32 CPU product of the model (`nn.Linear.forward`, and the batched
+passes' products through `product_of`), prefix and question alike, so "fresh" and "grafted" still compute
+the same bytes; and it enters the determinism record as ("linear", VERSION): artifacts made with MKL's
+products are refused as incompatible, not mistaken for broken. It needs x86-64 with AVX-512 (F, BW, VL,
+DQ), FMA and F16C, and a C compiler (gcc or cc) to build fma16.c once into the kernel cache
+(KVGRAFT_KERNEL_CACHE, default ~/.cache/kvgraft/kernels). Elsewhere, or with KVGRAFT_LINEAR=torch, the
+model keeps torch's products (graft_core.products) and its record stays as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("kvgraft.fma16")
+
+VERSION = "fma16-v1"  # the operation order of fma16.c; change it when that order changes
+SOURCE = Path(__file__).with_name("fma16.c")
+FLAGS = (
+    "-O3",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512dq",
+    "-mfma",
+    "-mf16c",
+    "-ffp-contract=off",  # no fused or reordered float operations besides the written ones
+    "-fno-fast-math",
+    "-fopenmp",  # the split over output rows; libgomp is the one torch already loaded
+    "-shared",
+    "-fPIC",
+)
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c")
+FORMATS = {"F32": 0, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # ggml's type numbers, as fma16.c names them
+BLOCKS_FILE = "gguf-blocks.safetensors"  # beside the packaged model's float32 folder
+
+_lib = None
+_lib_error = ""
+_lock = threading.Lock()
+
+
+def kernel_cache_dir() -> Path:
+    return Path(os.environ.get("KVGRAFT_KERNEL_CACHE", Path.home() / ".cache" / "kvgraft" / "kernels"))
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def why_not() -> str:
+    """ "" where fma16 can run in this process, else the reason it cannot (or is switched off)."""
+    choice = os.environ.get("KVGRAFT_LINEAR", "").strip().lower() or "fma16"
+    if choice not in ("fma16", "torch"):
+        return f"KVGRAFT_LINEAR must be fma16 or torch, got {choice!r}"
+    if choice == "torch":
+        return "KVGRAFT_LINEAR=torch"
+    missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
+    if missing:
+        return f"this CPU lacks {', '.join(missing)}"
+    lib()
+    return _lib_error
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC", ""), "gcc", "cc"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _build() -> Path:
+    cc = _compiler()
+    if cc is None:
+        raise OSError("no C compiler (gcc or cc) to build fma16.c")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + "\0".join((cc, version, *FLAGS)).encode()).hexdigest()[:16]
+    out = kernel_cache_dir() / f"fma16-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp:
+        so = Path(tmp) / out.name
+        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(so)], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise OSError(f"{cc} could not build fma16.c: {done.stderr.strip()[-500:]}")
+        os.replace(so, out)  # atomic: a concurrent build of the same source writes the same file
+    return out
+
+
+def lib():
+    """The built kernel library, or None (the reason in `why_not()`)."""
+    global _lib, _lib_error
+    with _lock:
+        if _lib is None and not _lib_error:
+            try:
+                handle = ctypes.CDLL(str(_build()))
+            except (OSError, subprocess.SubprocessError) as e:
+                _lib_error = str(e)
+                log.warning("fma16 unavailable: %s", e)
+                return None
+            i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+            handle.kv_linear.argtypes = [ptr, i64, i64, i64, ptr, c_int, i64, ptr, i64, c_int]
+            handle.kv_linear_ref.argtypes = [ptr, i64, i64, i64, ptr, c_int, i64, ptr, i64]
+            handle.kv_dequant.argtypes = [ptr, c_int, i64, i64, ptr, c_int]
+            handle.kv_row_bytes.argtypes = [c_int, i64]
+            handle.kv_row_bytes.restype = i64
+            _lib = handle
+        return _lib
+
+
+def row_bytes(fmt: int, k: int) -> int:
+    return lib().kv_row_bytes(fmt, k)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, fmt: int, n: int, *, reference: bool = False) -> torch.Tensor:
+    """x [M, K] float32 (contiguous) @ W^T -> [M, N], W as `n` rows of `fmt` in the uint8 (or float32) tensor `w`.
+    `reference` runs the plain C definition instead (one output at a time; slow)."""
+    m, k = x.shape
+    y = torch.empty((m, n), dtype=torch.float32)
+    if reference:
+        rc = lib().kv_linear_ref(x.data_ptr(), m, k, k, w.data_ptr(), fmt, n, y.data_ptr(), n)
+    else:
+        rc = lib().kv_linear(x.data_ptr(), m, k, k, w.data_ptr(), fmt, n, y.data_ptr(), n, torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"fma16 product failed ({rc}) for x {tuple(x.shape)}, {n} rows of format {fmt}")
+    return y
+
+
+def dequantize(w: torch.Tensor, fmt: int, n: int, k: int, *, reference: bool = False) -> torch.Tensor:
+    out = torch.empty((n, k), dtype=torch.float32)
+    if lib().kv_dequant(w.data_ptr(), fmt, n, k, out.data_ptr(), 0 if reference else 1) != 0:
+        raise ValueError(f"format {fmt} cannot hold rows of {k} values")
+    return out
+
+
+class Fma16Linear:
+    """The forward of a float32 `nn.Linear` through fma16, over GGUF blocks where given (checked equal)."""
+
+    def __init__(self, module: torch.nn.Linear, blocks: torch.Tensor | None = None, fmt: int = 0):
+        self.module = module
+        self.plain = module.forward
+        self.n, self.k = module.weight.shape
+        self.blocks, self.fmt = (blocks, fmt) if blocks is not None else (None, FORMATS["F32"])
+
+    @property
+    def source(self) -> torch.Tensor:
+        """What the kernel reads: the blocks, or the float32 weight itself (read in place, never copied)."""
+        if self.blocks is not None:
+            return self.blocks
+        w = self.module.weight
+        return w if w.is_contiguous() else w.contiguous()
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> x W^T [..., N] (no bias)."""
+        flat = x.reshape(-1, self.k)
+        if flat.dtype != torch.float32 or flat.device.type != "cpu":
+            raise TypeError(f"fma16 takes float32 CPU rows, got {flat.dtype} on {flat.device}")
+        if not flat.is_contiguous():
+            flat = flat.contiguous()  # where a row sits does not change its bytes here (unlike MKL)
+        if torch._C._autograd._profiler_enabled():  # a profiled run (bench.kernels) sees the products as one op
+            with torch.profiler.record_function("fma16::linear"):
+                return linear(flat, self.source, self.fmt, self.n).reshape(*x.shape[:-1], self.n)
+        return linear(flat, self.source, self.fmt, self.n).reshape(*x.shape[:-1], self.n)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.module.weight
+        if (
+            x.dtype != torch.float32
+            or x.device.type != "cpu"
+            or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+        ):
+            return self.plain(x)  # not the engine's numbers (gradients, another dtype): torch's product
+        y = self.product(x)
+        return y if self.module.bias is None else y + self.module.bias
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What `take_over` did, for the load log and the record of a run."""
+
+    products: int  # linear layers now computed by fma16
+    over_blocks: int  # of those, read from GGUF blocks
+    blocks_refused: int  # blocks present whose expansion differed from the float32 weight (read as float32)
+    shapes_checked: int
+
+    def line(self) -> str:
+        blocks = f", {self.over_blocks} over GGUF blocks" if self.over_blocks else ""
+        refused = f", {self.blocks_refused} blocks refused (expanded to other bytes)" if self.blocks_refused else ""
+        return (
+            f"{VERSION}: {self.products} products{blocks}{refused} "
+            f"({self.shapes_checked} shapes checked against the C reference and row by row)"
+        )
+
+
+def _bias_free_f32_cpu(m) -> bool:
+    return isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
+
+
+def check_shape(op: Fma16Linear, rows: int = 9, seed: int = 0) -> str:
+    """ "" where, on seeded rows, the kernel equals the C reference and each row equals that row alone."""
+    x = torch.randn(rows, op.k, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+    ref_rows = min(op.n, 64)  # the reference is slow: its first rows, through a slice of the source
+    src = op.source.reshape(op.n, -1)[:ref_rows].contiguous()
+    fast = linear(x, op.source, op.fmt, op.n)
+    if not torch.equal(fast[:, :ref_rows], linear(x, src, op.fmt, ref_rows, reference=True)):
+        return "differs from the C reference"
+    alone = torch.cat([linear(x[i : i + 1].contiguous(), op.source, op.fmt, op.n) for i in range(rows)])
+    if not torch.equal(fast, alone):
+        return "a row's bytes changed with the rows beside it"
+    return ""
+
+
+def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None) -> Taken:
+    """Route every float32 CPU linear layer of `model` through fma16 (module doc). `blocks` maps parameter
+    names to (uint8 rows, format); each is used only where it expands to that parameter's bytes.
+    Raises RuntimeError if a check fails (nothing is taken over then)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    by_param: dict[int, tuple[torch.Tensor, int]] = {}
+    refused = 0
+    for name, (rows, fmt) in (blocks or {}).items():
+        p = params.get(name)
+        if p is None or p.dim() != 2 or id(p) in by_param:
+            continue
+        n, k = p.shape
+        if rows.shape != (n, row_bytes(fmt, k)):
+            refused += 1
+            continue
+        if not torch.equal(dequantize(rows, fmt, n, k).view(torch.int32), p.detach().contiguous().view(torch.int32)):
+            refused += 1
+            log.warning("GGUF blocks of %s expand to other bytes than its float32 weight; reading the float32 weight", name)
+            continue
+        by_param[id(p)] = (rows, fmt)
+    ops: list[tuple[torch.nn.Module, Fma16Linear]] = []
+    checked: dict[tuple, str] = {}
+    with torch.inference_mode():
+        for _, m in model.named_modules():
+            if not _bias_free_f32_cpu(m):
+                continue
+            found = by_param.get(id(m.weight))
+            op = Fma16Linear(m, *found) if found else Fma16Linear(m)
+            key = (op.n, op.k, op.fmt)
+            if key not in checked:
+                checked[key] = check_shape(op)
+            if checked[key]:
+                raise RuntimeError(f"fma16 {checked[key]} for {op.n}x{op.k} (format {op.fmt}) on this machine")
+            ops.append((m, op))
+    for m, op in ops:
+        m.forward = op
+    return Taken(len(ops), sum(op.blocks is not None for _, op in ops), refused, len(checked))
+
+
+def product_of(module) -> Fma16Linear | None:
+    """The fma16 forward of a linear layer, or None where it has torch's."""
+    f = module.__dict__.get("forward")
+    return f if isinstance(f, Fma16Linear) else None
+
+
+def undo(model) -> int:
+    """Give every linear layer its torch forward back (A/B runs); returns how many."""
+    taken = [m for m in model.modules() if isinstance(m.__dict__.get("forward"), Fma16Linear)]
+    for m in taken:
+        del m.forward
+    return len(taken)
+
+
+def gguf_blocks(gguf_path: Path, model) -> dict[str, tuple[torch.Tensor, int]]:
+    """The 2-D tensors of a GGUF file in a format fma16 reads, by the model's parameter names (gguf's own
+    name map for the model's architecture), as uint8 rows."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = reader.fields["general.architecture"]
+    arch_name = bytes(arch.parts[arch.data[0]]).decode()
+    arch_id = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name)
+    names = gguf.get_tensor_name_map(arch_id, model.config.get_text_config(decoder=True).num_hidden_layers)
+    wanted = {}
+    for pname, p in model.named_parameters():
+        g = names.get_name(pname.removesuffix(".weight"))
+        if g is not None and p.dim() == 2:
+            wanted[g + ".weight"] = pname
+    out = {}
+    for t in reader.tensors:
+        fmt = FORMATS.get(t.tensor_type.name)
+        if t.name in wanted and fmt is not None and fmt != FORMATS["F32"]:
+            out[wanted[t.name]] = (torch.from_numpy(np.array(t.data, dtype=np.uint8)), fmt)  # a copy, not the map
+    return out
+
+
+def save_blocks(blocks: dict[str, tuple[torch.Tensor, int]], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    meta = {name: str(fmt) for name, (_, fmt) in blocks.items()}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file({name: rows.contiguous() for name, (rows, _) in blocks.items()}, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+
+
+def load_blocks(path: Path) -> dict[str, tuple[torch.Tensor, int]]:
+    """Blocks saved by `save_blocks` (each is checked against its float32 weight by `take_over` before use)."""
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        for name in f.keys():
+            if name in meta and meta[name].isdigit():
+                out[name] = (f.get_tensor(name).contiguous(), int(meta[name]))
+    return out

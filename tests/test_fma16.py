@@ -1,0 +1,161 @@
+"""graft_core.fma16: one fixed operation order for every product, checked byte for byte.
+
+The AVX-512 kernel against the plain C definition, its expansion of GGUF blocks against gguf-py's (the
+one the float32 model folder was made with), a row's bytes against the same row alone and under another
+thread count, and the load-time refusals. Skipped where fma16 cannot run (no AVX-512 or no compiler)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graft_core import fma16
+
+pytestmark = pytest.mark.skipif(bool(fma16.why_not()), reason=f"fma16 unavailable here: {fma16.why_not()}")
+
+BLOCK = {"Q8_0": (32, 34), "Q5_0": (32, 22), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+
+
+def _half(rng, n: int) -> np.ndarray:
+    """n float16 scales as GGUF files hold them: positive and negative, normal and subnormal, never inf/nan."""
+    mags = np.concatenate([rng.uniform(1e-4, 0.2, n - n // 8), rng.uniform(1e-7, 6e-5, n // 8)])  # tail: subnormal halves
+    return (mags * rng.choice([-1.0, 1.0], n)).astype(np.float16)
+
+
+def blocks(fmt: str, n: int, k: int, seed: int) -> np.ndarray:
+    """n rows of k values in `fmt`: random bytes with valid float16 scales where the format keeps them."""
+    rng = np.random.default_rng(seed)
+    per, size = BLOCK[fmt]
+    b = rng.integers(0, 256, size=(n, k // per, size), dtype=np.uint8)
+    scales = {"Q8_0": [0], "Q5_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}[fmt]
+    for at in scales:
+        b[:, :, at : at + 2] = _half(rng, n * (k // per)).view(np.uint8).reshape(n, k // per, 2)
+    return b.reshape(n, -1)
+
+
+def test_expansion_equals_gguf_py_for_every_format():
+    """gguf-py's dequantize made the float32 weights; fma16's two expansions (AVX-512 and plain C) must
+    give its bytes, or the products over blocks would not be the products over those weights."""
+    gguf = pytest.importorskip("gguf")
+    for name, fmt in fma16.FORMATS.items():
+        if name == "F32":
+            continue
+        raw = blocks(name, 64, 512, seed=fmt)
+        want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name]).astype(np.float32)
+        rows = torch.from_numpy(raw)
+        for reference in (False, True):
+            got = fma16.dequantize(rows, fmt, 64, 512, reference=reference).numpy()
+            assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (name, reference)
+
+
+@pytest.mark.parametrize("fmt", list(fma16.FORMATS))
+def test_kernel_equals_the_c_definition(fmt):
+    """Every path of the kernel (1 row fused, few rows, many rows; ragged K for float32) against the
+    plain C reference, one output at a time, byte for byte."""
+    code = fma16.FORMATS[fmt]
+    g = torch.Generator().manual_seed(code)
+    shapes = [(19, 48), (37, 256)] if fmt == "F32" else [(40, 256), (9, 512)]
+    if fmt == "F32":
+        shapes.append((33, 37))  # K not a multiple of 16: the zero-padded tail
+    for n, k in shapes:
+        if fmt == "F32":
+            w = torch.randn(n, k, generator=g)
+        else:
+            w = torch.from_numpy(blocks(fmt, n, k, seed=n + k))
+        for m in (1, 2, 3, 5, 16, 33):
+            x = torch.randn(m, k, generator=g)
+            fast = fma16.linear(x, w, code, n)
+            ref = fma16.linear(x, w, code, n, reference=True)
+            assert torch.equal(fast.view(torch.int32), ref.view(torch.int32)), (fmt, n, k, m)
+
+
+def test_reference_is_a_dot_product():
+    """The definition computes x W^T (to float32 rounding against float64): a guard that a broken
+    kernel and a broken reference cannot agree on something that is not the product."""
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(7, 300, generator=g), torch.randn(50, 300, generator=g)
+    ref = fma16.linear(x, w, 0, 50, reference=True)
+    assert torch.allclose(ref.double(), x.double() @ w.double().T, rtol=0, atol=1e-4)
+    assert not torch.equal(ref, torch.zeros_like(ref))
+
+
+def test_a_rows_bytes_do_not_depend_on_its_neighbours_or_the_thread_count():
+    g = torch.Generator().manual_seed(11)
+    w = torch.from_numpy(blocks("Q5_0", 300, 640, seed=3))
+    x = torch.randn(24, 640, generator=g)
+    together = fma16.linear(x, w, 6, 300)
+    for i in (0, 7, 23):
+        assert torch.equal(fma16.linear(x[i : i + 1].contiguous(), w, 6, 300)[0], together[i])
+    shuffled = fma16.linear(x.flip(0).contiguous(), w, 6, 300).flip(0)
+    assert torch.equal(shuffled, together)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(fma16.linear(x, w, 6, 300), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+class _Two(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(2)
+        self.a = torch.nn.Linear(64, 96, bias=False)
+        self.b = torch.nn.Linear(96, 32, bias=True)
+        with torch.no_grad():
+            self.a.weight.copy_(torch.randn(96, 64, generator=g))
+            self.b.weight.copy_(torch.randn(32, 96, generator=g))
+            self.b.bias.copy_(torch.randn(32, generator=g))
+        self.requires_grad_(False)  # frozen, as model.load leaves the engine's model
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_take_over_uses_blocks_only_where_they_expand_to_the_weight():
+    model = _Two()
+    raw = blocks("Q8_0", 96, 64, seed=9)
+    good = torch.from_numpy(raw.copy())
+    with torch.no_grad():  # the float32 weight made from the blocks, as the packaged model's was
+        model.a.weight.copy_(fma16.dequantize(good, 8, 96, 64))
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    on_f32 = fma16.take_over(model)
+    assert (on_f32.products, on_f32.over_blocks) == (2, 0)
+    want = model(x)
+    assert torch.equal(want, fma16.linear(fma16.linear(x, model.a.weight, 0, 96), model.b.weight, 0, 32) + model.b.bias)
+    fma16.undo(model)
+
+    taken = fma16.take_over(model, {"a.weight": (good, 8)})
+    assert (taken.over_blocks, taken.blocks_refused) == (1, 0)
+    assert torch.equal(model(x), want)  # over blocks: the same bytes as over the float32 weight
+    fma16.undo(model)
+
+    bad = good.clone()
+    bad[5, 10] ^= 0x01  # one quant off by one: other weights
+    refused = fma16.take_over(model, {"a.weight": (bad, 8)})
+    assert (refused.over_blocks, refused.blocks_refused) == (0, 1)
+    assert torch.equal(model(x), want)
+    fma16.undo(model)
+
+
+def test_the_switch_is_read_and_a_bad_value_named(monkeypatch):
+    monkeypatch.setenv("KVGRAFT_LINEAR", "torch")
+    assert fma16.why_not() == "KVGRAFT_LINEAR=torch"
+    monkeypatch.setenv("KVGRAFT_LINEAR", "mkl")
+    assert "fma16 or torch" in fma16.why_not()
+    monkeypatch.setenv("KVGRAFT_LINEAR", "fma16")
+    assert fma16.why_not() == ""
+
+
+def test_gradients_keep_torchs_product():
+    model = _Two()
+    fma16.take_over(model)
+    try:
+        x = torch.randn(2, 64, requires_grad=True)
+        model(x).sum().backward()  # autograd through torch's product, not the kernel
+        assert x.grad is not None and x.grad.abs().sum() > 0
+        with torch.no_grad():  # no autograd: the kernel
+            assert torch.equal(model.a(x), fma16.linear(x.detach(), model.a.weight, 0, 96))
+    finally:
+        fma16.undo(model)
