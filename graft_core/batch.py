@@ -226,7 +226,7 @@ class Batcher:
 
     def _stacked(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x [T, K] -> x W^T as one product over T rows, zero-padded up to the next checked stacked size."""
-        if self.fma16:
+        if self.fma16:  # no row depends on another: no padding
             return self.fma16[id(weight)].product(x)
         t = x.shape[0]
         size = min(s for s in self.stack_sizes if s >= t)

@@ -60,7 +60,6 @@ FLAGS = (
 )
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c")
 FORMATS = {"F32": 0, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # ggml's type numbers, as fma16.c names them
-BLOCKS_FILE = "gguf-blocks.safetensors"  # beside the packaged model's float32 folder
 
 _lib = None
 _lib_error = ""

