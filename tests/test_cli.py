@@ -182,9 +182,12 @@ def test_a_refused_deposit_exits_non_zero_with_one_line(run, lib):
 def test_ask_with_a_named_artifact_proves_its_chain_at_load_and_serves_the_same_bytes(run, lib, chain):
     _, child = chain
     q = "What is the tallest bridge of Quendia's capital?"
+    before = len(lib.ledger())
     code, out, _ = run("ask", q, "--artifact", child.id, "--max-new-tokens", "3")
-    assert code == 0 and out["proved_at_load_s"] > 0
+    assert code == 0 and out["proved_at_load_s"] > 0 and out["warmed_at_load_s"] > 0
     assert out["proof"]["kind"] == "state" and out["proof"]["passed"] is True  # the probe ran before the question
+    rows = lib.ledger()  # the throw-away warm-up answer is not recorded; the question is, once
+    assert len(rows) == before + 1 and rows[-1].query == q and out["ledger_id"] is not None
     alone = lib.answer(q, artifact=child.id, max_new_tokens=3)  # this process proves it inside the answer
     assert alone.proof.kind == "probe" and alone.proof.passed
     assert (out["output_sha256"], out["logits_sha256"]) == (alone.output_sha256, alone.logits_sha256)
