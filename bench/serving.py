@@ -10,6 +10,11 @@ question's answer alone (`byte_identical`). The users run in a process of their 
 server's process they shared its interpreter lock, and the clients' own work (a new HTTP client and TLS
 context per request) then counted against the server.
 
+A third app is the one issue 13 measured "today" against: one answer at a time on MKL's products
+(KVGRAFT_LINEAR=torch, no fma16), over a store of its own seeded the same way (artifacts made with one
+product kernel are refused by the other). `throughput_vs_today` is each level's throughput over that
+app's at the same user count, in this run. `--no-today` leaves it out.
+
 Writes docs/bench/serving.json.  Usage: .venv/bin/python -m bench.serving [--users 1,4,8] [--per-user 8]
 
 Ray mode (`--ray --replicas 1,2`, docs/SCALING.md): the same seed questions posted to /answer of a Ray Serve
@@ -64,6 +69,7 @@ def main() -> None:
         "--together", default="1,8", help="answers at once per app (FairTurns slots), measured in turn per user count"
     )
     ap.add_argument("--level-timeout-s", type=float, default=300)
+    ap.add_argument("--no-today", action="store_true", help="leave out the MKL, one-at-a-time app (issue 13's 'today')")
     ap.add_argument("--out", default=None, help="default docs/bench/serving.json (Ray mode: serving-ray.json, real model only)")
     ap.add_argument("--ray", action="store_true", help="post to a Ray Serve deployment instead of the Gradio app")
     ap.add_argument("--replicas", default="1,2", help="Ray mode: replica counts, measured in turn in this run")
@@ -105,36 +111,62 @@ def gradio_main(args) -> None:
     from app_guard import FairTurns, Guard, per_address
 
     args.users = args.users or "1,4,8"
-    with tempfile.TemporaryDirectory(prefix="kvgraft-serving-") as home:
-        lib = services.Library(home=home)
+    questions = [it["question"] for it in app.seed_items()[0]]
+    warm_limit = limits.warm_proofs_limit()
+
+    def prepared(home: str, lm=None):
+        """A seeded, warmed store and each question's hashes answered alone in process."""
+        lib = services.Library(home=home, lm=lm)
         app.seed_library(lib)
-        warm_limit = limits.warm_proofs_limit()
         warm = lib.warm_proofs(warm_limit)  # what the app's start-up does next (KVGRAFT_WARM_PROOFS)
         print(warm.line(), flush=True)
-        questions = [it["question"] for it in app.seed_items()[0]]
         alone = {}  # question -> (output_sha256, logits_sha256) answered alone, in process
         for q in questions:
             r = lib.answer(q, max_new_tokens=16, record=False)
             alone[q] = (r.output_sha256, r.logits_sha256)
-        demos = {}
+        return lib, warm, alone
+
+    with tempfile.TemporaryDirectory(prefix="kvgraft-serving-") as home:
+        lib, warm, alone = prepared(str(Path(home) / "now"))
+        apps = {}  # label -> (engine, answers at once, library, hashes alone)
+        if not args.no_today:
+            from graft_core import model as model_mod
+
+            before = os.environ.get("KVGRAFT_LINEAR")
+            os.environ["KVGRAFT_LINEAR"] = "torch"  # read when the model loads
+            try:
+                today_lm = model_mod.load()
+            finally:
+                if before is None:
+                    del os.environ["KVGRAFT_LINEAR"]
+                else:
+                    os.environ["KVGRAFT_LINEAR"] = before
+            today_lib, _, today_alone = prepared(str(Path(home) / "today"), lm=today_lm)
+            apps["today"] = ("mkl", 1, today_lib, today_alone)
         for together in [int(t) for t in args.together.split(",")]:
+            apps[f"together={together}"] = ("fma16" if "fma16" in lib.lm.products else "mkl", together, lib, alone)
+        demos = {}
+        for label, (_, together, app_lib, _) in apps.items():
             guard = Guard("", turns=FairTurns(per_address=per_address(), slots=together))
-            demos[together] = app.build_app(lib, guard=guard)
-            demos[together].launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True)
+            demos[label] = app.build_app(app_lib, guard=guard)
+            demos[label].launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True)
         levels = []
         try:
             for demo in demos.values():
                 Client(demo.local_url, verbose=False).predict(questions[0], check=False, api_name="/answer")  # warm-up
-            for users, (together, demo) in [(int(u), d) for u in args.users.split(",") for d in demos.items()]:
+            for users, (label, demo) in [(int(u), d) for u in args.users.split(",") for d in demos.items()]:
+                engine, together, _, hashes = apps[label]
                 run = _users(demo.local_url, questions, users, args.per_user, args.level_timeout_s)
                 results, wall = run["requests"], run["wall_s"]
                 lat = [r[0] for r in results]
                 level = {
+                    "app": label,
+                    "products": engine,
                     "users": users,
                     "together": together,
                     "requests": len(results),
                     "errors": sum(1 for r in results if not r[1]),
-                    "byte_identical": all((r[3], r[4]) == alone[r[2]] for r in results),
+                    "byte_identical": all((r[3], r[4]) == hashes[r[2]] for r in results),
                     "wall_s": wall,
                     "throughput_rps": len(results) / wall,
                     "latency_p50_s": statistics.median(lat),
@@ -145,32 +177,41 @@ def gradio_main(args) -> None:
         finally:
             for demo in demos.values():
                 demo.close()
-            lib.close()
+            for app_lib in {id(a[2]): a[2] for a in apps.values()}.values():
+                app_lib.close()
     out = {
         "benchmark": "serving",
-        "command": ".venv/bin/python -m bench.serving",
+        "command": ".venv/bin/python -m bench.serving" + (" --no-today" if args.no_today else ""),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count()},
         "setup": f"real default model, built-in seed library, /answer with retrieval on and check off, max_new_tokens 16, "
-        f"{args.per_user} requests per user from a process of their own (bench/users.py, gradio_client), loopback; two apps over one store and model, answers at once: {args.together}, "
-        "each user count measured on each in turn",
+        f"{args.per_user} requests per user from a process of their own (bench/users.py, gradio_client), loopback; apps over one store and model, answers at once: {args.together}, "
+        "plus (unless --no-today) 'today': MKL's products, one answer at a time, over its own store; each user count measured on each in turn",
+        "products": lib.lm.products,
         "warm_proofs": {"limit": warm_limit, "proved": warm.proved, "seconds": warm.seconds},
         "levels": levels,
-        "throughput_ratio": {
-            str(lv["users"]): lv["throughput_rps"] / first["throughput_rps"]
+        "throughput_ratio": {  # the most answers at once over one at a time, both on this engine's products
+            str(lv["users"]): lv["throughput_rps"] / one["throughput_rps"]
             for lv in levels
-            for first in [next(x for x in levels if x["users"] == lv["users"])]
-            if lv is not first
+            if lv["app"] != "today" and lv["together"] > 1
+            for one in [x for x in levels if x["users"] == lv["users"] and x["app"] == "together=1"]
+        },
+        "throughput_vs_today": {
+            f"{lv['users']} {lv['app']}": lv["throughput_rps"] / today["throughput_rps"]
+            for lv in levels
+            if lv["app"] != "today"
+            for today in [x for x in levels if x["users"] == lv["users"] and x["app"] == "today"]
         },
     }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(
-        "\n| users | answers at once | requests | errors | byte-identical | throughput (req/s) | p50 (s) | p95 (s) |"
-        "\n|---:|---:|---:|---:|---|---:|---:|---:|"
+        "\n| users | products | answers at once | requests | errors | byte-identical | throughput (req/s) | p50 (s) | p95 (s) |"
+        "\n|---:|---|---:|---:|---:|---|---:|---:|---:|"
     )
     for lv in levels:
         print(
-            f"| {lv['users']} | {lv['together']} | {lv['requests']} | {lv['errors']} | {'yes' if lv['byte_identical'] else 'NO'} | "
+            f"| {lv['users']} | {lv['products']}{' (today)' if lv['app'] == 'today' else ''} | {lv['together']} | {lv['requests']} | "
+            f"{lv['errors']} | {'yes' if lv['byte_identical'] else 'NO'} | "
             f"{lv['throughput_rps']:.2f} | {lv['latency_p50_s']:.2f} | {lv['latency_p95_s']:.2f} |"
         )
 
