@@ -11,8 +11,9 @@ forwards: each session's question-sized prompt (PROMPTS tokens) alone, against a
 most: one answer's prompt arriving while the other sessions decode, run as two passes (the prompt alone,
 then the steps together) against one `Batcher.run` pass taking both. The web app uses all three through
 `StepGroup` (README, "Serving"). Last, where one pass of the most sessions spends its time (`pass_parts`:
-the padded column products, the vocabulary's among them, the attention calls and the cache updates,
-timed inside the pass) and the vocabulary's padded column product alone at each checked width.
+the products (fma16's, or MKL's padded column products where fma16 does not run), the vocabulary's
+among them, the attention calls and the cache updates, timed inside the pass) and MKL's padded column
+product of the vocabulary alone at each width (what the MKL path would pay; not used under fma16).
 
     .venv/bin/python -m bench.batch [--steps 8] [--repeats 3] [--sessions 1,2,4,8]
 
@@ -58,7 +59,7 @@ def main() -> None:
     import torch
 
     from bench.kernels import timed
-    from graft_core import batch
+    from graft_core import batch, fma16
     from graft_core.forward import forward_chunk, new_cache
     from graft_core.model import load
 
@@ -155,6 +156,7 @@ def main() -> None:
 
         vocab = tuple(m.lm_head.weight.shape)
         timing(batch, "column_product", lambda a: "vocabulary" if tuple(a[0].shape) == vocab else "layer_products")
+        timing(fma16, "linear", lambda a: "vocabulary" if a[3] == vocab[0] else "layer_products")  # (x, w, fmt, n)
         for cls in {type(layer) for c in caches[:k] for layer in c.layers}:
             timing(cls, "update", "cache_updates")
         registry = g3.ALL_ATTENTION_FUNCTIONS
