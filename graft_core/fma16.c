@@ -301,13 +301,71 @@ static void fused_q8_0_8(const float *x, const uint8_t *w, int64_t rb, int64_t K
     for (int r = 0; r < 8; r++) y[r] = reduce16(acc[r]);
 }
 
+
+/* MB rows of x against RB weight rows (MB <= 8, RB <= 2), the weights expanded in registers: for few
+   rows of x, expanding a weight again per block of 8 rows costs less than a round trip through a panel. */
+#define FUSEDM(NAME, MB, RB)                                                                                     \
+    static void fusedm_##NAME##_##MB##_##RB(const float *x, int64_t ldx, const uint8_t *w, int64_t rb,         \
+                                            int64_t K, float *y, int64_t ldy) {                                \
+        __m512 acc[MB][RB];                                                                                    \
+        for (int m = 0; m < MB; m++)                                                                           \
+            for (int r = 0; r < RB; r++) acc[m][r] = _mm512_setzero_ps();                                      \
+        for (int64_t k = 0; k < K; k += 16) {                                                                  \
+            __m512 wv[RB];                                                                                     \
+            for (int r = 0; r < RB; r++) {                                                                     \
+                _mm_prefetch((const char *)(w + (r + 2 * RB) * rb + off_##NAME(k)), _MM_HINT_T0);            \
+                wv[r] = w16_##NAME(w + r * rb, k);                                                             \
+            }                                                                                                  \
+            for (int m = 0; m < MB; m++) {                                                                     \
+                const __m512 xv = _mm512_loadu_ps(x + m * ldx + k);                                            \
+                for (int r = 0; r < RB; r++) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);              \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int m = 0; m < MB; m++)                                                                           \
+            for (int r = 0; r < RB; r++) y[m * ldy + r] = reduce16(acc[m][r]);                                \
+    }
+#define FUSEDM_ALL(NAME)                                                                                        \
+    FUSEDM(NAME, 8, 2) FUSEDM(NAME, 4, 2) FUSEDM(NAME, 2, 2) FUSEDM(NAME, 1, 2)                                 \
+    FUSEDM(NAME, 8, 1) FUSEDM(NAME, 4, 1) FUSEDM(NAME, 2, 1) FUSEDM(NAME, 1, 1)                                 \
+    static void fusedm_##NAME(const float *x, int64_t M, int64_t ldx, const uint8_t *w, int64_t rb, int64_t K,  \
+                              int64_t n0, int64_t n1, float *y, int64_t ldy) {                                  \
+        for (int64_t n = n0; n < n1;) {                                                                        \
+            const int two = n + 2 <= n1;                                                                       \
+            for (int64_t m = 0; m < M;) {                                                                      \
+                const int64_t left = M - m;                                                                    \
+                const float *xm = x + m * ldx;                                                                 \
+                float *ym = y + m * ldy + n;                                                                   \
+                const uint8_t *wn = w + n * rb;                                                                \
+                if (left >= 8) {                                                                               \
+                    (two ? fusedm_##NAME##_8_2 : fusedm_##NAME##_8_1)(xm, ldx, wn, rb, K, ym, ldy);            \
+                    m += 8;                                                                                    \
+                } else if (left >= 4) {                                                                        \
+                    (two ? fusedm_##NAME##_4_2 : fusedm_##NAME##_4_1)(xm, ldx, wn, rb, K, ym, ldy);            \
+                    m += 4;                                                                                    \
+                } else if (left >= 2) {                                                                        \
+                    (two ? fusedm_##NAME##_2_2 : fusedm_##NAME##_2_1)(xm, ldx, wn, rb, K, ym, ldy);            \
+                    m += 2;                                                                                    \
+                } else {                                                                                       \
+                    (two ? fusedm_##NAME##_1_2 : fusedm_##NAME##_1_1)(xm, ldx, wn, rb, K, ym, ldy);            \
+                    m += 1;                                                                                    \
+                }                                                                                              \
+            }                                                                                                  \
+            n += two ? 2 : 1;                                                                                  \
+        }                                                                                                      \
+    }
+FUSEDM_ALL(f32) FUSEDM_ALL(q8_0) FUSEDM_ALL(q5_0)
+
+typedef void (*fusedm_fn)(const float *, int64_t, int64_t, const uint8_t *, int64_t, int64_t, int64_t, int64_t, float *,
+                          int64_t);
+#define FUSEDM_MAX_ROWS 8 /* up to this many rows of x: the weights expanded in registers; more: through panels */
+
 typedef void (*fused_fn)(const float *, const uint8_t *, int64_t, int64_t, float *);
 
 /* The fused kernels for a format (K a multiple of 16 for float32), or none: the panel path takes it. */
-static int fused_for(int fmt, int64_t K, fused_fn *f8, fused_fn *f1) {
-    if (fmt == FMT_F32 && K % 16 == 0) { *f8 = fused_f32_8; *f1 = fused_f32_1; return 1; }
-    if (fmt == FMT_Q8_0) { *f8 = fused_q8_0_8; *f1 = fused_q8_0_1; return 1; }
-    if (fmt == FMT_Q5_0) { *f8 = fused_q5_0_8; *f1 = fused_q5_0_1; return 1; }
+static int fused_for(int fmt, int64_t K, fused_fn *f8, fused_fn *f1, fusedm_fn *fm) {
+    if (fmt == FMT_F32 && K % 16 == 0) { *f8 = fused_f32_8; *f1 = fused_f32_1; *fm = fusedm_f32; return 1; }
+    if (fmt == FMT_Q8_0) { *f8 = fused_q8_0_8; *f1 = fused_q8_0_1; *fm = fusedm_q8_0; return 1; }
+    if (fmt == FMT_Q5_0) { *f8 = fused_q5_0_8; *f1 = fused_q5_0_1; *fm = fusedm_q5_0; return 1; }
     return 0;
 }
 
@@ -330,7 +388,14 @@ int kv_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *
     if (rb < 0 || M < 0 || N < 0 || K <= 0) return -1;
     const int64_t Kp = pad16(K), P = panel_rows(Kp), panels = (N + P - 1) / P;
     fused_fn f8, f1;
-    if (M == 1 && fused_for(fmt, K, &f8, &f1)) { /* one row: no panel, each weight is read once anyway */
+    fusedm_fn fm;
+    const int fused = fused_for(fmt, K, &f8, &f1, &fm);
+    if (fused && M > 1 && M <= FUSEDM_MAX_ROWS) {
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
+        for (int64_t p = 0; p < panels; p++) fm(x, M, ldx, w, rb, K, p * P, N - p * P < P ? N : p * P + P, y, ldy);
+        return 0;
+    }
+    if (fused && M == 1) { /* one row: no panel, each weight is read once anyway */
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
         for (int64_t p = 0; p < panels; p++) {
             const int64_t n0 = p * P, end = N - n0 < P ? N : n0 + P;

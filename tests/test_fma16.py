@@ -63,7 +63,7 @@ def test_kernel_equals_the_c_definition(fmt):
             w = torch.randn(n, k, generator=g)
         else:
             w = torch.from_numpy(blocks(fmt, n, k, seed=n + k))
-        for m in (1, 2, 3, 5, 16, 33):
+        for m in (1, 2, 3, 5, 8, 16, 33):  # 1: fused; 2-8: fused in blocks of 8, 4, 2, 1; more: panels
             x = torch.randn(m, k, generator=g)
             fast = fma16.linear(x, w, code, n)
             ref = fma16.linear(x, w, code, n, reference=True)
