@@ -151,6 +151,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, fmt: int, n: int, *, reference: boo
     """x [M, K] float32 (contiguous) @ W^T -> [M, N], W as `n` rows of `fmt` in the uint8 (or float32) tensor `w`.
     `reference` runs the plain C definition instead (one output at a time; slow)."""
     m, k = x.shape
+    need = row_bytes(fmt, k)
+    if need < 0 or x.dtype != torch.float32 or not x.is_contiguous() or not w.is_contiguous():
+        raise ValueError(f"fma16 takes contiguous float32 rows and a format that holds {k} values (format {fmt})")
+    if w.numel() * w.element_size() < n * need:  # the C code reads n rows of `need` bytes: never past the tensor
+        raise ValueError(
+            f"fma16: {n} rows of format {fmt} need {n * need:,} bytes, the weight holds {w.numel() * w.element_size():,}"
+        )
     y = torch.empty((m, n), dtype=torch.float32)
     if reference:
         rc = lib().kv_linear_ref(x.data_ptr(), m, k, k, w.data_ptr(), fmt, n, y.data_ptr(), n)
@@ -162,6 +169,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, fmt: int, n: int, *, reference: boo
 
 
 def dequantize(w: torch.Tensor, fmt: int, n: int, k: int, *, reference: bool = False) -> torch.Tensor:
+    need = row_bytes(fmt, k)
+    if need < 0 or not w.is_contiguous() or w.numel() * w.element_size() < n * need:
+        raise ValueError(f"fma16: {n} rows of {k} values in format {fmt} do not fit the given weight")
     out = torch.empty((n, k), dtype=torch.float32)
     if lib().kv_dequant(w.data_ptr(), fmt, n, k, out.data_ptr(), 0 if reference else 1) != 0:
         raise ValueError(f"format {fmt} cannot hold rows of {k} values")

@@ -177,3 +177,14 @@ def test_a_kernel_that_differs_from_its_definition_is_refused(monkeypatch):
     with pytest.raises(RuntimeError, match="differs from the C reference"):
         fma16.take_over(model)
     assert fma16.product_of(model.a) is None and fma16.product_of(model.b) is None
+
+
+def test_a_call_that_would_read_past_the_weight_is_refused():
+    w = torch.from_numpy(blocks("Q8_0", 10, 64, seed=1))
+    x = torch.randn(2, 64)
+    with pytest.raises(ValueError, match="need"):
+        fma16.linear(x, w, 8, 11)  # one row more than the tensor holds
+    with pytest.raises(ValueError, match="format"):
+        fma16.linear(torch.randn(2, 48), w, 8, 10)  # 48 values are not whole Q8_0 blocks
+    with pytest.raises(ValueError, match="do not fit"):
+        fma16.dequantize(w, 8, 11, 64)
