@@ -73,13 +73,12 @@ def sliding_flags(cache) -> list[bool]:
 def state_digest(cache) -> str:
     """BLAKE3 (hex) of what a cache holds, layer by layer: kind, tokens seen, shapes, dtype and the
     key/value bytes. Two caches with equal digests serve the same continuation bit for bit (same model
-    and kernels). Hashed on the pinned number of threads (BLAKE3's digest does not depend on how many
-    hash it): a 38 MB state took 3.8 ms on 2 threads against 5.2 on one (one-off timing, Zen 5), the
-    per-answer state proof's whole cost."""
+    and kernels); a 28 MB state costs ~4 ms here (the per-answer state proof's whole cost). One thread:
+    BLAKE3 on the 2 pinned threads hashed 38 MB of buffers faster alone (3.8 against 5.2 ms, one-off) but
+    not inside an answer (bench.kernels' state_proof stage: 4.2-4.5 ms against 3.8 at 2,049 tokens)."""
     import blake3
-    import torch
 
-    h = blake3.blake3(max_threads=max(1, torch.get_num_threads()))
+    h = blake3.blake3()
     for layer in cache.layers:
         k, v = layer.keys, layer.values
         if k is None or v is None:  # a layer that holds nothing yet
