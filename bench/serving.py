@@ -132,15 +132,7 @@ def gradio_main(args) -> None:
         if not args.no_today:
             from graft_core import model as model_mod
 
-            before = os.environ.get("KVGRAFT_LINEAR")
-            os.environ["KVGRAFT_LINEAR"] = "torch"  # read when the model loads
-            try:
-                today_lm = model_mod.load()
-            finally:
-                if before is None:
-                    del os.environ["KVGRAFT_LINEAR"]
-                else:
-                    os.environ["KVGRAFT_LINEAR"] = before
+            today_lm = model_mod.load(linear="torch")
             today_lib, _, today_alone = prepared(str(Path(home) / "today"), lm=today_lm)
             apps["today"] = ("mkl", 1, today_lib, today_alone)
         for together in [int(t) for t in args.together.split(",")]:

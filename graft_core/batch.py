@@ -96,17 +96,20 @@ def stack_sizes(weights, sizes=STACK_SIZES, seed: int = 1) -> frozenset[int]:
     return frozenset(agreed)
 
 
+def _linears(model) -> list:
+    """Every linear layer a pass multiplies by: each layer's MLP three and q/k/v/o, then the vocabulary head."""
+    out = []
+    for layer in model.model.layers:
+        a = layer.self_attn
+        out += [layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, a.q_proj, a.k_proj, a.v_proj, a.o_proj]
+    return [*out, model.lm_head]
+
+
 def _fma16_products(model) -> dict:
     """id(weight) -> fma16 product for every linear layer the passes call, or {} unless fma16 has them all."""
     from .fma16 import product_of
 
-    layers = [
-        lin
-        for layer in model.model.layers
-        for lin in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
-        + tuple(getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-    ]
-    ops = {id(lin.weight): product_of(lin) for lin in (*layers, model.lm_head)}
+    ops = {id(lin.weight): product_of(lin) for lin in _linears(model)}
     return ops if all(ops.values()) else {}
 
 
@@ -132,11 +135,8 @@ class Batcher:
             self.why = f"{type(model).__name__} is not a Gemma 3 text model"
             return
         shapes = {}
-        for layer in model.model.layers:
-            a = layer.self_attn
-            for lin in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, a.q_proj, a.k_proj, a.v_proj, a.o_proj):
-                shapes.setdefault((tuple(lin.weight.shape), lin.weight.data_ptr() % 64), lin.weight)
-        shapes.setdefault((tuple(model.lm_head.weight.shape), model.lm_head.weight.data_ptr() % 64), model.lm_head.weight)
+        for lin in _linears(model):
+            shapes.setdefault((tuple(lin.weight.shape), lin.weight.data_ptr() % 64), lin.weight)
         if any(w.dtype != torch.float32 or w.device.type != "cpu" for w in shapes.values()):
             self.why = "only float32 on the CPU is checked"
             return

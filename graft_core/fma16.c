@@ -381,6 +381,9 @@ static int64_t panel_rows(int64_t Kp) {
     return r / 8 * 8;
 }
 
+/* The end of panel p of P weight rows (the last panel may be short). */
+static int64_t panel_end(int64_t p, int64_t P, int64_t N) { return N - p * P < P ? N : p * P + P; }
+
 /* y[M][N] (row stride ldy) = x[M][K] (row stride ldx) @ W^T, W given as N rows of row_bytes in `fmt`. */
 int kv_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int fmt, int64_t N,
               float *y, int64_t ldy, int threads) {
@@ -392,14 +395,14 @@ int kv_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *
     const int fused = fused_for(fmt, K, &f8, &f1, &fm);
     if (fused && M > 1 && M <= FUSEDM_MAX_ROWS) {
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
-        for (int64_t p = 0; p < panels; p++) fm(x, M, ldx, w, rb, K, p * P, N - p * P < P ? N : p * P + P, y, ldy);
+        for (int64_t p = 0; p < panels; p++) fm(x, M, ldx, w, rb, K, p * P, panel_end(p, P, N), y, ldy);
         return 0;
     }
     if (fused && M == 1) { /* one row: no panel, each weight is read once anyway */
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
         for (int64_t p = 0; p < panels; p++) {
-            const int64_t n0 = p * P, end = N - n0 < P ? N : n0 + P;
-            int64_t n = n0;
+            const int64_t end = panel_end(p, P, N);
+            int64_t n = p * P;
             for (; n + 8 <= end; n += 8) f8(x, w + n * rb, rb, K, y + n);
             for (; n < end; n++) f1(x, w + n * rb, rb, K, y + n);
         }
@@ -416,7 +419,7 @@ int kv_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; p++) {
             if (!buf) continue;
-            const int64_t n0 = p * P, rows = N - n0 < P ? N - n0 : P;
+            const int64_t n0 = p * P, rows = panel_end(p, P, N) - n0;
             for (int64_t r = 0; r < rows; r++) {
                 dequant_row(fmt, w + (n0 + r) * rb, K, buf + r * Kp);
                 if (Kp > K) memset(buf + r * Kp + K, 0, (size_t)(Kp - K) * 4);

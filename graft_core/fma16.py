@@ -27,6 +27,7 @@ model keeps torch's products (graft_core.products) and its record stays as befor
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -82,9 +83,10 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def why_not() -> str:
-    """ "" where fma16 can run in this process, else the reason it cannot (or is switched off)."""
-    choice = os.environ.get("KVGRAFT_LINEAR", "").strip().lower() or "fma16"
+def why_not(choice: str | None = None) -> str:
+    """ "" where fma16 can run in this process, else the reason it cannot (or is switched off). `choice`
+    ("fma16" or "torch") stands in for KVGRAFT_LINEAR, which is read when it is None."""
+    choice = (choice if choice is not None else os.environ.get("KVGRAFT_LINEAR", "")).strip().lower() or "fma16"
     if choice not in ("fma16", "torch"):
         return f"KVGRAFT_LINEAR must be fma16 or torch, got {choice!r}"
     if choice == "torch":
@@ -202,10 +204,10 @@ class Fma16Linear:
             raise TypeError(f"fma16 takes float32 CPU rows, got {flat.dtype} on {flat.device}")
         if not flat.is_contiguous():
             flat = flat.contiguous()  # where a row sits does not change its bytes here (unlike MKL)
-        if torch._C._autograd._profiler_enabled():  # a profiled run (bench.kernels) sees the products as one op
-            with torch.profiler.record_function("fma16::linear"):
-                return linear(flat, self.source, self.fmt, self.n).reshape(*x.shape[:-1], self.n)
-        return linear(flat, self.source, self.fmt, self.n).reshape(*x.shape[:-1], self.n)
+        # a profiled run (bench.kernels) sees the products as one op; otherwise nothing is recorded
+        profiled = torch._C._autograd._profiler_enabled()
+        with torch.profiler.record_function("fma16::linear") if profiled else contextlib.nullcontext():
+            return linear(flat, self.source, self.fmt, self.n).reshape(*x.shape[:-1], self.n)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.module.weight
@@ -237,7 +239,7 @@ class Taken:
         )
 
 
-def _bias_free_f32_cpu(m) -> bool:
+def _f32_cpu_linear(m) -> bool:
     return isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
 
 
@@ -279,7 +281,7 @@ def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None) 
     checked: dict[tuple, str] = {}
     with torch.inference_mode():
         for _, m in model.named_modules():
-            if not _bias_free_f32_cpu(m):
+            if not _f32_cpu_linear(m):
                 continue
             found = by_param.get(id(m.weight))
             op = Fma16Linear(m, *found) if found else Fma16Linear(m)

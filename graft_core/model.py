@@ -276,8 +276,9 @@ def keep_large_buffers() -> bool:
     return bool(mallopt(m_mmap_threshold, LARGE_BUFFER_BYTES)) and bool(mallopt(m_trim_threshold, LARGE_BUFFER_BYTES))
 
 
-def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
-    """Load `name` (default: `KVGRAFT_MODEL` or the packaged Gemma 3 270M) deterministically."""
+def load(name: str | None = None, device: str = "cpu", linear: str | None = None) -> LoadedModel:
+    """Load `name` (default: `KVGRAFT_MODEL` or the packaged Gemma 3 270M) deterministically. `linear`
+    ("fma16" or "torch") chooses the products as KVGRAFT_LINEAR does, which is read when it is None."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -305,8 +306,8 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
         config = replace(config, numerics=tuple(sorted((*config.numerics, ("weights_placement", f"{rem} mod {mod}")))))
     weights, tok, combined = _fingerprints(model, tokenizer, source)
     info = describe(model, name, weights, tok, combined)
-    products = ""
-    if device.startswith("cpu") and not fma16.why_not():
+    why = fma16.why_not(linear) if device.startswith("cpu") else f"device {device}"
+    if not why:
         blocks = _packaged_blocks(model, source) if name == DEFAULT_MODEL else {}
         model.requires_grad_(False)  # frozen: a forward with autograd on still takes fma16 (its weights need no gradient)
         products = fma16.take_over(model, blocks).line()
@@ -315,7 +316,6 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
     elif os.environ.get("KVGRAFT_PRODUCTS", "").strip().lower() == "plain":  # the before side of an A/B, or a doubt
         products = "plain (KVGRAFT_PRODUCTS=plain)"
     else:
-        why = fma16.why_not() if device.startswith("cpu") else f"device {device}"
         products = f"torch ({why}); " + speed_up(model).line()
     log.info("products: %s", products)
     warm_up(model)
@@ -325,8 +325,8 @@ def load(name: str | None = None, device: str = "cpu") -> LoadedModel:
 
 
 def _packaged_blocks(model, source: Path) -> dict:
-    """The packaged model's GGUF blocks for fma16, saved beside its float32 folder at conversion (or now,
-    for a folder converted before): read from the packaged GGUF, keyed by parameter name. Each is used
+    """The packaged model's GGUF blocks for fma16, keyed by parameter name: read from the packaged GGUF on
+    the first load that needs them and saved beside the float32 folder for the loads after. Each is used
     only where it expands to its float32 weight's bytes (fma16.take_over checks). {} when unavailable."""
     from . import fma16
 

@@ -90,15 +90,7 @@ def tiny_gemma_torch(tiny_dirs):
     tests keep exercising where fma16 runs."""
     from graft_core import model
 
-    before = os.environ.get("KVGRAFT_LINEAR")
-    os.environ["KVGRAFT_LINEAR"] = "torch"
-    try:
-        return model.load(str(tiny_dirs["gemma3"]))
-    finally:
-        if before is None:
-            del os.environ["KVGRAFT_LINEAR"]
-        else:
-            os.environ["KVGRAFT_LINEAR"] = before
+    return model.load(str(tiny_dirs["gemma3"]), linear="torch")
 
 
 @pytest.fixture(scope="session")
