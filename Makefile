@@ -72,7 +72,7 @@ screenshots: install-dev system-deps
 # Engine, retrieval and serving take ~10 min on 2 cores; scale deposits real text for a time budget,
 # then writes ~18 GB of labelled synthetic artifacts to a temp store (~30 min) and deletes it.
 bench: install-bench
-	$(BIN)/python -m bench.engine
+	$(BIN)/python -m bench.ttft
 	$(BIN)/python -m bench.retrieval
 	$(BIN)/python -m bench.serving
 	$(BIN)/python -m bench.batch
@@ -83,7 +83,7 @@ bench: install-bench
 # The verification figures (docs/bench/gate.json, verify.json, relocate.json, relocate0.json): seeds the
 # built-in library through the deposit gate into a temp store, then `verify` at own position and relocated.
 bench-verify: install-dev
-	$(BIN)/python -m bench.verify
+	$(BIN)/python -m bench.samples
 
 eval: install-dev
 	$(BIN)/python -m eval.run

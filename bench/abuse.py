@@ -195,7 +195,7 @@ def run(
 
 def seed_tiny(lib) -> None:
     """The seed library's texts, attested (a tiny random model cannot pass the items' verifiers)."""
-    import app
+    from web import app
 
     items, sheets = app.seed_items()
     for it in items:
@@ -219,9 +219,9 @@ def main() -> None:
     tempfile.tempdir = str(scratch / "tmp")
     (scratch / "tmp").mkdir()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import app
     import services
-    from app_guard import Guard
+    from web import app
+    from web.guard import Guard
 
     if args.tiny:
         from graft_core import model as model_mod

@@ -44,10 +44,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import app  # noqa: E402
 import retrieval  # noqa: E402,F401  (faiss before torch)
 import services  # noqa: E402
 from services import limits  # noqa: E402
+from web import app  # noqa: E402
 
 
 def _free_port() -> int:
@@ -108,7 +108,7 @@ def _users(url: str, questions: list[str], users: int, per_user: int, timeout_s:
 def gradio_main(args) -> None:
     from gradio_client import Client
 
-    from app_guard import FairTurns, Guard, per_address
+    from web.guard import FairTurns, Guard, per_address
 
     args.users = args.users or "1,4,8"
     questions = [it["question"] for it in app.seed_items()[0]]

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, case, delete, func, insert, select, update
 from sqlalchemy import exc as sa_exc
 
-from db import engine as dbengine
+from db import connection as dbconn
 from db import migrations
 from db.rows import (
     HEX64,
@@ -146,7 +146,7 @@ class Catalog:
     def open(cls, url: str | None, home: Path, retention: Retention | None = None) -> Catalog:
         """url None or "": SQLite at `<home>/catalog.sqlite3`. Runs pending migrations. Ledger retention
         comes from the environment unless given."""
-        engine = dbengine.create(url, Path(home))
+        engine = dbconn.create(url, Path(home))
         try:
             migrations.migrate(engine)
         except sa_exc.OperationalError as e:
@@ -204,26 +204,26 @@ class Catalog:
 
     def get(self, ref: str) -> ArtifactRow:
         """The artifact with this id (or unique id prefix of >= 8 hex digits); ArtifactNotFound otherwise."""
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             row = self._row(conn, self._resolve(conn, ref))
             assert row is not None, "a resolved id must have a row"
             return row
 
     def source(self, ref: str) -> SourceRow:
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             m = conn.execute(select(sources).where(sources.c.artifact_id == self._resolve(conn, ref))).first()
             assert m is not None, "every artifact is deposited with its source"
             return SourceRow(**m._mapping)
 
     def verifications(self, ref: str) -> list[VerificationRow]:
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             key = self._resolve(conn, ref)
             rows = conn.execute(select(verifications).where(verifications.c.artifact_id == key).order_by(verifications.c.id))
             return [_verification(m) for m in rows]
 
     def chain(self, ref: str) -> list[ArtifactRow]:
         """The artifact and its ancestors, root first: the order in which they are grafted."""
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             return self._chain(conn, self._resolve(conn, ref))
 
     def _chain(self, conn: Connection, key: str) -> list[ArtifactRow]:
@@ -240,7 +240,7 @@ class Catalog:
 
     def children(self, ref: str) -> list[ArtifactRow]:
         """Artifacts deposited with this one as their parent, oldest first."""
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             key = self._resolve(conn, ref)
             rows = conn.execute(
                 select(artifacts).where(artifacts.c.parent_id == key).order_by(artifacts.c.created_at, artifacts.c.id)
@@ -252,34 +252,34 @@ class Catalog:
         from db.queries import listing  # the one definition of the filters (db.queries imports this module)
 
         stmt = listing(select(artifacts).join(sources, sources.c.artifact_id == artifacts.c.id), query, kind, limit, offset)
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             return [_artifact(m) for m in conn.execute(stmt)]
 
     def count_artifacts(self) -> int:
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             return int(conn.scalar(select(func.count()).select_from(artifacts)) or 0)
 
     def total_tokens(self) -> int:
         """Sum of every artifact's own tokens: what the store holds, chains counted once."""
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             return int(conn.scalar(select(func.coalesce(func.sum(artifacts.c.tokens), 0))) or 0)
 
     def content_refcount(self, content_sha256: str) -> int:
         """How many artifact rows point at this blob (0: the blob may be removed)."""
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             return int(
                 conn.scalar(select(func.count()).select_from(artifacts).where(artifacts.c.content_sha256 == content_sha256)) or 0
             )
 
     def all_content_hashes(self) -> set[str]:
         """Every blob the catalog references (fsck compares this with the blob store)."""
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             return set(conn.scalars(select(artifacts.c.content_sha256).distinct()))
 
     def version(self) -> int:
         """Bumped by every change to artifacts or embeddings; a replica whose index was built at an
         older version must rebuild it."""
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             return int(conn.scalar(select(meta.c.version).where(meta.c.id == 1)))
 
     # -- artifacts: writes -----------------------------------------------------------------------
@@ -345,7 +345,7 @@ class Catalog:
         if embedding is not None:
             _check_embedding(embedding)
         try:
-            with dbengine.write(self._engine) as conn:
+            with dbconn.write(self._engine) as conn:
                 existing = self._row(conn, artifact.id)
                 if existing is not None:
                     return existing
@@ -368,7 +368,7 @@ class Catalog:
                 self._bump(conn)
                 return row
         except sa_exc.IntegrityError:
-            with dbengine.read(self._engine) as conn:  # lost a race to a concurrent deposit of the same id?
+            with dbconn.read(self._engine) as conn:  # lost a race to a concurrent deposit of the same id?
                 existing = self._row(conn, artifact.id)
             if existing is None:
                 raise
@@ -380,20 +380,20 @@ class Catalog:
             raise InvalidInput(
                 "record_refusal takes a verification with verdict 'refused'; passing items are recorded by add_deposit"
             )
-        with dbengine.write(self._engine) as conn:
+        with dbconn.write(self._engine) as conn:
             new_id = conn.execute(insert(verifications).values(**_new(verification)).returning(verifications.c.id)).scalar_one()
         return replace(verification, id=new_id)
 
     def set_quarantine(self, ref: str, reason: str | None) -> None:
         """Quarantine an artifact (never grafted, skipped by retrieval) or, with None, release it."""
-        with dbengine.write(self._engine) as conn:
+        with dbconn.write(self._engine) as conn:
             key = self._resolve(conn, ref)
             conn.execute(update(artifacts).where(artifacts.c.id == key).values(quarantine=reason))
             self._bump(conn)
 
     def quarantined(self) -> list[ArtifactRow]:
         """Every quarantined artifact, by id."""
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             return [
                 _artifact(m)
                 for m in conn.execute(select(artifacts).where(artifacts.c.quarantine.is_not(None)).order_by(artifacts.c.id))
@@ -402,7 +402,7 @@ class Catalog:
     def embeddings(self, embedder_id: str) -> list[tuple[str, bytes]]:
         """(artifact id, float32 little-endian vector) for every artifact embedded by `embedder_id` and not
         quarantined (retrieval never finds a quarantined artifact), by id."""
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             rows = conn.execute(
                 select(embeddings.c.artifact_id, embeddings.c.vector)
                 .join(artifacts, artifacts.c.id == embeddings.c.artifact_id)
@@ -415,7 +415,7 @@ class Catalog:
         """Add or replace the artifact's embedding by `embedder_id` (bumps the version)."""
         embedding = (embedder_id, vector, dim, text_sha256)
         _check_embedding(embedding)
-        with dbengine.write(self._engine) as conn:
+        with dbconn.write(self._engine) as conn:
             key = self._resolve(conn, artifact_id)
             conn.execute(delete(embeddings).where(embeddings.c.artifact_id == key, embeddings.c.embedder_id == embedder_id))
             self._insert_embedding(conn, key, embedding)
@@ -425,7 +425,7 @@ class Catalog:
         """Remove an artifact, its source and embeddings; its verifier records stay, unlinked. Refuses
         while other artifacts continue its chain. Returns its content hash: remove the blob when
         `content_refcount` of it is 0."""
-        with dbengine.write(self._engine) as conn:
+        with dbconn.write(self._engine) as conn:
             key = self._resolve(conn, ref)
             kids = list(conn.scalars(select(artifacts.c.id).where(artifacts.c.parent_id == key).order_by(artifacts.c.id)))
             if kids:
@@ -452,7 +452,7 @@ class Catalog:
         values["query_sha256"] = hashlib.sha256(entry.query.encode("utf-8", "surrogatepass")).hexdigest()
         values["artifact_ids"] = json.dumps(list(entry.artifact_ids))
         values["output_token_ids"] = json.dumps(list(entry.output_token_ids))
-        with dbengine.write(self._engine) as conn:
+        with dbconn.write(self._engine) as conn:
             new_id = int(conn.execute(insert(ledger).values(**values).returning(ledger.c.id)).scalar_one())
             if new_id % self.retention.every == 0:
                 self._prune(conn, entry.created_at)
@@ -461,7 +461,7 @@ class Catalog:
     def prune_ledger(self, now: datetime | None = None) -> int:
         """Delete ledger rows the retention does not keep (older than `days` before `now`, beyond the
         newest `max_rows`); returns how many were deleted."""
-        with dbengine.write(self._engine) as conn:
+        with dbconn.write(self._engine) as conn:
             return self._prune(conn, now or utcnow())
 
     def _prune(self, conn: Connection, now: datetime) -> int:
@@ -481,7 +481,7 @@ class Catalog:
         stmt = select(ledger).order_by(ledger.c.id.desc())
         if last is not None:
             stmt = stmt.limit(max(last, 0))
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             rows = [_ledger(m) for m in conn.execute(stmt)]
         rows.reverse()
         return rows
@@ -507,7 +507,7 @@ class Catalog:
             func.coalesce(func.sum(case((c.exact.is_(True), 1), else_=0)), 0),
             func.coalesce(func.sum(case((c.exact.is_(False), 1), else_=0)), 0),
         ]
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             values = [int(v) for v in conn.execute(select(*columns)).one()]
         return LedgerTotals(*values)
 
@@ -516,7 +516,7 @@ class Catalog:
     def export_rows(self, ids: Iterable[str]) -> dict[str, Any]:
         """JSON-serialisable rows of these artifacts and all their ancestors (a child is unusable
         without its chain), parents before children, with sources, verifier records and embeddings."""
-        with dbengine.read(self._engine) as conn:
+        with dbconn.read(self._engine) as conn:
             chosen: dict[str, ArtifactRow] = {}
             for ref in ids:
                 for row in self._chain(conn, self._resolve(conn, ref)):
@@ -562,7 +562,7 @@ class Catalog:
         for _, embedding in embs:
             _check_embedding(embedding)
         new: list[str] = []
-        with dbengine.write(self._engine) as conn:
+        with dbconn.write(self._engine) as conn:
             for row in sorted(rows, key=lambda r: r.depth):
                 existing = self._row(conn, row.id)
                 if existing is not None:

@@ -32,7 +32,7 @@ from sqlalchemy import (
     text,
 )
 
-from db import engine as dbengine
+from db import connection as dbconn
 from db.rows import KINDS, TIERS, VERDICTS, VERIFIERS, utcnow
 from db.schema import schema_migrations
 from errors import KvgraftError
@@ -200,7 +200,7 @@ def migrate(engine: Engine) -> list[str]:
     known = [name for name, _ in STEPS]
     applied_now: list[str] = []
     for name, step in STEPS:
-        with dbengine.write(engine) as conn:
+        with dbconn.write(engine) as conn:
             applied = _begin_step(conn)
             unknown = sorted(applied - set(known))
             if unknown:
@@ -218,6 +218,6 @@ def migrate(engine: Engine) -> list[str]:
 
 def applied(engine: Engine) -> list[str]:
     """Names recorded in schema_migrations, in order of application."""
-    with dbengine.read(engine) as conn:
+    with dbconn.read(engine) as conn:
         rows = conn.execute(select(schema_migrations.c.name).order_by(schema_migrations.c.applied_at, schema_migrations.c.name))
         return [r[0] for r in rows]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Select, func, or_, select
 
-from db import engine as dbengine
+from db import connection as dbconn
 from db.catalog import Catalog, _artifact, _verification_of
 from db.rows import KINDS, ArtifactRow
 from db.schema import artifacts, sources, verifications
@@ -61,7 +61,7 @@ def library_rows(catalog: Catalog, query: str = "", kind: str | None = None, lim
     )
     stmt = listing(stmt, query, kind, limit, offset)
     out = []
-    with dbengine.read(catalog._engine) as conn:
+    with dbconn.read(catalog._engine) as conn:
         for m in conn.execute(stmt):
             if m.v_id is None:
                 out.append(Listed(_artifact(m), "none", "unverified"))

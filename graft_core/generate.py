@@ -19,11 +19,11 @@ from .accounting import TokenSavings, savings
 from .artifact import KVArtifact
 from .capture import logits_sha256
 from .errors import InputTooLong, InvalidInput
+from .exactness import ExactnessCheck
 from .forward import new_cache, prompt_and_decode
 from .graft import restore, restore_relocated
 from .model import LoadedModel
 from .proof import Proof, ProvenState, full_check, no_proof, prove, why_no_proof
-from .verify import ExactnessCheck
 
 MAX_NEW_TOKENS_LIMIT = 1024
 

@@ -19,10 +19,10 @@ import torch
 
 from .artifact import KVArtifact
 from .capture import logits_sha256, probe_ids
+from .exactness import ExactnessCheck, divergence, fresh_cache
 from .forward import forward_chunk, new_cache
 from .layers import state_digest
 from .model import LoadedModel
-from .verify import ExactnessCheck, divergence, fresh_cache
 
 PROVES_PROBE = (
     "the restored state, run on the probe tokens, gave a logits row whose SHA-256 equals the one recorded when the "

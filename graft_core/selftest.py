@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import codec, verify
+from . import codec, exactness
 from .capture import capture, logits_sha256
 from .forward import forward_chunk, new_cache
 from .model import LoadedModel
@@ -82,7 +82,7 @@ def compute(lm: LoadedModel) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, chain in (("short", [short]), ("long", [long]), ("chain", [short, child])):
         out[f"{name}.artifact"] = hashlib.sha256(codec.dumps(chain[-1])).hexdigest()
-        check = verify.check(lm, chain, q, decode_steps=DECODE_STEPS)
+        check = exactness.check(lm, chain, q, decode_steps=DECODE_STEPS)
         out[f"{name}.grafted_logits"] = check.grafted_sha256
         out[f"{name}.fresh_logits"] = check.fresh_sha256
     plain = forward_chunk(lm.model, new_cache(lm.model), _ids(lm, QUESTION), 0, all_logits=True)

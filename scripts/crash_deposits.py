@@ -183,13 +183,12 @@ def _spawned(home: Path, model_dir: str, kills: int, parallel: int, rng: random.
 
 def _check(home: Path, model_dir: str, committed: list[str]) -> dict:
     """fsck the store after a kill; raise AssertionError on any inconsistency, repair leftovers."""
-    import maintenance
     import services
     from retrieval import HashEmbedder
 
     lib = services.Library(home=home, model_name=model_dir, embedder=HashEmbedder())
     try:
-        rep = maintenance.fsck(lib)
+        rep = services.fsck(lib)
         assert not rep.missing, f"catalog rows without their blob: {rep.missing}"
         assert not rep.corrupt, f"corrupt blobs: {rep.corrupt}"
         blobs = list(lib._blobs)
@@ -199,7 +198,7 @@ def _check(home: Path, model_dir: str, committed: list[str]) -> dict:
         ids = set(lib.artifact_ids())
         lost = [c for c in committed if c not in ids]
         assert not lost, f"committed deposits lost after SIGKILL: {lost}"
-        fixed = maintenance.fsck(lib, repair=True, grace_s=0)
+        fixed = services.fsck(lib, repair=True, grace_s=0)
         assert fixed.consistent, f"store not consistent after repair: {fixed.to_json()}"
         return {
             "artifacts": rep.artifacts,

@@ -36,7 +36,7 @@ _SERVED = _PROOF + "test_a_grafted_answer_carries_a_passing_probe_proof_and_its_
 MUTATIONS = (
     Mutation(
         "exact from the tier label (verify.check)",
-        "graft_core/verify.py",
+        "graft_core/exactness.py",
         "exact=(f_sha == g_sha and torch.equal(f_rows, g_rows)),",
         'exact=(tier == "exact"),',
         (
@@ -88,7 +88,7 @@ MUTATIONS = (
     ),
     Mutation(
         "verifiers always pass",
-        "verifiers.py",
+        "verifiers/judges.py",
         "return verifier.check(item.answer, item.reference)",
         'return Verdict(True, item.verifier, "mutant")',
         ("tests/test_verifiers.py",),
@@ -192,8 +192,8 @@ MUTATIONS = (
         ("tests/test_gate.py::test_the_gate_record_replays_token_for_token",),
     ),
     Mutation(
-        "import that skips re-tokenising (services/reverify)",
-        "services/reverify.py",
+        "import that skips re-tokenising (services/vetting)",
+        "services/vetting.py",
         '_retokenise(lib, a["id"], srcs[a["id"]]["text"], chain[-1])',
         "pass",
         ("tests/test_gate.py::test_import_refuses_source_text_that_does_not_tokenise_to_the_artifact",),

@@ -1,10 +1,11 @@
 """The pipelines: deposit, answer, verify, and the views of the store. The only package that wires the
 engine (`graft_core`), the catalog and blobs (`db`) and retrieval (`retrieval`) together.
 
-Front ends (cli.py, app.py) call one method of `Library` and format its result with `to_json()` or
-the result's typed fields. Modules: `library` (the door), `deposit`, `answer`, `verify`, `index`
-(the pipelines mixed into it), `exchange`, `checks`, `replay` (upkeep, named by `maintenance.py`),
-`results` (what they return), `limits` (input bounds).
+Front ends (`cli/`, `web/`) call one method of `Library` (or one upkeep function below) and format its
+result with `to_json()` or the result's typed fields. Modules: `library` (the door), `deposit`, `answer`,
+`samples`, `index` (the pipelines mixed into it), `gate` (the deposit check), `vetting` (what an import
+re-checks), the upkeep of a store (`exchange`: export/import bundles, `checks`: rebuild-and-compare and
+fsck, `replay`: the answer ledger re-run), `results` (what they return), `limits` (input bounds).
 
 Importing it loads neither the engine (torch, transformers) nor retrieval (faiss, the embedder): each
 pipeline imports them where it first needs them, so the web app serves its page before they load (its
@@ -12,8 +13,11 @@ start-up stages load them). Entry points that use both import `retrieval` first 
 see retrieval/__init__.py).
 """
 
+from .checks import ORPHAN_GRACE_S, BlobProblem, FsckReport, IndexStatus, RebuildReport, Repaired, fsck, rebuild_compare
+from .exchange import BUNDLE_FORMAT, ExportReport, ImportReport, export_bundle, import_bundle
 from .library import DeleteReport, Library, WarmReport, default_home
 from .limits import MAX_K, MAX_QUESTION_CHARS, MAX_TEXT_CHARS
+from .replay import ReplayEntry, ReplayReport, replay_ledger
 from .results import (
     AnswerResult,
     Deposited,
@@ -45,4 +49,20 @@ __all__ = [
     "VerifySample",
     "WarmReport",
     "default_home",
+    "BUNDLE_FORMAT",
+    "ORPHAN_GRACE_S",
+    "BlobProblem",
+    "ExportReport",
+    "FsckReport",
+    "ImportReport",
+    "IndexStatus",
+    "RebuildReport",
+    "ReplayEntry",
+    "Repaired",
+    "ReplayReport",
+    "export_bundle",
+    "fsck",
+    "import_bundle",
+    "rebuild_compare",
+    "replay_ledger",
 ]

@@ -24,8 +24,8 @@ from .results import AnswerResult, Retrieved
 if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use, not with the web page
     from graft_core import generate
     from graft_core.artifact import KVArtifact
+    from graft_core.exactness import ExactnessCheck
     from graft_core.proof import Proof, ProvenState
-    from graft_core.verify import ExactnessCheck
     from retrieval import Hit
 
 log = logging.getLogger("kvgraft.answer")
@@ -245,7 +245,7 @@ class AnswerPipeline:
         compose: bool = False,
     ) -> AnswerResult:
         from graft_core import generate
-        from graft_core.verify import check_composed
+        from graft_core.exactness import check_composed
 
         question = bounded("question", question, MAX_QUESTION_CHARS)
         retrieved, chain_ids, note = self._plan(question, k, artifact, graft, relocated, _threshold(threshold), compose)

@@ -41,7 +41,7 @@ class RebuildReport:
         return asdict(self)
 
 
-def rebuild_verify(lib: Library, artifact_id: str) -> RebuildReport:
+def rebuild_compare(lib: Library, artifact_id: str) -> RebuildReport:
     """Recompute the artifact from its source text on this machine and compare bytes with the stored blob."""
     from graft_core import codec  # the engine loads here, not with the web page
     from graft_core.artifact import text_sha256

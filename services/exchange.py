@@ -20,7 +20,7 @@ from db.catalog import EXPORT_FORMAT
 from errors import IncompatibleArtifact, IntegrityError, InvalidInput
 from files import sha256_file
 
-from .reverify import reverify
+from .vetting import vet
 
 if TYPE_CHECKING:
     from .library import Library
@@ -240,7 +240,7 @@ def import_bundle(
                     f"artifact {e['id']} was made by model {e['model_fingerprint'][:16]}, this store's model is "
                     f"{expected[:16]}; import it into a store running that model (--model), nothing was imported"
                 )
-        checked = reverify(lib, rows, blobs, use_model=check_model, trust_verdicts=trust_verdicts)
+        checked = vet(lib, rows, blobs, use_model=check_model, trust_verdicts=trust_verdicts)
         rows = checked.rows
         written = []
         try:

@@ -26,8 +26,8 @@ from .answer import AnswerPipeline
 from .deposit import DepositPipeline
 from .index import IndexPipeline
 from .results import LibraryEntry, ShowReport, StoreStats
+from .samples import VerifyPipeline
 from .solve import SolvePipeline
-from .verify import VerifyPipeline
 
 WARM_UP_QUESTION = "What is this about?"  # warm_answer's fixed question: never a user's, never recorded
 

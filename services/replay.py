@@ -105,7 +105,7 @@ def _replay_one(lib: Library, row) -> ReplayEntry:
     )
 
 
-def replay(lib: Library, last: int | None = None) -> ReplayReport:
+def replay_ledger(lib: Library, last: int | None = None) -> ReplayReport:
     """Re-run ledger entries (the newest `last`, oldest first) and compare output and logits hashes."""
     if last is not None and last < 1:
         raise InvalidInput(f"--last must be at least 1, got {last}")

@@ -16,9 +16,9 @@ from db.rows import ArtifactRow, LedgerRow, LedgerTotals, SourceRow, Verificatio
 
 if TYPE_CHECKING:  # the engine's types, named only in annotations: torch loads with the model, not with the page
     from graft_core.accounting import TokenSavings
+    from graft_core.exactness import ExactnessCheck
     from graft_core.generate import Baseline
     from graft_core.proof import Proof
-    from graft_core.verify import ExactnessCheck
 
 # The fields of an exactness check that the answer JSON shows (the ledger keeps them all).
 _CHECK_FIELDS = (

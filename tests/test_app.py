@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 
 def _launch(library, token):
-    import app
+    from web import app
 
     demo = app.build_app(library, admin_token=token)
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True)
@@ -178,9 +178,9 @@ def test_export_delete_import_round_trip(client, deposited):
 
 @pytest.mark.integration
 def test_real_model_seed_item_answered_exactly(real_lm, tmp_path):
-    import app
     import services
     from retrieval import HashEmbedder
+    from web import app
 
     lib = services.Library(home=tmp_path / "real", lm=real_lm, embedder=HashEmbedder())
     item = app.seed_items()[0][0]

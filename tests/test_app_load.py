@@ -24,7 +24,7 @@ def _free_port() -> int:
 
 
 def test_default_bind_is_loopback(monkeypatch):
-    import app
+    from web import app
 
     monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
     monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
@@ -36,10 +36,9 @@ def test_default_bind_is_loopback(monkeypatch):
 
 
 def test_depositors_and_askers_at_once(tiny_gemma, tmp_path):
-    import app
-    import maintenance
     import services
     from retrieval import HashEmbedder
+    from web import app
 
     lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
     lib.deposit_item("Who founded Velmora?", "Velmora was founded by Osric Pellamy.", "Osric Pellamy", "exact", "Osric Pellamy")
@@ -81,7 +80,7 @@ def test_depositors_and_askers_at_once(tiny_gemma, tmp_path):
     assert len(set(ids)) == DEPOSITORS and len(answers) == ASKERS * PER_ASKER
     assert all("answer" in a and a["tier"] in ("exact", "none") for a in answers)
     assert all(a["check"] is None or a["check"]["exact"] for a in answers)
-    report = maintenance.fsck(lib)
+    report = services.fsck(lib)
     assert report.consistent, report.to_json()
     assert lib.count() == DEPOSITORS + 1
     assert lib.index().ids() == {r.id for r in lib._catalog.list_artifacts(limit=100)}

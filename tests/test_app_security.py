@@ -21,7 +21,7 @@ gradio_client = pytest.importorskip("gradio_client")
 import httpx  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from app_guard import AdminGate, Client, FairTurns, Guard, Refused, backend_slots  # noqa: E402
+from web.guard import Client, FairTurns, Guard, Refused, TokenCheck, backend_slots  # noqa: E402
 
 TOKEN = "sec-admin-token"
 FACT = "The lighthouse of Varnek Isle was built by the engineer Talia Brennic in 1871."
@@ -45,12 +45,12 @@ def library(tiny_gemma, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def guard():
-    return Guard(TOKEN, gate=AdminGate(TOKEN, per_address=3, window_s=600), turns=FairTurns(per_address=8), trust_proxy=True)
+    return Guard(TOKEN, gate=TokenCheck(TOKEN, per_address=3, window_s=600), turns=FairTurns(per_address=8), trust_proxy=True)
 
 
 @pytest.fixture(scope="module")
 def served(library, guard):
-    import app
+    from web import app
 
     demo = app.build_app(library, admin_token=TOKEN, guard=guard)
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True, max_file_size="64kb")
@@ -137,7 +137,7 @@ def test_failed_tokens_lock_the_address_out(served, library):
 
 def test_gate_window_and_global_limit():
     now = [0.0]
-    gate = AdminGate("t", per_address=2, overall=3, window_s=10, clock=lambda: now[0])
+    gate = TokenCheck("t", per_address=2, overall=3, window_s=10, clock=lambda: now[0])
     a, b, c = Client("s1", "a"), Client("s2", "b"), Client("s3", "c")
     for who in (a, a, b):
         with pytest.raises(Refused, match="Admin token refused"):
@@ -152,7 +152,7 @@ def test_gate_window_and_global_limit():
             gate.check("", a)  # nor for an admin action: it counts nothing
     gate.check("t", a)
     with pytest.raises(Refused, match="Admin actions are disabled: no admin token is configured"):
-        AdminGate("").check("anything", a)
+        TokenCheck("").check("anything", a)
 
 
 # ---- bounds -----------------------------------------------------------------------------------------
@@ -424,7 +424,7 @@ def test_verify_yields_between_samples():
 def test_export_streams_blobs_from_disk_byte_identical(library, tmp_path, monkeypatch):
     """Export never reads a whole blob into memory (`BlobStore.get` is not called) and writes the same bytes
     as a tar built from the blobs' bytes; a corrupt blob is refused, nothing written."""
-    import maintenance
+    import services
     from db import bundles
     from db.blobs import BlobStore
     from errors import IntegrityError
@@ -432,7 +432,7 @@ def test_export_streams_blobs_from_disk_byte_identical(library, tmp_path, monkey
     ids = library.artifact_ids()
     blobs = {p.name: p.read_bytes() for p in (library.home / "blobs").rglob("*.safetensors")}
     monkeypatch.setattr(BlobStore, "get", lambda self, h: pytest.fail("export read a whole blob into memory"))
-    rep = maintenance.export_bundle(library, ids, tmp_path / "a.tar")
+    rep = services.export_bundle(library, ids, tmp_path / "a.tar")
     (tmp_path / "staged").mkdir()
     staged = bundles.stage(tmp_path / "a.tar", tmp_path / "staged")
     members = {name: path.read_bytes() for name, path in staged.items()}
@@ -446,16 +446,16 @@ def test_export_streams_blobs_from_disk_byte_identical(library, tmp_path, monkey
     try:
         victim.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
         with pytest.raises(IntegrityError, match="blob integrity check failed for .*nothing was exported"):
-            maintenance.export_bundle(library, ids, tmp_path / "c.tar")
+            services.export_bundle(library, ids, tmp_path / "c.tar")
         assert not (tmp_path / "c.tar").exists()
     finally:
         victim.write_bytes(original)
 
 
 def test_export_file_expires(served, tmp_path, monkeypatch):
-    import app_upkeep
+    from web import handlers
 
-    monkeypatch.setattr(app_upkeep, "EXPORT_TTL_S", 0.5)
+    monkeypatch.setattr(handlers, "EXPORT_TTL_S", 0.5)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     path, message = _client(served, "10.0.8.1").predict(TOKEN, "", api_name="/export")
     assert message.startswith("Exported") and Path(path).stat().st_size > 0  # the client's download
@@ -466,7 +466,7 @@ def test_export_file_expires(served, tmp_path, monkeypatch):
 
 
 def test_uploads_are_bounded_and_an_imported_upload_is_removed(served, library, tmp_path):
-    import app
+    from web import app
 
     assert app.launch_kwargs()["max_file_size"] == "256mb"
     url = served.local_url.rstrip("/") + "/gradio_api/upload"
@@ -487,10 +487,10 @@ def test_uploads_are_bounded_and_an_imported_upload_is_removed(served, library, 
 def test_eight_anonymous_attackers_and_one_chatting_user(tiny_gemma, tmp_path, monkeypatch):
     """bench.abuse on the tiny model (seconds per run, not figures): the user's chat p95 under attack is
     within 3x of idle, nobody sees an error, and nothing is written outside the store."""
-    import app
     import services
     from bench import abuse
     from retrieval import HashEmbedder
+    from web import app
 
     watch = (tmp_path / "gradio", tmp_path / "tmp")
     for folder in watch:

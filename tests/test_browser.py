@@ -31,9 +31,9 @@ def _real_model_cached() -> bool:
 
 @pytest.fixture(scope="module")
 def served(request, tmp_path_factory):
-    import app
     import services
     from retrieval import HashEmbedder
+    from web import app
 
     if not Path(CHROMIUM).exists():
         pytest.skip("chromium is not installed (make system-deps)")

@@ -27,10 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def starting(tiny_dirs, tmp_path, monkeypatch):
     """The app served over a library whose model is not loaded yet, its start-up just begun."""
-    import app
     import services
-    import startup
     from retrieval import HashEmbedder
+    from web import app, startup
 
     if not Path(CHROMIUM).exists():
         pytest.skip("chromium is not installed (make system-deps)")
@@ -93,8 +92,8 @@ def _lines_into(stream, into: list[str]) -> None:
 @pytest.fixture
 def app_process(tiny_dirs, tmp_path):
     """`python app.py` with Gradio's import held 8 s (the placeholder's time) and the model load 15 s."""
-    import boot
-    import startup
+    from web import placeholder as boot
+    from web import startup
 
     if not Path(CHROMIUM).exists():
         pytest.skip("chromium is not installed (make system-deps)")

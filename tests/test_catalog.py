@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from db import engine as dbengine
+from db import connection as dbconn
 from db import migrations, schema
 from db.blobs import BlobStore
 from db.catalog import Catalog, Retention, _verification
@@ -168,7 +168,7 @@ def test_a_failing_migration_step_leaves_nothing_behind(url, home, monkeypatch):
 
 
 def test_a_catalog_from_a_newer_kvgraft_is_refused(url, home):
-    with Catalog.open(url, home) as cat, dbengine.write(cat._engine) as conn:
+    with Catalog.open(url, home) as cat, dbconn.write(cat._engine) as conn:
         conn.execute(sa.insert(schema.schema_migrations).values(name="m999_future", applied_at=sa.func.now()))
     with pytest.raises(KvgraftError) as e:
         Catalog.open(url, home)
@@ -181,7 +181,7 @@ def test_sqlite_default_location_and_pragmas(home):
         assert (home / "catalog.sqlite3").exists()
         with cat._engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
-            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == dbengine.BUSY_TIMEOUT_MS
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == dbconn.BUSY_TIMEOUT_MS
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
 
 
@@ -516,7 +516,7 @@ def test_m002_bounds_questions_already_in_the_ledger(url, home, monkeypatch):
     old = Catalog.open(url, home, retention=Retention())
     values = {k: v for k, v in ledger_row(query="Q" * 1_500).__dict__.items() if k not in ("id", "query_chars")}
     values["artifact_ids"], values["output_token_ids"] = "[]", "[1]"
-    with dbengine.write(old._engine) as conn:
+    with dbconn.write(old._engine) as conn:
         conn.execute(sa.insert(schema.ledger).values(**values))
     old.close()
     monkeypatch.undo()
@@ -530,7 +530,7 @@ def test_m002_bounds_questions_already_in_the_ledger(url, home, monkeypatch):
 def test_m003_labels_rows_written_before_the_gate_as_not_gated(url, home, monkeypatch):
     monkeypatch.setattr(migrations, "STEPS", migrations.STEPS[:2])
     old = Catalog.open(url, home, retention=Retention())
-    with dbengine.write(old._engine) as conn:
+    with dbconn.write(old._engine) as conn:
         for verifier in ("exact", "attested"):
             conn.execute(
                 sa.insert(schema.verifications).values(
@@ -541,7 +541,7 @@ def test_m003_labels_rows_written_before_the_gate_as_not_gated(url, home, monkey
     monkeypatch.undo()
     with Catalog.open(url, home) as cat:
         assert migrations.applied(cat._engine) == ALL_STEPS
-        with dbengine.read(cat._engine) as conn:
+        with dbconn.read(cat._engine) as conn:
             rows = [_verification(m) for m in conn.execute(sa.select(schema.verifications).order_by(schema.verifications.c.id))]
     assert [(v.provenance, v.label, v.counts_as_verified) for v in rows] == [
         ("not gated", "not verified", False),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import verifiers
+from verifiers import judges
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASETS = ROOT / "datasets"
@@ -125,6 +126,6 @@ def test_every_problem_passes_its_verifier(problems):
 def test_a_wrong_answer_is_refused(problems):
     """The references carry weight: nudging each answer makes its verifier refuse."""
     for it in problems[::13]:
-        wrong = f"{it['answer']}+1" if it["verifier"] == "sympy" else str(verifiers._parse_number(it["answer"])[0] + 1)
+        wrong = f"{it['answer']}+1" if it["verifier"] == "sympy" else str(judges._parse_number(it["answer"])[0] + 1)
         verdict = verifiers.check(verifiers.VerifiedItem(it["question"], it["solution"], wrong, it["verifier"], it["reference"]))
         assert not verdict.ok, it["id"]

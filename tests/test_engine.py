@@ -16,7 +16,7 @@ import torch
 
 from db.blobs import BlobStore
 from errors import IncompatibleArtifact, InputTooLong, IntegrityError, InvalidInput
-from graft_core import codec, generate, verify
+from graft_core import codec, exactness, generate
 from graft_core.artifact import KVArtifact
 from graft_core.capture import capture, probe_restored
 from graft_core.graft import restore
@@ -45,7 +45,7 @@ def test_graft_is_byte_equal_to_fresh(kind, text, request):
         sliding = [i for i, t in enumerate(art.layer_types) if t == "sliding_attention"]
         assert all(art.keys[i].shape[2] == min(art.length, w - 1) for i in sliding)
         assert all(art.seen[i] == art.length for i in sliding)
-    assert_exact(verify.check(lm, [art], ids(lm, "Question: who?\nAnswer:", bos=False), decode_steps=6))
+    assert_exact(exactness.check(lm, [art], ids(lm, "Question: who?\nAnswer:", bos=False), decode_steps=6))
 
 
 @pytest.mark.parametrize("kind", ["gemma", "llama"])
@@ -57,7 +57,7 @@ def test_chain_restores_exactly_and_stores_only_own_rows(kind, request):
     assert (b.parent, b.start, c.parent, c.start) == (a.key, a.end, b.key, b.end)
     full = [i for i, t in enumerate(c.layer_types) if t == "full_attention"]
     assert all(c.keys[i].shape[2] == c.length for i in full)
-    assert_exact(verify.check(lm, [a, b, c], ids(lm, "Question: when?\nAnswer:", bos=False)))
+    assert_exact(exactness.check(lm, [a, b, c], ids(lm, "Question: when?\nAnswer:", bos=False)))
     assert probe_restored(lm, [a, b, c])
     with pytest.raises(IncompatibleArtifact, match="does not continue"):
         restore(lm, [a, c])
@@ -76,16 +76,16 @@ def test_relocation_stays_under_its_measured_bound_and_is_never_called_exact(kin
     art, _ = capture(lm, ids(lm, TEXT))
     q = ids(lm, "Question: who?\nAnswer:", bos=False)
     for offset in (1, 37, 300):
-        r = verify.check_relocated(lm, art, q, offset=offset)
+        r = exactness.check_relocated(lm, art, q, offset=offset)
         assert r.tier == "relocated" and r.offset == offset and r.rows == len(q) + r.decode_steps
         assert r.exact == (r.fresh_sha256 == r.grafted_sha256)  # measured from the bytes, the tier is only a label
         assert r.max_abs_diff <= RELOCATION_BOUND[kind], f"offset {offset}: max |diff| {r.max_abs_diff}"
         assert r.kl <= 1e-10 and r.argmax_agreement == 1.0 and r.tokens_equal, r
     # offset 0 is the artifact's own position: the relocated path must be byte-equal there
-    zero = verify.check_relocated(lm, art, q, offset=0)
+    zero = exactness.check_relocated(lm, art, q, offset=0)
     assert zero.tier == "relocated" and zero.exact and zero.fresh_sha256 == zero.grafted_sha256, zero.max_abs_diff
     # the measured divergence is real: re-rotation under float32 RoPE changes the bytes
-    far = verify.check_relocated(lm, art, q, offset=300)
+    far = exactness.check_relocated(lm, art, q, offset=300)
     assert far.fresh_sha256 != far.grafted_sha256 and not far.exact
 
 
@@ -100,7 +100,7 @@ def test_artifacts_around_the_window_are_byte_equal(tiny_gemma, n):
     assert [art.seen[i] for i in sliding] == [n] * len(sliding)
     # the restored layers know how many tokens they have seen (what masks and positions derive from)
     assert [restore(lm, [art]).layers[i].get_seq_length() for i in sliding] == [n] * len(sliding)
-    assert_exact(verify.check(lm, [art], ids(lm, "Question: who?\nAnswer:", bos=False), decode_steps=3))
+    assert_exact(exactness.check(lm, [art], ids(lm, "Question: who?\nAnswer:", bos=False), decode_steps=3))
     ans = generate.answer(lm, [art], "who?", max_new_tokens=3, run_check=True)
     assert ans.proof.passed is True and ans.check.exact, (ans.proof, ans.check.max_abs_diff)
 
@@ -276,7 +276,7 @@ def test_fingerprint_ignores_the_folder_and_accepts_artifacts_from_another(tiny_
     assert (a.info.fingerprint, a.fingerprint) == (b.info.fingerprint, b.fingerprint)
     art, _ = capture(a, ids(a, TEXT * 2))
     moved = codec.loads(codec.dumps(art))
-    assert_exact(verify.check(b, [moved], ids(b, "Question: who?\nAnswer:", bos=False)))
+    assert_exact(exactness.check(b, [moved], ids(b, "Question: who?\nAnswer:", bos=False)))
 
 
 def test_fingerprint_covers_numeric_config_fields(tiny_dirs, tmp_path):

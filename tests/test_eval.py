@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from eval import cli as eval_cli
-from eval import harness, replay
+from cli import evaluation as eval_cli
+from eval import harness, recheck
 from retrieval.embedder import HashEmbedder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ def test_results_file_fields(results_file, tiny_gemma):
 
 
 def test_replay_passes_untouched(results_file):
-    rep = replay.replay(results_file)
+    rep = recheck.recheck(results_file)
     assert rep.ok, rep.problems
     assert rep.checks["output_sha256"] == rep.outputs > 0
     assert rep.checks["decoded_text"] == rep.outputs  # decoded with the tokenizer files alone
@@ -110,7 +110,7 @@ def test_replay_fails_on_altered_score(results_file):
     r = json.loads(results_file.read_text())
     r["scores"]["grafted_accuracy_recurring"] = 1.5
     results_file.write_text(json.dumps(r))
-    rep = replay.replay(results_file)
+    rep = recheck.recheck(results_file)
     assert not rep.ok and any("grafted_accuracy_recurring" in p for p in rep.problems)
 
 
@@ -121,13 +121,13 @@ def test_scores_on_accepted_items_and_gate_counts_are_replayed(results_file):
     assert r["scores"]["grafted_accuracy_recurring_accepted"] == sum(o["correct"] for o in rec) / len(rec)
     r["deposits"] = r["deposits"][1:]  # one accepted item silently dropped: the counts no longer add up
     results_file.write_text(json.dumps(r))
-    rep = replay.replay(results_file)
+    rep = recheck.recheck(results_file)
     assert any(p.startswith("gate: ") for p in rep.problems), rep.problems
     assert any("recurring/graft_recurring/accepted" in p for p in rep.problems), rep.problems  # counts recomputed
 
 
 def test_rerun_is_byte_exact_and_catches_a_changed_output(results_file, tiny_gemma, tmp_path):
-    rep = replay.replay(results_file, rerun_model=True, lm=tiny_gemma)
+    rep = recheck.recheck(results_file, rerun_model=True, lm=tiny_gemma)
     assert rep.ok, rep.problems
     assert rep.checks["rerun_token_ids"] == rep.outputs
     bad = tmp_path / "bad.json"
@@ -139,7 +139,7 @@ def test_rerun_is_byte_exact_and_catches_a_changed_output(results_file, tiny_gem
 
     o["output_sha256"] = tokens_sha256(o["token_ids"])  # consistent hash: only the rerun can catch it
     bad.write_text(json.dumps(r))
-    rep = replay.replay(bad, rerun_model=True, lm=tiny_gemma)
+    rep = recheck.recheck(bad, rerun_model=True, lm=tiny_gemma)
     assert not rep.ok and any("rerun" in p for p in rep.problems)
 
 

@@ -11,8 +11,8 @@ import json
 import pytest
 import sqlalchemy as sa
 
-import maintenance
-from db import engine as dbengine
+import services
+from db import connection as dbconn
 from db.schema import artifacts, verifications
 from errors import IntegrityError, VerificationFailed
 from graft_core import generate
@@ -28,7 +28,7 @@ def lib(kvgraft_home, tiny_gemma):
 
 
 def _sql(lib, stmt):
-    with dbengine.write(lib._catalog._engine) as conn:
+    with dbconn.write(lib._catalog._engine) as conn:
         conn.execute(stmt)
 
 
@@ -43,7 +43,7 @@ def test_a_model_that_cannot_answer_is_refused_and_nothing_is_stored(lib):
         " with the graft; the reference is 'Osric Pellamy'; nothing deposited"
     )
     assert lib.count() == 0 and list(lib._blobs) == [] and len(lib.index()) == 0
-    with dbengine.read(lib._catalog._engine) as conn:
+    with dbconn.read(lib._catalog._engine) as conn:
         [row] = conn.execute(sa.select(verifications)).all()
     assert row.verdict == "refused" and row.artifact_id is None and json.loads(row.generated_token_ids)
 
@@ -87,7 +87,7 @@ def test_a_wrong_typed_answer_is_refused_before_any_prefill(lib, monkeypatch):
 def _export(lib, tmp_path):
     d = lib.deposit_item(Q, S, A, "exact", A)
     out = tmp_path / "b.tar"
-    maintenance.export_bundle(lib, [d.id], out)
+    services.export_bundle(lib, [d.id], out)
     return d, out
 
 
@@ -113,7 +113,7 @@ def test_import_refuses_source_text_that_does_not_tokenise_to_the_artifact(lib, 
     target = make_lib(tmp_path / "target", tiny_gemma)
     before = files_under(tmp_path / "target")
     with pytest.raises(IntegrityError, match=f"artifact {d.id}: its source text in the bundle tokenises to other tokens"):
-        maintenance.import_bundle(target, bad)
+        services.import_bundle(target, bad)
     assert target.count() == 0 and files_under(tmp_path / "target") == before
 
 
@@ -126,7 +126,7 @@ def test_import_replays_verifications_and_recomputes_embeddings(lib, tmp_path, t
 
     bad = _tamper_catalog(out, tmp_path / "forged.tar", edit)
     target = make_lib(tmp_path / "target", tiny_gemma)
-    rep = maintenance.import_bundle(target, bad)
+    rep = services.import_bundle(target, bad)
     assert rep.new == (d.id,) and rep.replayed == 1 and rep.not_reverified == 0 and rep.probes_checked == 1
     [v] = target.show(d.id).verifications
     [orig] = lib.show(d.id).verifications
@@ -138,7 +138,7 @@ def test_trust_verdicts_labels_rows_imported_not_reverified(lib, tmp_path, tiny_
     d, out = _export(lib, tmp_path)
     target = make_lib(tmp_path / "target", tiny_gemma)
     monkeypatch.setattr(gate, "graft_run", lambda *a: pytest.fail("--trust-verdicts must not replay"))
-    rep = maintenance.import_bundle(target, out, trust_verdicts=True)
+    rep = services.import_bundle(target, out, trust_verdicts=True)
     assert rep.replayed == 0 and rep.not_reverified == 1
     [v] = target.show(d.id).verifications
     assert v.label == "imported, not re-verified" and not v.counts_as_verified
@@ -156,7 +156,7 @@ def test_a_flipped_probe_hash_quarantines_the_artifact(lib):
         lib.answer(Q, artifact=d.id, max_new_tokens=2)
     assert lib._catalog.get(d.id).quarantine.startswith("probe check failed")
     assert lib.retrieve(Q, threshold=0.0) == []  # retrieval skips it
-    r = maintenance.fsck(lib)
+    r = services.fsck(lib)
     assert [q.id for q in r.quarantined] == [d.id] and not r.consistent and "rebuild --verify" in r.advice[-1]
     with pytest.raises(IntegrityError, match="quarantined"):
         lib.answer(Q, artifact=d.id, max_new_tokens=2)
@@ -165,12 +165,12 @@ def test_a_flipped_probe_hash_quarantines_the_artifact(lib):
 def test_fsck_deep_checks_every_probe(lib):
     d = lib.deposit_item(Q, S, A, "exact", A)
     lib.index()
-    sound = maintenance.fsck(lib, deep=True)
+    sound = services.fsck(lib, deep=True)
     assert sound.probes_checked == 1 and sound.consistent and sound.quarantined == ()
     _sql(lib, sa.update(artifacts).where(artifacts.c.id == d.id).values(probe_sha256="f" * 64))
-    r = maintenance.fsck(lib, deep=True)
+    r = services.fsck(lib, deep=True)
     assert [q.id for q in r.quarantined] == [d.id] and not r.consistent
-    reb = maintenance.rebuild_verify(lib, d.id)
+    reb = services.rebuild_compare(lib, d.id)
     assert reb.probe_ok is False and not reb.equal and "catalog records probe hash" in reb.probe_detail
 
 

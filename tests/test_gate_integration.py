@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-import maintenance
 import services
-from db import engine as dbengine
+from db import connection as dbconn
 from db.schema import artifacts
 from errors import IntegrityError, VerificationFailed
 from services import gate
@@ -54,22 +53,22 @@ def test_a_consistent_solution_is_accepted_and_its_paraphrase_answered_from_the_
 def test_bundles_with_edited_source_text_or_verification_are_refused(store, tmp_path, real_lm):
     lib, d = store
     out = tmp_path / "b.tar"
-    maintenance.export_bundle(lib, [d.id], out)
+    services.export_bundle(lib, [d.id], out)
     target = services.Library(home=tmp_path / "target", lm=real_lm)
 
     def text(cat):
         cat["sources"][0]["text"] = cat["sources"][0]["text"].replace("11 times", "seven times")
 
     with pytest.raises(IntegrityError, match="tokenises to other tokens than the artifact holds"):
-        maintenance.import_bundle(target, _tamper_catalog(out, tmp_path / "text.tar", text))
+        services.import_bundle(target, _tamper_catalog(out, tmp_path / "text.tar", text))
 
     def reference(cat):
         cat["verifications"][0]["reference"] = "12"
 
     with pytest.raises(IntegrityError, match="its verification does not replay here"):
-        maintenance.import_bundle(target, _tamper_catalog(out, tmp_path / "ref.tar", reference))
+        services.import_bundle(target, _tamper_catalog(out, tmp_path / "ref.tar", reference))
     assert target.count() == 0
-    rep = maintenance.import_bundle(target, out)
+    rep = services.import_bundle(target, out)
     assert rep.replayed == 1 and target.show(d.id).verifications[-1].counts_as_verified
 
 
@@ -77,11 +76,11 @@ def test_a_flipped_byte_in_the_stored_probe_hash_quarantines(store, tmp_path, re
     lib, d = store
     home = tmp_path / "copy"
     out = tmp_path / "c.tar"
-    maintenance.export_bundle(lib, [d.id], out)
+    services.export_bundle(lib, [d.id], out)
     other = services.Library(home=home, lm=real_lm)
-    maintenance.import_bundle(other, out, trust_verdicts=True)
+    services.import_bundle(other, out, trust_verdicts=True)
     probe = other._catalog.get(d.id).probe_sha256
-    with dbengine.write(other._catalog._engine) as conn:
+    with dbconn.write(other._catalog._engine) as conn:
         conn.execute(
             sa.update(artifacts)
             .where(artifacts.c.id == d.id)
@@ -90,7 +89,7 @@ def test_a_flipped_byte_in_the_stored_probe_hash_quarantines(store, tmp_path, re
     other._probed.clear()
     with pytest.raises(IntegrityError, match="quarantined"):
         other.answer(Q, max_new_tokens=4, artifact=d.id)
-    assert [q.id for q in maintenance.fsck(other).quarantined] == [d.id]
+    assert [q.id for q in services.fsck(other).quarantined] == [d.id]
 
 
 def test_relocate_zero_is_byte_equal_on_every_sample(store):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from graft_core import generate, templates, verify
+from graft_core import exactness, generate, templates
 from graft_core.capture import capture
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ def test_ten_samples_are_byte_equal(real_lm):
     for i in range(10):
         chain = chains[i % len(chains)]
         q = generate.encode_prompt(lm, QUERIES[i % len(QUERIES)], grafted=True)
-        c = verify.check(lm, chain, q, decode_steps=3, monolithic=(i < 2))
+        c = exactness.check(lm, chain, q, decode_steps=3, monolithic=(i < 2))
         results.append(c)
         assert c.exact, f"sample {i}: max |diff| {c.max_abs_diff}, KL {c.kl}"
         assert c.fresh_sha256 == c.grafted_sha256 and c.kl == 0.0 and c.argmax_agreement == 1.0
@@ -66,7 +66,7 @@ def test_relocated_tier_diverges_and_is_labelled(real_lm):
     lm = real_lm
     q, s, a = FACTS[1]
     art, _ = capture(lm, _ids(lm, templates.item_text(q, s, a)))
-    r = verify.check_relocated(lm, art, generate.encode_prompt(lm, q, grafted=True), offset=1000)
+    r = exactness.check_relocated(lm, art, generate.encode_prompt(lm, q, grafted=True), offset=1000)
     assert r.tier == "relocated" and not r.exact
     assert r.max_abs_diff > 0 and r.fresh_sha256 != r.grafted_sha256
     # bounded, not just labelled: measured max |diff| 1.7e-4, KL 2e-10 at offset 1,000 over 10 samples
@@ -74,5 +74,5 @@ def test_relocated_tier_diverges_and_is_labelled(real_lm):
     assert r.max_abs_diff <= REAL_RELOCATION_BOUND, f"max |diff| {r.max_abs_diff} over the measured bound"
     assert r.kl <= 1e-8 and r.argmax_agreement == 1.0, r
     # offset 0 through the same relocation path is the artifact's own position: byte-equal
-    zero = verify.check_relocated(lm, art, generate.encode_prompt(lm, q, grafted=True), offset=0)
+    zero = exactness.check_relocated(lm, art, generate.encode_prompt(lm, q, grafted=True), offset=0)
     assert zero.exact and zero.fresh_sha256 == zero.grafted_sha256, zero.max_abs_diff

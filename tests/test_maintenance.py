@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-import maintenance
 import services
 from db import bundles
 from db.schema import ledger
@@ -75,16 +74,16 @@ def rewrite(path: Path, out: Path, members: dict[str, bytes]) -> Path:
 def test_export_import_round_trip_is_byte_identical_and_deterministic(lib, chain, tmp_path, tiny_gemma):
     root, child = chain
     out = tmp_path / "b.tar"
-    rep = maintenance.export_bundle(lib, [child.id[:12]], out)
+    rep = services.export_bundle(lib, [child.id[:12]], out)
     assert rep.artifacts == (root.id, child.id)  # ancestors come along, parents first
-    again = maintenance.export_bundle(lib, [child.id], tmp_path / "again.tar")
+    again = services.export_bundle(lib, [child.id], tmp_path / "again.tar")
     assert out.read_bytes() == (tmp_path / "again.tar").read_bytes() and rep.bundle_sha256 == again.bundle_sha256
     with tarfile.open(out) as tar:
         infos = tar.getmembers()
     assert [m.name for m in infos] == sorted(m.name for m in infos)
     assert all(m.mtime == 0 and m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == "" and m.isreg() for m in infos)
     manifest = json.loads(read_members(out)["manifest.json"])
-    assert manifest["format"] == maintenance.BUNDLE_FORMAT and manifest["artifact_format"] == "kvgraft/1"
+    assert manifest["format"] == services.BUNDLE_FORMAT and manifest["artifact_format"] == "kvgraft/1"
     assert {a["id"]: a["content_sha256"] for a in manifest["artifacts"]} == {
         root.id: root.content_sha256,
         child.id: child.content_sha256,
@@ -92,7 +91,7 @@ def test_export_import_round_trip_is_byte_identical_and_deterministic(lib, chain
     assert manifest["model_fingerprints"] == [tiny_gemma.fingerprint]
 
     other = make_lib(tmp_path / "other-home", tiny_gemma)
-    imp = maintenance.import_bundle(other, out)
+    imp = services.import_bundle(other, out)
     assert imp.new == (root.id, child.id) and imp.blobs_written == 2 and imp.model_checked
     for d in (root, child):
         assert other._blobs.get(d.content_sha256) == lib._blobs.get(d.content_sha256)
@@ -100,39 +99,39 @@ def test_export_import_round_trip_is_byte_identical_and_deterministic(lib, chain
     assert other._catalog.source(child.id).text == lib._catalog.source(child.id).text
     assert [r.id for r in other._catalog.chain(child.id)] == [root.id, child.id]
     assert not [p for p in other.home.iterdir() if p.name.startswith(".import-")], "staging must be removed"
-    assert maintenance.import_bundle(other, out).new == ()  # idempotent
-    assert maintenance.fsck(other, repair=True).consistent
+    assert services.import_bundle(other, out).new == ()  # idempotent
+    assert services.fsck(other, repair=True).consistent
 
 
 def test_import_restores_missing_and_corrupt_blobs(lib, chain, tmp_path):
     root, child = chain
     out = tmp_path / "b.tar"
-    maintenance.export_bundle(lib, [child.id], out)
+    services.export_bundle(lib, [child.id], out)
     lib._blobs.delete(root.content_sha256)
     path = lib._blobs.path(child.content_sha256)
     good = path.read_bytes()
     path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
     (lib.home / ".import-leftover").mkdir()
     os.utime(lib.home / ".import-leftover", (0, 0))
-    r = maintenance.fsck(lib, repair=True)
+    r = services.fsck(lib, repair=True)
     assert len(r.missing) == 1 and len(r.corrupt) == 1 and r.repaired.partials_removed == (".import-leftover",)
-    imp = maintenance.import_bundle(lib, out)
+    imp = services.import_bundle(lib, out)
     assert imp.new == () and imp.blobs_written == 2
-    assert path.read_bytes() == good and maintenance.fsck(lib).consistent
+    assert path.read_bytes() == good and services.fsck(lib).consistent
 
 
 def test_import_without_model_check_and_wrong_model(lib, chain, tmp_path, tiny_llama):
     out = tmp_path / "b.tar"
-    maintenance.export_bundle(lib, [chain[1].id], out)
+    services.export_bundle(lib, [chain[1].id], out)
     llama_lib = make_lib(tmp_path / "llama-home", tiny_llama)
     before = files_under(tmp_path)
     with pytest.raises(IncompatibleArtifact, match="this store's model is"):
-        maintenance.import_bundle(llama_lib, out)
+        services.import_bundle(llama_lib, out)
     assert files_under(tmp_path) == before
     assert llama_lib.count() == 0
     # without loading the model the bundle is still checked against itself
     unloaded = services.Library(home=tmp_path / "unloaded", embedder=HashEmbedder(), model_name="/nonexistent")
-    assert maintenance.import_bundle(unloaded, out, check_model=False).model_checked is False
+    assert services.import_bundle(unloaded, out, check_model=False).model_checked is False
     assert unloaded._lm is None, "check_model=False must not load the model"
 
 
@@ -146,14 +145,14 @@ def _assert_refused(lib, bundle: Path, tmp_path: Path, exc, match: str, limits: 
     before = files_under(tmp_path)
     n = lib.count()
     with pytest.raises(exc, match=match):
-        maintenance.import_bundle(lib, bundle, limits=limits)
+        services.import_bundle(lib, bundle, limits=limits)
     assert files_under(tmp_path) == before, "a refused import must leave no file behind"
     assert lib.count() == n
 
 
 def test_import_refuses_tampered_blob_catalog_and_fingerprint(lib, chain, tmp_path, tiny_gemma):
     out = tmp_path / "b.tar"
-    maintenance.export_bundle(lib, [chain[1].id], out)
+    services.export_bundle(lib, [chain[1].id], out)
     target = make_lib(tmp_path / "target", tiny_gemma)
     blob = f"blobs/{chain[0].content_sha256}.safetensors"
 
@@ -230,20 +229,20 @@ def test_import_refuses_too_many_or_too_large(lib, tmp_path):
 
 def test_rebuild_verify_reproduces_bytes_and_detects_a_changed_blob(lib, chain):
     root, child = chain
-    r = maintenance.rebuild_verify(lib, child.id)
+    r = services.rebuild_compare(lib, child.id)
     assert r.equal and r.rebuilt_sha256 == r.stored_sha256 == r.blob_sha256 == child.content_sha256, r
     path = lib._blobs.path(child.content_sha256)
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
     path.write_bytes(bytes(data))
-    r = maintenance.rebuild_verify(lib, child.id)
+    r = services.rebuild_compare(lib, child.id)
     assert not r.equal and r.rebuilt_sha256 == child.content_sha256 and r.blob_sha256 != child.content_sha256
 
 
 def test_fsck_reports_and_repairs_without_touching_referenced_blobs(lib, chain):
     root, child = chain
     lib.index()
-    clean = maintenance.fsck(lib)
+    clean = services.fsck(lib)
     assert clean.consistent and clean.index.status == "ok" and clean.artifacts == 2, clean
     orphan = lib._blobs.put(b"nobody refers to me")
     partial = lib._blobs.path(orphan).parent / ".tmp-abc.part"
@@ -256,18 +255,18 @@ def test_fsck_reports_and_repairs_without_touching_referenced_blobs(lib, chain):
     missing_path.unlink()
     (lib.home / "index" / "index.json").unlink()
 
-    r = maintenance.fsck(lib)
+    r = services.fsck(lib)
     d = r.to_json()
     assert not r.consistent
     assert d["counts"] == {"missing": 1, "orphans": 1, "corrupt": 1, "partials": 1, "quarantined": 0}
     assert r.missing[0].id == root.id and r.corrupt[0].id == child.id and r.orphans == (orphan,)
     assert r.index.status == "missing"
-    young = maintenance.fsck(lib, repair=True)  # default grace: too young, maybe a deposit in flight
-    assert young.repaired == maintenance.Repaired((), (), index_rebuilt=True)
-    assert lib._blobs.exists(orphan) and partial.exists() and maintenance.fsck(lib).index.status == "ok"
+    young = services.fsck(lib, repair=True)  # default grace: too young, maybe a deposit in flight
+    assert young.repaired == services.Repaired((), (), index_rebuilt=True)
+    assert lib._blobs.exists(orphan) and partial.exists() and services.fsck(lib).index.status == "ok"
 
-    r = maintenance.fsck(lib, repair=True, grace_s=0)
-    assert r.repaired == maintenance.Repaired((orphan,), (".tmp-abc.part",), index_rebuilt=False)
+    r = services.fsck(lib, repair=True, grace_s=0)
+    assert r.repaired == services.Repaired((orphan,), (".tmp-abc.part",), index_rebuilt=False)
     assert r.to_json()["repaired"] == {"orphans_removed": [orphan], "partials_removed": [".tmp-abc.part"], "index_rebuilt": False}
     assert not r.consistent and corrupt_path.exists(), "a referenced blob is never deleted, even a corrupt one"
     assert any("rebuild --verify" in a for a in r.advice)
@@ -275,15 +274,15 @@ def test_fsck_reports_and_repairs_without_touching_referenced_blobs(lib, chain):
 
     missing_path.write_bytes(missing_bytes)
     corrupt_path.write_bytes(good)
-    assert maintenance.fsck(lib).consistent
+    assert services.fsck(lib).consistent
 
 
 def test_index_staleness_is_seen_by_fsck(lib, chain):
     lib.index()
     lib.deposit_text("Another fact about nothing in particular.")
-    assert maintenance.fsck(lib).index.status == "stale"
-    assert maintenance.fsck(lib, repair=True).consistent
-    assert maintenance.fsck(lib).index.status == "ok"
+    assert services.fsck(lib).index.status == "stale"
+    assert services.fsck(lib, repair=True).consistent
+    assert services.fsck(lib).index.status == "ok"
 
 
 def test_replay_confirms_every_tier_and_flags_a_changed_record(lib, chain):
@@ -291,20 +290,20 @@ def test_replay_confirms_every_tier_and_flags_a_changed_record(lib, chain):
     lib.answer("Which bridge is the tallest?", artifact=child.id, max_new_tokens=6)
     lib.answer("Which bridge is the tallest?", graft=False, max_new_tokens=5)
     lib.answer("Zorblat capital Quendia bridges", relocated=True, threshold=0.0, max_new_tokens=4)
-    rep = maintenance.replay(lib)
+    rep = services.replay_ledger(lib)
     assert [e.tier for e in rep.entries] == ["exact", "none", "relocated"]
     assert rep.ok and rep.matched == 3, rep
     assert rep.entries[0].artifact_ids == (root.id, child.id)
-    assert maintenance.replay(lib, last=1).replayed == 1
+    assert services.replay_ledger(lib, last=1).replayed == 1
     with lib._catalog._engine.begin() as conn:
         conn.execute(sa.update(ledger).where(ledger.c.id == rep.entries[1].ledger_id).values(logits_sha256="0" * 64))
-    rep = maintenance.replay(lib)
+    rep = services.replay_ledger(lib)
     assert not rep.ok and rep.mismatched == 1 and rep.entries[1].output_equal and not rep.entries[1].logits_equal
 
 
 def test_replay_of_an_empty_ledger_says_what_to_do(lib):
     with pytest.raises(ArtifactNotFound, match="ledger is empty"):
-        maintenance.replay(lib)
+        services.replay_ledger(lib)
 
 
 def test_show_list_delete(lib, chain):
@@ -319,7 +318,7 @@ def test_show_list_delete(lib, chain):
     assert d.blob_removed and not lib._blobs.exists(child.content_sha256)
     with pytest.raises(ArtifactNotFound):
         lib._catalog.get(child.id)
-    assert maintenance.fsck(lib, repair=True).consistent
+    assert services.fsck(lib, repair=True).consistent
 
 
 # ---- two processes, one PostgreSQL catalog, one blob folder ---------------------------------------

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import services
-from graft_core import generate, templates, verify
+from graft_core import exactness, generate, templates
 from graft_core.capture import capture, probe_ids
 from graft_core.forward import new_cache
 from graft_core.graft import restore
@@ -89,9 +89,9 @@ def test_the_exactness_check_is_decided_by_bytes_not_by_the_tier(tiny_gemma, mon
     lm = tiny_gemma
     art, _ = capture(lm, _ids(lm, TEXT))
     q = _ids(lm, templates.query_prompt("who?"), bos=False)
-    assert verify.check(lm, [art], q).exact
-    monkeypatch.setattr(verify, "restore", _empty_restore)
-    c = verify.check(lm, [art], q)
+    assert exactness.check(lm, [art], q).exact
+    monkeypatch.setattr(exactness, "restore", _empty_restore)
+    c = exactness.check(lm, [art], q)
     assert c.tier == "exact" and not c.exact and c.fresh_sha256 != c.grafted_sha256
 
 

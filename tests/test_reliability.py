@@ -31,7 +31,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import maintenance
 import services
 from db.blobs import BlobStore
 from errors import IncompatibleArtifact, InputTooLong, IntegrityError, InvalidInput, KvgraftError
@@ -463,7 +462,7 @@ def test_sigkill_during_deposits_loses_nothing_committed(tmp_path):
 
 def _assert_store_agrees(lib: services.Library, expected_ids: set[str]) -> None:
     lib.index()  # the index is rebuilt from the catalog when stale, as every reader does
-    rep = maintenance.fsck(lib)
+    rep = services.fsck(lib)
     assert rep.consistent, rep.to_json()
     ids = {r.id for r in lib._catalog.list_artifacts(limit=1000)}
     assert ids == expected_ids, (len(ids), len(expected_ids))

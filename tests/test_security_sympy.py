@@ -5,8 +5,8 @@ import os
 import threading
 import time
 
-import verifiers
-from verifiers import SympyVerifier, Verdict
+from verifiers import SympyVerifier, Verdict, symbolic
+from verifiers.verdict import _q
 
 BOMB = "(a+b+c+d+e+f+g+h+i+j+k+l+m+n+o+p)**100"  # the issue's: grew the server 263 MB -> 1.6 GB in 25 s
 
@@ -33,16 +33,16 @@ def test_the_bomb_is_killed_and_the_server_does_not_grow():
     rss_before = _rss_bytes()
     for _ in range(3):  # the old thread design refused every check as busy after two of these
         assert patient.check("x+1", "1+x").ok  # a fresh worker after each kill
-        worker = verifiers._WORKER.pid()
+        worker = symbolic._WORKER.pid()
         start = time.perf_counter()
         verdict = verifier.check(BOMB, "0")
         took = time.perf_counter() - start
         assert verdict == Verdict(
-            False, "sympy", f"answer {verifiers._q(BOMB)} vs reference '0': simplify did not finish within 2.0 s (sympy)"
+            False, "sympy", f"answer {_q(BOMB)} vs reference '0': simplify did not finish within 2.0 s (sympy)"
         )
         assert took < 2.0 + 3.0, f"the timed-out check took {took:.2f} s"
         assert worker is not None and not _alive(worker), "the timed-out worker process is still running"
-        assert verifiers._WORKER.pid() is None
+        assert symbolic._WORKER.pid() is None
     grew = _rss_bytes() - rss_before
     assert grew < 20 << 20, f"the parent grew by {grew / 2**20:.1f} MiB"
     assert threading.active_count() == threads_before, "a check left a thread behind"
@@ -53,24 +53,24 @@ def test_the_bomb_is_killed_and_the_server_does_not_grow():
 
 def test_the_worker_runs_under_memory_and_cpu_limits():
     assert SympyVerifier(timeout_s=60.0).check("x", "x").ok
-    pid = verifiers._WORKER.pid()
+    pid = symbolic._WORKER.pid()
     with open(f"/proc/{pid}/limits") as f:
         limits = {line[:26].strip(): line[26:].split() for line in f if line[:26].strip()}
-    assert limits["Max address space"][:2] == [str(verifiers.SYMPY_MEMORY_BYTES)] * 2
+    assert limits["Max address space"][:2] == [str(symbolic.SYMPY_MEMORY_BYTES)] * 2
     assert limits["Max cpu time"][0] != "unlimited", "the per-check CPU limit is set before each check"
-    assert _rss_bytes(pid) < verifiers.SYMPY_MEMORY_BYTES
+    assert _rss_bytes(pid) < symbolic.SYMPY_MEMORY_BYTES
 
 
 def test_a_worker_that_runs_out_of_memory_is_replaced(monkeypatch):
-    monkeypatch.setattr(verifiers, "SYMPY_MEMORY_BYTES", 400 << 20)
-    verifiers._WORKER.stop()
+    monkeypatch.setattr(symbolic, "SYMPY_MEMORY_BYTES", 400 << 20)
+    symbolic._WORKER.stop()
     try:
         verdict = SympyVerifier(timeout_s=60.0).check(BOMB, "0")
         assert not verdict.ok
         assert verdict.detail.endswith(("(MemoryError) (sympy)", "(WorkerExited) (sympy)")), verdict.detail
-        assert verifiers._WORKER.pid() is None
+        assert symbolic._WORKER.pid() is None
     finally:
-        verifiers._WORKER.stop()
+        symbolic._WORKER.stop()
     monkeypatch.undo()
     assert SympyVerifier(timeout_s=60.0).check("2*x", "x+x").ok
 
@@ -90,28 +90,28 @@ def test_concurrent_checks_share_the_worker_and_all_get_verdicts():
 
 def test_the_worker_loads_neither_torch_nor_kvgraft():
     assert SympyVerifier(timeout_s=60.0).check("x", "x").ok
-    with open(f"/proc/{verifiers._WORKER.pid()}/maps") as f:
+    with open(f"/proc/{symbolic._WORKER.pid()}/maps") as f:
         maps = f.read()
     assert "libtorch" not in maps
-    assert os.path.basename(verifiers._WORKER_SCRIPT) == "sympy_worker.py"
+    assert os.path.basename(symbolic._WORKER_SCRIPT) == "sympy_worker.py"
 
 
 def test_a_forked_child_neither_kills_nor_shares_the_parents_worker():
     """A server that forks (or a test that forks from a warm process) must not lose its worker when a child exits."""
     assert SympyVerifier(timeout_s=60.0).check("x", "x").ok
-    worker = verifiers._WORKER.pid()
+    worker = symbolic._WORKER.pid()
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the child
         code = 1
         try:
-            inherited_none = verifiers._WORKER.pid() is None
-            verifiers._WORKER.stop()  # what atexit does at the child's exit
-            own = SympyVerifier(timeout_s=60.0).check("2*y", "y+y").ok and verifiers._WORKER.pid() not in (None, worker)
-            verifiers._WORKER.stop()
+            inherited_none = symbolic._WORKER.pid() is None
+            symbolic._WORKER.stop()  # what atexit does at the child's exit
+            own = SympyVerifier(timeout_s=60.0).check("2*y", "y+y").ok and symbolic._WORKER.pid() not in (None, worker)
+            symbolic._WORKER.stop()
             code = 0 if inherited_none and own else 1
         finally:
             os._exit(code)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the child could not run its own worker"
-    assert _alive(worker) and verifiers._WORKER.pid() == worker
+    assert _alive(worker) and symbolic._WORKER.pid() == worker
     assert SympyVerifier(timeout_s=60.0).check("x*x", "x^2").ok

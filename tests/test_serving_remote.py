@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
-import maintenance
 import services
 from errors import ArtifactNotFound, KvgraftError, VerificationFailed
 from retrieval import HashEmbedder
 from serving.client import ADMIN_HEADER, BackendRefused, BackendUnavailable
-from serving.remote import NotAvailable, RemoteLibrary, RemoteStartup, connect
+from web.remote import NotAvailable, RemoteLibrary, RemoteStartup, connect
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "front-admin-token"
@@ -108,7 +107,7 @@ def test_results_round_trip_through_their_json(real):
         assert _normal(back.to_json()) == _normal(r.to_json())
         assert back.output_token_ids == r.output_token_ids and back.savings == r.savings
     back = services.AnswerResult.from_json(json.loads(_normal(checked.to_json())))
-    from app_views import evidence_html, evidence_summary
+    from web.views import evidence_html, evidence_summary
 
     assert evidence_html(back) == evidence_html(checked) and evidence_summary(back) == evidence_summary(checked)
     assert back.check.exact is checked.check.exact and back.check.fresh_sha256 == checked.check.fresh_sha256
@@ -210,7 +209,7 @@ def test_what_has_no_route_says_what_to_use_instead(tmp_path):
     with pytest.raises(NotAvailable, match="^The dashboard is not available"):
         remote.flywheel()
     with pytest.raises(NotAvailable, match=r"^the store itself \(catalog\) is not available"):
-        maintenance.export_bundle(remote, ["a" * 64], tmp_path / "b.tar")
+        services.export_bundle(remote, ["a" * 64], tmp_path / "b.tar")
     assert not hasattr(remote, "__len__")  # dunder lookups stay AttributeError (copy, inspection)
 
 
@@ -237,7 +236,7 @@ def test_connecting_stage_shows_what_health_returned_until_healthy(stub):
 def test_front_end_app_builds_without_torch():
     """`build_app` over a RemoteLibrary imports neither torch nor transformers (nothing of the engine)."""
     code = (
-        "import sys, app; from serving import remote; "
+        "import sys; from web import app, remote; "
         "lib = remote.RemoteLibrary('http://127.0.0.1:9'); app.build_app(lib, admin_token='t', startup=remote.RemoteStartup()); "
         "print(sorted(m for m in ('torch', 'transformers', 'faiss') if m in sys.modules))"
     )
@@ -251,7 +250,7 @@ def test_app_tabs_over_a_deployment_show_what_is_not_available(stub, real):
     gradio_client = pytest.importorskip("gradio_client")
     from gradio_client.exceptions import AppError
 
-    import app
+    from web import app
 
     stub.routes[("GET", "/health")] = (200, {"healthy": True, "problems": [], "store_artifacts": 2})
     stub.routes[("POST", "/answer")] = (200, json.loads(_normal(real["plain"].to_json())))

@@ -112,7 +112,7 @@ def test_solve_learns_then_recalls_on_the_real_model(tmp_path, real_lm):
 
 
 def test_flywheel_counts_discovery_against_each_recall(lib):
-    import app_views
+    from web import views
 
     q = "Who built the Varnek lighthouse?"
     greedy = _greedy_or_skip(lib, q)
@@ -124,8 +124,8 @@ def test_flywheel_counts_discovery_against_each_recall(lib):
     (item,) = f.items
     assert item == (r.id, r.tokens_spent, float(recall.computed_tokens + recall.decode_tokens), 1)
     assert f.cumulative_saved[-1][1] == max(0, r.tokens_spent - recall.computed_tokens - recall.decode_tokens)
-    assert len(app_views.flywheel_plot(f).axes) == 3
-    head, rows = app_views.solve_summary(r)
+    assert len(views.flywheel_plot(f).axes) == 3
+    head, rows = views.solve_summary(r)
     assert "deposited" in head and len(rows) == len(r.attempts)
 
 

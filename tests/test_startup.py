@@ -19,10 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-import boot
-import hosting
-import startup
 from errors import KvgraftError, NotReady
+from web import hosting, startup
+from web import placeholder as boot
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,7 +180,7 @@ class FakeLibrary:
 def test_gate_refuses_model_calls_with_the_stage_until_ready_and_never_loads():
     lib = FakeLibrary()
     tr, _ = _tracker()
-    gate = startup.Gate(lib, tr)
+    gate = startup.StartingLibrary(lib, tr)
     assert gate.count() == 0 and gate._catalog == "catalog"  # reads and the store's internals pass
     ask = gate.answer  # taking the method is not calling it (handlers pass `library.answer` along)
     with pytest.raises(NotReady) as exc:
@@ -233,7 +232,7 @@ def test_a_failed_load_keeps_the_app_up_and_says_so(monkeypatch, tmp_path):
     assert snap.model_failed == "OSError: disk full" and not snap.ready
     assert [s.state for s in snap.stages] == ["skipped", "failed", "skipped", "skipped"]
     with pytest.raises(NotReady, match=r"^The model failed to load \(OSError: disk full\)"):
-        startup.Gate(lib, tr).answer("q")
+        startup.StartingLibrary(lib, tr).answer("q")
     assert "The model failed to load: OSError: disk full" in startup.status_html(snap, "x")
 
 
@@ -383,8 +382,9 @@ def test_app_started_as_a_space_serves_at_once_as_a_read_only_demo(tiny_dirs, tm
 HEAVY = ("torch", "transformers", "faiss", "sentence_transformers", "safetensors", "matplotlib")
 PAGE_PATH = """
 import sys
-import app, hosting, services
-from startup import Startup, model_cache
+import services
+from web import app, hosting
+from web.startup import Startup, model_cache
 where = hosting.detect()
 library = services.Library()
 tracker = Startup.remembered(model_cache())
@@ -407,7 +407,7 @@ def test_the_page_path_imports_no_torch_transformers_faiss_or_matplotlib(tmp_pat
 
 
 def test_the_cli_and_upkeep_modules_import_no_torch_either():
-    code = "import sys, services, maintenance, cli, cli_upkeep, app_upkeep, app_views, app_solve; print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))"
+    code = "import sys, services, cli, cli.upkeep, cli.evaluation, web.handlers, web.views, web.solve_tab; print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))"
     done = subprocess.run([sys.executable, "-c", code, *HEAVY], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[]", done.stdout

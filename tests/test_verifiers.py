@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sympy_worker
 import verifiers
 from errors import InvalidInput
-from verifiers import SympyVerifier, Verdict, VerifiedItem, check, item_sha256
+from verifiers import SympyVerifier, Verdict, VerifiedItem, check, item_sha256, symbolic, sympy_worker
+from verifiers.verdict import _q
 
 
 def item(answer: str, verifier: str, reference: str, question: str = "q?", solution: str = "s.") -> VerifiedItem:
@@ -187,7 +187,7 @@ def test_sympy_refuses_hostile_answers_quickly(answer, reason):
     start = time.perf_counter()
     verdict = check(item(answer, "sympy", "1"))
     assert time.perf_counter() - start < 2
-    assert verdict == Verdict(False, "sympy", f"answer {verifiers._q(answer)} is not a safe expression: {reason} (sympy)")
+    assert verdict == Verdict(False, "sympy", f"answer {_q(answer)} is not a safe expression: {reason} (sympy)")
 
 
 @pytest.mark.parametrize("reference, reason", HOSTILE)
@@ -196,7 +196,7 @@ def test_sympy_hostile_reference_is_invalid_quickly(reference, reason):
     with pytest.raises(InvalidInput) as raised:
         check(item("1", "sympy", reference))
     assert time.perf_counter() - start < 2
-    assert str(raised.value).startswith(f"reference {verifiers._q(reference)} is not a safe expression: {reason}; use numbers")
+    assert str(raised.value).startswith(f"reference {_q(reference)} is not a safe expression: {reason}; use numbers")
 
 
 def test_sympy_namespace_has_no_builtins():
@@ -216,7 +216,7 @@ def test_sympy_slow_simplify_times_out():
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(alphabet="xy0123456789.+-*/^() ,_eE'sqrtlogpiRational", max_size=40))
 def test_sympy_any_text_gives_a_verdict_or_invalid_input(text):
-    verifiers._WORKER.warm()  # a check that timed out killed the worker; its restart is not part of the bound
+    symbolic._WORKER.warm()  # a check that timed out killed the worker; its restart is not part of the bound
     start = time.perf_counter()
     try:
         verdict = SympyVerifier(timeout_s=1.0).check(text or "0", "x")

@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-import startup
 from errors import IntegrityError, InvalidInput
 from graft_core import graft
 from services import limits
 from tests.test_first_use_probe import TEXT, Q, _tampered
 from tests.test_maintenance import make_lib
+from web import startup
 
 OTHER = "The lighthouse of Quenmora was built in 1841.\n"
 THIRD = "Its keeper was Hild Sarrow.\n"

@@ -3,7 +3,7 @@ stage with its progress and measured time, run in a background thread while the 
 
 Owns the stage tracker (what the status line, the terminal bars and the "still starting" message read),
 the duration estimates (remembered in the model cache from the last start, else typical figures, labelled
-as such) and `Gate`, the Library seen through the start-up. It knows nothing about Gradio.
+as such) and `StartingLibrary`, the Library seen through the start-up. It knows nothing about Gradio.
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ def _convert_in_child() -> None:
     """The one-time GGUF conversion in a child process: its minute of mostly pure-Python work (the
     tokenizer) would otherwise hold the GIL and leave the page unanswered while it runs."""
     code = "from graft_core import model; model.resolve_model_dir(model.DEFAULT_MODEL)"
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # the checkout
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -326,7 +326,7 @@ def start(
 # ---- the gate ------------------------------------------------------------------------------
 
 
-class Gate:
+class StartingLibrary:
     """A Library seen through the start-up: catalog reads pass at once; every other method raises
     `NotReady` (stage, time left) when called before the start-up is done, instead of blocking on the model."""
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import gradio as gr
 
 import services
-from app_guard import Guard
-from app_upkeep import call, model_turn
-from app_views import input_problem, solve_summary
+from web.guard import Guard
+from web.handlers import call, model_turn
+from web.views import input_problem, solve_summary
 
 PUBLIC_SOLVE_BUDGET = 1024  # tokens an anonymous solve may spend (the admin may spend more)
 ADMIN_SOLVE_BUDGET = 16384

@@ -25,19 +25,19 @@ def _library(args):
 
 
 def cmd_export(args) -> int:
-    import maintenance
+    import services
 
-    r = maintenance.export_bundle(_library(args), args.ids, args.out)
+    r = services.export_bundle(_library(args), args.ids, args.out)
     _emit(args, r.to_json(), f"exported {len(r.artifacts)} artifact(s) to {r.path} ({r.bytes:,} bytes, sha256 {r.bundle_sha256})")
     return 0
 
 
 def cmd_import(args) -> int:
-    import maintenance
+    import services
     from db.bundles import Limits
 
     limits = Limits(max_member_bytes=args.max_member_bytes) if args.max_member_bytes else Limits()
-    r = maintenance.import_bundle(
+    r = services.import_bundle(
         _library(args), args.bundle, limits=limits, check_model=not args.no_model_check, trust_verdicts=args.trust_verdicts
     )
     _emit(
@@ -52,9 +52,9 @@ def cmd_import(args) -> int:
 
 
 def cmd_rebuild(args) -> int:
-    import maintenance
+    import services
 
-    r = maintenance.rebuild_verify(_library(args), args.verify)
+    r = services.rebuild_compare(_library(args), args.verify)
     _emit(
         args,
         r.to_json(),
@@ -65,9 +65,9 @@ def cmd_rebuild(args) -> int:
 
 
 def cmd_fsck(args) -> int:
-    import maintenance
+    import services
 
-    r = maintenance.fsck(_library(args), repair=args.repair, deep=args.deep)
+    r = services.fsck(_library(args), repair=args.repair, deep=args.deep)
     d = r.to_json()
     c = d["counts"]
     lines = [
@@ -90,9 +90,9 @@ def cmd_fsck(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    import maintenance
+    import services
 
-    r = maintenance.replay(_library(args), last=args.last)
+    r = services.replay_ledger(_library(args), last=args.last)
     lines = [
         f"ledger {e.ledger_id}: {'OK' if e.ok else 'MISMATCH'} tier {e.tier}, output {'=' if e.output_equal else '!='}, "
         f"logits {'=' if e.logits_equal else '!='}{' ' + e.error if e.error else ''}"

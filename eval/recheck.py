@@ -17,7 +17,7 @@ from graft_core import generate, templates
 
 
 @dataclass
-class ReplayReport:
+class RecheckReport:
     path: str
     outputs: int = 0
     checks: dict = field(default_factory=dict)  # name -> number of items checked
@@ -49,7 +49,7 @@ def _canon(x) -> str:
     return json.dumps(x, sort_keys=True)
 
 
-def _tokenizer(results: dict, report: ReplayReport):
+def _tokenizer(results: dict, report: RecheckReport):
     """The tokenizer alone (no weights), or None with a note when its files are not on this machine."""
     from graft_core import model as model_mod
 
@@ -74,7 +74,7 @@ def _tokenizer(results: dict, report: ReplayReport):
     return tok
 
 
-def check_offline(results: dict, report: ReplayReport) -> None:
+def check_offline(results: dict, report: RecheckReport) -> None:
     """Data hashes, output token hashes, decoded text, verdicts and every aggregate."""
     if results.get("format") != harness.FORMAT:
         report.fail(f"format {results.get('format')!r} is not {harness.FORMAT}")
@@ -155,7 +155,7 @@ def check_offline(results: dict, report: ReplayReport) -> None:
             report.fail(f"{name} recomputed from the outputs differ from the recorded ones in: {', '.join(sorted(diff))}")
 
 
-def rerun(results: dict, report: ReplayReport, lm=None, embedder=None) -> None:
+def rerun(results: dict, report: RecheckReport, lm=None, embedder=None) -> None:
     """Recompute every output with the model in a fresh store; token ids must be equal."""
     import services
     from retrieval.embedder import HashEmbedder
@@ -203,8 +203,8 @@ def rerun(results: dict, report: ReplayReport, lm=None, embedder=None) -> None:
             report.fail(f"rerun {k}: grafted {n['artifact_ids']} instead of the recorded {o['artifact_ids']}")
 
 
-def replay(path: str | Path, rerun_model: bool = False, lm=None, embedder=None) -> ReplayReport:
-    report = ReplayReport(path=str(path))
+def recheck(path: str | Path, rerun_model: bool = False, lm=None, embedder=None) -> RecheckReport:
+    report = RecheckReport(path=str(path))
     try:
         results = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:

@@ -1,6 +1,6 @@
 """Who may do what on the web app, and how much of the model one client may hold.
 
-`AdminGate` checks the admin token (constant-time) with a limit on failed guesses per client address
+`TokenCheck` checks the admin token (constant-time) with a limit on failed guesses per client address
 and overall; `FairTurns` hands the model out one request at a time: at most one request in flight per
 session and a few per address, in turns (round robin over addresses, then sessions). It knows
 nothing about the store, the model or Gradio's widgets; app.py's handlers call it before any work.
@@ -51,7 +51,7 @@ def client_of(request, trust_proxy: bool = False) -> Client:
     return Client(session, address)
 
 
-class AdminGate:
+class TokenCheck:
     """The admin token check. After `per_address` failed tokens from one address (or `overall` from all)
     within `window_s`, every token from there (right or wrong) is refused until the window passes."""
 
@@ -227,10 +227,10 @@ class Guard:
     """The gate and the turns of one app, called by each handler with its Gradio request."""
 
     def __init__(
-        self, token: str, gate: AdminGate | None = None, turns: FairTurns | None = None, trust_proxy: bool | None = None
+        self, token: str, gate: TokenCheck | None = None, turns: FairTurns | None = None, trust_proxy: bool | None = None
     ):
         """`trust_proxy` defaults to KVGRAFT_TRUST_PROXY=1; the per-address cap to KVGRAFT_PER_ADDRESS (32)."""
-        self.gate = gate or AdminGate(token)
+        self.gate = gate or TokenCheck(token)
         self.turns = turns or FairTurns(per_address=per_address())
         self.trust_proxy = os.environ.get("KVGRAFT_TRUST_PROXY") == "1" if trust_proxy is None else trust_proxy
 

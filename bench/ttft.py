@@ -157,7 +157,7 @@ def numerics_study(rounds: int, out: Path) -> None:
     for _ in range(rounds):
         for name, (env, _, _) in NUMERICS_RUNS.items():
             r = subprocess.run(
-                [sys.executable, "-m", "bench.engine", "--numerics-child", name],
+                [sys.executable, "-m", "bench.ttft", "--numerics-child", name],
                 env={**os.environ, **env},
                 cwd=ROOT,
                 capture_output=True,

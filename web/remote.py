@@ -22,9 +22,8 @@ from pathlib import Path
 import errors
 from errors import KvgraftError
 from services.results import AnswerResult, Deposited, LibraryEntry, ShowReport, VerifyReport
-from startup import Stage, Startup
-
-from .client import BackendRefused, Client
+from serving.client import BackendRefused, Client
+from web.startup import Stage, Startup
 
 log = logging.getLogger("kvgraft.remote")
 

@@ -206,7 +206,7 @@ def _cannot_bind(where, exc: OSError) -> SystemExit:
 def serve_while_starting(t0: float, environ: dict | None = None) -> Placeholder:
     """For `python app.py`, before Gradio is imported: print the URL, serve the placeholder on the app's host
     and port (SystemExit with what to do if the port is taken)."""
-    import hosting  # stdlib-only settings, light
+    from web import hosting  # stdlib-only settings, light
 
     env = os.environ if environ is None else environ
     where = hosting.detect(env)

@@ -18,9 +18,7 @@ from pathlib import Path
 
 import gradio as gr
 
-import maintenance
 import services
-from app_guard import Guard, Refused
 from errors import InvalidInput, KvgraftError
 from services.limits import (
     ANON_MAX_NEW_TOKENS,
@@ -30,6 +28,7 @@ from services.limits import (
     verify_bounds,
     whole,
 )
+from web.guard import Guard, Refused
 
 EXPORT_TTL_S = 600.0  # our own export file is removed this long after the handler returned it
 
@@ -92,7 +91,7 @@ def answer_options(guard: Guard, request, k, graft, max_new, check, compare, adm
     )
 
 
-def verify(library: services.Library, guard: Guard, request, samples, relocate, admin_token=None, progress=None):
+def verify_samples(library: services.Library, guard: Guard, request, samples, relocate, admin_token=None, progress=None):
     """The N-sample report within this caller's bounds. Without the admin token: at most ANON_VERIFY_SAMPLES
     samples of artifacts whose chain holds at most ANON_VERIFY_TOKENS tokens, ANON_VERIFY_STEPS greedy steps
     each and no monolithic comparison, so one sample costs about one default chat. A relocate offset stays
@@ -130,7 +129,7 @@ def upkeep(library: services.Library, guard: Guard, table: Callable[[], list[lis
                 raise gr.Error("The store is empty: nothing to export.")
             folder = Path(tempfile.mkdtemp(prefix="kvgraft-export-"))
             expire(folder, EXPORT_TTL_S)
-            rep = maintenance.export_bundle(library, ids, folder / f"kvgraft-bundle-{time.strftime('%Y%m%d-%H%M%S')}.tar")
+            rep = services.export_bundle(library, ids, folder / f"kvgraft-bundle-{time.strftime('%Y%m%d-%H%M%S')}.tar")
         return (
             rep.path,
             f"Exported {len(rep.artifacts)} artifacts, {rep.bytes:,} bytes, bundle sha256 `{rep.bundle_sha256[:16]}…`",
@@ -143,7 +142,7 @@ def upkeep(library: services.Library, guard: Guard, table: Callable[[], list[lis
         upload = Path(file if isinstance(file, str) else file.name)
         try:
             with model_turn(guard, request):
-                rep = maintenance.import_bundle(library, upload)
+                rep = services.import_bundle(library, upload)
         finally:
             upload.unlink(missing_ok=True)  # the upload cache keeps nothing that was handed to import
         return f"Imported {len(rep.artifacts)} artifacts ({len(rep.new)} new, {rep.blobs_written} blobs written).", table()

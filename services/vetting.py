@@ -96,7 +96,7 @@ def _replay(lib: Library, chain: list[KVArtifact], src: dict, v: VerificationRow
     return gate.record(run, v.item_sha256, v.verifier, v.reference, detail=detail)
 
 
-def reverify(lib: Library, rows: dict, blobs: dict[str, Path | bytes], use_model: bool, trust_verdicts: bool) -> Reverified:
+def vet(lib: Library, rows: dict, blobs: dict[str, Path | bytes], use_model: bool, trust_verdicts: bool) -> Reverified:
     """The rows of a staged bundle as this store will record them (see the module docstring)."""
     from graft_core.artifact import text_sha256
     from graft_core.capture import probe_mismatch

@@ -1,5 +1,5 @@
 """`cli.py replay-eval FILE [--rerun]`: register(subparsers) adds the command; it calls
-eval.replay.replay and formats the report. Exit 0 when everything matches, 1 on any mismatch."""
+eval.recheck.recheck and formats the report. Exit 0 when everything matches, 1 on any mismatch."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 
 def cmd_replay_eval(args) -> int:
-    from eval import replay
+    from eval import recheck
 
-    rep = replay.replay(args.file, rerun_model=args.rerun)
+    rep = recheck.recheck(args.file, rerun_model=args.rerun)
     if args.json:
         print(json.dumps(rep.as_dict(), indent=2))
     else:

@@ -24,8 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import retrieval  # noqa: E402,F401  (faiss before torch: services no longer imports it)
 import services  # noqa: E402
-from app import seed_items  # noqa: E402
 from errors import VerificationFailed  # noqa: E402
+from web.app import seed_items  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "bench"
@@ -64,7 +64,7 @@ def seed(lib: services.Library) -> dict:
         lib.deposit_text(text, title=title, attested_by="kvgraft built-in library", admin=True)
     ok = [r for r in rows if r["accepted"]]
     return {
-        "command": "python -m bench.verify",
+        "command": "python -m bench.samples",
         "store": STORE,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "offered": len(rows),

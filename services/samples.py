@@ -36,8 +36,8 @@ class VerifyPipeline:
         it, labelled). With `max_tokens` only artifacts whose chain holds at most that many tokens are drawn
         (a sample recomputes the whole chain: this bounds its cost)."""
         from graft_core import generate  # the engine loads at the first check, not with the web page
-        from graft_core.verify import check as exact_check
-        from graft_core.verify import check_relocated
+        from graft_core.exactness import check as exact_check
+        from graft_core.exactness import check_relocated
 
         if not 1 <= samples <= 1000:
             raise InvalidInput(f"samples must be between 1 and 1000, got {samples}")

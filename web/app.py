@@ -1,0 +1,570 @@
+"""kvgraft's web app: a Gradio Blocks front end, thin over `services`.
+
+`build_app` assembles one small builder per tab; each callback calls one `Library` (or `maintenance`)
+function and formats its result (HTML, tables, matplotlib figures); it knows nothing about torch or SQL. Every
+model handler checks its caller's authority and bounds first and then holds the model through
+`app_guard` (one request at a time, fairly between sessions and addresses; reads of the catalog run
+beside it). Named API endpoints for `gradio_client`: `/answer`, `/deposit`, `/verify`, `/export`, `/import`, `/delete`.
+
+Run `python app.py` (host/port from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, store from
+KVGRAFT_HOME, deposits enabled by KVGRAFT_ADMIN_TOKEN; on a Hugging Face Space see `hosting`). The page
+is served first; the model conversion/loading, the seeding of an empty store with the built-in library
+in `library_seed/` and the index build follow in the background (`startup`), shown in the status area.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import gradio as gr  # noqa: E402
+
+import services  # noqa: E402
+from errors import KvgraftError, VerificationFailed  # noqa: E402  (types, not the engine)
+from services import seed  # noqa: E402
+from services.limits import (  # noqa: E402
+    ANON_MAX_NEW_TOKENS,
+    ANON_VERIFY_SAMPLES,
+    decode_together,
+    warm_proofs_limit,
+)
+from web import (
+    hosting,  # noqa: E402
+    placeholder,  # noqa: E402  (stdlib only)
+)
+from web.guard import ADMIN_HELP, FairTurns, Guard, backend_slots, per_address  # noqa: E402
+from web.handlers import answer_options as _answer_options  # noqa: E402
+from web.handlers import call as _call  # noqa: E402
+from web.handlers import model_turn as _model  # noqa: E402
+from web.handlers import upkeep as _upkeep  # noqa: E402
+from web.handlers import verify_samples as _verify_samples  # noqa: E402
+from web.solve_tab import solve_tab  # noqa: E402
+from web.startup import StartingLibrary, Startup, TerminalProgress, model_cache, status_html  # noqa: E402
+from web.startup import start as start_up  # noqa: E402
+from web.views import (  # noqa: E402
+    LIBRARY_HEADERS,
+    evidence_html,
+    evidence_summary,
+    flywheel_plot,
+    input_problem,
+    library_table,
+    shown,
+    speedup_plot,
+    stats_html,
+    store_plot,
+    tokens_plot,
+    verify_plot,
+    verify_summary,
+    warn,
+)
+
+log = logging.getLogger("kvgraft.app")
+
+HERE = Path(__file__).resolve().parents[1]  # the checkout: static/ and datasets/ sit at its root
+STATIC = HERE / "static"
+QUEUE_MAX = 256  # over-quota requests are refused in microseconds, so a deep queue drains fast
+MODEL_WORKERS = 16  # handlers that may wait at once for the model; `FairTurns` runs KVGRAFT_DECODE_TOGETHER at a time
+VERIFIERS = ["exact", "numeric", "sympy", "attested"]
+
+
+# ---- the built-in library ------------------------------------------------------------------
+
+
+SeedStatus = Startup  # the start-up tracker under the name older callers (tests/test_browser.py) use
+# The built-in library: one implementation in services/seed.py (the CLI's `seed` and `verify` use it too).
+SEED_DIR, seed_items, seed_library = seed.SEED_DIR, seed.seed_items, seed.seed_library
+
+
+# ---- the app ------------------------------------------------------------------------------
+
+_DONE = object()
+
+
+# Gradio's upload route takes files from anyone (no per-route auth): keep them small, and delete them
+# (and Gradio's copies of exports) after an hour. Larger bundles go through `cli.py import`.
+MAX_UPLOAD = os.environ.get("KVGRAFT_MAX_UPLOAD", "256mb")
+CACHE_CLEANUP = (600, 3600)  # Blocks(delete_cache=(every s, older than s))
+
+
+def launch_kwargs() -> dict:
+    """What `launch()` needs besides host and port (Gradio 6 takes css/theme there); uploads bounded."""
+    return {"css_paths": [STATIC / "app.css"], "theme": gr.themes.Soft(primary_hue="blue"), "max_file_size": MAX_UPLOAD}
+
+
+# ---- chat ----------------------------------------------------------------------------------
+
+
+def _stream_answer(
+    library: services.Library, message: str, turn: Callable = contextlib.nullcontext, **options
+) -> Iterator[str | services.AnswerResult | Exception]:
+    """Run `library.answer` in a thread holding `turn()` (the model, fairly) until it ends, even when the
+    reader goes away; yield each newer partial answer text, then the result (or the error)."""
+    q: queue.Queue = queue.Queue()
+    out: dict = {}
+
+    def work():
+        try:
+            with turn():
+                out["r"] = library.answer(message, on_token=q.put, **options)
+        except Exception as exc:  # handed to the caller, which keeps the app up
+            out["e"] = exc
+        finally:
+            q.put(_DONE)
+
+    threading.Thread(target=work, daemon=True).start()
+    last, done = None, False
+    while not done:
+        item = q.get()
+        done = item is _DONE
+        while not done and not q.empty():  # only the newest partial answer matters
+            nxt = q.get()
+            done = nxt is _DONE
+            item = item if done else nxt
+        if item is not _DONE and item != last:
+            last = item
+            yield item
+    yield out["e"] if "e" in out else out["r"]
+
+
+def _not_answered(exc: Exception) -> str:
+    if isinstance(exc, KvgraftError):
+        return f"Not answered: {exc}"
+    log.error("answer failed", exc_info=exc)
+    return f"Not answered: internal error ({type(exc).__name__}: {exc}); the app is still running"
+
+
+def _chat_tab(library: services.Library, guard: Guard):
+    def chat(message, history, graft, k, max_new, check, compare, admin_token="", request: gr.Request = None):
+        history = list(history or [])
+        try:
+            options = _answer_options(guard, request, k, graft, max_new, check, compare, admin_token)
+            problem = input_problem(message)
+        except KvgraftError as exc:
+            options, problem = {}, str(exc)
+        if problem:
+            if isinstance(message, str) and message.strip():
+                history.append({"role": "user", "content": shown(message)})
+            history.append(warn(problem))
+            yield history, gr.skip(), message
+            return
+        history += [{"role": "user", "content": shown(message)}, {"role": "assistant", "content": "…"}]
+        yield history, gr.skip(), ""
+        for item in _stream_answer(library, message, turn=lambda: guard.turn(request), **options):
+            if isinstance(item, str):
+                history[-1] = {"role": "assistant", "content": item or "…"}
+                yield history, gr.skip(), ""
+            elif isinstance(item, Exception):
+                history[-1] = warn(_not_answered(item))
+                yield history, gr.skip(), ""
+            else:
+                history[-1] = {"role": "assistant", "content": item.answer or "(empty answer)"}
+                title, md = evidence_summary(item)
+                history.append({"role": "assistant", "content": md, "metadata": {"title": title, "status": "done"}})
+                yield history, evidence_html(item), ""
+
+    with gr.Tab("Chat", id="chat") as tab:
+        with gr.Row():
+            with gr.Column(scale=3):
+                chatbot = gr.Chatbot(label="Chat", height=460, elem_id="kv-chat")
+                with gr.Row():
+                    box = gr.Textbox(
+                        placeholder="Ask a question, e.g. Who founded the town of Velmora?",
+                        show_label=False,
+                        scale=5,
+                        elem_id="kv-question",
+                    )
+                    send = gr.Button("Ask", variant="primary", scale=1, elem_id="kv-ask")
+                with gr.Row():
+                    graft = gr.Checkbox(True, label="graft")
+                    check = gr.Checkbox(False, label="check exactness (a fresh recomputation)")
+                    compare = gr.Checkbox(False, label="compare with no graft (measured)")
+                    atok = gr.Textbox(label="admin token (check, compare)", type="password", scale=2)
+                with gr.Row():
+                    k = gr.Slider(1, services.MAX_K, 3, step=1, label="k (retrieved)")
+                    max_new = gr.Slider(1, ANON_MAX_NEW_TOKENS, 16, step=1, label="max new tokens")
+                clear = gr.Button("Clear chat", size="sm")
+            with gr.Column(scale=2):
+                gr.Markdown("### Evidence")
+                evidence = gr.HTML(
+                    '<div class="kv-evidence kv-muted">Ask a question to see what was grafted and whether it was exact.</div>',
+                    elem_id="kv-evidence",
+                )
+        inputs, outputs = [box, chatbot, graft, k, max_new, check, compare, atok], [chatbot, evidence, box]
+        model = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS}
+        box.submit(chat, inputs, outputs, api_name="chat", api_visibility="undocumented", **model)
+        send.click(chat, inputs, outputs, api_visibility="private", **model)
+        clear.click(lambda: ([], ""), None, [chatbot, evidence], api_visibility="private", queue=False)
+    return tab
+
+
+# ---- deposit -------------------------------------------------------------------------------
+
+
+def _deposit(
+    library: services.Library, question, solution, answer, verifier, reference, text, title, attested_by, on_progress=None
+):
+    """A verified item when a question is given, else free text; the service decides everything else."""
+    try:
+        if question and question.strip():
+            item = (question, solution or "", answer or "", verifier or "exact", reference or "")
+            return library.deposit_item(*item, title=title or "", admin=True, on_progress=on_progress)
+        if text and text.strip():
+            return library.deposit_text(
+                text, title=title or "", attested_by=attested_by or None, admin=True, on_progress=on_progress
+            )
+    except VerificationFailed as exc:
+        raise gr.Error(str(exc)) from None
+    except KvgraftError as exc:
+        raise gr.Error(f"Refused, nothing deposited: {exc}") from None
+    raise gr.Error("Nothing to deposit: fill in a verified item (question, solution, answer, reference) or free text.")
+
+
+def _deposit_tab(library: services.Library, token: str, guard: Guard) -> gr.Tab:
+    def deposit_ui(
+        admin_token,
+        mode,
+        question,
+        solution,
+        answer,
+        verifier,
+        reference,
+        text,
+        title,
+        attested_by,
+        request: gr.Request,
+        progress=gr.Progress(),
+    ):
+        _call(guard.admin, admin_token, request)
+        if mode == "verified item":
+            text, attested_by = "", ""
+        else:
+            question = ""
+        fields = (question, solution, answer, verifier, reference, text, title, attested_by)
+        with _model(guard, request):
+            d = _deposit(library, *fields, on_progress=lambda f, m: progress(f, desc=m))
+        verb = "Deposited" if d.created else "Already deposited (nothing computed)"
+        return (
+            f"**{verb}** `{d.id[:16]}…` — {d.tokens} tokens at position {d.start}, {d.bytes:,} bytes, "
+            f"{d.kind}, {d.provenance} ({d.verifier}), prefill {d.prefill_s:.2f} s"
+            + (f"; gate {d.gate_s:.2f} s, {d.gate_tokens} tokens" if d.gate_tokens else "")
+        )
+
+    with gr.Tab("Deposit", id="deposit") as tab:
+        if not token:
+            gr.Markdown(f"> ⚠️ {ADMIN_HELP}", elem_id="kv-admin-help")
+        tok = gr.Textbox(label="admin token", type="password")
+        mode = gr.Radio(["verified item", "free text"], value="verified item", label="what to deposit")
+        with gr.Group():
+            dq = gr.Textbox(label="question")
+            ds = gr.Textbox(label="solution (the fact or worked solution)", lines=3)
+            with gr.Row():
+                da = gr.Textbox(label="answer (optional pre-check; the model's own answer is what is verified)")
+                dv = gr.Dropdown(VERIFIERS, value="exact", label="verifier")
+                dr = gr.Textbox(label="reference (what the verifier compares the answer with)")
+        with gr.Group():
+            dt = gr.Textbox(label="free text (fact sheet, document)", lines=5)
+            dat = gr.Textbox(label="attested by (optional: marks the text as vouched for)")
+        dtitle = gr.Textbox(label="title (optional)")
+        dbtn = gr.Button("Deposit", variant="primary")
+        dout = gr.Markdown()
+        dbtn.click(
+            deposit_ui,
+            [tok, mode, dq, ds, da, dv, dr, dt, dtitle, dat],
+            dout,
+            concurrency_id="model",
+            concurrency_limit=MODEL_WORKERS,
+            api_visibility="private",
+        )
+    return tab
+
+
+# ---- library -------------------------------------------------------------------------------
+
+
+def _table(library: services.Library, search: str = "") -> list[list]:
+    return library_table(library.entries(query=(search or "").strip(), limit=500))
+
+
+def _show(library: services.Library, ref: str) -> tuple[str, dict]:
+    ref = (ref or "").strip()
+    if not ref:
+        return "", {}
+    r = _call(library.show, ref).to_json()
+    return r["source"]["text"], {"artifact": r["artifact"], "chain": r["chain"], "verifications": r["verifications"]}
+
+
+def _library_tab(library: services.Library, guard: Guard, reads: dict, writable: bool = True) -> tuple[gr.Tab, gr.Dataframe]:
+    export_bundle, import_bundle, delete_artifact = _upkeep(library, guard, lambda: _table(library))
+
+    def pick(evt: gr.SelectData, data):
+        rid = evt.row_value[0] if evt.row_value else ""
+        return (rid, *_show(library, rid))
+
+    with gr.Tab("Library", id="library") as tab:
+        with gr.Row():
+            search = gr.Textbox(placeholder="search titles and text", show_label=False, scale=4)
+            refresh = gr.Button("Search", scale=1)
+        tbl = gr.Dataframe(headers=LIBRARY_HEADERS, interactive=False, wrap=True, elem_id="kv-library")
+        sel = gr.Textbox(label="selected artifact id (click a row, or paste an id or prefix)")
+        with gr.Row():
+            src_text = gr.Textbox(label="deposited text", lines=8)
+            manifest = gr.JSON(label="manifest (row, chain, verifier record)")
+        with gr.Accordion("Export / import / delete", open=False, visible=writable):  # admin only: none on a read-only demo
+            ltok = gr.Textbox(label="admin token (export, import, delete)", type="password")
+            with gr.Row():
+                exp_btn = gr.Button("Export bundle (selected id, or all when empty)")
+                exp_file = gr.File(label="bundle")
+            with gr.Row():
+                imp_file = gr.File(label="bundle to import", type="filepath")
+                imp_btn = gr.Button("Import")
+                del_btn = gr.Button("Delete selected", variant="stop")
+            lout = gr.Markdown()
+        table = lambda search="": _table(library, search)  # noqa: E731
+        refresh.click(table, search, tbl, **reads)
+        search.submit(table, search, tbl, **reads)
+        tab.select(table, search, tbl, **reads)
+        tbl.select(pick, tbl, [sel, src_text, manifest], **reads)
+        sel.submit(lambda ref: _show(library, ref), sel, [src_text, manifest], **reads)
+        admin = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS, "api_visibility": "undocumented"}
+        exp_btn.click(export_bundle, [ltok, sel], [exp_file, lout], api_name="export", **admin)
+        imp_btn.click(import_bundle, [ltok, imp_file], [lout, tbl], api_name="import", **admin)
+        del_btn.click(delete_artifact, [ltok, sel], [lout, tbl], api_name="delete", **admin)
+    return tab, tbl
+
+
+# ---- verify --------------------------------------------------------------------------------
+
+
+def _verify_tab(library: services.Library, guard: Guard) -> gr.Tab:
+    def verify_ui(samples, do_relocate, offset, request: gr.Request, progress=gr.Progress()):
+        rep, relocate = _verify_samples(library, guard, request, samples, offset if do_relocate else None, progress=progress)
+        return (*verify_summary(rep), verify_plot(rep.rows, relocate))
+
+    with gr.Tab("Verify", id="verify") as tab:
+        gr.Markdown(
+            "Draw N (artifact, query) pairs from the store and compare the grafted logits with a fresh "
+            "recomputation byte for byte. With *relocate*, roots are grafted at another offset (keys re-rotated): "
+            "the approximate tier, measured."
+        )
+        with gr.Row():
+            vn = gr.Slider(1, ANON_VERIFY_SAMPLES, ANON_VERIFY_SAMPLES, step=1, label="samples")
+            vrel = gr.Checkbox(False, label="relocate")
+            voff = gr.Number(64, precision=0, minimum=0, label="offset")
+            vbtn = gr.Button("Run", variant="primary")
+        vsum = gr.HTML()
+        with gr.Row():
+            vtbl = gr.Dataframe(
+                headers=["artifact", "query", "byte-equal", "KL", "max |diff|", "argmax", "fresh sha256", "grafted sha256"],
+                interactive=False,
+            )
+            vplot = gr.Plot(label="per sample", show_label=False)
+        vbtn.click(
+            verify_ui,
+            [vn, vrel, voff],
+            [vsum, vtbl, vplot],
+            concurrency_id="model",
+            concurrency_limit=MODEL_WORKERS,
+            api_visibility="private",
+        )
+    return tab
+
+
+# ---- dashboard -----------------------------------------------------------------------------
+
+
+def _dashboard(library: services.Library):
+    s = _call(library.stats)
+    plots = (tokens_plot(s.recent), speedup_plot(s.recent), store_plot(s.store_tokens, s.window))
+    return stats_html(s), *plots, flywheel_plot(_call(library.flywheel))
+
+
+def _dashboard_tab(library: services.Library, other_tabs: list[gr.Tab], reads: dict) -> None:
+    dashboard = lambda: _dashboard(library)  # noqa: E731
+    with gr.Tab("Dashboard", id="dashboard") as tab:
+        stats = gr.HTML(elem_id="kv-stats")
+        with gr.Row():
+            p_tokens = gr.Plot(label="computed vs baseline tokens", show_label=False, elem_id="kv-plot-tokens")
+            p_speed = gr.Plot(label="time-to-first-token speedup", show_label=False, elem_id="kv-plot-ttft")
+        p_store = gr.Plot(label="store size vs context window", show_label=False, elem_id="kv-plot-store")
+        p_fly = gr.Plot(label="the flywheel: learning and recall", show_label=False, elem_id="kv-plot-flywheel")
+        # Ticks only while the dashboard is open: rendering plots beside an answer would skew its timings.
+        timer = gr.Timer(5.0, active=False)
+        outputs = [stats, p_tokens, p_speed, p_store, p_fly]
+        timer.tick(dashboard, None, outputs, show_progress="hidden", **reads)
+        tab.select(lambda: (*dashboard(), gr.Timer(active=True)), None, [*outputs, timer], show_progress="hidden", **reads)
+        for other in other_tabs:
+            other.select(lambda: gr.Timer(active=False), None, timer, queue=False, api_visibility="private")
+
+
+# ---- named API endpoints -------------------------------------------------------------------
+
+
+def _apis(library: services.Library, guard: Guard) -> None:
+    """`/answer`, `/deposit`, `/verify`: the JSON objects `cli.py ask|deposit|verify --json` print."""
+
+    def answer_api(
+        question: str,
+        k: int = 3,
+        graft: bool = True,
+        max_new_tokens: int = 32,
+        check: bool = False,
+        compare: bool = False,
+        admin_token: str = "",
+        request: gr.Request = None,
+    ) -> dict:
+        """Answer a question; returns the same JSON object as `cli.py ask --json`. Without the admin token:
+        max_new_tokens <= 32 and no `check` (a fresh recomputation) or `compare` (a no-graft run)."""
+        options = _call(_answer_options, guard, request, k, graft, max_new_tokens, check, compare, admin_token)
+        problem = input_problem(question)
+        if problem:
+            raise gr.Error(problem)
+        with _model(guard, request):
+            result = library.answer(question, **options)
+        return json.loads(json.dumps(result.to_json(), default=str))
+
+    def deposit_api(
+        admin_token: str,
+        question: str = "",
+        solution: str = "",
+        answer: str = "",
+        verifier: str = "exact",
+        reference: str = "",
+        text: str = "",
+        title: str = "",
+        attested_by: str = "",
+        request: gr.Request = None,
+    ) -> dict:
+        """Deposit a verified item (question/solution/answer/verifier/reference) or free text; admin token required."""
+        _call(guard.admin, admin_token, request)
+        with _model(guard, request):
+            return _deposit(library, question, solution, answer, verifier, reference, text, title, attested_by).to_json()
+
+    def verify_api(samples: int = 5, relocate: int | None = None, admin_token: str = "", request: gr.Request = None) -> dict:
+        """N-sample exactness check (<= 5 samples without the admin token); with `relocate` the relocation
+        experiment at that offset (approximate tier), within the model's context."""
+        rep, _ = _verify_samples(library, guard, request, samples, relocate, admin_token)
+        return json.loads(json.dumps(rep.to_json(every_field=False), default=str))
+
+    model = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS}
+    gr.api(answer_api, api_name="answer", **model)
+    gr.api(deposit_api, api_name="deposit", **model)
+    gr.api(verify_api, api_name="verify", **model)
+
+
+# ---- the app -------------------------------------------------------------------------------
+
+
+def build_app(
+    library: services.Library,
+    admin_token: str | None = None,
+    startup: Startup | None = None,
+    where: hosting.Hosting | None = None,
+    seed_status: Startup | None = None,
+    guard: Guard | None = None,
+) -> gr.Blocks:
+    """The Blocks app over one Library. `admin_token` defaults to $KVGRAFT_ADMIN_TOKEN (read now);
+    `guard` (the admin gate and the fair model turns) defaults to one over that token.
+
+    With a `startup` tracker (`seed_status` is its older name) the page is built at once and every model
+    call says "still starting" until the tracker is ready; without one the model is loaded here, now."""
+    token = admin_token if admin_token is not None else os.environ.get("KVGRAFT_ADMIN_TOKEN", "")
+    # in process, answers run together up to KVGRAFT_DECODE_TOGETHER at once: their prompts and steps share passes
+    # (graft_core.batch, same bytes as alone), and everything else that runs the model takes the model lock
+    guard = guard or Guard(token, turns=FairTurns(per_address=per_address(), slots=decode_together()))
+    tracker = startup or seed_status
+    if tracker is None:
+        library.lm  # noqa: B018  (load the model now, not on the first request)
+        if hasattr(library, "start_decoding_together"):
+            library.start_decoding_together()
+        tracker = Startup.already_done()
+    read_only = where is not None and where.read_only
+    gated = StartingLibrary(library, tracker)
+    reads = {"concurrency_id": "reads", "concurrency_limit": 4, "api_visibility": "private"}
+
+    def status_line():
+        snap = tracker.snapshot()
+        n = library.count()
+        seeded = any(s.key == "seed" and s.state == "done" for s in snap.stages)
+        ready = (
+            f"Built-in library ready: {n} artifacts. Try: Who founded the town of Velmora?"
+            if seeded
+            else f"Library: {n} artifacts."
+        )
+        return status_html(snap, ready), gr.Timer(active=not snap.ready and snap.model_failed is None)
+
+    with gr.Blocks(title="kvgraft", delete_cache=CACHE_CLEANUP) as demo:
+        with gr.Row(elem_classes="kv-top"):
+            gr.Markdown("## kvgraft · verified knowledge, grafted byte-exact into a frozen model")
+            status_md = gr.HTML(elem_id="kv-status")
+        for notice in where.notices() if where else []:
+            gr.Markdown(f"> ⚠️ {notice}", elem_classes="kv-hosting")
+        status_timer = gr.Timer(1.0)
+        chat_tab = _chat_tab(gated, guard)
+        tabs = [chat_tab]
+        if not read_only:
+            tabs.append(_deposit_tab(gated, token, guard))
+        lib_tab, tbl = _library_tab(gated, guard, reads, writable=not read_only)
+        ver_tab = _verify_tab(gated, guard)
+        sol_tab = solve_tab(gated, guard, HERE / "datasets" / "problems.jsonl")
+        _dashboard_tab(gated, [*tabs, lib_tab, ver_tab, sol_tab], reads)
+        _apis(gated, guard)
+        status_timer.tick(status_line, None, [status_md, status_timer], show_progress="hidden", **reads)
+        demo.load(status_line, None, [status_md, status_timer], **reads)
+        demo.load(lambda: _table(library), None, tbl, **reads)
+
+    demo.queue(default_concurrency_limit=MODEL_WORKERS, max_size=QUEUE_MAX)
+    return demo
+
+
+def start_seeding(library: services.Library, status: Startup) -> threading.Thread:
+    """Run the start-up stages (model, built-in library for an empty store, index) in the background."""
+    return start_up(library, status, seed=seed_library)
+
+
+def server_address() -> tuple[str, int]:
+    """Host and port from Gradio's own variables; loopback unless the operator (or a Space) says otherwise."""
+    where = hosting.detect()
+    return where.host, where.port
+
+
+def main(boot: placeholder.Placeholder | placeholder._NotServing = placeholder.NOT_SERVING, t0: float | None = None) -> None:
+    """Serve the app; `boot` is the placeholder page the entry point (app.py) started before Gradio imported,
+    `t0` the moment that entry point started ("page served after N s" counts from it)."""
+    t0 = time.perf_counter() if t0 is None else t0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    where = hosting.detect()
+    hosting.apply(where)
+    if boot is placeholder.NOT_SERVING:
+        print(placeholder.url_line(where), flush=True)
+    boot.stage("building the page")
+    backend = os.environ.get("KVGRAFT_BACKEND_URL", "").strip()  # the front end of a deployment (docs/SCALING.md)
+    warm = 0 if backend else warm_proofs_limit()  # a bad KVGRAFT_WARM_PROOFS stops the start here, before the page
+    if backend:
+        from web import remote  # no torch, no store: every call goes to the replicas over HTTP
+
+        library, tracker = remote.RemoteLibrary(backend, admin_token=where.admin_token), remote.RemoteStartup()
+        guard = Guard(where.admin_token or "", turns=FairTurns(per_address=per_address(), slots=backend_slots()))
+    else:
+        library, tracker, guard = services.Library(), Startup.remembered(model_cache()), None
+    demo = build_app(library, admin_token=where.admin_token, startup=tracker, where=where, guard=guard)
+    launch = dict(server_name=where.host, server_port=where.port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    placeholder.hand_over(boot, where, lambda: demo.launch(**launch))
+    wall, cpu = time.perf_counter() - t0, time.process_time()  # CPU seconds: the part a busy machine does not inflate
+    print(f"kvgraft: page served at {where.url} after {wall:.1f} s ({cpu:.1f} s of CPU); store {library.home}", flush=True)
+    if backend:
+        remote.start_connecting(library, tracker)
+    else:
+        start_up(library, tracker, seed=seed_library, remember_in=model_cache(), warm=warm)
+    TerminalProgress(tracker).start()
+    demo.block_thread()
