@@ -34,11 +34,26 @@ def test_blocks_cover_every_row_once_and_start_on_whole_blocks(rows, parts):
     assert len(bounds) <= parts
 
 
-def test_split_vocabulary_rows_are_the_plain_bytes():
+def test_split_vocabulary_is_kept_only_where_its_bytes_are_the_plain_ones():
+    """MKL's 1-row product of a block of rows is the whole product's bytes on some CPUs (measured on AMD) and
+    not on others (measured on an Intel Xeon): wherever the load-time probe refuses the split, its bytes did
+    differ, and the plain call stays."""
     model = _Model()
+    probe = products.seeded_rows(1, 64, seed=0).reshape(1, 1, -1)
+    candidate = products.SplitRows(model.lm_head, 2)
+    with torch.inference_mode():
+        differs = not torch.equal(candidate.plain(probe), candidate.split(probe))
     plain = model.lm_head.forward
     what = products.split_vocabulary(model.lm_head, parts=2)
-    assert what.startswith("split in 2"), what
+    if differs:
+        assert what == "plain (the split product differed from the plain one on the load-time probe)", what
+        assert model.lm_head.forward == plain
+    else:
+        assert what.startswith("split in 2"), what
+        _split_rows_are_the_plain_bytes(model, plain)
+
+
+def _split_rows_are_the_plain_bytes(model, plain):
     assert isinstance(model.lm_head.forward, products.SplitRows)
     gen = torch.Generator().manual_seed(7)
     with torch.inference_mode():
@@ -73,8 +88,7 @@ def test_split_is_refused_when_its_bytes_differ(monkeypatch):
 
 def test_a_failing_block_raises_after_every_block_finished(monkeypatch):
     model = _Model()
-    products.split_vocabulary(model.lm_head, parts=3)
-    split = model.lm_head.forward
+    split = model.lm_head.forward = products.SplitRows(model.lm_head, 3)  # whether or not its bytes agree here
     done = []
     real_linear = F.linear
 
