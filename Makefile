@@ -59,7 +59,7 @@ test: install-dev system-deps lint
 test-fast: install-dev
 	$(BIN)/python -m pytest -q -m "not integration and not browser"
 
-# Issue 17's bugs (exactness from the tier label, an answer served from an empty cache, relocation
+# The core claims' bugs (exactness from the tier label, an answer served from an empty cache, relocation
 # without re-rotation, a sliding count off by one, the blob hash check skipped, verifiers that always
 # pass, the probe proof skipped), each applied to a temporary copy: its named fast tests must fail.
 mutants: install-dev

@@ -1,4 +1,4 @@
-"""Issue 12's load test against the running web app on loopback: 8 anonymous clients hammer the heaviest
+"""The load test against the running web app on loopback: 8 anonymous clients hammer the heaviest
 anonymous calls (`/verify` with the most samples allowed, own position and relocated; `/answer` with the
 most decode tokens and k allowed; the full check and the no-graft comparison are admin-only, so an attacker
 asking for them is refused at once, which `--refused` measures) while one user chats through `/chat`.

@@ -1,6 +1,6 @@
 """Where the grafted path's time to first token goes, and what other CPU kernels would do about it.
 
-Issue 13 asks for the profile behind the llama.cpp comparison (bench/peer.py). One run, real model,
+The profile behind the llama.cpp comparison (bench/peer.py). One run, real model,
 the peer bench's prefix texts and question, 2 threads, medians:
 
 1. **stages**: an answer's grafted TTFT taken apart on the real path, each stage timed on its own:

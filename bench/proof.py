@@ -1,4 +1,4 @@
-"""Cost of the per-answer proof on the real model (issue 13 target 2: <= 10% of the answer's wall time).
+"""Cost of the per-answer proof on the real model (target: <= 10% of the answer's wall time).
 
 `python -m bench.proof` from the repository root. Four artifacts (two items, a prefix longer than the
 512-token window, and the 2,048-token peer prefix), a warm-up, then per artifact its first answer in

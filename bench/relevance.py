@@ -7,7 +7,7 @@ Writes docs/bench/relevance.json and prints a markdown table. The store is the e
 searched as the product searches (k=3, DEFAULT_THRESHOLD). A *false graft* is a near miss for which
 anything would be grafted (a hit survives); *top-1* means the first surviving hit is the question's own
 item. The hand-written set tests/data/near_miss.jsonl (built-in library) is measured beside it.
-Targets (issue 11): false grafts <= 5% with paraphrase top-1 >= 98%.
+Targets: false grafts <= 5% with paraphrase top-1 >= 98%.
 """
 
 from __future__ import annotations

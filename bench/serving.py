@@ -2,15 +2,15 @@
 built-in seed library), each asking seed questions through `gradio_client` `/answer` with the
 exactness check off (the default chat path is measured elsewhere). Throughput and latency p50/p95
 at 1, 4 and 8 users; bounded in request count and time. Two apps over the same store and model, in
-one run, each user count measured on both in turn: one answer at a time (the app before issue 13's
-target 3: KVGRAFT_DECODE_TOGETHER=1) and up to 8 at once with their decode steps taken together
+one run, each user count measured on both in turn: one answer at a time (the app before answers were
+taken together: KVGRAFT_DECODE_TOGETHER=1) and up to 8 at once with their decode steps taken together
 (graft_core.batch; the default). Every answer's output and logits hashes must equal the same
 question's answer alone (`byte_identical`). The users run in a process of their own (bench/users.py,
 `gradio_client`, one client each, connected before the clock starts), as remote users would: in the
 server's process they shared its interpreter lock, and the clients' own work (a new HTTP client and TLS
 context per request) then counted against the server.
 
-A third app is the one issue 13 measured "today" against: one answer at a time on MKL's products
+A third app is the "today" baseline the serving target was set against: one answer at a time on MKL's products
 (KVGRAFT_LINEAR=torch, no fma16), over a store of its own seeded the same way (artifacts made with one
 product kernel are refused by the other). `throughput_vs_today` is each level's throughput over that
 app's at the same user count, in this run. `--no-today` leaves it out.
@@ -69,7 +69,7 @@ def main() -> None:
         "--together", default="1,8", help="answers at once per app (FairTurns slots), measured in turn per user count"
     )
     ap.add_argument("--level-timeout-s", type=float, default=300)
-    ap.add_argument("--no-today", action="store_true", help="leave out the MKL, one-at-a-time app (issue 13's 'today')")
+    ap.add_argument("--no-today", action="store_true", help="leave out the MKL, one-at-a-time app (the serving target's 'today')")
     ap.add_argument("--out", default=None, help="default docs/bench/serving.json (Ray mode: serving-ray.json, real model only)")
     ap.add_argument("--ray", action="store_true", help="post to a Ray Serve deployment instead of the Gradio app")
     ap.add_argument("--replicas", default="1,2", help="Ray mode: replica counts, measured in turn in this run")

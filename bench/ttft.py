@@ -3,8 +3,8 @@ raw read of the same bytes, and artifact bytes per token vs the raw KV bytes.
 
 Ratios are measured within one run (the machine is shared and noisy) and reported as medians.
 Writes docs/bench/engine.json and prints a markdown table.  Usage:
-    .venv/bin/python -m bench.engine [--lengths 512,1024,2048,4096,8192,16384] [--repeats 3]
-    .venv/bin/python -m bench.engine --numerics [--rounds 2]   # kernel-path study, see docs/DETERMINISM.md
+    .venv/bin/python -m bench.ttft [--lengths 512,1024,2048,4096,8192,16384] [--repeats 3]
+    .venv/bin/python -m bench.ttft --numerics [--rounds 2]   # kernel-path study, see docs/DETERMINISM.md
 
 The numerics study runs each candidate pin (ATen capability, MKL reproducibility modes, threads,
 oneDNN) in a fresh process (the settings only apply before torch/MKL start) and records which change

@@ -1,6 +1,6 @@
 """Upkeep commands for cli.py: export, import, rebuild, fsck, replay, list, show, delete.
 
-`register(subparsers)` adds them; each handler calls one function of `maintenance` (or one `Library`
+`register(subparsers)` adds them; each handler calls one function of `services` (or one `Library`
 method: list, show, delete) and formats its report (`--json` prints the report's `to_json()`). Exit codes: 0
 ok, 1 a check found a difference (rebuild, fsck, replay), 2 a kvgraft error (printed by cli.main).
 """

@@ -6,7 +6,7 @@ walks the members one by one and refuses, before writing anything, absolute name
 that is not a regular file (links, devices, folders, fifos), duplicate names, members over the
 per-member limit, archives over the total limit or with too many members. Accepted members are
 copied into files of a staging folder under names it picks itself (`m00000`, ...), so a member name
-never becomes a path. It knows nothing about artifacts or catalogs: maintenance.py checks hashes.
+never becomes a path. It knows nothing about artifacts or catalogs: services/exchange.py checks hashes.
 """
 
 from __future__ import annotations

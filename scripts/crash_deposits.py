@@ -3,7 +3,7 @@
 A child process (`--child`) opens a `services.Library` on the tiny Gemma-3 model with the hash
 embedder and deposits texts (some as chain children) in a loop, printing `committed <id>` after each
 deposit returns. The parent kills it with SIGKILL after a random delay, then checks with
-`maintenance.fsck`: no catalog row without its blob, no corrupt blob, every blob on disk hash-valid,
+`services.fsck`: no catalog row without its blob, no corrupt blob, every blob on disk hash-valid,
 no partial file visible as a blob, and every id the child printed is in the catalog. Orphan blobs and
 partial files are allowed (a kill between the blob write and the commit leaves them; fsck --repair
 removes them), and are repaired before the next round so that every round starts clean.

@@ -1,5 +1,5 @@
 """Measure what a new user waits for: seconds from `python app.py` (what `make run` starts after its
-install step) to the first HTTP 200 (the placeholder page `boot` serves while Gradio is imported), to the
+install step) to the first HTTP 200 (the placeholder page `web/placeholder.py` serves while Gradio is imported), to the
 app's own page, and to the first answer, on a fresh clone with a throwaway store.
 
 By default the committed HEAD of this checkout is `git clone`d into a temp folder (no bytecode caches,
@@ -38,11 +38,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-PLACEHOLDER_MARK = b"<h1>kvgraft is starting</h1>"  # boot.py's page, served while Gradio is imported
+PLACEHOLDER_MARK = b"<h1>kvgraft is starting</h1>"  # web/placeholder.py's page, served while Gradio is imported
 
 
 def _page(url: str) -> str | None:
-    """Who answers `url` with HTTP 200: "placeholder" (boot.py's page), "app" (Gradio's), or None (nobody yet)."""
+    """Who answers `url` with HTTP 200: "placeholder" (web/placeholder.py's page), "app" (Gradio's), or None (nobody yet)."""
     try:
         with urllib.request.urlopen(url, timeout=30) as r:
             if r.status != 200:

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL: only {total} of {args.cases} cases ran", file=sys.stderr)
         return 1
     unused = [k for k in MUTATIONS if not by_kind[k]]
-    if unused:  # e.g. meta_int, empty_huge_shape (issue 12) must be exercised, not just listed
+    if unused:  # e.g. meta_int, empty_huge_shape (security findings) must be exercised, not just listed
         print(f"FAIL: mutations never drawn: {', '.join(unused)}", file=sys.stderr)
         return 1
     print(f"OK: {total} fuzz cases, every one a clean kvgraft error or a valid artifact")

@@ -1,5 +1,5 @@
 """Mutation check: each bug that would make a core claim false, applied to a temporary copy of the
-repository, must fail the fast tests named beside it (issue 17's table, kept true).
+repository, must fail the fast tests named beside it (the table of core-claim bugs, kept true).
 
 A mutation is an exact string replacement in one file; the string must occur exactly once, so a
 refactor that removes or duplicates the site fails loudly here instead of passing silently. The

@@ -1,4 +1,4 @@
-"""Issue 12 at the web-app level, against the running app (gradio_client and raw HTTP on loopback):
+"""The security findings at the web-app level, against the running app (gradio_client and raw HTTP on loopback):
 who may do what, the bounds of each anonymous call, failed-token lockout, one request at a time per
 session, a flood that cannot fill the queue, exports that stream and expire, bounded and cleaned
 uploads, and the load test (8 anonymous clients of one host against one chatting user, tiny model).
@@ -97,7 +97,7 @@ def _raw_call_index(demo, fn_index: int, data: list, address: str) -> dict:
 def test_anonymous_may_not_export_import_delete_or_deposit(served, library, token):
     ref = library.artifact_ids()[0]
     calls = [
-        ((token, ""), "/export"),  # the whole store, as issue 12 found it
+        ((token, ""), "/export"),  # the whole store, as the security review found it
         ((token, ref), "/export"),
         ((token, ref), "/delete"),
         ((token, None), "/import"),

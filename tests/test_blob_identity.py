@@ -1,4 +1,4 @@
-"""The blob store's once-per-file hash (issue 13, target 4): a blob is SHA-256 hashed on its first read,
+"""The blob store's once-per-file hash (restore within 1.5x a raw read): a blob is SHA-256 hashed on its first read,
 later reads of the very same file skip the hash, and any write to the file (even one that restores the
 size and the modification time) makes the next read hash it again and refuse changed bytes."""
 

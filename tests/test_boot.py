@@ -1,4 +1,4 @@
-"""The placeholder page (issue 15): what `python app.py` serves during Gradio's import. Its page and status,
+"""The placeholder page: what `python app.py` serves during Gradio's import. Its page and status,
 the refusals (405 for non-GET, 503 + Retry-After for any other path, bodies never read), the handover of
 the port to the app, the exit when the port is taken, and its imports (standard library only)."""
 

@@ -466,7 +466,7 @@ def test_ledger_round_trip_and_totals(cat):
     )
 
 
-# -- ledger bounds and retention (issue 12) -------------------------------------------------------
+# -- ledger bounds and retention -------------------------------------------------------------
 
 
 def test_a_long_question_is_stored_bounded_with_the_whole_questions_hash(cat):

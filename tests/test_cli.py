@@ -26,7 +26,7 @@ def fake_embedder(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def quiet_progress_bars():
-    """What HF_HUB_DISABLE_PROGRESS_BARS (set by cli_upkeep) does in a fresh CLI process; here
+    """What HF_HUB_DISABLE_PROGRESS_BARS (set by cli/upkeep.py) does in a fresh CLI process; here
     transformers was imported before the CLI, so switch its bars off directly."""
     from transformers.utils import logging
 

@@ -1,5 +1,5 @@
 """An artifact's first answer in a process proves its restored state with the probe (and remembers the
-state's BLAKE3); every later answer proves its served state by that hash alone (issue 13: the per-answer
+state's BLAKE3); every later answer proves its served state by that hash alone (the per-answer
 proof costs one hash). A failed proof of either kind quarantines and refuses before any token is chosen."""
 
 from __future__ import annotations

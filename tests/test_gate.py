@@ -1,4 +1,4 @@
-"""Issue 10 on the tiny model: the deposit gate grafts and generates, its record replays token for token,
+"""The deposit gate on the tiny model: the deposit gate grafts and generates, its record replays token for token,
 an edited record is not shown as verified, imports re-tokenise / re-embed / replay, and a probe mismatch
 quarantines. (The tiny model cannot answer, so the gate's verdict is a test double here except where
 a test is marked `real_gate`; tests/test_gate_integration.py runs the real verifiers on the real model.)"""

@@ -1,4 +1,4 @@
-"""Issue 10 on the real default model (integration tier): the gate refuses a solution that contradicts
+"""The deposit gate on the real default model (integration tier): the gate refuses a solution that contradicts
 its reference and leaves nothing, accepts a consistent one whose paraphrase is then answered from the
 graft; a bundle with edited source text or an edited verification is refused; a flipped probe hash
 quarantines; `verify --relocate 0` is byte-equal on every sample."""

@@ -179,7 +179,7 @@ CORRUPT_HEADERS = [
     ("metadata lacks a key", _header_case(_del(("__metadata__", "probe_sha256"))), f"{_BAD}header metadata lacks probe_sha256"),
     ("start not a number", _header_case(_set(("__metadata__", "start"), "zero")), _NOT_INT),
     ("negative start", _header_case(_set(("__metadata__", "start"), "-1")), _NOT_INT),
-    ("start -0", _header_case(_set(("__metadata__", "start"), "-0")), _NOT_INT),  # issue 12: int() took these
+    ("start -0", _header_case(_set(("__metadata__", "start"), "-0")), _NOT_INT),  # int() once took these
     ("start ' 1_0 '", _header_case(_set(("__metadata__", "start"), " 1_0 ")), _NOT_INT),
     ("start +0", _header_case(_set(("__metadata__", "start"), "+0")), _NOT_INT),
     ("start 00", _header_case(_set(("__metadata__", "start"), "00")), _NOT_INT),
@@ -199,7 +199,7 @@ CORRUPT_HEADERS = [
         _header_case(_set(("token_ids", "shape"), [2**64])),
         f"{_BAD}tensor token_ids has a dimension over 2,147,483,647",
     ),
-    (  # issue 12: numel 0 passed the offset check and torch.reshape raised TypeError
+    (  # numel 0 once passed the offset check and torch.reshape raised TypeError
         "0 x 2**63 dimensions",
         _header_case(lambda h, b: h["token_ids"].update(shape=[0, 2**63], data_offsets=[h["token_ids"]["data_offsets"][0]] * 2)),
         f"{_BAD}tensor token_ids has a dimension over 2,147,483,647",

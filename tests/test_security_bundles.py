@@ -1,4 +1,4 @@
-"""Issue 12, finding 4: bundle headers are screened before tarfile parses them (pax ReDoS, CVE-2024-6232,
+"""Security finding: bundle headers are screened before tarfile parses them (pax ReDoS, CVE-2024-6232,
 and sparse members), the total follows the staging disk, and members stream to staging."""
 
 import io

@@ -1,4 +1,4 @@
-"""Issue 12, finding 5: a sympy check that times out is killed with its worker process, so the
+"""Security finding: a sympy check that times out is killed with its worker process, so the
 server's memory does not grow, no thread keeps running and later checks are not refused as busy."""
 
 import os

@@ -1,4 +1,4 @@
-"""The first five minutes (issue 15): the start-up tracker, its estimates and messages, the gate that
+"""The first five minutes: the start-up tracker, its estimates and messages, the gate that
 answers "still starting" instead of blocking, Space detection, and `python app.py` started with the
 Space environment variables set (tiny model, loopback port, slowed model load)."""
 

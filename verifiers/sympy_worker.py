@@ -2,7 +2,7 @@
 
 It runs under its own address-space limit (RLIMIT_AS) and a per-check CPU limit (RLIMIT_CPU), and
 imports nothing from kvgraft, so neither torch nor the store is ever loaded next to sympy. It only
-receives text that verifiers.py has already validated; it checks nothing else and trusts nobody:
+receives text that verifiers/symbolic.py has already validated; it checks nothing else and trusts nobody:
 the expressions are built with `parse_expr` in a namespace without builtins, never `sympify`.
 Protocol: it writes `ready` once, then for each request line {"answer": [python, symbols],
 "reference": [...], "cpu_s": n} one reply line {"equal": bool, "diff": text} or {"error": kind}.

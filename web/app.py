@@ -1,9 +1,9 @@
 """kvgraft's web app: a Gradio Blocks front end, thin over `services`.
 
-`build_app` assembles one small builder per tab; each callback calls one `Library` (or `maintenance`)
+`build_app` assembles one small builder per tab; each callback calls one `Library` (or `services`)
 function and formats its result (HTML, tables, matplotlib figures); it knows nothing about torch or SQL. Every
 model handler checks its caller's authority and bounds first and then holds the model through
-`app_guard` (one request at a time, fairly between sessions and addresses; reads of the catalog run
+`web.guard` (one request at a time, fairly between sessions and addresses; reads of the catalog run
 beside it). Named API endpoints for `gradio_client`: `/answer`, `/deposit`, `/verify`, `/export`, `/import`, `/delete`.
 
 Run `python app.py` (host/port from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, store from

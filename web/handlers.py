@@ -1,4 +1,4 @@
-"""The web app's handlers' glue to `app_guard`: the bounds of one answer or verify by who asks, the fair
+"""The web app's handlers' glue to `web.guard`: the bounds of one answer or verify by who asks, the fair
 model turn, and the Library tab's admin handlers (export, import, delete).
 
 Each handler checks the admin token itself (Gradio's API visibility is not access control), then holds

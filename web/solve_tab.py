@@ -1,6 +1,6 @@
 """The web app's "Solve and learn" tab: anyone may solve a problem from the trusted problem set (its
 reference comes from datasets/, never from the user, and the budget is bounded); an admin (token) may
-solve any question against any reference. Formatting lives in app_views; the work in services.solve.
+solve any question against any reference. Formatting lives in web/views.py; the work in services.solve.
 """
 
 from __future__ import annotations
