@@ -33,5 +33,9 @@ class InvalidInput(KvgraftError):
     """Input is malformed (empty, not text, wrong shape); the message says which field."""
 
 
+class InvalidSetting(InvalidInput):
+    """A KVGRAFT_* environment variable holds a value kvgraft cannot use; the message names it and what it must be."""
+
+
 class NotReady(KvgraftError):
     """The app is still starting (model conversion or loading, seeding); the message says which stage and how long."""

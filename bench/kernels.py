@@ -50,6 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import settings
 from bench.peer import QUESTION, wait_until_settled
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -352,7 +353,7 @@ def variant_main(prefix_tokens: int, repeats: int) -> None:
     """In a fresh process: prefill the peer prefix, then time the question's layers and projection (JSON line)."""
     import torch
 
-    if os.environ.get("KVGRAFT_BENCH_LINEAR") == "openblas":
+    if settings.get("KVGRAFT_BENCH_LINEAR") == "openblas":
         import numpy as np  # noqa: F401 - OpenBLAS's pool starts with numpy
 
     from graft_core import generate
@@ -364,7 +365,7 @@ def variant_main(prefix_tokens: int, repeats: int) -> None:
     prefix = lm.tokenizer(PEER.joinpath(f"prefix_{prefix_tokens}.txt").read_text(encoding="utf-8"))["input_ids"]
     cache0 = new_cache(m)
     forward_chunk(m, cache0, prefix, 0)
-    if os.environ.get("KVGRAFT_BENCH_LINEAR") == "openblas":
+    if settings.get("KVGRAFT_BENCH_LINEAR") == "openblas":
         from graft_core import fma16, products
 
         products.undo(m)  # per-module fast paths would shadow the class's forward

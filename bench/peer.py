@@ -36,11 +36,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import settings
+
 ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / "bench" / "peer"
 QUESTION = "Who was the harbour master of Quenmora?"
-DEFAULT_PEER_PYTHON = os.environ.get("KVGRAFT_PEER_PYTHON", "/tmp/peer/venv/bin/python")
-DEFAULT_GGUF = os.environ.get("KVGRAFT_PEER_GGUF", "/tmp/gemma.gguf")
+DEFAULT_PEER_PYTHON = str(settings.get("KVGRAFT_PEER_PYTHON"))
+DEFAULT_GGUF = str(settings.get("KVGRAFT_PEER_GGUF"))
 
 
 def peer_available(python: str) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
@@ -20,6 +19,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, case, delete, func, insert, select, update
 from sqlalchemy import exc as sa_exc
 
+import settings
 from db import connection as dbconn
 from db import migrations
 from db.rows import (
@@ -122,17 +122,7 @@ class Retention:
 
     @classmethod
     def from_env(cls) -> Retention:
-        values = {}
-        for name, key, kind in (("KVGRAFT_LEDGER_DAYS", "days", float), ("KVGRAFT_LEDGER_MAX_ROWS", "max_rows", int)):
-            raw = os.environ.get(name, "").strip()
-            if raw:
-                try:
-                    values[key] = kind(raw)
-                except ValueError:
-                    raise InvalidInput(f"{name}={raw!r} is not a number; set it to e.g. 30 or unset it") from None
-                if not values[key] > 0:
-                    raise InvalidInput(f"{name}={raw!r} must be positive; unset it to keep every ledger row")
-        return cls(**values)
+        return cls(days=settings.get("KVGRAFT_LEDGER_DAYS"), max_rows=settings.get("KVGRAFT_LEDGER_MAX_ROWS"))
 
 
 class Catalog:

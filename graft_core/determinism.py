@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 import torch
 import transformers
 
+import settings
+
 ATTN_IMPLEMENTATION = "sdpa"
 DEFAULT_THREADS = 2  # pinned, not "all cores": the thread count changes the bits of short forwards
 
@@ -31,10 +33,7 @@ def pinned_threads() -> int:
     Pinned so that a 2-core laptop and a 16-core server compute the same bits (measured: 1 vs 2
     threads changed a 3-token probe row); a process that wants another count sets the variable
     before the model loads and gets another fingerprint."""
-    raw = os.environ.get("KVGRAFT_THREADS", "").strip() or str(DEFAULT_THREADS)
-    if not raw.isdigit() or not 1 <= int(raw) <= 256:
-        raise ValueError(f"KVGRAFT_THREADS must be a whole number from 1 to 256, got {raw!r}")
-    return int(raw)
+    return settings.get("KVGRAFT_THREADS", default=DEFAULT_THREADS)
 
 
 @dataclass(frozen=True)

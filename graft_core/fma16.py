@@ -41,6 +41,9 @@ from pathlib import Path
 
 import torch
 
+import settings
+from errors import InvalidSetting
+
 log = logging.getLogger("kvgraft.fma16")
 
 VERSION = "fma16-v1"  # the operation order of fma16.c; change it when that order changes
@@ -68,7 +71,7 @@ _lock = threading.Lock()
 
 
 def kernel_cache_dir() -> Path:
-    return Path(os.environ.get("KVGRAFT_KERNEL_CACHE", Path.home() / ".cache" / "kvgraft" / "kernels"))
+    return settings.get("KVGRAFT_KERNEL_CACHE")
 
 
 def _cpu_flags() -> set[str]:
@@ -86,9 +89,10 @@ def _cpu_flags() -> set[str]:
 def why_not(choice: str | None = None) -> str:
     """ "" where fma16 can run in this process, else the reason it cannot (or is switched off). `choice`
     ("fma16" or "torch") stands in for KVGRAFT_LINEAR, which is read when it is None."""
-    choice = (choice if choice is not None else os.environ.get("KVGRAFT_LINEAR", "")).strip().lower() or "fma16"
-    if choice not in ("fma16", "torch"):
-        return f"KVGRAFT_LINEAR must be fma16 or torch, got {choice!r}"
+    try:
+        choice = settings.get("KVGRAFT_LINEAR", {"KVGRAFT_LINEAR": choice} if choice is not None else None)
+    except InvalidSetting as e:
+        return str(e)
     if choice == "torch":
         return "KVGRAFT_LINEAR=torch"
     missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]

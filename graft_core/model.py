@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import settings
+
 from .errors import KvgraftError
 
 if TYPE_CHECKING:  # torch and transformers load in `load` (and the conversion), not at import: the web
@@ -87,7 +89,7 @@ class LoadedModel:
 
 
 def model_cache_dir() -> Path:
-    return Path(os.environ.get("KVGRAFT_MODEL_CACHE", Path.home() / ".cache" / "kvgraft" / "models"))
+    return settings.get("KVGRAFT_MODEL_CACHE")
 
 
 def _slug(name: str) -> str:
@@ -125,7 +127,7 @@ def _packaged_dir() -> Path:
 
 def needs_conversion(name: str | None = None) -> bool:
     """Whether loading `name` (default as in `load`) first converts the packaged GGUF (about a minute)."""
-    name = name or os.environ.get("KVGRAFT_MODEL") or DEFAULT_MODEL
+    name = name or settings.get("KVGRAFT_MODEL") or DEFAULT_MODEL
     return name == DEFAULT_MODEL and not (_packaged_dir() / "config.json").exists()
 
 
@@ -286,7 +288,7 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
     from .determinism import ATTN_IMPLEMENTATION, WEIGHT_PLACEMENT, pin, place_weights
     from .products import speed_up
 
-    name = name or os.environ.get("KVGRAFT_MODEL") or DEFAULT_MODEL
+    name = name or settings.get("KVGRAFT_MODEL") or DEFAULT_MODEL
     t0 = time.perf_counter()
     keep_large_buffers()
     config = pin(device=device, dtype=torch.float32)
@@ -313,7 +315,7 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
         products = fma16.take_over(model, blocks).line()
         # fma16 computes other bits than torch's products: artifacts made with those are refused as incompatible
         config = replace(config, numerics=tuple(sorted((*config.numerics, ("linear", fma16.VERSION)))))
-    elif os.environ.get("KVGRAFT_PRODUCTS", "").strip().lower() == "plain":  # the before side of an A/B, or a doubt
+    elif settings.get("KVGRAFT_PRODUCTS") == "plain":  # the before side of an A/B, or a doubt
         products = "plain (KVGRAFT_PRODUCTS=plain)"
     else:
         products = f"torch ({why}); " + speed_up(model).line()

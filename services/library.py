@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import settings
 from db.blobs import BlobStore
 from db.catalog import Catalog
 from db.queries import library_rows
@@ -45,7 +46,7 @@ def quarantine_message(artifact_id: str, reason: str) -> str:
 
 
 def default_home() -> Path:
-    return Path(os.environ.get("KVGRAFT_HOME") or Path.home() / ".local" / "share" / "kvgraft")
+    return settings.get("KVGRAFT_HOME")
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
     ):
         self.home = Path(home) if home else default_home()
         self.home.mkdir(parents=True, exist_ok=True)
-        self._catalog = Catalog.open(db_url or os.environ.get("KVGRAFT_DB_URL") or None, self.home)
+        self._catalog = Catalog.open(db_url or settings.get("KVGRAFT_DB_URL"), self.home)
         self._blobs = BlobStore(Path(blob_root) if blob_root else self.home / "blobs")  # shared by replicas (serving/)
         self.model_name = model_name
         self._lm = lm

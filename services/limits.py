@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import re
 
+import settings
 from errors import InputTooLong, InvalidInput
 
 MAX_TEXT_CHARS = 200_000
@@ -39,7 +39,7 @@ DEFAULT_WARM_PROOFS = 64  # newest artifacts a serving process proves after star
 def warm_proofs_limit() -> int:
     """How many of the newest artifacts a serving process (the web app, a replica) probe-proves once it is up,
     before a question needs them: KVGRAFT_WARM_PROOFS, default 64; 0 turns it off."""
-    return whole(WARM_PROOFS_ENV, os.environ.get(WARM_PROOFS_ENV, "").strip() or DEFAULT_WARM_PROOFS, 0, 100_000)
+    return settings.get(WARM_PROOFS_ENV, default=DEFAULT_WARM_PROOFS)
 
 
 DECODE_TOGETHER_ENV = "KVGRAFT_DECODE_TOGETHER"
@@ -49,8 +49,7 @@ DEFAULT_DECODE_TOGETHER = 8  # the widest padded column count graft_core.batch c
 def decode_together() -> int:
     """How many answers a process with its own model runs at once, their prompts and decode steps taken together
     (graft_core.batch; same bytes as alone): KVGRAFT_DECODE_TOGETHER, default 8; 1 runs one answer at a time."""
-    raw = os.environ.get(DECODE_TOGETHER_ENV, "").strip() or DEFAULT_DECODE_TOGETHER
-    return whole(DECODE_TOGETHER_ENV, raw, 1, DEFAULT_DECODE_TOGETHER)
+    return settings.get(DECODE_TOGETHER_ENV, default=DEFAULT_DECODE_TOGETHER)
 
 
 def verify_bounds(admin: bool) -> dict:

@@ -6,32 +6,14 @@ Knows nothing about Ray itself beyond the names of its deployment options (see `
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from errors import InvalidInput
+import settings
+from errors import InvalidInput, InvalidSetting
 
-EMBEDDERS = ("minilm", "hash")  # "hash": the deterministic test double of retrieval/embedder.py, tests only
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    value = os.environ.get(name, "").strip()
-    return value or default
-
-
-def _number(name: str, default: float, kind=float, low: float = 0) -> float:
-    raw = _env(name)
-    if raw is None:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise InvalidInput(f"{name} must be a {kind.__name__} >= {low}, got {raw!r}") from None
-    if value < low:
-        raise InvalidInput(f"{name} must be >= {low}, got {raw!r}")
-    return value
+_EMBEDDER = settings.SETTINGS["KVGRAFT_SERVE_EMBEDDER"]
+EMBEDDERS = _EMBEDDER.choices  # "hash": the deterministic test double of retrieval/embedder.py, tests only
 
 
 @dataclass(frozen=True)
@@ -65,26 +47,25 @@ class ServeSettings:
     @classmethod
     def from_env(cls, **overrides) -> ServeSettings:
         """Settings from KVGRAFT_* variables (see docs/SCALING.md), then `overrides` (None values ignored)."""
-        home = Path(_env("KVGRAFT_HOME", str(Path.home() / ".local" / "share" / "kvgraft")))
-        db_url = _env("KVGRAFT_DB_URL") or f"sqlite:///{home / 'catalog.sqlite3'}"
+        home = settings.get("KVGRAFT_HOME")
         base = cls(
-            db_url=db_url,
-            blob_root=Path(_env("KVGRAFT_BLOB_ROOT", str(home / "blobs"))),
-            state_root=Path(_env("KVGRAFT_REPLICA_STATE", str(Path(tempfile.gettempdir()) / "kvgraft-replicas"))),
-            model=_env("KVGRAFT_MODEL"),
-            admin_token=_env("KVGRAFT_ADMIN_TOKEN", ""),
-            embedder=_env("KVGRAFT_SERVE_EMBEDDER", "minilm"),
-            replicas=int(_number("KVGRAFT_SERVE_REPLICAS", 0, int)) or None,
-            min_replicas=int(_number("KVGRAFT_SERVE_MIN_REPLICAS", 1, int)),
-            max_replicas=int(_number("KVGRAFT_SERVE_MAX_REPLICAS", 4, int, 1)),
-            target_ongoing_requests=_number("KVGRAFT_SERVE_TARGET_ONGOING", 1.0),
-            max_ongoing_requests=int(_number("KVGRAFT_SERVE_MAX_ONGOING", 2, int, 1)),
-            graceful_shutdown_timeout_s=_number("KVGRAFT_SERVE_DRAIN_S", 120.0),
-            health_check_period_s=_number("KVGRAFT_SERVE_HEALTH_PERIOD_S", 10.0),
-            replica_cpus=_number("KVGRAFT_SERVE_REPLICA_CPUS", 1.0),
-            threads=int(_number("KVGRAFT_SERVE_THREADS", 0, int)) or None,
-            host=_env("KVGRAFT_SERVE_HOST", "127.0.0.1"),
-            port=int(_number("KVGRAFT_SERVE_PORT", 8000, int)),
+            db_url=settings.get("KVGRAFT_DB_URL") or f"sqlite:///{home / 'catalog.sqlite3'}",
+            blob_root=settings.get("KVGRAFT_BLOB_ROOT", default=home / "blobs"),
+            state_root=settings.get("KVGRAFT_REPLICA_STATE"),
+            model=settings.get("KVGRAFT_MODEL"),
+            admin_token=settings.get("KVGRAFT_ADMIN_TOKEN"),
+            embedder=settings.get("KVGRAFT_SERVE_EMBEDDER"),
+            replicas=settings.get("KVGRAFT_SERVE_REPLICAS") or None,
+            min_replicas=settings.get("KVGRAFT_SERVE_MIN_REPLICAS"),
+            max_replicas=settings.get("KVGRAFT_SERVE_MAX_REPLICAS"),
+            target_ongoing_requests=settings.get("KVGRAFT_SERVE_TARGET_ONGOING"),
+            max_ongoing_requests=settings.get("KVGRAFT_SERVE_MAX_ONGOING"),
+            graceful_shutdown_timeout_s=settings.get("KVGRAFT_SERVE_DRAIN_S"),
+            health_check_period_s=settings.get("KVGRAFT_SERVE_HEALTH_PERIOD_S"),
+            replica_cpus=settings.get("KVGRAFT_SERVE_REPLICA_CPUS"),
+            threads=settings.get("KVGRAFT_SERVE_THREADS") or None,
+            host=settings.get("KVGRAFT_SERVE_HOST"),
+            port=settings.get("KVGRAFT_SERVE_PORT"),
         )
         return base.with_(**overrides)
 
@@ -95,7 +76,7 @@ class ServeSettings:
 
     def check(self) -> None:
         if self.embedder not in EMBEDDERS:
-            raise InvalidInput(f"KVGRAFT_SERVE_EMBEDDER must be one of {', '.join(EMBEDDERS)}, got {self.embedder!r}")
+            raise InvalidSetting(f"{_EMBEDDER.name} must be {_EMBEDDER.what()}, got {self.embedder!r}")
         if self.replicas is not None and self.replicas < 1:
             raise InvalidInput(f"--replicas must be at least 1, got {self.replicas}")
         if not 0 <= self.min_replicas <= self.max_replicas:

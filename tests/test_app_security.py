@@ -21,6 +21,7 @@ gradio_client = pytest.importorskip("gradio_client")
 import httpx  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
+from errors import InvalidSetting  # noqa: E402
 from web.guard import Client, FairTurns, Guard, Refused, TokenCheck, backend_slots  # noqa: E402
 
 TOKEN = "sec-admin-token"
@@ -385,7 +386,7 @@ def test_a_front_end_runs_as_many_turns_at_once_as_it_has_slots_and_queues_the_r
     assert backend_slots() == 3
     for bad in ("0", "17", "two", "-1"):
         monkeypatch.setenv("KVGRAFT_BACKEND_CONCURRENCY", bad)
-        with pytest.raises(ValueError, match="KVGRAFT_BACKEND_CONCURRENCY must be a whole number from 1 to 16"):
+        with pytest.raises(InvalidSetting, match="KVGRAFT_BACKEND_CONCURRENCY must be a whole number from 1 to 16, got "):
             backend_slots()
     with pytest.raises(ValueError, match="slots must be at least 1"):
         FairTurns(slots=0)

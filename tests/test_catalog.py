@@ -502,9 +502,9 @@ def test_retention_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("KVGRAFT_LEDGER_MAX_ROWS", "lots")
     with pytest.raises(InvalidInput) as e:
         Retention.from_env()
-    assert str(e.value) == "KVGRAFT_LEDGER_MAX_ROWS='lots' is not a number; set it to e.g. 30 or unset it"
+    assert str(e.value) == "KVGRAFT_LEDGER_MAX_ROWS must be a whole number of at least 1, got 'lots'"
     monkeypatch.setenv("KVGRAFT_LEDGER_MAX_ROWS", "0")
-    with pytest.raises(InvalidInput, match="must be positive; unset it to keep every ledger row"):
+    with pytest.raises(InvalidInput, match="^KVGRAFT_LEDGER_MAX_ROWS must be a whole number of at least 1, got '0'$"):
         Retention.from_env()
     monkeypatch.delenv("KVGRAFT_LEDGER_DAYS")
     monkeypatch.delenv("KVGRAFT_LEDGER_MAX_ROWS")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from db.blobs import BlobStore
-from errors import IncompatibleArtifact, InputTooLong, IntegrityError, InvalidInput
+from errors import IncompatibleArtifact, InputTooLong, IntegrityError, InvalidInput, InvalidSetting
 from graft_core import codec, exactness, generate
 from graft_core.artifact import KVArtifact
 from graft_core.capture import capture, probe_restored
@@ -416,7 +416,7 @@ def test_pin_sets_the_pinned_thread_count_whatever_the_cores(monkeypatch):
         assert dict(determinism.pin().numerics)["threads"] == "1"
         for bad in ("0", "-1", "two", "1.5", "999"):
             monkeypatch.setenv("KVGRAFT_THREADS", bad)
-            with pytest.raises(ValueError, match="KVGRAFT_THREADS must be a whole number"):
+            with pytest.raises(InvalidSetting, match="KVGRAFT_THREADS must be a whole number from 1 to 256, got "):
                 determinism.pin()
     finally:
         torch.set_num_threads(before)

@@ -31,6 +31,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import gradio as gr  # noqa: E402
 
 import services  # noqa: E402
+import settings  # noqa: E402
 from errors import KvgraftError, VerificationFailed  # noqa: E402  (types, not the engine)
 from services import seed  # noqa: E402
 from services.limits import (  # noqa: E402
@@ -93,7 +94,7 @@ _DONE = object()
 
 # Gradio's upload route takes files from anyone (no per-route auth): keep them small, and delete them
 # (and Gradio's copies of exports) after an hour. Larger bundles go through `cli.py import`.
-MAX_UPLOAD = os.environ.get("KVGRAFT_MAX_UPLOAD", "256mb")
+MAX_UPLOAD = settings.get("KVGRAFT_MAX_UPLOAD")
 CACHE_CLEANUP = (600, 3600)  # Blocks(delete_cache=(every s, older than s))
 
 
@@ -478,7 +479,7 @@ def build_app(
 
     With a `startup` tracker (`seed_status` is its older name) the page is built at once and every model
     call says "still starting" until the tracker is ready; without one the model is loaded here, now."""
-    token = admin_token if admin_token is not None else os.environ.get("KVGRAFT_ADMIN_TOKEN", "")
+    token = admin_token if admin_token is not None else settings.get("KVGRAFT_ADMIN_TOKEN")
     # in process, answers run together up to KVGRAFT_DECODE_TOGETHER at once: their prompts and steps share passes
     # (graft_core.batch, same bytes as alone), and everything else that runs the model takes the model lock
     guard = guard or Guard(token, turns=FairTurns(per_address=per_address(), slots=decode_together()))
@@ -548,7 +549,7 @@ def main(boot: placeholder.Placeholder | placeholder._NotServing = placeholder.N
     if boot is placeholder.NOT_SERVING:
         print(placeholder.url_line(where), flush=True)
     boot.stage("building the page")
-    backend = os.environ.get("KVGRAFT_BACKEND_URL", "").strip()  # the front end of a deployment (docs/SCALING.md)
+    backend = settings.get("KVGRAFT_BACKEND_URL")  # without a trailing slash; the front end of a deployment (docs/SCALING.md)
     warm = 0 if backend else warm_proofs_limit()  # a bad KVGRAFT_WARM_PROOFS stops the start here, before the page
     if backend:
         from web import remote  # no torch, no store: every call goes to the replicas over HTTP

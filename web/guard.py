@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hmac
 import itertools
-import os
 import threading
 import time
 from collections import defaultdict, deque
@@ -18,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import settings
 from errors import KvgraftError
 
 ADMIN_HELP = (
@@ -211,16 +211,13 @@ class FairTurns:
 
 def per_address() -> int:
     """KVGRAFT_PER_ADDRESS: requests one address may have in flight (default 32)."""
-    return int(os.environ.get("KVGRAFT_PER_ADDRESS", "32"))
+    return settings.get("KVGRAFT_PER_ADDRESS")
 
 
-def backend_slots(limit: int = 16) -> int:
+def backend_slots() -> int:
     """KVGRAFT_BACKEND_CONCURRENCY: requests the app, as a deployment's front end, sends at once (default 4,
-    at most `limit`); the fair turn order decides who gets the next free one."""
-    raw = os.environ.get("KVGRAFT_BACKEND_CONCURRENCY", "4").strip()
-    if not raw.isdigit() or not 1 <= int(raw) <= limit:
-        raise ValueError(f"KVGRAFT_BACKEND_CONCURRENCY must be a whole number from 1 to {limit}, got {raw!r}")
-    return int(raw)
+    at most 16); the fair turn order decides who gets the next free one."""
+    return settings.get("KVGRAFT_BACKEND_CONCURRENCY")
 
 
 class Guard:
@@ -232,7 +229,7 @@ class Guard:
         """`trust_proxy` defaults to KVGRAFT_TRUST_PROXY=1; the per-address cap to KVGRAFT_PER_ADDRESS (32)."""
         self.gate = gate or TokenCheck(token)
         self.turns = turns or FairTurns(per_address=per_address())
-        self.trust_proxy = os.environ.get("KVGRAFT_TRUST_PROXY") == "1" if trust_proxy is None else trust_proxy
+        self.trust_proxy = settings.get("KVGRAFT_TRUST_PROXY") if trust_proxy is None else trust_proxy
 
     def client(self, request) -> Client:
         return client_of(request, self.trust_proxy)

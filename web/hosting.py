@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import settings
+
 DATA_ROOT = Path("/data")  # where a Space mounts its persistent storage, when it has some
 SPACE_PORT = 7860
 
@@ -69,18 +71,14 @@ def detect(environ: Mapping[str, str] | None = None, data_root: Path = DATA_ROOT
     GRADIO_SERVER_NAME/PORT) always win; on a Space the defaults are 0.0.0.0:7860 and `data_root`."""
     env = os.environ if environ is None else environ
     on_space = env.get("SYSTEM") == "spaces" or bool(env.get("SPACE_ID"))
-    token = env.get("KVGRAFT_ADMIN_TOKEN", "")
+    token = settings.get("KVGRAFT_ADMIN_TOKEN", env)
     if not on_space:
         host, port = env.get("GRADIO_SERVER_NAME") or "127.0.0.1", int(env.get("GRADIO_SERVER_PORT") or 7860)
         return Hosting(False, "", host, port, None, None, True, token)
     host, port = env.get("GRADIO_SERVER_NAME") or "0.0.0.0", int(env.get("GRADIO_SERVER_PORT") or SPACE_PORT)
     data_ok = _writable(data_root)
-    home = Path(env["KVGRAFT_HOME"]) if env.get("KVGRAFT_HOME") else (data_root / "kvgraft" if data_ok else None)
-    cache = (
-        Path(env["KVGRAFT_MODEL_CACHE"])
-        if env.get("KVGRAFT_MODEL_CACHE")
-        else (data_root / "kvgraft-models" if data_ok else None)
-    )
+    home = settings.get("KVGRAFT_HOME", env, default=data_root / "kvgraft" if data_ok else None)
+    cache = settings.get("KVGRAFT_MODEL_CACHE", env, default=data_root / "kvgraft-models" if data_ok else None)
     persistent = data_ok and home is not None and _under(home, data_root)
     return Hosting(True, env.get("SPACE_ID", ""), host, port, home, cache, persistent, token)
 

@@ -2,7 +2,7 @@
 the app's own host and port with a self-contained "kvgraft is starting" page and a JSON status, then steps
 aside so Gradio can bind the same port; the page reloads itself into the app once the app answers.
 
-Standard library only (no Gradio, no engine): it must be importable and serving in a fraction of a second.
+Standard library and the ground floor only (no Gradio, no engine): it must be importable and serving in a fraction of a second.
 It knows the boot stages of the web process, not the engine's start-up stages (`startup` owns those).
 """
 
@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import settings
 
 STATUS_PATH = "/kvgraft-boot-status"
 SLOW_IMPORT_ENV = "KVGRAFT_TEST_SLOW_IMPORT_S"  # test-only: hold the "loading the web framework" stage this long
@@ -216,8 +218,9 @@ def serve_while_starting(t0: float, environ: dict | None = None) -> Placeholder:
     except OSError as exc:
         raise _cannot_bind(where, exc) from exc
     print(f"kvgraft: a placeholder page answers there after {time.perf_counter() - t0:.1f} s; {STAGES[0]}...", flush=True)
-    if env.get(SLOW_IMPORT_ENV):
-        time.sleep(float(env[SLOW_IMPORT_ENV]))
+    slow = settings.get(SLOW_IMPORT_ENV, env)
+    if slow > 0:  # test-only hook: a web-framework import that takes `slow` seconds
+        time.sleep(slow)
     return placeholder
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import urllib.error
 import urllib.parse
@@ -41,11 +40,6 @@ COMMANDS = {
 
 class NotAvailable(KvgraftError):
     """The app fronts a deployment and this needs the store itself (no route serves it)."""
-
-
-def backend_url() -> str:
-    """KVGRAFT_BACKEND_URL without a trailing slash ("" when the app runs over a local store)."""
-    return os.environ.get(BACKEND_ENV, "").strip().rstrip("/")
 
 
 def _refused(e: BackendRefused) -> KvgraftError:

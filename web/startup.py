@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+import settings
 from errors import KvgraftError, NotReady
 
 log = logging.getLogger("kvgraft.startup")
@@ -255,7 +256,7 @@ def _model_stages(library, tracker: Startup) -> bool:
     else:
         tracker.skip("convert", "already converted (model cache)")
     tracker.begin("load")
-    slow = float(os.environ.get(SLOW_LOAD_ENV) or 0)
+    slow = settings.get(SLOW_LOAD_ENV)
     if slow > 0:  # test-only hook: a model load that takes `slow` seconds
         time.sleep(slow)
     lm = library.lm
