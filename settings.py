@@ -2,7 +2,7 @@
 
 Owns the names, kinds, defaults, bounds and one-line meanings; `get` reads a variable when it is called
 (so a test's monkeypatched environment counts) and refuses a bad value with
-`InvalidSetting("KVGRAFT_X must be <what>, got <value>")`. Knows nothing about what a value is used for.
+`InvalidSetting("KVGRAFT_<NAME> must be <what>, got <value>")`. Knows nothing about what a value is used for.
 Writing a variable (into a child process's environment) is not reading it and happens wherever it is
 needed. `python settings.py` prints the README's configuration rows.
 """
@@ -251,7 +251,7 @@ def get(name: str, environ: Mapping[str, str] | None = None, *, default: object 
 
 
 def table() -> str:
-    """The README's configuration rows, one per variable: | `KVGRAFT_NAME` | default | meaning |."""
+    """The README's configuration rows, one per variable: | `KVGRAFT_<NAME>` | default | meaning |."""
     rows = []
     for s in _DECLARED:
         shown = s.shown or ("unset" if s.default in (None, "") else f"`{s.default}`")
