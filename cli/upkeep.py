@@ -45,8 +45,13 @@ def cmd_import(args) -> int:
         r.to_json(),
         f"imported {len(r.new)} new of {len(r.artifacts)} artifact(s) from {r.path}; {r.blobs_written} blob(s) written; "
         f"{r.replayed} verification(s) replayed, {r.not_reverified} imported, not re-verified; "
-        f"{r.probes_checked} probe(s) checked; {r.embeddings_recomputed} embedding(s) recomputed"
-        + ("" if r.model_checked else " (model fingerprint not checked against a loaded model)"),
+        f"{r.probes_checked} artifact(s) recomputed from their tokens, byte-identical; {r.embeddings_recomputed} embedding(s) recomputed"
+        + (f"; {r.attested_dropped} attested verdict(s) left out (--trust-verdicts keeps them)" if r.attested_dropped else "")
+        + (
+            ""
+            if r.model_checked
+            else " (nothing recomputed: every artifact is quarantined until `cli.py rebuild --verify ID` proves it)"
+        ),
     )
     return 0
 

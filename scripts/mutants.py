@@ -192,6 +192,13 @@ MUTATIONS = (
         ("tests/test_gate.py::test_the_gate_record_replays_token_for_token",),
     ),
     Mutation(
+        "import that stores the bundle's KV without recomputing it from its tokens",
+        "services/vetting.py",
+        '_recompute(lib, a["id"], chain, _blob(blobs, a["content_sha256"]))',
+        "pass",
+        ("tests/test_gate.py::test_import_refuses_a_kv_state_that_does_not_come_from_its_tokens",),
+    ),
+    Mutation(
         "import that skips re-tokenising (services/vetting)",
         "services/vetting.py",
         '_retokenise(lib, a["id"], srcs[a["id"]]["text"], chain[-1])',

@@ -63,14 +63,15 @@ def rebuild_compare(lib: Library, artifact_id: str) -> RebuildReport:
     blob_sha = lib._blobs.actual_sha256(row.content_sha256)
     rebuilt = sha256_bytes(data)
     why = lib.probe_check(row.id, force=True) if blob_sha == row.content_sha256 else "the stored blob is missing or corrupt"
-    if why is None and row.quarantine:  # the stored state passes its probe again: release it
-        lib._catalog.set_quarantine(row.id, None)
     probe_ok = why is None
+    same = probe_ok and rebuilt == row.content_sha256 and blob_sha == row.content_sha256 and art.key == row.id
+    if same and row.quarantine:  # recomputed from its tokens to the stored bytes: proven, release it
+        lib._catalog.set_quarantine(row.id, None)
     return RebuildReport(
         id=row.id,
         probe_ok=probe_ok,
         probe_detail=why or "",
-        equal=probe_ok and rebuilt == row.content_sha256 and blob_sha == row.content_sha256 and art.key == row.id,
+        equal=same,
         stored_sha256=row.content_sha256,
         blob_sha256=blob_sha,
         rebuilt_sha256=rebuilt,

@@ -122,8 +122,9 @@ class ImportReport:
     model_checked: bool  # True when the fingerprints were compared with a loaded model
     replayed: int = 0  # verifications replayed here (graft, generate, verifier) and passed
     not_reverified: int = 0  # verifications kept labelled "imported, not re-verified"
-    probes_checked: int = 0  # artifacts whose probe hash was checked on the restored state
+    probes_checked: int = 0  # artifacts recomputed here from their tokens, byte-identical to the bundle's (probe hash included)
     embeddings_recomputed: int = 0  # the bundle's embeddings are never copied
+    attested_dropped: int = 0  # attested verdicts left out: a person's word is kept only with trust_verdicts
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -226,8 +227,10 @@ def import_bundle(
 
     Members are staged in a temporary folder inside the home, removed afterwards whatever happens.
     With `check_model` the library's model is loaded, every artifact must be its own, its source text
-    must re-tokenise to its token ids, its probe must pass, and each verification is replayed unless
-    `trust_verdicts` (admin): then, as without `check_model`, rows are labelled "imported, not re-verified".
+    must re-tokenise to its token ids, it is recomputed from those tokens and must give the bundle's bytes,
+    and each verification is replayed unless `trust_verdicts` (admin): then, as without `check_model`,
+    rows are labelled "imported, not re-verified". Without `check_model` nothing is recomputed, so every
+    artifact arrives quarantined until `rebuild` proves it. Attested verdicts are kept only with `trust_verdicts`.
     Embeddings are always recomputed here."""
     staging = Path(tempfile.mkdtemp(prefix=".import-", dir=lib.home))
     try:
@@ -273,5 +276,6 @@ def import_bundle(
         replayed=checked.replayed,
         not_reverified=checked.labelled,
         probes_checked=checked.probes_checked,
+        attested_dropped=checked.attested_dropped,
         embeddings_recomputed=len(rows["embeddings"]),
     )

@@ -1,8 +1,11 @@
 """Never trust a bundle: before an import is recorded, each artifact's source text is re-tokenised and
-must give the artifact's own token ids, its probe hash is checked on the restored state, embeddings
-are recomputed here (the bundle's are dropped), and each verification is replayed (graft, generate,
-verifier) before it counts as verified. With `trust_verdicts` (an admin's choice) or without a model,
-the replay is skipped and the rows are labelled "imported, not re-verified".
+must give the artifact's own token ids, and the artifact is recomputed here from those tokens (on its
+parent chain) and must give the bundle's bytes exactly: a KV state that does not come from its tokens
+is refused, whatever its probe hash says. Embeddings are recomputed here (the bundle's are dropped),
+and each verification is replayed (graft, generate, verifier) before it counts as verified. With
+`trust_verdicts` (an admin's choice) or without a model, the replay is skipped and the rows are labelled
+"imported, not re-verified"; `attested` rows (a person's word, nothing to replay) are kept only with
+`trust_verdicts`, so without it their artifacts arrive unverified.
 
 It works on the staged, hash-checked rows of `services.exchange` and returns the rows to record; it
 writes nothing itself.
@@ -30,6 +33,9 @@ if TYPE_CHECKING:
     from .library import Library
 
 UNTRUSTED = "imported, not re-verified"
+UNPROVEN = (
+    "imported without recomputation (no model check): `cli.py rebuild --verify ID` proves it from its tokens and releases it"
+)
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,8 @@ class Reverified:
     rows: dict  # the catalog rows to record: local embeddings, replayed (or labelled) verifications
     replayed: int  # verifications replayed and passed here
     labelled: int  # verifications kept as "imported, not re-verified"
-    probes_checked: int
+    probes_checked: int  # artifacts recomputed from their tokens and found byte-identical to the bundle's
+    attested_dropped: int = 0  # attested verdicts left out (kept only with trust_verdicts)
 
 
 def _blob(blobs: dict[str, Path | bytes], digest: str) -> bytes:
@@ -78,6 +85,36 @@ def _retokenise(lib: Library, aid: str, text: str, art: KVArtifact) -> None:
         )
 
 
+def _recompute(lib: Library, aid: str, chain: list[KVArtifact], bundled: bytes) -> None:
+    """Prefill the artifact's own tokens after its parent chain here and compare the bytes with the bundle's.
+
+    The parents are the bundle's own artifacts; each of them is recomputed in its turn, so a chain passes
+    only if every link is what its tokens give on this machine."""
+    from graft_core import codec
+    from graft_core.capture import capture
+
+    art = chain[-1]
+    with lib._lock:
+        rebuilt, _ = capture(lib.lm, art.token_ids.tolist(), parents=chain[:-1], text_sha256=art.text_sha256)
+    data = codec.dumps(rebuilt)
+    if data != bundled:
+        what = _first_difference(art, rebuilt)
+        raise IntegrityError(
+            f"artifact {aid}: recomputed here from its own tokens it is not the bundle's artifact ({what}); "
+            "its KV state does not come from its tokens, nothing was imported"
+        )
+
+
+def _first_difference(bundled: KVArtifact, rebuilt: KVArtifact) -> str:
+    if bundled.probe_sha256 != rebuilt.probe_sha256:
+        return f"probe hash {bundled.probe_sha256[:16]} in the bundle, {rebuilt.probe_sha256[:16]} here"
+    for name, ours, theirs in (("keys", bundled.keys, rebuilt.keys), ("values", bundled.values, rebuilt.values)):
+        for i, (x, y) in enumerate(zip(ours, theirs, strict=True)):
+            if x.shape != y.shape or x.numpy().tobytes() != y.numpy().tobytes():
+                return f"layer {i} {name} differ"
+    return "the file bytes differ"
+
+
 def _replay(lib: Library, chain: list[KVArtifact], src: dict, v: VerificationRow) -> VerificationRow:
     q, s = src.get("question"), src.get("solution")
     if not q or not s or v.reference is None:
@@ -99,7 +136,6 @@ def _replay(lib: Library, chain: list[KVArtifact], src: dict, v: VerificationRow
 def vet(lib: Library, rows: dict, blobs: dict[str, Path | bytes], use_model: bool, trust_verdicts: bool) -> Reverified:
     """The rows of a staged bundle as this store will record them (see the module docstring)."""
     from graft_core.artifact import text_sha256
-    from graft_core.capture import probe_mismatch
 
     srcs = {s["artifact_id"]: s for s in rows["sources"]}
     chains = _chains(rows, blobs)
@@ -108,12 +144,9 @@ def vet(lib: Library, rows: dict, blobs: dict[str, Path | bytes], use_model: boo
         for a in rows["artifacts"]:
             chain = chains[a["id"]]
             _retokenise(lib, a["id"], srcs[a["id"]]["text"], chain[-1])
-            with lib._lock:
-                why = probe_mismatch(lib.lm, chain, a.get("probe_sha256"))
-            if why is not None:
-                raise IntegrityError(f"artifact {a['id']} fails its probe check: {why}; nothing was imported")
+            _recompute(lib, a["id"], chain, _blob(blobs, a["content_sha256"]))
             probes += 1
-    replayed = labelled = 0
+    replayed = labelled = attested_dropped = 0
     vers = []
     for raw in rows["verifications"]:
         try:
@@ -123,7 +156,10 @@ def vet(lib: Library, rows: dict, blobs: dict[str, Path | bytes], use_model: boo
         if v.verdict != "pass":
             continue
         if v.verifier == "attested":
-            vers.append({**raw, "provenance": "attested"})
+            if trust_verdicts:
+                vers.append({**raw, "provenance": "attested"})
+            else:  # a person's word cannot be replayed: only the admin's --trust-verdicts brings it in
+                attested_dropped += 1
         elif trust_verdicts or not use_model:
             vers.append({**raw, "provenance": UNTRUSTED})
             labelled += 1
@@ -145,8 +181,11 @@ def vet(lib: Library, rows: dict, blobs: dict[str, Path | bytes], use_model: boo
                 "text_sha256": text_sha256(text),
             }
         )
-    arts = [{**a, "quarantine": None, "probe_sha256": chains[a["id"]][-1].probe_sha256} for a in rows["artifacts"]]
-    return Reverified({**rows, "artifacts": arts, "verifications": vers, "embeddings": embs}, replayed, labelled, probes)
+    held = None if use_model else UNPROVEN
+    arts = [{**a, "quarantine": held, "probe_sha256": chains[a["id"]][-1].probe_sha256} for a in rows["artifacts"]]
+    return Reverified(
+        {**rows, "artifacts": arts, "verifications": vers, "embeddings": embs}, replayed, labelled, probes, attested_dropped
+    )
 
 
 _RECORD = (

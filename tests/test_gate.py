@@ -15,7 +15,7 @@ import services
 from db import connection as dbconn
 from db.schema import artifacts, verifications
 from errors import IntegrityError, VerificationFailed
-from graft_core import generate
+from graft_core import generate, templates
 from services import gate
 from tests.test_maintenance import files_under, make_lib, read_members, rewrite
 
@@ -192,3 +192,110 @@ def test_a_span_cut_out_of_a_denial_is_not_accepted(answer, ok):
     assert verdict.ok is ok, (answer, verdict.detail)
     if ok:
         assert span == "212"  # the shortest accepted span (a unitless number matches "212 metres")
+
+
+# ---- a bundle proves its KV state by recomputation -----------------------------------------------
+
+KEEPER = "Fact sheet: the keeper of the Varnek light in 1841 was {}, who kept its log for thirty years."
+NAMES = ("Tollivaux", "Delacroix", "Pellamy", "Marchetti", "Okonkwo", "Vandersloot", "Quenmora", "Ashdown")
+
+
+def _same_length_pair(lm) -> tuple[str, str]:
+    """Two fact sheets that differ in one name and tokenise to the same number of tokens."""
+    by_len: dict[int, str] = {}
+    for name in NAMES:
+        n = len(lm.tokenizer(templates.document_text(KEEPER.format(name)))["input_ids"])  # as deposit_text stores it
+        if n in by_len:
+            return KEEPER.format(by_len[n]), KEEPER.format(name)
+        by_len[n] = name
+    pytest.fail(f"no two of {NAMES} tokenise to the same length in this tokenizer")
+
+
+def _forge_kv(src_bundle, dst, lm, true_text: str, forged_text: str):
+    """The attack: keep an artifact's KV tensors and probe hash, give it another text of the same token count,
+    and rewrite its token ids, text hash, id, content hash and every manifest and catalog row that names them."""
+    import dataclasses
+
+    from graft_core import codec
+    from graft_core.artifact import text_sha256
+    from services.exchange import _blob_member
+
+    m = read_members(src_bundle)
+    man = json.loads(m["manifest.json"])
+    [entry] = man["artifacts"]
+    real = codec.loads(m[entry["member"]])
+    [source] = json.loads(m["catalog.json"])["sources"]
+    true_source, forged_source = source["text"], source["text"].replace(true_text, forged_text)
+    assert true_source != forged_source
+    ids = lm.tokenizer(forged_source)["input_ids"]
+    assert len(ids) == real.length and ids != real.token_ids.tolist()
+    forged = dataclasses.replace(real, token_ids=real.token_ids.new_tensor(ids), text_sha256=text_sha256(forged_source))
+    data = codec.dumps(forged)
+    new_hash = hashlib.sha256(data).hexdigest()
+    swaps = {
+        real.key: forged.key,
+        entry["content_sha256"]: new_hash,
+        text_sha256(true_source): text_sha256(forged_source),
+        json.dumps(true_text)[1:-1]: json.dumps(forged_text)[1:-1],
+    }
+
+    def swapped(raw: bytes) -> bytes:
+        text = raw.decode()
+        for a, b in swaps.items():
+            text = text.replace(a, b)
+        return text.encode()
+
+    del m[entry["member"]]
+    m[_blob_member(new_hash)] = data
+    m["catalog.json"] = swapped(m["catalog.json"])
+    man = json.loads(swapped(m["manifest.json"]))
+    man["catalog"]["sha256"] = hashlib.sha256(m["catalog.json"]).hexdigest()
+    for e in man["artifacts"]:
+        e["bytes"] = len(data)
+    m["manifest.json"] = json.dumps(man).encode()
+    return rewrite(src_bundle, dst, m), forged.key
+
+
+def test_import_refuses_a_kv_state_that_does_not_come_from_its_tokens(lib, tmp_path, tiny_gemma):
+    true_text, forged_text = _same_length_pair(tiny_gemma)
+    d = lib.deposit_text(true_text, title="keeper")
+    out = tmp_path / "b.tar"
+    services.export_bundle(lib, [d.id], out)
+    bad, forged_id = _forge_kv(out, tmp_path / "forged.tar", tiny_gemma, true_text, forged_text)
+    target = make_lib(tmp_path / "target", tiny_gemma)
+    before = files_under(tmp_path / "target")
+    with pytest.raises(
+        IntegrityError,
+        match=f"artifact {forged_id}: recomputed here from its own tokens it is not the bundle's artifact .*"
+        "its KV state does not come from its tokens, nothing was imported",
+    ):
+        services.import_bundle(target, bad)
+    assert target.count() == 0 and files_under(tmp_path / "target") == before
+    rep = services.import_bundle(target, out)  # the honest bundle: every artifact recomputed to its bytes
+    assert rep.new == (d.id,) and rep.probes_checked == 1
+
+
+def test_attested_verdicts_arrive_unverified_unless_the_admin_trusts_them(lib, tmp_path, tiny_gemma):
+    d = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.", attested_by="Dr. A. Rivera", admin=True)
+    assert [e.verdict for e in lib.entries()] == ["attested"]
+    out = tmp_path / "b.tar"
+    services.export_bundle(lib, [d.id], out)
+    plain = make_lib(tmp_path / "plain", tiny_gemma)
+    rep = services.import_bundle(plain, out)
+    assert rep.new == (d.id,) and rep.attested_dropped == 1 and rep.probes_checked == 1
+    assert [e.verdict for e in plain.entries()] == ["unverified"] and plain.show(d.id).verifications == ()
+    trusting = make_lib(tmp_path / "trusting", tiny_gemma)
+    rep = services.import_bundle(trusting, out, trust_verdicts=True)
+    assert rep.attested_dropped == 0 and [e.verdict for e in trusting.entries()] == ["attested"]
+
+
+def test_an_import_without_the_model_is_quarantined_until_rebuilt(lib, tmp_path, tiny_gemma):
+    d = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.")
+    out = tmp_path / "b.tar"
+    services.export_bundle(lib, [d.id], out)
+    target = make_lib(tmp_path / "target", tiny_gemma)
+    rep = services.import_bundle(target, out, check_model=False)
+    assert rep.model_checked is False and rep.probes_checked == 0
+    assert target._catalog.get(d.id).quarantine.startswith("imported without recomputation")
+    assert services.rebuild_compare(target, d.id).equal
+    assert target._catalog.get(d.id).quarantine is None
