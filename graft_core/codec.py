@@ -202,6 +202,12 @@ def loads(data: bytes | bytearray) -> KVArtifact:
             raise IntegrityError(f"artifact integrity check failed: layer {i} keys/values shapes are inconsistent")
         if layer_types[i] == "full_attention" and k.shape[2] != length:
             raise IntegrityError(f"artifact integrity check failed: full layer {i} holds {k.shape[2]} rows, header says {length}")
+        if seen[i] != start + length:  # every layer has seen each token up to the artifact's end, no more
+            raise IntegrityError(
+                f"artifact integrity check failed: layer {i} claims {seen[i]:,} tokens seen, the artifact ends at position {start + length:,}"
+            )
+        if k.shape[2] > seen[i]:
+            raise IntegrityError(f"artifact integrity check failed: layer {i} holds {k.shape[2]} rows of {seen[i]} tokens seen")
         if str(k.dtype).removeprefix("torch.") != meta["dtype"]:
             raise IntegrityError(f"artifact integrity check failed: layer {i} dtype differs from the header dtype")
     known = set(_REQUIRED_META) | {"id"}
