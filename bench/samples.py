@@ -2,7 +2,7 @@
 deposit gate (acceptance rate and the gate's cost per deposit: seconds and tokens), then the N-sample
 exactness report at own position and relocated, exactly as `cli.py verify --json` prints them.
 
-Run from the repository root: `.venv/bin/python -m bench.verify [HOME]` (or `make bench-verify`); a HOME
+Run from the repository root: `.venv/bin/python -m bench.samples [HOME]` (or `make bench-verify`); a HOME
 that already holds the seeded store is reused (no second seeding). Writes
 docs/bench/gate.json, docs/bench/verify.json (`verify --samples 50`), docs/bench/relocate.json
 (`verify --samples 10 --relocate 1000`) and docs/bench/relocate0.json (`--relocate 0`, which must be

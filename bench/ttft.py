@@ -3,8 +3,8 @@ raw read of the same bytes, and artifact bytes per token vs the raw KV bytes.
 
 Ratios are measured within one run (the machine is shared and noisy) and reported as medians.
 Writes docs/bench/engine.json and prints a markdown table.  Usage:
-    .venv/bin/python -m bench.engine [--lengths 512,1024,2048,4096,8192,16384] [--repeats 3]
-    .venv/bin/python -m bench.engine --numerics [--rounds 2]   # kernel-path study, see docs/DETERMINISM.md
+    .venv/bin/python -m bench.ttft [--lengths 512,1024,2048,4096,8192,16384] [--repeats 3]
+    .venv/bin/python -m bench.ttft --numerics [--rounds 2]   # kernel-path study, see docs/DETERMINISM.md
 
 The numerics study runs each candidate pin (ATen capability, MKL reproducibility modes, threads,
 oneDNN) in a fresh process (the settings only apply before torch/MKL start) and records which change
@@ -27,9 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as `python bench/x.py`, bench/ itself leads sys.path and bench/kernels.py shadows the `kernels`
-# package transformers looks for (the import of the model then fails): the checkout's root instead.
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -186,7 +183,7 @@ def numerics_study(rounds: int, out: Path) -> None:
         )
     doc = json.loads(out.read_text()) if out.exists() else {"benchmark": "engine"}
     doc["numerics"] = {
-        "command": f".venv/bin/python bench/engine.py --numerics --rounds {rounds}",
+        "command": f".venv/bin/python -m bench.ttft --numerics --rounds {rounds}",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
         "note": "each candidate in a fresh process; ratios are medians over rounds of (candidate / default of the same round)",
@@ -293,7 +290,7 @@ def main() -> None:
             store.delete(h)
     out = {
         "benchmark": "engine",
-        "command": "make bench  (.venv/bin/python -m bench.engine)",
+        "command": "make bench  (.venv/bin/python -m bench.ttft)",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpus": os.cpu_count(),
