@@ -146,6 +146,17 @@ def _product_sources() -> list[tuple[str, ast.Module]]:
     return [(n, ast.parse((ROOT / n).read_text(), n)) for n in names if not n.startswith("tests/")]
 
 
+def test_every_function_is_at_most_120_lines():
+    """A function past a screen or two is several steps under one name: split it into named ones."""
+    long = [
+        f"{name}:{node.lineno} {node.name} is {node.end_lineno - node.lineno + 1} lines"
+        for name, tree in _product_sources()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 120
+    ]
+    assert not long, "functions over 120 lines:\n" + "\n".join(long)
+
+
 _LIST_EDITS = {
     "append",
     "extend",
