@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 # The pinned requirements, then this checkout itself, editable and without dependencies: that puts the
-# `kvgraft` console script on the venv's PATH and lets `python bench/x.py` import the product.
+# `kvgraft` console script on the venv's PATH and lets `python -m bench.x` import the product.
 $(VENV)/.installed: requirements.txt pyproject.toml $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .

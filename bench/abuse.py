@@ -195,9 +195,9 @@ def run(
 
 def seed_tiny(lib) -> None:
     """The seed library's texts, attested (a tiny random model cannot pass the items' verifiers)."""
-    from web import app
+    from services import seed
 
-    items, sheets = app.seed_items()
+    items, sheets = seed.seed_items()
     for it in items:
         lib.deposit_text(f"{it['question']} {it['solution']}", title=it["question"], attested_by="bench.abuse", admin=True)
     for title, text in sheets:
@@ -220,6 +220,7 @@ def main() -> None:
     (scratch / "tmp").mkdir()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import services
+    from services import seed
     from web import app
     from web.guard import Guard
 
@@ -234,7 +235,7 @@ def main() -> None:
     else:
         lib = services.Library(home=args.home or scratch / "home")
         if not lib.count():
-            app.seed_library(lib)
+            seed.seed_library(lib)
     demo = app.build_app(lib, admin_token="abuse-admin", guard=Guard("abuse-admin", trust_proxy=True))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
     try:

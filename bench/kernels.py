@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import settings
@@ -204,31 +205,31 @@ def huge_page_copy(t, at: int):
     return out, region
 
 
-def kernels(model, repeats: int) -> dict:
-    """Every matrix product of one forward, per kernel and row count (see the module doc)."""
-    import numpy as np
+@dataclass(frozen=True)
+class _Products:
+    """The matrices of one forward as the model holds them, and the products under test."""
+
+    layers: list  # per layer, its nn.Linear weights
+    vocab: object  # the vocabulary projection's weight
+    shapes: list  # the distinct layer shapes, sorted, then the vocabulary's
+    fma_flat: list  # fma16's product per layer weight ([] where fma16 did not take them all over)
+    fma_vocab: object  # fma16's vocabulary product, or None
+    split: object  # graft_core.products.SplitRows over the real vocabulary matrix
+
+    @property
+    def flat(self) -> list:
+        return [w for layer in self.layers for w in layer]
+
+
+def _products(model) -> _Products:
     import torch
-    import torch.nn.functional as F
 
     from graft_core import fma16, products
-    from graft_core.determinism import WEIGHT_PLACEMENT, copy_at
 
-    gen = torch.Generator().manual_seed(0)
     layers = [
         [mod.weight.detach() for mod in layer.modules() if isinstance(mod, torch.nn.Linear)] for layer in model.model.layers
     ]
     vocab = model.lm_head.weight.detach()
-    shapes = sorted({tuple(w.shape) for w in layers[0]}) + [tuple(vocab.shape)]
-    per_layer = [tuple(w.shape) for w in layers[0]]
-
-    def inputs(m_rows: int) -> dict:
-        return {k: torch.randn(m_rows, k, generator=gen) for k in {s[1] for s in shapes}}
-
-    def through(weights, x, fn):
-        for w in weights:
-            fn(x[w.shape[1]], w)
-
-    flat = [w for layer in layers for w in layer]
     # fma16's products as the model holds them (over GGUF blocks where checked equal), where it took them over
     fma_flat = [
         fma16.product_of(mod) for layer in model.model.layers for mod in layer.modules() if isinstance(mod, torch.nn.Linear)
@@ -236,19 +237,35 @@ def kernels(model, repeats: int) -> dict:
     fma_vocab = fma16.product_of(model.lm_head)
     if not all(fma_flat) or fma_vocab is None:
         fma_flat, fma_vocab = [], None
-    bf_flat, bf_vocab = [w.to(torch.bfloat16) for w in flat], vocab.to(torch.bfloat16)
-    np_flat, np_vocab = [w.numpy().T for w in flat], vocab.numpy().T
     split = products.SplitRows(
         torch.nn.Linear(vocab.shape[1], vocab.shape[0], bias=False, device="meta"), torch.get_num_threads()
     )
     split.linear.weight = torch.nn.Parameter(vocab, requires_grad=False)  # the real matrix, no copy
+    shapes = sorted({tuple(w.shape) for w in layers[0]}) + [tuple(vocab.shape)]
+    return _Products(layers, vocab, shapes, fma_flat, fma_vocab, split)
 
-    out: dict = {"products_per_forward": len(flat), "per_layer_shapes": per_layer, "vocab_shape": list(vocab.shape), "rows": {}}
+
+def _product_times(p: _Products, gen, repeats: int) -> dict:
+    """Median ms of every product of a forward per kernel at each of ROWS rows, and of streaming the bytes."""
+    import torch
+    import torch.nn.functional as F
+
+    from graft_core import products
+
+    flat, vocab, fma_flat, fma_vocab = p.flat, p.vocab, p.fma_flat, p.fma_vocab
+
+    def through(weights, x, fn):
+        for w in weights:
+            fn(x[w.shape[1]], w)
+
+    bf_flat, bf_vocab = [w.to(torch.bfloat16) for w in flat], vocab.to(torch.bfloat16)  # 0.5 GB, freed on return
+    np_flat, np_vocab = [w.numpy().T for w in flat], vocab.numpy().T
+    rows = {}
     for m_rows in ROWS:
-        x = inputs(m_rows)
+        x = {k: torch.randn(m_rows, k, generator=gen) for k in {s[1] for s in p.shapes}}
         xb = {k: v.to(torch.bfloat16) for k, v in x.items()}
         xn = {k: v.numpy() for k, v in x.items()}
-        out["rows"][str(m_rows)] = {
+        rows[str(m_rows)] = {
             "layers_mkl_ms": ms(timed(lambda x=x: through(flat, x, F.linear), repeats)),
             "layers_openblas_ms": ms(timed(lambda xn=xn: [xn[w.shape[0]] @ w for w in np_flat], repeats)),
             "layers_bf16_ms": ms(timed(lambda xb=xb: through(bf_flat, xb, F.linear), repeats)),
@@ -260,21 +277,32 @@ def kernels(model, repeats: int) -> dict:
             ),
         }
         if fma_vocab is not None:
-            out["rows"][str(m_rows)] |= {
+            rows[str(m_rows)] |= {
                 "layers_fma16_ms": ms(timed(lambda x=x: [op.product(x[op.k]) for op in fma_flat], repeats)),
                 "vocab_fma16_ms": ms(timed(lambda x=x: fma_vocab.product(x[vocab.shape[1]]), repeats)),
             }
         if m_rows == 1:
-            out["rows"]["1"]["vocab_mkl_split_ms"] = ms(timed(lambda x=x: split.split(x[vocab.shape[1]]), repeats))
-    out["stream_once_ms"] = {
+            rows["1"]["vocab_mkl_split_ms"] = ms(timed(lambda x=x: p.split.split(x[vocab.shape[1]]), repeats))
+    stream_once = {
         "layers": ms(timed(lambda: [w.sum() for w in flat], repeats)),
         "vocab": ms(timed(lambda: vocab.sum(), repeats)),
         "layers_bytes": sum(w.numel() * 4 for w in flat),
         "vocab_bytes": vocab.numel() * 4,
     }
-    bf_flat = bf_vocab = None  # 0.5 GB of copies, not needed past here
-    bits = {}
-    for w in [next(w for w in layers[0] if tuple(w.shape) == s) for s in shapes[:-1]] + [vocab]:
+    return {"rows": rows, "stream_once_ms": stream_once}
+
+
+def _row_bits(p: _Products, gen) -> dict:
+    """Per shape: whether a product's rows depend on the row count, the other rows or their order, and
+    which kernels compute the same bytes."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from graft_core import products
+
+    vocab, bits = p.vocab, {}
+    for w in [next(w for w in p.layers[0] if tuple(w.shape) == s) for s in p.shapes[:-1]] + [vocab]:
         x8 = torch.randn(8, w.shape[1], generator=gen)
         full = F.linear(x8, w)
         perm = torch.randperm(8, generator=gen)
@@ -287,7 +315,7 @@ def kernels(model, repeats: int) -> dict:
             "mkl_8_rows_independent_of_other_rows": bool(torch.equal(F.linear(other, w)[0], full[0])),
             "openblas_equals_mkl_1_row": bool(np.array_equal(x8[:1].numpy() @ w.numpy().T, one.numpy())),
         }
-        op = next((o for o in [*fma_flat, fma_vocab] if o is not None and o.module.weight.data_ptr() == w.data_ptr()), None)
+        op = next((o for o in [*p.fma_flat, p.fma_vocab] if o is not None and o.module.weight.data_ptr() == w.data_ptr()), None)
         if op is not None:
             f8 = op.product(x8)
             bits["x".join(map(str, w.shape))] |= {
@@ -300,40 +328,80 @@ def kernels(model, repeats: int) -> dict:
             bits["x".join(map(str, w.shape))]["mkl_transposed_equal_at_rows"] = spans(equal)
     v1 = torch.randn(1, vocab.shape[1], generator=gen)
     bits["x".join(map(str, vocab.shape))]["mkl_1_row_split_in_blocks_equal"] = bool(
-        torch.equal(split.split(v1), F.linear(v1, vocab))
+        torch.equal(p.split.split(v1), F.linear(v1, vocab))
     )
-    bits["x".join(map(str, vocab.shape))]["split_blocks"] = len(split.bounds)
-    for w in (vocab, layers[0][-1]):  # the vocabulary and a down projection, the same values at other addresses
+    bits["x".join(map(str, vocab.shape))]["split_blocks"] = len(p.split.bounds)
+    return bits
+
+
+def _address_bits(p: _Products, gen) -> dict:
+    """Per matrix (the vocabulary and a down projection): how many results a 1-row product gives for the
+    same values at other addresses."""
+    import torch
+    import torch.nn.functional as F
+
+    from graft_core.determinism import copy_at
+
+    bits = {}
+    for w in (p.vocab, p.layers[0][-1]):
         x1 = torch.randn(1, w.shape[1], generator=gen)
         by_address = {}
         for at in range(0, 68, 4):  # 17 addresses mod 128: the 16 four-byte steps of 64 bytes, and 64 itself
             by_address[at] = F.linear(x1, copy_at(w, at, 128)).numpy().tobytes()
-        bits["x".join(map(str, w.shape))] |= {
+        bits["x".join(map(str, w.shape))] = {
             "mkl_1_row_distinct_results_over_16_addresses_mod_64": len({by_address[a] for a in range(0, 64, 4)}),
             "mkl_1_row_distinct_results_over_4_addresses_mod_16": len({by_address[a] for a in range(0, 16, 4)}),
             "mkl_1_row_same_64_bytes_apart": by_address[0] == by_address[64],
             "mkl_1_row_same_16_bytes_apart": by_address[0] == by_address[16],
             "loaded_weight_address_mod_64": w.data_ptr() % 64,
         }
-    out["bits"] = bits
+    return bits
+
+
+def _huge_pages(vocab, gen, repeats: int) -> dict:
+    """The 1-row vocabulary product on a copy in 2 MB pages beside the loaded matrix, where they can be asked for."""
+    import torch
+    import torch.nn.functional as F
+
+    from graft_core.determinism import WEIGHT_PLACEMENT
+
     huge, region = huge_page_copy(vocab, WEIGHT_PLACEMENT[1])
     if huge is None:
-        out["vocab_mkl_huge_pages"] = {"skipped": "this Python's mmap cannot advise MADV_HUGEPAGE"}
-    else:
-        v1 = torch.randn(1, vocab.shape[1], generator=gen)
-        plain, paged = [], []
-        for _ in range(3):  # interleaved, the machine drifts
-            plain += timed(lambda: F.linear(v1, vocab), repeats)
-            paged += timed(lambda: F.linear(v1, huge), repeats)
-        thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-        out["vocab_mkl_huge_pages"] = {
-            "thp_mode": thp.read_text().strip() if thp.exists() else "unknown",
-            "plain_ms": ms(plain),
-            "huge_pages_ms": ms(paged),
-            "same_bits": bool(torch.equal(F.linear(v1, vocab), F.linear(v1, huge))),
-        }
-        del huge
-        region.close()
+        return {"skipped": "this Python's mmap cannot advise MADV_HUGEPAGE"}
+    v1 = torch.randn(1, vocab.shape[1], generator=gen)
+    plain, paged = [], []
+    for _ in range(3):  # interleaved, the machine drifts
+        plain += timed(lambda: F.linear(v1, vocab), repeats)
+        paged += timed(lambda huge=huge: F.linear(v1, huge), repeats)
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    out = {
+        "thp_mode": thp.read_text().strip() if thp.exists() else "unknown",
+        "plain_ms": ms(plain),
+        "huge_pages_ms": ms(paged),
+        "same_bits": bool(torch.equal(F.linear(v1, vocab), F.linear(v1, huge))),
+    }
+    del huge
+    region.close()
+    return out
+
+
+def kernels(model, repeats: int) -> dict:
+    """Every matrix product of one forward, per kernel and row count (see the module doc)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)  # one stream, drawn in this order: the inputs as before
+    p = _products(model)
+    out: dict = {
+        "products_per_forward": len(p.flat),
+        "per_layer_shapes": [tuple(w.shape) for w in p.layers[0]],
+        "vocab_shape": list(p.vocab.shape),
+    }
+    out |= _product_times(p, gen, repeats)
+    bits = _row_bits(p, gen)
+    for shape, b in _address_bits(p, gen).items():
+        bits[shape] |= b
+    out["bits"] = bits
+    out["vocab_mkl_huge_pages"] = _huge_pages(p.vocab, gen, repeats)
     return out
 
 

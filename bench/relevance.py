@@ -1,6 +1,6 @@
 """Relevance stage: paraphrase retrieval top-1 and false grafts on near misses, with and without it.
 
-Run from the repository root: `.venv/bin/python bench/relevance.py` (11 min here on 2 shared cores:
+Run from the repository root: `.venv/bin/python -m bench.relevance` (11 min here on 2 shared cores:
 ~1,000 questions embedded one at a time, as the product embeds them).
 Writes docs/bench/relevance.json and prints a markdown table. The store is the eval's seeded sample
 (60 facts + 20 deposited problems, `eval/near_miss.py`), embedded with the packaged all-MiniLM-L6-v2 and
@@ -16,14 +16,10 @@ import datetime
 import hashlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Run as `python bench/x.py`, bench/ itself leads sys.path and bench/kernels.py shadows the `kernels`
-# package transformers looks for (the import of the model then fails): the checkout's root instead.
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import faiss  # noqa: E402,F401  (before torch; see retrieval/__init__.py)

@@ -18,9 +18,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Run as `python bench/x.py`, bench/ itself leads sys.path and bench/kernels.py shadows the `kernels`
-# package transformers looks for (the import of the model then fails): the checkout's root instead.
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import faiss  # noqa: E402  (before torch; see retrieval/__init__.py)

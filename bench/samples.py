@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import retrieval  # noqa: E402,F401  (faiss before torch: services no longer imports it)
 import services  # noqa: E402
 from errors import VerificationFailed  # noqa: E402
-from web.app import seed_items  # noqa: E402
+from services.seed import seed_items  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "bench"

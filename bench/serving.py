@@ -46,7 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import retrieval  # noqa: E402,F401  (faiss before torch)
 import services  # noqa: E402
-from services import limits  # noqa: E402
+from services import limits, seed  # noqa: E402
 from web import app  # noqa: E402
 
 
@@ -111,13 +111,13 @@ def gradio_main(args) -> None:
     from web.guard import FairTurns, Guard, per_address
 
     args.users = args.users or "1,4,8"
-    questions = [it["question"] for it in app.seed_items()[0]]
+    questions = [it["question"] for it in seed.seed_items()[0]]
     warm_limit = limits.warm_proofs_limit()
 
     def prepared(home: str, lm=None):
         """A seeded, warmed store and each question's hashes answered alone in process."""
         lib = services.Library(home=home, lm=lm)
-        app.seed_library(lib)
+        seed.seed_library(lib)
         warm = lib.warm_proofs(warm_limit)  # what the app's start-up does next (KVGRAFT_WARM_PROOFS)
         print(warm.line(), flush=True)
         alone = {}  # question -> (output_sha256, logits_sha256) answered alone, in process
@@ -239,12 +239,12 @@ def _seed_store(home: Path, args) -> tuple[list[str], object]:
     embedder = HashEmbedder() if args.tiny else None
     lib = services.Library(home=home / "seeder", db_url=db_url, model_name=model, embedder=embedder, blob_root=settings.blob_root)
     try:
-        items = app.seed_items()[0]
+        items = seed.seed_items()[0]
         if args.tiny:
             for it in items:
                 lib.deposit_text(it["solution"], title=it["question"][:40])
         else:
-            app.seed_library(lib)
+            seed.seed_library(lib)
         print(f"seed store: {lib.count()} artifacts, model fingerprint {lib.lm.fingerprint[:16]}", flush=True)
     finally:
         lib.close()

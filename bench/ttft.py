@@ -27,9 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as `python bench/x.py`, bench/ itself leads sys.path and bench/kernels.py shadows the `kernels`
-# package transformers looks for (the import of the model then fails): the checkout's root instead.
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -186,7 +183,7 @@ def numerics_study(rounds: int, out: Path) -> None:
         )
     doc = json.loads(out.read_text()) if out.exists() else {"benchmark": "engine"}
     doc["numerics"] = {
-        "command": f".venv/bin/python bench/engine.py --numerics --rounds {rounds}",
+        "command": f".venv/bin/python -m bench.ttft --numerics --rounds {rounds}",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
         "note": "each candidate in a fresh process; ratios are medians over rounds of (candidate / default of the same round)",
@@ -197,6 +194,134 @@ def numerics_study(rounds: int, out: Path) -> None:
     for r in rows:
         print(
             f"| {r['name']} | {r['bits_equal_default']} | {r['prefill_512_over_default']:.2f}x | {r['question_over_default']:.2f}x |"
+        )
+
+
+def _ttft(lm, store: BlobStore, h: str, ids: list[int], q_ids: list[int], reps: int) -> tuple[list, list, bool]:
+    """First-token seconds fresh and grafted, alternating, and whether both chose the same first token."""
+    path = store.path(h)
+    fresh, graft = [], []
+    tok_fresh = tok_graft = None
+    for _ in range(reps):
+        # fresh: prefix + query prefilled from scratch (logits_to_keep=1), first token chosen
+        t = time.perf_counter()
+        row = forward_chunk(lm.model, new_cache(lm.model), ids + q_ids, 0)[-1]
+        tok_fresh = int(torch.argmax(row))
+        fresh.append(time.perf_counter() - t)
+        # grafted: read + hash-check + decode + restore + query forward + first token
+        drop_page_cache(path)
+        t = time.perf_counter()
+        a = codec.loads(store.get(h))
+        cache = restore(lm, [a])
+        row = forward_chunk(lm.model, cache, q_ids, a.end)[-1]
+        tok_graft = int(torch.argmax(row))
+        graft.append(time.perf_counter() - t)
+    return fresh, graft, tok_fresh == tok_graft
+
+
+def _restores(lm, store: BlobStore, h: str, reps: int) -> dict[str, list[float]]:
+    """Seconds of a raw read and of read-and-restore, cold and warm, with the store's check, SHA-256 on
+    every read, and none."""
+    path = store.path(h)
+    kinds = ("cold_read", "cold_restore", "warm_read", "warm_restore", "warm_nohash", "warm_hashed")
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(max(3, reps)):
+        drop_page_cache(path)
+        times["cold_read"].append(raw_read(path))
+        drop_page_cache(path)
+        times["cold_restore"].append(read_and_restore(lm, store, h))
+        times["warm_read"].append(raw_read(path))
+        times["warm_restore"].append(read_and_restore(lm, store, h))
+        times["warm_nohash"].append(read_and_restore_unhashed(lm, path))
+        times["warm_hashed"].append(read_and_restore(lm, store, h, rehash=True))
+    return times
+
+
+def _measure(lm, store: BlobStore, q_ids: list[int], n: int, repeats: int) -> dict:
+    """One prefix length: capture and store its artifact, then time first tokens and restores."""
+    reps = repeats if n <= 4096 else 1
+    ids = text_tokens(lm, n)
+    t0 = time.perf_counter()
+    art, stats = capture(lm, ids)
+    data = codec.dumps(art)
+    h = store.put(data)
+    path = store.path(h)
+    # Measure a settled artifact, as an answer serves one: the store trusts a file's identity only
+    # when it hashed the file at least racy_ns after its last change (db/blobs.py). With a fast
+    # capture the first warm reads would otherwise come too early and hash every time.
+    time.sleep(max(0.0, (store.racy_ns - (time.time_ns() - os.stat(path).st_ctime_ns)) / 1e9 + 0.1))
+    fresh, graft, same_token = _ttft(lm, store, h, ids, q_ids, reps)
+    r = _restores(lm, store, h, reps)
+    med = statistics.median
+    row = {
+        "prefix_tokens": n,
+        "query_tokens": len(q_ids),
+        "repeats": reps,
+        "capture_prefill_s": stats.prefill_s,
+        "ttft_fresh_s": med(fresh),
+        "ttft_grafted_s": med(graft),
+        "ttft_speedup": med(fresh) / med(graft),
+        "first_token_equal": same_token,
+        "file_bytes": len(data),
+        "kv_bytes": art.kv_bytes(),
+        "bytes_per_token": len(data) / n,
+        "file_over_kv": len(data) / art.kv_bytes(),
+        "raw_read_warm_s": med(r["warm_read"]),
+        "restore_warm_s": med(r["warm_restore"]),
+        "restore_over_read_warm": med(r["warm_restore"]) / med(r["warm_read"]),
+        "restore_hashed_warm_s": med(r["warm_hashed"]),
+        "restore_hashed_over_read_warm": med(r["warm_hashed"]) / med(r["warm_read"]),
+        "restore_unhashed_warm_s": med(r["warm_nohash"]),
+        "restore_unhashed_over_read_warm": med(r["warm_nohash"]) / med(r["warm_read"]),
+        "raw_read_cold_s": med(r["cold_read"]),
+        "restore_cold_s": med(r["cold_restore"]),
+        "restore_over_read_cold": med(r["cold_restore"]) / med(r["cold_read"]),
+        "artifact_sha256": hashlib.sha256(data).hexdigest(),
+        "wall_s": time.perf_counter() - t0,
+    }
+    store.delete(h)
+    return row
+
+
+def _write_json(out_path: Path, lm, rows: list[dict]) -> None:
+    """The run's document; the numerics section of the previous one is kept (that study is its own run)."""
+    out = {
+        "benchmark": "engine",
+        "command": "make bench  (.venv/bin/python -m bench.ttft)",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+        "model": lm.info.name,
+        "model_fingerprint": lm.fingerprint,
+        "config": lm.config.as_dict(),
+        "targets": {"ttft_speedup_at_4096": ">= 50", "restore_over_read": "<= 1.5", "file_over_kv": "<= 1.01"},
+        "note": "ttft_grafted includes blob read (page cache dropped), integrity check, decode, restore, query forward and "
+        "the first token; ttft_fresh is one prefill of prefix+query with logits_to_keep=1. restore_* use the store's check "
+        "(SHA-256 on a file's first read, then its unchanged identity: db/blobs.py), restore_hashed_* SHA-256 every read, "
+        "restore_unhashed_* no check. Medians.",
+        "rows": rows,
+    }
+    if out_path.exists() and "numerics" in (old := json.loads(out_path.read_text())):
+        out["numerics"] = old["numerics"]  # the kernel-path study is its own run (--numerics)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=2) + "\n")
+
+
+def _print_table(rows: list[dict]) -> None:
+    print(
+        "\n| prefix tokens | TTFT fresh (s) | TTFT grafted (s) | speedup | restore/read warm | hashed every read | "
+        "restore/read cold | file/KV bytes |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['prefix_tokens']:,} | {r['ttft_fresh_s']:.3f} | {r['ttft_grafted_s']:.3f} | {r['ttft_speedup']:.1f}x | "
+            f"{r['restore_over_read_warm']:.2f}x | {r['restore_hashed_over_read_warm']:.2f}x | "
+            f"{r['restore_over_read_cold']:.2f}x | {r['file_over_kv']:.4f} |"
         )
 
 
@@ -224,109 +349,10 @@ def main() -> None:
         # warm-up: the first forward of a process pays one-off costs
         forward_chunk(lm.model, new_cache(lm.model), text_tokens(lm, 64), 0)
         for n in lengths:
-            ids = text_tokens(lm, n)
-            reps = args.repeats if n <= 4096 else 1
-            t0 = time.perf_counter()
-            art, stats = capture(lm, ids)
-            data = codec.dumps(art)
-            h = store.put(data)
-            path = store.path(h)
-            # Measure a settled artifact, as an answer serves one: the store trusts a file's identity only
-            # when it hashed the file at least racy_ns after its last change (db/blobs.py). With a fast
-            # capture the first warm reads would otherwise come too early and hash every time.
-            time.sleep(max(0.0, (store.racy_ns - (time.time_ns() - os.stat(path).st_ctime_ns)) / 1e9 + 0.1))
-            fresh, graft, warm_read, warm_restore, cold_read, cold_restore, warm_nohash = [], [], [], [], [], [], []
-            warm_hashed = []
-            tok_fresh = tok_graft = None
-            for _ in range(reps):
-                # fresh: prefix + query prefilled from scratch (logits_to_keep=1), first token chosen
-                t = time.perf_counter()
-                row = forward_chunk(lm.model, new_cache(lm.model), ids + q_ids, 0)[-1]
-                tok_fresh = int(torch.argmax(row))
-                fresh.append(time.perf_counter() - t)
-                # grafted: read + hash-check + decode + restore + query forward + first token
-                drop_page_cache(path)
-                t = time.perf_counter()
-                a = codec.loads(store.get(h))
-                cache = restore(lm, [a])
-                row = forward_chunk(lm.model, cache, q_ids, a.end)[-1]
-                tok_graft = int(torch.argmax(row))
-                graft.append(time.perf_counter() - t)
-            for _ in range(max(3, reps)):
-                drop_page_cache(path)
-                cold_read.append(raw_read(path))
-                drop_page_cache(path)
-                cold_restore.append(read_and_restore(lm, store, h))
-                warm_read.append(raw_read(path))
-                warm_restore.append(read_and_restore(lm, store, h))
-                warm_nohash.append(read_and_restore_unhashed(lm, path))
-                warm_hashed.append(read_and_restore(lm, store, h, rehash=True))
-            med = statistics.median
-            row = {
-                "prefix_tokens": n,
-                "query_tokens": len(q_ids),
-                "repeats": reps,
-                "capture_prefill_s": stats.prefill_s,
-                "ttft_fresh_s": med(fresh),
-                "ttft_grafted_s": med(graft),
-                "ttft_speedup": med(fresh) / med(graft),
-                "first_token_equal": tok_fresh == tok_graft,
-                "file_bytes": len(data),
-                "kv_bytes": art.kv_bytes(),
-                "bytes_per_token": len(data) / n,
-                "file_over_kv": len(data) / art.kv_bytes(),
-                "raw_read_warm_s": med(warm_read),
-                "restore_warm_s": med(warm_restore),
-                "restore_over_read_warm": med(warm_restore) / med(warm_read),
-                "restore_hashed_warm_s": med(warm_hashed),
-                "restore_hashed_over_read_warm": med(warm_hashed) / med(warm_read),
-                "restore_unhashed_warm_s": med(warm_nohash),
-                "restore_unhashed_over_read_warm": med(warm_nohash) / med(warm_read),
-                "raw_read_cold_s": med(cold_read),
-                "restore_cold_s": med(cold_restore),
-                "restore_over_read_cold": med(cold_restore) / med(cold_read),
-                "artifact_sha256": hashlib.sha256(data).hexdigest(),
-                "wall_s": time.perf_counter() - t0,
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            store.delete(h)
-    out = {
-        "benchmark": "engine",
-        "command": "make bench  (.venv/bin/python -m bench.engine)",
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-        },
-        "model": lm.info.name,
-        "model_fingerprint": lm.fingerprint,
-        "config": lm.config.as_dict(),
-        "targets": {"ttft_speedup_at_4096": ">= 50", "restore_over_read": "<= 1.5", "file_over_kv": "<= 1.01"},
-        "note": "ttft_grafted includes blob read (page cache dropped), integrity check, decode, restore, query forward and "
-        "the first token; ttft_fresh is one prefill of prefix+query with logits_to_keep=1. restore_* use the store's check "
-        "(SHA-256 on a file's first read, then its unchanged identity: db/blobs.py), restore_hashed_* SHA-256 every read, "
-        "restore_unhashed_* no check. Medians.",
-        "rows": rows,
-    }
-    previous = Path(args.out)
-    if previous.exists() and "numerics" in (old := json.loads(previous.read_text())):
-        out["numerics"] = old["numerics"]  # the kernel-path study is its own run (--numerics)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(
-        "\n| prefix tokens | TTFT fresh (s) | TTFT grafted (s) | speedup | restore/read warm | hashed every read | "
-        "restore/read cold | file/KV bytes |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['prefix_tokens']:,} | {r['ttft_fresh_s']:.3f} | {r['ttft_grafted_s']:.3f} | {r['ttft_speedup']:.1f}x | "
-            f"{r['restore_over_read_warm']:.2f}x | {r['restore_hashed_over_read_warm']:.2f}x | "
-            f"{r['restore_over_read_cold']:.2f}x | {r['file_over_kv']:.4f} |"
-        )
+            rows.append(_measure(lm, store, q_ids, n, args.repeats))
+            print(json.dumps(rows[-1]), flush=True)
+    _write_json(Path(args.out), lm, rows)
+    _print_table(rows)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from eval import harness  # noqa: E402
+from eval import harness
 
 
 @dataclass(frozen=True)

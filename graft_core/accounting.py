@@ -12,13 +12,6 @@ from dataclasses import asdict, dataclass
 from .model import ModelInfo
 
 
-def _attended(info: ModelInfo, layer: int, pos: int) -> int:
-    """Positions a token at `pos` attends to in `layer`."""
-    if info.layer_types[layer] == "sliding_attention" and info.sliding_window:
-        return min(pos + 1, info.sliding_window)
-    return pos + 1
-
-
 def chunk_flops(info: ModelInfo, start: int, n: int, logits_rows: int = 1) -> float:
     """Estimated forward FLOPs for `n` tokens at positions [start, start+n) keeping `logits_rows` rows."""
     if n <= 0:

@@ -92,10 +92,6 @@ def model_cache_dir() -> Path:
     return settings.get("KVGRAFT_MODEL_CACHE")
 
 
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip("_") or "model"
-
-
 def _convert_packaged_gemma(target: Path) -> None:
     """GGUF (from PyPI) -> dequantised float32 safetensors folder at `target`, atomically."""
     import torch

@@ -72,14 +72,6 @@ def stop(shutdown_ray: bool = True) -> None:
         ray.shutdown()
 
 
-def replica_actor_names(settings: ServeSettings) -> list[str]:
-    """The Ray actor names of the running replicas (what `ray.kill` or `ray.get_actor(..., namespace="serve")` takes)."""
-    import ray
-
-    prefix = f"SERVE_REPLICA::{settings.app_name}#"
-    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix))
-
-
 def serve_forever(settings: ServeSettings, address: str | None = None, num_cpus: int | None = None) -> None:
     """`kvgraft serve`: start, print where, wait for Ctrl-C or SIGTERM, then drain and stop."""
     url = start(settings, address=address, num_cpus=num_cpus)

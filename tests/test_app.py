@@ -180,10 +180,10 @@ def test_export_delete_import_round_trip(client, deposited):
 def test_real_model_seed_item_answered_exactly(real_lm, tmp_path):
     import services
     from retrieval import HashEmbedder
-    from web import app
+    from services import seed
 
     lib = services.Library(home=tmp_path / "real", lm=real_lm, embedder=HashEmbedder())
-    item = app.seed_items()[0][0]
+    item = seed.seed_items()[0][0]
     demo = _launch(lib, TOKEN)
     try:
         c = gradio_client.Client(demo.local_url, verbose=False)

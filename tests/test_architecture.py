@@ -4,6 +4,7 @@ what fsck needs without a second reader."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,67 @@ def test_pyproject_installs_every_top_level_module_and_package():
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench", "scripts"}
     assert set(setup["py-modules"]) == modules, f"pyproject py-modules {sorted(setup['py-modules'])} vs files {sorted(modules)}"
     assert packages <= set(setup["packages"]), f"packages not installed: {sorted(packages - set(setup['packages']))}"
+
+
+def _product_sources() -> list[tuple[str, ast.Module]]:
+    """Every tracked .py file outside tests/, parsed."""
+    names = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    return [(n, ast.parse((ROOT / n).read_text(), n)) for n in names if not n.startswith("tests/")]
+
+
+def test_every_function_is_at_most_120_lines():
+    """A function past a screen or two is several steps under one name: split it into named ones."""
+    long = [
+        f"{name}:{node.lineno} {node.name} is {node.end_lineno - node.lineno + 1} lines"
+        for name, tree in _product_sources()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 120
+    ]
+    assert not long, "functions over 120 lines:\n" + "\n".join(long)
+
+
+_LIST_EDITS = {
+    "append",
+    "extend",
+    "insert",
+    "remove",
+    "pop",
+    "clear",
+    "sort",
+    "reverse",
+    "__setitem__",
+    "__delitem__",
+    "__iadd__",
+}
+
+
+def _is_sys_path(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) and node.value.id == "sys"
+
+
+def _sys_path_edit(node: ast.AST) -> str | None:
+    """What `node` does to sys.path, if it changes it: a list-editing call, or an assignment to it or an item."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_sys_path(node.func.value):
+        return f"calls sys.path.{node.func.attr}()" if node.func.attr in _LIST_EDITS else None
+    if isinstance(node, ast.Assign | ast.Delete):
+        targets = node.targets
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        targets = [node.target]
+    else:
+        return None
+    for t in targets:
+        if _is_sys_path(t) or isinstance(t, ast.Subscript) and _is_sys_path(t.value):
+            return "assigns to sys.path"
+    return None
+
+
+def test_no_module_edits_sys_path():
+    """Packages run as `python -m pkg.mod` from the checkout's root, so nothing needs to reorder imports;
+    a `sys.path` edit is how a script reached around that (and shadowed a package of the same name)."""
+    edits = [
+        f"{name}:{node.lineno} {edit}"
+        for name, tree in _product_sources()
+        for node in ast.walk(tree)
+        if (edit := _sys_path_edit(node))
+    ]
+    assert not edits, "sys.path edited:\n" + "\n".join(edits)

@@ -33,7 +33,8 @@ def _real_model_cached() -> bool:
 def served(request, tmp_path_factory):
     import services
     from retrieval import HashEmbedder
-    from web import app
+    from services import seed
+    from web import app, startup
 
     if not Path(CHROMIUM).exists():
         pytest.skip("chromium is not installed (make system-deps)")
@@ -48,12 +49,12 @@ def served(request, tmp_path_factory):
         )
         lm, embedder, real = request.getfixturevalue("tiny_gemma"), HashEmbedder(), False
     library = services.Library(home=tmp_path_factory.mktemp("browser-home"), lm=lm, embedder=embedder)
-    status = app.SeedStatus()
-    demo = app.build_app(library, admin_token="t", seed_status=status)
+    status = startup.Startup()
+    demo = app.build_app(library, admin_token="t", startup=status)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    seeding = app.start_seeding(library, status)
+    seeding = startup.start(library, status, seed=seed.seed_library)
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.launch_kwargs())
     try:
         yield demo.local_url, real

@@ -29,6 +29,7 @@ def starting(tiny_dirs, tmp_path, monkeypatch):
     """The app served over a library whose model is not loaded yet, its start-up just begun."""
     import services
     from retrieval import HashEmbedder
+    from services import seed
     from web import app, startup
 
     if not Path(CHROMIUM).exists():
@@ -41,7 +42,7 @@ def starting(tiny_dirs, tmp_path, monkeypatch):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.launch_kwargs())
-    thread = startup.start(library, tracker, seed=app.seed_library)
+    thread = startup.start(library, tracker, seed=seed.seed_library)
     try:
         yield demo.local_url, tracker, library
     finally:

@@ -149,6 +149,14 @@ def test_deposit_needs_the_admin_token(deployment):
     assert e.value.status == 403 and str(e.value).startswith("admin token refused")
 
 
+def _replica_actor_names(settings) -> list[str]:
+    """The Ray actor names of the running replicas (what `ray.kill` or `ray.get_actor(..., namespace="serve")` takes)."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{settings.app_name}#"
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix))
+
+
 @pytest.mark.ray
 @pytest.mark.postgres
 def test_replica_killed_mid_request_costs_a_retry_and_loses_nothing(deployment, tmp_path, tiny_gemma):
@@ -160,7 +168,7 @@ def test_replica_killed_mid_request_costs_a_retry_and_loses_nothing(deployment, 
     settings, client, _ = deployment
     kept = client.deposit_text("The Vell gorge ferry carries 12 carts an hour.", title="ferry").payload["id"]
     before = {e["id"] for e in client.library(limit=1000).payload}
-    names = launch.replica_actor_names(settings)
+    names = _replica_actor_names(settings)
     assert len(names) == 2 and kept in before, names
     with ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(lambda seed: client.request("POST", "/verify", {"samples": 60, "seed": seed}), s) for s in (1, 2)]

@@ -82,9 +82,7 @@ VERIFIERS = ["exact", "numeric", "sympy", "attested"]
 # ---- the built-in library ------------------------------------------------------------------
 
 
-SeedStatus = Startup  # the start-up tracker under the name older callers (tests/test_browser.py) use
 # The built-in library: one implementation in services/seed.py (the CLI's `seed` and `verify` use it too).
-SEED_DIR, seed_items, seed_library = seed.SEED_DIR, seed.seed_items, seed.seed_library
 
 
 # ---- the app ------------------------------------------------------------------------------
@@ -471,19 +469,18 @@ def build_app(
     admin_token: str | None = None,
     startup: Startup | None = None,
     where: hosting.Hosting | None = None,
-    seed_status: Startup | None = None,
     guard: Guard | None = None,
 ) -> gr.Blocks:
     """The Blocks app over one Library. `admin_token` defaults to $KVGRAFT_ADMIN_TOKEN (read now);
     `guard` (the admin gate and the fair model turns) defaults to one over that token.
 
-    With a `startup` tracker (`seed_status` is its older name) the page is built at once and every model
+    With a `startup` tracker the page is built at once and every model
     call says "still starting" until the tracker is ready; without one the model is loaded here, now."""
     token = admin_token if admin_token is not None else settings.get("KVGRAFT_ADMIN_TOKEN")
     # in process, answers run together up to KVGRAFT_DECODE_TOGETHER at once: their prompts and steps share passes
     # (graft_core.batch, same bytes as alone), and everything else that runs the model takes the model lock
     guard = guard or Guard(token, turns=FairTurns(per_address=per_address(), slots=decode_together()))
-    tracker = startup or seed_status
+    tracker = startup
     if tracker is None:
         library.lm  # noqa: B018  (load the model now, not on the first request)
         if hasattr(library, "start_decoding_together"):
@@ -528,11 +525,6 @@ def build_app(
     return demo
 
 
-def start_seeding(library: services.Library, status: Startup) -> threading.Thread:
-    """Run the start-up stages (model, built-in library for an empty store, index) in the background."""
-    return start_up(library, status, seed=seed_library)
-
-
 def server_address() -> tuple[str, int]:
     """Host and port from Gradio's own variables; loopback unless the operator (or a Space) says otherwise."""
     where = hosting.detect()
@@ -566,6 +558,6 @@ def main(boot: placeholder.Placeholder | placeholder._NotServing = placeholder.N
     if backend:
         remote.start_connecting(library, tracker)
     else:
-        start_up(library, tracker, seed=seed_library, remember_in=model_cache(), warm=warm)
+        start_up(library, tracker, seed=seed.seed_library, remember_in=model_cache(), warm=warm)
     TerminalProgress(tracker).start()
     demo.block_thread()
