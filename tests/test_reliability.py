@@ -193,6 +193,13 @@ CORRUPT_HEADERS = [
         _NOT_INT,
     ),
     ("seen count", _header_case(_set(("__metadata__", "seen"), "1,2")), f"{_BAD}inconsistent start/length/seen"),
+    (  # a forged count once passed here and failed the probe forward with a raw torch RuntimeError
+        "seen 2**31-1",
+        _header_case(
+            lambda h, b: h["__metadata__"].update(seen=",".join(["2147483647"] + h["__metadata__"]["seen"].split(",")[1:]))
+        ),
+        f"{_BAD}layer 0 claims 2,147,483,647 tokens seen, the artifact ends at position 20",
+    ),
     ("negative dimension", _header_case(_set(("token_ids", "shape"), [-20])), f"{_BAD}tensor token_ids has a negative dimension"),
     (
         "dimension 2**64",
