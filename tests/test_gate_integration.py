@@ -13,7 +13,7 @@ from db import connection as dbconn
 from db.schema import artifacts
 from errors import IntegrityError, VerificationFailed
 from services import gate
-from tests.test_gate import _tamper_catalog  # the one careful tamperer (edit catalog.json, re-hash it)
+from tests.test_gate import _forge_kv, _same_length_pair, _tamper_catalog  # the careful tamperers (re-hash what they edit)
 
 pytestmark = pytest.mark.integration
 
@@ -96,3 +96,29 @@ def test_relocate_zero_is_byte_equal_on_every_sample(store):
     lib, _ = store
     rep = lib.verify_samples(3, relocate=0)
     assert rep.byte_equal == 3 and all(s.check.fresh_sha256 == s.check.grafted_sha256 for s in rep.rows)
+
+
+def test_a_bundle_whose_kv_does_not_come_from_its_tokens_is_refused(tmp_path, real_lm):
+    """The forgery found against the running app: a fact sheet's KV state and probe hash kept, its name swapped for
+    another of the same token count, every id and hash rewritten; the import recomputes and refuses it."""
+    lib = services.Library(home=tmp_path / "source", lm=real_lm)
+    true_text, forged_text = _same_length_pair(real_lm)
+    d = lib.deposit_text(true_text, title="keeper")
+    out = tmp_path / "b.tar"
+    services.export_bundle(lib, [d.id], out)
+    bad, forged_id = _forge_kv(out, tmp_path / "forged.tar", real_lm, true_text, forged_text)
+    target = services.Library(home=tmp_path / "target", lm=real_lm)
+    with pytest.raises(IntegrityError, match=f"artifact {forged_id}: recomputed here from its own tokens it is not the bundle's"):
+        services.import_bundle(target, bad)
+    assert target.count() == 0
+    assert services.import_bundle(target, out).probes_checked == 1  # the honest bundle recomputes to its bytes
+
+
+def test_an_attested_bundle_arrives_unverified_without_trust(tmp_path, real_lm):
+    lib = services.Library(home=tmp_path / "source", lm=real_lm)
+    d = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.", attested_by="Dr. A. Rivera", admin=True)
+    out = tmp_path / "b.tar"
+    services.export_bundle(lib, [d.id], out)
+    target = services.Library(home=tmp_path / "target", lm=real_lm)
+    rep = services.import_bundle(target, out)
+    assert rep.attested_dropped == 1 and [e.verdict for e in target.entries()] == ["unverified"]
