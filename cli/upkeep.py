@@ -9,9 +9,25 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 # Model loading draws a progress bar on stderr; these commands print one line there on error.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def _progress_bar(what: str, stream=None):
+    """(fraction, message) -> a bar redrawn in place on stderr when it is a terminal; silent otherwise."""
+    stream = stream or sys.stderr
+    if not stream.isatty():
+        return None
+
+    def draw(fraction: float, message: str) -> None:
+        filled = int(30 * fraction)
+        stream.write(f"\r{what} [{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%} {message}\x1b[K")
+        stream.write("\n" if fraction >= 1 else "")
+        stream.flush()
+
+    return draw
 
 
 def _emit(args, payload, human: str) -> None:
@@ -38,7 +54,12 @@ def cmd_import(args) -> int:
 
     limits = Limits(max_member_bytes=args.max_member_bytes) if args.max_member_bytes else Limits()
     r = services.import_bundle(
-        _library(args), args.bundle, limits=limits, check_model=not args.no_model_check, trust_verdicts=args.trust_verdicts
+        _library(args),
+        args.bundle,
+        limits=limits,
+        check_model=not args.no_model_check,
+        trust_verdicts=args.trust_verdicts,
+        on_progress=_progress_bar("import"),
     )
     _emit(
         args,

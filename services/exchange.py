@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -222,6 +223,7 @@ def import_bundle(
     limits: bundles.Limits = bundles.Limits(),
     check_model: bool = True,
     trust_verdicts: bool = False,
+    on_progress: Callable[[float, str], None] | None = None,
 ) -> ImportReport:
     """Check every member, hash and fingerprint of the bundle at `path`, then add it to the store.
 
@@ -243,7 +245,7 @@ def import_bundle(
                     f"artifact {e['id']} was made by model {e['model_fingerprint'][:16]}, this store's model is "
                     f"{expected[:16]}; import it into a store running that model (--model), nothing was imported"
                 )
-        checked = vet(lib, rows, blobs, use_model=check_model, trust_verdicts=trust_verdicts)
+        checked = vet(lib, rows, blobs, use_model=check_model, trust_verdicts=trust_verdicts, on_progress=on_progress)
         rows = checked.rows
         written = []
         try:

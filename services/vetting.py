@@ -14,6 +14,7 @@ writes nothing itself.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -133,19 +134,32 @@ def _replay(lib: Library, chain: list[KVArtifact], src: dict, v: VerificationRow
     return gate.record(run, v.item_sha256, v.verifier, v.reference, detail=detail)
 
 
-def vet(lib: Library, rows: dict, blobs: dict[str, Path | bytes], use_model: bool, trust_verdicts: bool) -> Reverified:
-    """The rows of a staged bundle as this store will record them (see the module docstring)."""
+def vet(
+    lib: Library,
+    rows: dict,
+    blobs: dict[str, Path | bytes],
+    use_model: bool,
+    trust_verdicts: bool,
+    on_progress: Callable[[float, str], None] | None = None,
+) -> Reverified:
+    """The rows of a staged bundle as this store will record them (see the module docstring). `on_progress`
+    hears (fraction, message) after each artifact is recomputed, by tokens done of the bundle's tokens."""
     from graft_core.artifact import text_sha256
 
     srcs = {s["artifact_id"]: s for s in rows["sources"]}
     chains = _chains(rows, blobs)
     probes = 0
     if use_model:
+        total = sum(chains[a["id"]][-1].length for a in rows["artifacts"]) or 1
+        done = 0
         for a in rows["artifacts"]:
             chain = chains[a["id"]]
             _retokenise(lib, a["id"], srcs[a["id"]]["text"], chain[-1])
             _recompute(lib, a["id"], chain, _blob(blobs, a["content_sha256"]))
             probes += 1
+            done += chain[-1].length
+            if on_progress:
+                on_progress(done / total, f"recomputed {probes}/{len(rows['artifacts'])} artifacts ({done:,}/{total:,} tokens)")
     replayed = labelled = attested_dropped = 0
     vers = []
     for raw in rows["verifications"]:

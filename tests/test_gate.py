@@ -299,3 +299,35 @@ def test_an_import_without_the_model_is_quarantined_until_rebuilt(lib, tmp_path,
     assert target._catalog.get(d.id).quarantine.startswith("imported without recomputation")
     assert services.rebuild_compare(target, d.id).equal
     assert target._catalog.get(d.id).quarantine is None
+
+
+def test_a_long_import_reports_its_progress_by_tokens(lib, tmp_path, tiny_gemma):
+    a = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.")
+    b = lib.deposit_text("Fact sheet: the Velmora bell rings eleven times at noon, once for each founding family.")
+    out = tmp_path / "b.tar"
+    services.export_bundle(lib, [a.id, b.id], out)
+    heard = []
+    services.import_bundle(make_lib(tmp_path / "target", tiny_gemma), out, on_progress=lambda f, m: heard.append((f, m)))
+    total = a.tokens + b.tokens
+    assert [f for f, _ in heard] == sorted(f for f, _ in heard) and heard[-1][0] == 1.0 and len(heard) == 2
+    assert heard[-1][1] == f"recomputed 2/2 artifacts ({total:,}/{total:,} tokens)"
+
+
+def test_the_cli_progress_bar_draws_only_on_a_terminal():
+    import io
+
+    from cli.upkeep import _progress_bar
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert _progress_bar("import", io.StringIO()) is None
+    tty = Tty()
+    draw = _progress_bar("import", tty)
+    draw(0.5, "recomputed 1/2 artifacts")
+    draw(1.0, "recomputed 2/2 artifacts")
+    assert tty.getvalue() == (
+        "\rimport [" + "#" * 15 + "." * 15 + "]  50% recomputed 1/2 artifacts\x1b[K"
+        "\rimport [" + "#" * 30 + "] 100% recomputed 2/2 artifacts\x1b[K\n"
+    )
