@@ -111,7 +111,7 @@ def stages(lib, text: str, repeats: int) -> dict:
     row = lib._catalog.get(d.id)
     wait_until_settled(lib, row.content_sha256)
     chain, _ = lib.load_chain(d.id)
-    why, known = check_probe(lm, chain, None, restore)  # what an answer's first use does once per process
+    why, known = check_probe(lm, chain, None)  # what an answer's first use does once per process
     if why:
         raise RuntimeError(f"the deposited prefix fails its own probe: {why}")
     ids, pos = question(lm, chain)
@@ -125,7 +125,7 @@ def stages(lib, text: str, repeats: int) -> dict:
         c2 = time.perf_counter()
         cache = restore(lm, [art])
         c3 = time.perf_counter()
-        proof = prove(lm, [art], cache, known, restore)
+        proof = prove(lm, [art], cache, known)
         c4 = time.perf_counter()
         with torch.inference_mode():
             hidden = m.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True).last_hidden_state

@@ -19,7 +19,7 @@ from db.blobs import BlobStore
 from db.catalog import Catalog
 from db.queries import library_rows
 from db.rows import LedgerRow
-from errors import IntegrityError, KvgraftError
+from errors import IntegrityError, KvgraftError, quarantine_message
 from graft_core import model as model_mod  # names only: torch loads in model_mod.load
 
 from .answer import AnswerPipeline
@@ -35,13 +35,6 @@ if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use 
     from graft_core.artifact import KVArtifact  # stages), so that importing services serves a page at once
     from graft_core.proof import ProvenState
     from retrieval import Embedder, VectorIndex
-
-
-def quarantine_message(artifact_id: str, reason: str) -> str:
-    return (
-        f"artifact {artifact_id} is quarantined ({reason}); it is never grafted. Run `cli.py rebuild --verify "
-        f"{artifact_id}` to see what a recompute gives, or `cli.py delete {artifact_id}`"
-    )
 
 
 def default_home() -> Path:
@@ -158,7 +151,6 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         """Restore the artifact's chain and check its probe hash (once per content hash in this process
         unless `force`), remembering the proved state's BLAKE3 for the answers' state proofs. A mismatch
         quarantines the artifact and is returned as the reason; None: passed."""
-        from graft_core.graft import restore
         from graft_core.proof import check_probe
 
         row = self._catalog.get(artifact_id)
@@ -168,7 +160,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
             if self._probed.get(row.content_sha256) and not force:  # an answer proved it while this one waited
                 return None
             chain = [self.load_artifact(r.id, quarantined_too=r.id == row.id) for r in self._catalog.chain(row.id)]
-            why, state = check_probe(self.lm, chain, row.probe_sha256, restore)
+            why, state = check_probe(self.lm, chain, row.probe_sha256)
         if why is not None:
             self._catalog.set_quarantine(row.id, f"probe check failed: {why}")
             self._probed.pop(row.content_sha256, None)
@@ -307,3 +299,4 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         content = self._catalog.delete(key)
         removed = self._catalog.content_refcount(content) == 0 and self._blobs.delete(content)
         return DeleteReport(id=key, content_sha256=content, blob_removed=bool(removed))
+

@@ -99,7 +99,7 @@ def _replay(lib: Library, chain: list[KVArtifact], src: dict, v: VerificationRow
 def vet(lib: Library, rows: dict, blobs: dict[str, Path | bytes], use_model: bool, trust_verdicts: bool) -> Reverified:
     """The rows of a staged bundle as this store will record them (see the module docstring)."""
     from graft_core.artifact import text_sha256
-    from graft_core.capture import probe_mismatch
+    from graft_core.proof import check_probe
 
     srcs = {s["artifact_id"]: s for s in rows["sources"]}
     chains = _chains(rows, blobs)
@@ -109,7 +109,7 @@ def vet(lib: Library, rows: dict, blobs: dict[str, Path | bytes], use_model: boo
             chain = chains[a["id"]]
             _retokenise(lib, a["id"], srcs[a["id"]]["text"], chain[-1])
             with lib._lock:
-                why = probe_mismatch(lib.lm, chain, a.get("probe_sha256"))
+                why, _ = check_probe(lib.lm, chain, a.get("probe_sha256"))
             if why is not None:
                 raise IntegrityError(f"artifact {a['id']} fails its probe check: {why}; nothing was imported")
             probes += 1

@@ -13,10 +13,11 @@ import torch
 
 import services
 from graft_core import exactness, generate, templates
-from graft_core.capture import capture, probe_ids
+from graft_core.capture import capture
 from graft_core.forward import new_cache
 from graft_core.graft import restore
 from graft_core.layers import state_digest
+from graft_core.probe import probe_ids
 from graft_core.proof import proven
 from retrieval import HashEmbedder
 
