@@ -108,8 +108,7 @@ def stages(lib, text: str, repeats: int) -> dict:
 
     lm, m = lib.lm, lib.lm.model
     d = lib.deposit_text(text, title=f"kernels prefix {len(text)} chars")
-    row = lib._catalog.get(d.id)
-    wait_until_settled(lib, row.content_sha256)
+    wait_until_settled(lib, d.content_sha256)
     chain, _ = lib.load_chain(d.id)
     why, known = check_probe(lm, chain, None)  # what an answer's first use does once per process
     if why:
@@ -119,7 +118,7 @@ def stages(lib, text: str, repeats: int) -> dict:
     rows = []
     for i in range(repeats + 1):
         c0 = time.perf_counter()
-        blob = lib._blobs.get(row.content_sha256)
+        blob = lib.read_blob(d.content_sha256)
         c1 = time.perf_counter()
         art = codec.loads(blob)
         c2 = time.perf_counter()
@@ -147,7 +146,7 @@ def stages(lib, text: str, repeats: int) -> dict:
     return {
         "prefix_tokens": chain[-1].end,
         "question_tokens": int(ids.shape[1]),
-        "state_bytes": lib._blobs.path(row.content_sha256).stat().st_size,
+        "state_bytes": lib.blob_file(d.content_sha256).stat().st_size,
         "stages_ms": out,
         "staged_sum_ms": round(sum(out.values()), 2),
         "answer_ttft_ms": ms(answered),

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from db.blobs import BlobStore
-from db.catalog import Catalog
+from db.catalog import Catalog, Embedding
 from db.queries import library_rows
-from db.rows import LedgerRow
+from db.rows import ArtifactRow, LedgerRow, SourceRow
 from errors import IntegrityError, KvgraftError, quarantine_message
 from graft_core import model as model_mod  # names only: torch loads in model_mod.load
 
@@ -300,3 +300,32 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         removed = self._catalog.content_refcount(content) == 0 and self._blobs.delete(content)
         return DeleteReport(id=key, content_sha256=content, blob_removed=bool(removed))
 
+
+    # ---- for the tools that measure or stress a store (bench/, scripts/) ----------------------
+
+    def stored_tokens(self) -> int:
+        """Tokens held by every artifact of the store together."""
+        return self._catalog.total_tokens()
+
+    def blob_file(self, content_sha256: str) -> Path:
+        """Where the bytes stored under `content_sha256` lie (for their size and age; read them with `read_blob`)."""
+        return self._blobs.path(content_sha256)
+
+    def read_blob(self, content_sha256: str) -> bytearray:
+        """The bytes stored under `content_sha256`, integrity-checked as `load_artifact` reads them."""
+        return self._blobs.get(content_sha256)
+
+    def blob_trusted_after_s(self, content_sha256: str) -> float:
+        """Seconds until the blob is older than the store's racy window (its next read is then hashed once and
+        trusted after, db/blobs.py); 0 when it already is."""
+        age_ns = time.time_ns() - os.stat(self._blobs.path(content_sha256)).st_ctime_ns
+        return max(0.0, (self._blobs.racy_ns - age_ns) / 1e9)
+
+    def corrupt_blobs(self) -> list[str]:
+        """Every visible blob, referenced or orphan, whose bytes do not hash to its name (fsck reads referenced ones)."""
+        return [h for h in list(self._blobs) if self._blobs.actual_sha256(h) != h]
+
+    def record_synthetic(self, row: ArtifactRow, source: SourceRow, embedding: Embedding, data: bytes) -> None:
+        """Record bytes the caller made as one artifact, without capture or the gate: how bench/scale.py fills a
+        store with random payloads in the model's shapes. Never a deposit path."""
+        self._catalog.add_deposit(row, source, None, embedding, lambda: self._blobs.put(data))
