@@ -1,4 +1,4 @@
-"""`Library`: one store (catalog + blobs + index) and one model, the only door front ends use.
+"""`Library`: one store (catalog + blobs + index) and one model, behind the door front ends use (`LibraryDoor`).
 
 The pipelines live in their own modules (deposit, answer, verify, index) and are mixed in here; this
 module holds the shared parts (lazily loaded model and embedder, artifact reads) and the read-only
@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +24,7 @@ from graft_core import model as model_mod  # names only: torch loads in model_mo
 from .answer import AnswerPipeline
 from .deposit import DepositPipeline
 from .index import IndexPipeline
-from .results import LibraryEntry, ShowReport, StoreStats
+from .results import DeleteReport, LibraryEntry, ShowReport, StoreStats, WarmReport
 from .samples import VerifyPipeline
 from .solve import SolvePipeline
 
@@ -39,43 +38,6 @@ if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use 
 
 def default_home() -> Path:
     return Path(os.environ.get("KVGRAFT_HOME") or Path.home() / ".local" / "share" / "kvgraft")
-
-
-@dataclass(frozen=True)
-class DeleteReport:
-    id: str
-    content_sha256: str
-    blob_removed: bool  # False while another row still refers to the same bytes
-
-    def to_json(self) -> dict:
-        return {"id": self.id, "content_sha256": self.content_sha256, "blob_removed": self.blob_removed}
-
-
-@dataclass(frozen=True)
-class WarmReport:
-    """What `Library.warm_proofs` did: probe-proved now, found already proved, passed over (quarantined, another
-    model's fingerprint, no probe hash, unreadable: `skipped_why` says which), and quarantined by a failed probe."""
-
-    proved: int
-    already: int
-    quarantined: tuple[str, ...]
-    seconds: float
-    skipped_why: tuple[str, ...] = ()
-
-    @property
-    def skipped(self) -> int:
-        return len(self.skipped_why)
-
-    def line(self) -> str:
-        q = (
-            f", {len(self.quarantined)} quarantined by a failed probe ({', '.join(i[:12] for i in self.quarantined)})"
-            if self.quarantined
-            else ""
-        )
-        return (
-            f"probe-proved {self.proved} artifacts ahead of their first answers in {self.seconds:.1f} s "
-            f"({self.already} already proved, {self.skipped} passed over{q})"
-        )
 
 
 class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, SolvePipeline):
@@ -299,7 +261,6 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         content = self._catalog.delete(key)
         removed = self._catalog.content_refcount(content) == 0 and self._blobs.delete(content)
         return DeleteReport(id=key, content_sha256=content, blob_removed=bool(removed))
-
 
     # ---- for the tools that measure or stress a store (bench/, scripts/) ----------------------
 
