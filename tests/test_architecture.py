@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import event
 
 import services
+from db.blobs import RACY_NS
 from retrieval import HashEmbedder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,3 +211,23 @@ def test_layers_import_only_downward(tmp_path, monkeypatch):
         "graft_core/bad.py:2 imports services",
         "graft_core/sub/worse.py:1 imports web",
     ]
+
+
+def test_front_ends_and_tools_reach_the_store_only_through_library_methods(lib):
+    reach = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in _source_files()
+        if p.relative_to(ROOT).parts[0] in {"bench", "scripts", "eval", "web", "cli"}
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if "._catalog" in line or "._blobs" in line
+    ]
+    assert reach == []
+    d = lib.deposit_text("The Varnek lighthouse was built by Osric Pellamy in 1874.")
+    assert bytes(lib.read_blob(d.content_sha256)) == lib.blob_file(d.content_sha256).read_bytes()
+    assert lib.stored_tokens() == d.tokens and 0.0 <= lib.blob_trusted_after_s(d.content_sha256) <= RACY_NS / 1e9
+    assert lib.corrupt_blobs() == []
+    data = bytearray(lib.blob_file(d.content_sha256).read_bytes())
+    data[-1] ^= 1
+    lib.blob_file(d.content_sha256).chmod(0o644)
+    lib.blob_file(d.content_sha256).write_bytes(bytes(data))
+    assert lib.corrupt_blobs() == [d.content_sha256]
