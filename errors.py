@@ -39,3 +39,11 @@ class InvalidSetting(InvalidInput):
 
 class NotReady(KvgraftError):
     """The app is still starting (model conversion or loading, seeding); the message says which stage and how long."""
+
+
+def quarantine_message(artifact_id: str, reason: str) -> str:
+    """What an IntegrityError says about a quarantined artifact, and the two commands that deal with it."""
+    return (
+        f"artifact {artifact_id} is quarantined ({reason}); it is never grafted. Run `cli.py rebuild --verify "
+        f"{artifact_id}` to see what a recompute gives, or `cli.py delete {artifact_id}`"
+    )

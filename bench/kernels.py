@@ -110,10 +110,9 @@ def stages(lib, text: str, repeats: int) -> dict:
 
     lm, m = lib.lm, lib.lm.model
     d = lib.deposit_text(text, title=f"kernels prefix {len(text)} chars")
-    row = lib._catalog.get(d.id)
-    wait_until_settled(lib, row.content_sha256)
+    wait_until_settled(lib, d.content_sha256)
     chain, _ = lib.load_chain(d.id)
-    why, known = check_probe(lm, chain, None, restore)  # what an answer's first use does once per process
+    why, known = check_probe(lm, chain, None)  # what an answer's first use does once per process
     if why:
         raise RuntimeError(f"the deposited prefix fails its own probe: {why}")
     ids, pos = question(lm, chain)
@@ -121,13 +120,13 @@ def stages(lib, text: str, repeats: int) -> dict:
     rows = []
     for i in range(repeats + 1):
         c0 = time.perf_counter()
-        blob = lib._blobs.get(row.content_sha256)
+        blob = lib.read_blob(d.content_sha256)
         c1 = time.perf_counter()
         art = codec.loads(blob)
         c2 = time.perf_counter()
         cache = restore(lm, [art])
         c3 = time.perf_counter()
-        proof = prove(lm, [art], cache, known, restore)
+        proof = prove(lm, [art], cache, known)
         c4 = time.perf_counter()
         with torch.inference_mode():
             hidden = m.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True).last_hidden_state
@@ -149,7 +148,7 @@ def stages(lib, text: str, repeats: int) -> dict:
     return {
         "prefix_tokens": chain[-1].end,
         "question_tokens": int(ids.shape[1]),
-        "state_bytes": lib._blobs.path(row.content_sha256).stat().st_size,
+        "state_bytes": lib.blob_file(d.content_sha256).stat().st_size,
         "stages_ms": out,
         "staged_sum_ms": round(sum(out.values()), 2),
         "answer_ttft_ms": ms(answered),

@@ -71,8 +71,7 @@ def run_peer(python: str, gguf: Path, prefix: Path, repeats: int) -> dict:
 def wait_until_settled(lib, content_sha256: str) -> None:
     """Sleep until the blob is older than the store's racy window, so its next read is hashed once and
     trusted after (db/blobs.py): what a served answer of a settled artifact pays, not a fresh file's cost."""
-    age_ns = time.time_ns() - os.stat(lib._blobs.path(content_sha256)).st_ctime_ns
-    time.sleep(max(0.0, (lib._blobs.racy_ns - age_ns) / 1e9 + 0.1))
+    time.sleep(lib.blob_trusted_after_s(content_sha256) + 0.1)
 
 
 def run_kvgraft(lib, text: str, repeats: int) -> dict:
@@ -112,7 +111,7 @@ def run_kvgraft(lib, text: str, repeats: int) -> dict:
         "logits_sha256": next(iter(served)),
         "ttft_grafted_first_use_s": first.ttft_s,
         "first_use_proof": first.proof.kind if first.proof else None,
-        "state_bytes": lib._blobs.path(d.content_sha256).stat().st_size,
+        "state_bytes": lib.blob_file(d.content_sha256).stat().st_size,
         "logits_byte_equal": bool(checked.check and checked.check.exact),
         "state_proof_passed": all(proofs),
     }

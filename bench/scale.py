@@ -132,7 +132,7 @@ def add_synthetic(lib, synth: Synth, n: int) -> int:
     text = f"SYNTHETIC artifact #{synth.count}: random float32 tensors in the model's shapes"
     src = SourceRow(artifact_id=key, text=text)
     emb = (lib.embedder.embedder_id, vec.tobytes(), int(vec.shape[0]), hashlib.sha256(text.encode()).hexdigest())
-    lib._catalog.add_deposit(row, src, None, emb, lambda: lib._blobs.put(data))
+    lib.record_synthetic(row, src, emb, data)
     return len(data)
 
 
@@ -169,7 +169,7 @@ def probe(home: str, queries: list[str], threads: int) -> dict:
             synth_top += 1
         if not real:
             continue
-        chain = [lib.load_artifact(r.id) for r in lib._catalog.chain(real[0].id)]
+        chain, _ = lib.load_chain(real[0].id)
         t2 = time.perf_counter()
         cache = restore(lm, chain)
         t3 = time.perf_counter()
@@ -191,7 +191,7 @@ def probe(home: str, queries: list[str], threads: int) -> dict:
 
     return {
         "artifacts": lib.count(),
-        "tokens": lib._catalog.total_tokens(),
+        "tokens": lib.stored_tokens(),
         "index_kind": idx.kind,
         "index_build_or_load_s": index_s,
         "rss_open_bytes": rss_open,

@@ -114,7 +114,7 @@ def numerics_child(name: str) -> dict:
     if threads:
         torch.set_num_threads(threads)
     torch.backends.mkldnn.enabled = mkldnn
-    from graft_core.capture import logits_sha256
+    from graft_core.probe import logits_sha256
 
     lm = model.load()
     ids = text_tokens(lm, 512)

@@ -11,6 +11,10 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services import LibraryDoor
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -21,7 +25,8 @@ def _emit(args, payload: dict, human: str) -> None:
     print(json.dumps(payload, indent=2, default=str) if args.json else human)
 
 
-def _library(args):
+def _library(args) -> LibraryDoor:
+    """The store the commands answer from, typed as the door they call (`services.LibraryDoor`)."""
     import services
 
     return services.Library(home=args.home, db_url=args.db_url, model_name=args.model)

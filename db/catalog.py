@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, case, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, Select, case, delete, func, insert, or_, select, update
 from sqlalchemy import exc as sa_exc
 
 import settings
@@ -24,14 +24,18 @@ from db import connection as dbconn
 from db import migrations
 from db.rows import (
     HEX64,
+    KINDS,
     LEDGER_QUERY_CHARS,
     ArtifactRow,
     LedgerRow,
     LedgerTotals,
     SourceRow,
     VerificationRow,
+    artifact_row,
     as_utc,
+    ledger_row,
     utcnow,
+    verification_row,
 )
 from db.schema import artifacts, embeddings, ledger, meta, sources, verifications
 from errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
@@ -41,25 +45,6 @@ MIN_PREFIX = 8
 LIST_HINT = "list ids with `cli.py list`"
 
 Embedding = tuple[str, bytes, int, str]  # (embedder_id, float32 little-endian vector, dim, text_sha256)
-
-
-def _artifact(m: Any) -> ArtifactRow:
-    return ArtifactRow(
-        id=m.id,
-        content_sha256=m.content_sha256,
-        model_fingerprint=m.model_fingerprint,
-        tokens=m.tokens,
-        start=m.start,
-        kind=m.kind,
-        title=m.title,
-        parent_id=m.parent_id,
-        bytes=m.bytes,
-        root_id=m.root_id,
-        depth=m.depth,
-        created_at=m.created_at,
-        probe_sha256=m.probe_sha256,
-        quarantine=m.quarantine,
-    )
 
 
 def _artifact_values(row: ArtifactRow) -> dict[str, Any]:
@@ -81,22 +66,7 @@ def _verification_json(v: VerificationRow) -> dict[str, Any]:
 
 
 def _verification(m: Any) -> VerificationRow:
-    return _verification_of({c: m._mapping[c] for c in verifications.c.keys()})
-
-
-def _verification_of(values: dict[str, Any]) -> VerificationRow:
-    values = dict(values)
-    for k in ("question_token_ids", "generated_token_ids"):
-        values[k] = tuple(json.loads(values[k])) if values[k] else ()
-    values["provenance"] = values["provenance"] or "not gated"
-    return VerificationRow(**values)
-
-
-def _ledger(m: Any) -> LedgerRow:
-    values = dict(m._mapping)
-    values["artifact_ids"] = tuple(json.loads(values["artifact_ids"]))
-    values["output_token_ids"] = tuple(json.loads(values["output_token_ids"]))
-    return LedgerRow(**values)
+    return verification_row({c: m._mapping[c] for c in verifications.c.keys()})
 
 
 def _check_embedding(embedding: Embedding) -> None:
@@ -107,6 +77,24 @@ def _check_embedding(embedding: Embedding) -> None:
         raise InvalidInput(f"embedding vector must be {dim} float32 values ({4 * dim} bytes); got {len(vector)} bytes")
     if not HEX64.match(text_sha256):
         raise InvalidInput(f"text_sha256 must be 64 lowercase hex digits (a SHA-256); got {text_sha256!r}")
+
+
+def listing(stmt: Select, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> Select:
+    """The artifact list's filters and order on a select over `artifacts` joined with `sources`: `query`
+    matches the title or the source text (case-insensitive), newest first, then paged.
+
+    One definition for every listing: `Catalog.list_artifacts` and `db.queries.library_rows` both build on it."""
+    if kind is not None and kind not in KINDS:
+        raise InvalidInput(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    if limit < 0 or offset < 0:
+        raise InvalidInput(f"limit and offset must be >= 0; got limit={limit}, offset={offset}")
+    if query:
+        stmt = stmt.where(
+            or_(artifacts.c.title.icontains(query, autoescape=True), sources.c.text.icontains(query, autoescape=True))
+        )
+    if kind is not None:
+        stmt = stmt.where(artifacts.c.kind == kind)
+    return stmt.order_by(artifacts.c.created_at.desc(), artifacts.c.id).limit(limit).offset(offset)
 
 
 @dataclass(frozen=True)
@@ -190,7 +178,7 @@ class Catalog:
 
     def _row(self, conn: Connection, artifact_id: str) -> ArtifactRow | None:
         m = conn.execute(select(artifacts).where(artifacts.c.id == artifact_id)).first()
-        return _artifact(m) if m else None
+        return artifact_row(m) if m else None
 
     def get(self, ref: str) -> ArtifactRow:
         """The artifact with this id (or unique id prefix of >= 8 hex digits); ArtifactNotFound otherwise."""
@@ -235,15 +223,13 @@ class Catalog:
             rows = conn.execute(
                 select(artifacts).where(artifacts.c.parent_id == key).order_by(artifacts.c.created_at, artifacts.c.id)
             )
-            return [_artifact(m) for m in rows]
+            return [artifact_row(m) for m in rows]
 
     def list_artifacts(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[ArtifactRow]:
         """Newest first. `query` matches case-insensitively (ASCII case) anywhere in the title or source text."""
-        from db.queries import listing  # the one definition of the filters (db.queries imports this module)
-
         stmt = listing(select(artifacts).join(sources, sources.c.artifact_id == artifacts.c.id), query, kind, limit, offset)
         with dbconn.read(self._engine) as conn:
-            return [_artifact(m) for m in conn.execute(stmt)]
+            return [artifact_row(m) for m in conn.execute(stmt)]
 
     def count_artifacts(self) -> int:
         with dbconn.read(self._engine) as conn:
@@ -385,7 +371,7 @@ class Catalog:
         """Every quarantined artifact, by id."""
         with dbconn.read(self._engine) as conn:
             return [
-                _artifact(m)
+                artifact_row(m)
                 for m in conn.execute(select(artifacts).where(artifacts.c.quarantine.is_not(None)).order_by(artifacts.c.id))
             ]
 
@@ -472,7 +458,7 @@ class Catalog:
         if last is not None:
             stmt = stmt.limit(max(last, 0))
         with dbconn.read(self._engine) as conn:
-            rows = [_ledger(m) for m in conn.execute(stmt)]
+            rows = [ledger_row(m) for m in conn.execute(stmt)]
         rows.reverse()
         return rows
 

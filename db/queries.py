@@ -1,19 +1,18 @@
 """Read-only queries across several catalog tables that the service layer needs in one round trip.
 
-Kept beside `catalog.py` (which owns the rows and every write); each function takes an open `Catalog`.
+Kept beside `catalog.py` (which owns every write and the listing filters); each function takes an open `Catalog`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Select, func, or_, select
+from sqlalchemy import func, select
 
 from db import connection as dbconn
-from db.catalog import Catalog, _artifact, _verification_of
-from db.rows import KINDS, ArtifactRow
+from db.catalog import Catalog, listing
+from db.rows import ArtifactRow, artifact_row, verification_row
 from db.schema import artifacts, sources, verifications
-from errors import InvalidInput
 
 
 @dataclass(frozen=True)
@@ -23,24 +22,6 @@ class Listed:
     row: ArtifactRow
     verifier: str  # "none" when the artifact has no verification record
     verdict: str  # the latest record's label (VerificationRow.label); "unverified" when it has none
-
-
-def listing(stmt: Select, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> Select:
-    """The artifact list's filters and order on a select over `artifacts` joined with `sources`: `query`
-    matches the title or the source text (case-insensitive), newest first, then paged.
-
-    One definition for every listing: `Catalog.list_artifacts` and `library_rows` both build on it."""
-    if kind is not None and kind not in KINDS:
-        raise InvalidInput(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
-    if limit < 0 or offset < 0:
-        raise InvalidInput(f"limit and offset must be >= 0; got limit={limit}, offset={offset}")
-    if query:
-        stmt = stmt.where(
-            or_(artifacts.c.title.icontains(query, autoescape=True), sources.c.text.icontains(query, autoescape=True))
-        )
-    if kind is not None:
-        stmt = stmt.where(artifacts.c.kind == kind)
-    return stmt.order_by(artifacts.c.created_at.desc(), artifacts.c.id).limit(limit).offset(offset)
 
 
 def library_rows(catalog: Catalog, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[Listed]:
@@ -64,8 +45,8 @@ def library_rows(catalog: Catalog, query: str = "", kind: str | None = None, lim
     with dbconn.read(catalog._engine) as conn:
         for m in conn.execute(stmt):
             if m.v_id is None:
-                out.append(Listed(_artifact(m), "none", "unverified"))
+                out.append(Listed(artifact_row(m), "none", "unverified"))
                 continue
-            v = _verification_of({c.name: m._mapping[f"v_{c.name}"] for c in verifications.c})
-            out.append(Listed(_artifact(m), v.verifier, v.label))
+            v = verification_row({c.name: m._mapping[f"v_{c.name}"] for c in verifications.c})
+            out.append(Listed(artifact_row(m), v.verifier, v.label))
     return out

@@ -1,6 +1,7 @@
 """The values that cross the catalog's boundary: frozen dataclasses, one per kind of row.
 
-They know nothing about SQL. Each checks its enumerated fields on construction and raises
+They know nothing about SQL; the mappers at the end read one back from a fetched row (whose tuples
+are stored as JSON). Each checks its enumerated fields on construction and raises
 `InvalidInput` naming the field; numeric invariants (tokens > 0, end = start + tokens) are the
 database's CHECK constraints. Timestamps are timezone-aware UTC; a naive datetime is taken as UTC.
 """
@@ -8,9 +9,11 @@ database's CHECK constraints. Timestamps are timezone-aware UTC; a naive datetim
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from errors import InvalidInput
 
@@ -220,3 +223,40 @@ class LedgerTotals:
     baseline_flops: int
     checks_passed: int
     checks_failed: int
+
+
+# ---- read back: a table row (attribute access, or a column mapping) -> its frozen value ----
+
+
+def artifact_row(m: Any) -> ArtifactRow:
+    return ArtifactRow(
+        id=m.id,
+        content_sha256=m.content_sha256,
+        model_fingerprint=m.model_fingerprint,
+        tokens=m.tokens,
+        start=m.start,
+        kind=m.kind,
+        title=m.title,
+        parent_id=m.parent_id,
+        bytes=m.bytes,
+        root_id=m.root_id,
+        depth=m.depth,
+        created_at=m.created_at,
+        probe_sha256=m.probe_sha256,
+        quarantine=m.quarantine,
+    )
+
+
+def verification_row(values: dict[str, Any]) -> VerificationRow:
+    values = dict(values)
+    for k in ("question_token_ids", "generated_token_ids"):
+        values[k] = tuple(json.loads(values[k])) if values[k] else ()
+    values["provenance"] = values["provenance"] or "not gated"
+    return VerificationRow(**values)
+
+
+def ledger_row(m: Any) -> LedgerRow:
+    values = dict(m._mapping)
+    values["artifact_ids"] = tuple(json.loads(values["artifact_ids"]))
+    values["output_token_ids"] = tuple(json.loads(values["output_token_ids"]))
+    return LedgerRow(**values)

@@ -8,7 +8,6 @@ the SHA-256 of its last logits row is stored, so any later restore can be checke
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 
@@ -20,28 +19,7 @@ from .forward import forward_chunk, new_cache
 from .graft import restore
 from .layers import export_cache
 from .model import LoadedModel
-
-# The probe is the opening of every query prompt (templates.query_prompt), so an answer's own prompt
-# reproduces it on the serving cache (graft_core/proof.py); deposit texts end with a newline.
-PROBE_TEXT = "Question:"
-
-
-def probe_ids(lm: LoadedModel) -> list[int]:
-    ids = lm.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
-    assert ids, "the probe text must tokenise to at least one token"
-    return list(ids)
-
-
-def logits_sha256(rows: torch.Tensor | list[torch.Tensor]) -> str:
-    """SHA-256 over the float32 bytes of logits rows, in order."""
-    h = hashlib.sha256()
-    for r in rows if isinstance(rows, list) else [rows]:
-        h.update(r.detach().float().contiguous().cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
-def _probe(lm: LoadedModel, cache, pos: int) -> str:
-    return logits_sha256(forward_chunk(lm.model, cache, probe_ids(lm), pos)[-1])
+from .probe import probe_sha256
 
 
 @dataclass(frozen=True)
@@ -76,7 +54,7 @@ def capture(
         assert st.keys.shape[2] <= st.seen, f"layer {i} holds more rows than tokens it has seen"
     keys, values, seen = [st.keys for st in states], [st.values for st in states], [st.seen for st in states]
     t1 = time.perf_counter()
-    probe = _probe(lm, cache, start + len(token_ids))
+    probe = probe_sha256(lm, cache, start + len(token_ids))
     art = KVArtifact(
         keys=tuple(keys),
         values=tuple(values),
@@ -92,15 +70,3 @@ def capture(
         probe_sha256=probe,
     )
     return art, CaptureStats(prefill_s=prefill_s, probe_s=time.perf_counter() - t1)
-
-
-def probe_restored(lm: LoadedModel, chain: list[KVArtifact]) -> bool:
-    """Restore `chain` into a scratch cache and check the leaf's probe hash byte for byte."""
-    return probe_mismatch(lm, chain) is None
-
-
-def probe_mismatch(lm: LoadedModel, chain: list[KVArtifact], recorded: str | None = None) -> str | None:
-    """Why the restored `chain` fails its leaf's probe check, or None when it passes (proof.check_probe)."""
-    from .proof import check_probe
-
-    return check_probe(lm, chain, recorded, restore)[0]

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .artifact import KVArtifact
-from .capture import logits_sha256
 from .forward import forward_chunk, new_cache, prompt_and_decode
 from .graft import restore, restore_relocated
 from .model import LoadedModel
+from .probe import logits_sha256
 
 
 @dataclass(frozen=True)

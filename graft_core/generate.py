@@ -17,12 +17,12 @@ from dataclasses import asdict, dataclass
 from . import templates
 from .accounting import TokenSavings, savings
 from .artifact import KVArtifact
-from .capture import logits_sha256
 from .errors import InputTooLong, InvalidInput
 from .exactness import ExactnessCheck
 from .forward import new_cache, prompt_and_decode
 from .graft import restore, restore_relocated
 from .model import LoadedModel
+from .probe import logits_sha256
 from .proof import Proof, ProvenState, full_check, no_proof, prove, why_no_proof
 
 MAX_NEW_TOKENS_LIMIT = 1024
@@ -142,7 +142,7 @@ def answer(
     restore_s = time.perf_counter() - t0
     _bound(lm, start, len(prompt_ids), max_new_tokens)
     provable = probe and tier == "exact" and bool(chain[-1].probe_sha256)
-    proof = prove(lm, chain, cache, proven, restore) if provable else None
+    proof = prove(lm, chain, cache, proven) if provable else None
     if proof is not None and on_proof is not None:
         on_proof(proof)
     dec = prompt_and_decode(

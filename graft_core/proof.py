@@ -18,11 +18,12 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .artifact import KVArtifact
-from .capture import logits_sha256, probe_ids
 from .exactness import ExactnessCheck, divergence, fresh_cache
 from .forward import forward_chunk, new_cache
+from .graft import restore
 from .layers import state_digest
 from .model import LoadedModel
+from .probe import logits_sha256, probe_sha256
 
 PROVES_PROBE = (
     "the restored state, run on the probe tokens, gave a logits row whose SHA-256 equals the one recorded when the "
@@ -81,31 +82,31 @@ def why_no_proof(chain: list[KVArtifact], relocated: bool) -> str:
     return "the artifact records no probe hash: run the full check"
 
 
-def probe_state(lm: LoadedModel, chain: list[KVArtifact], restore) -> tuple[str, str]:
-    """Restore `chain` with `restore`, hash the state, then run the probe tokens on it: (digest, probe row SHA-256)."""
+def probe_state(lm: LoadedModel, chain: list[KVArtifact]) -> tuple[str, str]:
+    """Restore `chain`, hash the state, then run the probe tokens on it: (digest, probe row SHA-256)."""
     cache = restore(lm, chain)
     digest = state_digest(cache)
-    return digest, logits_sha256(forward_chunk(lm.model, cache, probe_ids(lm), chain[-1].end)[-1])
+    return digest, probe_sha256(lm, cache, chain[-1].end)
 
 
-def check_probe(lm: LoadedModel, chain: list[KVArtifact], recorded: str | None, restore) -> tuple[str | None, ProvenState | None]:
+def check_probe(lm: LoadedModel, chain: list[KVArtifact], recorded: str | None = None) -> tuple[str | None, ProvenState | None]:
     """(why the restored `chain` fails its leaf's probe check or None, and the proven state when it passes):
     the probe logits of the restored state must hash to the header's `probe_sha256`, and that to
     `recorded` (the hash the catalog kept at deposit) when given."""
     leaf = chain[-1]
     if recorded is not None and recorded != leaf.probe_sha256:
         return f"the catalog records probe hash {recorded[:16]}… but the artifact file says {leaf.probe_sha256[:16]}…", None
-    digest, got = probe_state(lm, chain, restore)
+    digest, got = probe_state(lm, chain)
     if got != leaf.probe_sha256:
         return f"the restored state's probe logits hash to {got[:16]}…, the artifact records {leaf.probe_sha256[:16]}…", None
     return None, ProvenState(digest=digest, probe_sha256=got)
 
 
-def prove(lm: LoadedModel, chain: list[KVArtifact], served, known: ProvenState | None, restore) -> Proof:
+def prove(lm: LoadedModel, chain: list[KVArtifact], served, known: ProvenState | None) -> Proof:
     """The proof of the served cache `served` (restored from `chain`, nothing run on it yet).
 
     With `known` (this process proved this artifact before): compare the served state's BLAKE3 with it.
-    Without: restore a second cache with `restore`, run the probe on it and compare with the leaf's
+    Without: restore a second cache, run the probe on it and compare with the leaf's
     deposit-time hash, and require the served state to hash like the probed one."""
     t0 = time.perf_counter()
     leaf = chain[-1]
@@ -123,7 +124,7 @@ def prove(lm: LoadedModel, chain: list[KVArtifact], served, known: ProvenState |
             note=PROVES_STATE if passed else "the served state's BLAKE3 differs from the state proved at first use: not served",
             limits=DOES_NOT_PROVE,
         )
-    probed_state, probe_row = probe_state(lm, chain, restore)
+    probed_state, probe_row = probe_state(lm, chain)
     passed = probe_row == leaf.probe_sha256 and probed_state == observed_state
     why = (
         "the restored state's probe logits differ from the deposit-time hash: the graft is not exact"

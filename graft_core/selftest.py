@@ -17,9 +17,10 @@ from pathlib import Path
 import torch
 
 from . import codec, exactness
-from .capture import capture, logits_sha256
+from .capture import capture
 from .forward import forward_chunk, new_cache
 from .model import LoadedModel
+from .probe import logits_sha256
 
 GOLDEN_FILE = Path(__file__).with_name("golden.json")
 SHORT_TEXT = "Fact: the lighthouse of Varnek Isle was built by the engineer Osric Pellamy in 1874.\n"

@@ -191,9 +191,8 @@ def _check(home: Path, model_dir: str, committed: list[str]) -> dict:
         rep = services.fsck(lib)
         assert not rep.missing, f"catalog rows without their blob: {rep.missing}"
         assert not rep.corrupt, f"corrupt blobs: {rep.corrupt}"
-        blobs = list(lib._blobs)
-        for h in blobs:  # every visible blob, referenced or orphan, is complete and hash-valid
-            assert lib._blobs.actual_sha256(h) == h, f"blob {h} is visible but not hash-valid"
+        bad = lib.corrupt_blobs()  # every visible blob, referenced or orphan, is complete and hash-valid
+        assert not bad, f"blobs {bad} are visible but not hash-valid"
         assert not any(Path(p).name.endswith(".safetensors") for p in rep.partials), "a partial file looks like a blob"
         ids = set(lib.artifact_ids())
         lost = [c for c in committed if c not in ids]

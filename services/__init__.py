@@ -1,11 +1,12 @@
 """The pipelines: deposit, answer, verify, and the views of the store. The only package that wires the
 engine (`graft_core`), the catalog and blobs (`db`) and retrieval (`retrieval`) together.
 
-Front ends (`cli/`, `web/`) call one method of `Library` (or one upkeep function below) and format its
-result with `to_json()` or the result's typed fields. Modules: `library` (the door), `deposit`, `answer`,
+Front ends (`cli/`, `web/`) call one member of a `LibraryDoor` (or one upkeep function below) and format its
+result with `to_json()` or the result's typed fields. Modules: `door` (what front ends call: `LibraryDoor`,
+which `Library` implements), `library` (the store and the model), `deposit`, `answer`,
 `samples`, `index` (the pipelines mixed into it), `gate` (the deposit check), `vetting` (what an import
 re-checks), the upkeep of a store (`exchange`: export/import bundles, `checks`: rebuild-and-compare and
-fsck, `replay`: the answer ledger re-run), `results` (what they return), `limits` (input bounds).
+fsck, `replay`: the answer ledger re-run), `results` (what the door returns), `limits` (input bounds).
 
 Importing it loads neither the engine (torch, transformers) nor retrieval (faiss, the embedder): each
 pipeline imports them where it first needs them, so the web app serves its page before they load (its
@@ -14,12 +15,14 @@ see retrieval/__init__.py).
 """
 
 from .checks import ORPHAN_GRACE_S, BlobProblem, FsckReport, IndexStatus, RebuildReport, Repaired, fsck, rebuild_compare
+from .door import LibraryDoor
 from .exchange import BUNDLE_FORMAT, ExportReport, ImportReport, export_bundle, import_bundle
-from .library import DeleteReport, Library, WarmReport, default_home
+from .library import Library, default_home
 from .limits import MAX_K, MAX_QUESTION_CHARS, MAX_TEXT_CHARS
 from .replay import ReplayEntry, ReplayReport, replay_ledger
 from .results import (
     AnswerResult,
+    DeleteReport,
     Deposited,
     Flywheel,
     LibraryEntry,
@@ -29,6 +32,7 @@ from .results import (
     StoreStats,
     VerifyReport,
     VerifySample,
+    WarmReport,
 )
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "Deposited",
     "Flywheel",
     "Library",
+    "LibraryDoor",
     "LibraryEntry",
     "Retrieved",
     "ShowReport",

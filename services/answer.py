@@ -14,7 +14,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from db.rows import LedgerRow
-from errors import IntegrityError, InvalidInput
+from errors import IntegrityError, InvalidInput, quarantine_message
 from graft_core import templates
 
 from . import limits
@@ -160,8 +160,6 @@ class AnswerPipeline:
                 if state is not None:
                     self._probed[content_sha256] = state
                 return
-            from .library import quarantine_message
-
             self._probed.pop(content_sha256, None)
             what = "probe check" if proof.kind == "probe" else "state proof"
             why = f"{what} failed: {proof.note} (expected {proof.expected[:16]}…, observed {proof.observed[:16]}…)"

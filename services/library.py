@@ -1,4 +1,4 @@
-"""`Library`: one store (catalog + blobs + index) and one model, the only door front ends use.
+"""`Library`: one store (catalog + blobs + index) and one model, behind the door front ends use (`LibraryDoor`).
 
 The pipelines live in their own modules (deposit, answer, verify, index) and are mixed in here; this
 module holds the shared parts (lazily loaded model and embedder, artifact reads) and the read-only
@@ -11,22 +11,21 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import settings
 from db.blobs import BlobStore
-from db.catalog import Catalog
+from db.catalog import Catalog, Embedding
 from db.queries import library_rows
-from db.rows import LedgerRow
-from errors import IntegrityError, KvgraftError
+from db.rows import ArtifactRow, LedgerRow, SourceRow
+from errors import IntegrityError, KvgraftError, quarantine_message
 from graft_core import model as model_mod  # names only: torch loads in model_mod.load
 
 from .answer import AnswerPipeline
 from .deposit import DepositPipeline
 from .index import IndexPipeline
-from .results import LibraryEntry, ShowReport, StoreStats
+from .results import DeleteReport, LibraryEntry, ShowReport, StoreStats, WarmReport
 from .samples import VerifyPipeline
 from .solve import SolvePipeline
 
@@ -38,52 +37,8 @@ if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use 
     from retrieval import Embedder, VectorIndex
 
 
-def quarantine_message(artifact_id: str, reason: str) -> str:
-    return (
-        f"artifact {artifact_id} is quarantined ({reason}); it is never grafted. Run `cli.py rebuild --verify "
-        f"{artifact_id}` to see what a recompute gives, or `cli.py delete {artifact_id}`"
-    )
-
-
 def default_home() -> Path:
     return settings.get("KVGRAFT_HOME")
-
-
-@dataclass(frozen=True)
-class DeleteReport:
-    id: str
-    content_sha256: str
-    blob_removed: bool  # False while another row still refers to the same bytes
-
-    def to_json(self) -> dict:
-        return {"id": self.id, "content_sha256": self.content_sha256, "blob_removed": self.blob_removed}
-
-
-@dataclass(frozen=True)
-class WarmReport:
-    """What `Library.warm_proofs` did: probe-proved now, found already proved, passed over (quarantined, another
-    model's fingerprint, no probe hash, unreadable: `skipped_why` says which), and quarantined by a failed probe."""
-
-    proved: int
-    already: int
-    quarantined: tuple[str, ...]
-    seconds: float
-    skipped_why: tuple[str, ...] = ()
-
-    @property
-    def skipped(self) -> int:
-        return len(self.skipped_why)
-
-    def line(self) -> str:
-        q = (
-            f", {len(self.quarantined)} quarantined by a failed probe ({', '.join(i[:12] for i in self.quarantined)})"
-            if self.quarantined
-            else ""
-        )
-        return (
-            f"probe-proved {self.proved} artifacts ahead of their first answers in {self.seconds:.1f} s "
-            f"({self.already} already proved, {self.skipped} passed over{q})"
-        )
 
 
 class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, SolvePipeline):
@@ -159,7 +114,6 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         """Restore the artifact's chain and check its probe hash (once per content hash in this process
         unless `force`), remembering the proved state's BLAKE3 for the answers' state proofs. A mismatch
         quarantines the artifact and is returned as the reason; None: passed."""
-        from graft_core.graft import restore
         from graft_core.proof import check_probe
 
         row = self._catalog.get(artifact_id)
@@ -169,7 +123,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
             if self._probed.get(row.content_sha256) and not force:  # an answer proved it while this one waited
                 return None
             chain = [self.load_artifact(r.id, quarantined_too=r.id == row.id) for r in self._catalog.chain(row.id)]
-            why, state = check_probe(self.lm, chain, row.probe_sha256, restore)
+            why, state = check_probe(self.lm, chain, row.probe_sha256)
         if why is not None:
             self._catalog.set_quarantine(row.id, f"probe check failed: {why}")
             self._probed.pop(row.content_sha256, None)
@@ -308,3 +262,32 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         content = self._catalog.delete(key)
         removed = self._catalog.content_refcount(content) == 0 and self._blobs.delete(content)
         return DeleteReport(id=key, content_sha256=content, blob_removed=bool(removed))
+
+    # ---- for the tools that measure or stress a store (bench/, scripts/) ----------------------
+
+    def stored_tokens(self) -> int:
+        """Tokens held by every artifact of the store together."""
+        return self._catalog.total_tokens()
+
+    def blob_file(self, content_sha256: str) -> Path:
+        """Where the bytes stored under `content_sha256` lie (for their size and age; read them with `read_blob`)."""
+        return self._blobs.path(content_sha256)
+
+    def read_blob(self, content_sha256: str) -> bytearray:
+        """The bytes stored under `content_sha256`, integrity-checked as `load_artifact` reads them."""
+        return self._blobs.get(content_sha256)
+
+    def blob_trusted_after_s(self, content_sha256: str) -> float:
+        """Seconds until the blob is older than the store's racy window (its next read is then hashed once and
+        trusted after, db/blobs.py); 0 when it already is."""
+        age_ns = time.time_ns() - os.stat(self._blobs.path(content_sha256)).st_ctime_ns
+        return max(0.0, (self._blobs.racy_ns - age_ns) / 1e9)
+
+    def corrupt_blobs(self) -> list[str]:
+        """Every visible blob, referenced or orphan, whose bytes do not hash to its name (fsck reads referenced ones)."""
+        return [h for h in list(self._blobs) if self._blobs.actual_sha256(h) != h]
+
+    def record_synthetic(self, row: ArtifactRow, source: SourceRow, embedding: Embedding, data: bytes) -> None:
+        """Record bytes the caller made as one artifact, without capture or the gate: how bench/scale.py fills a
+        store with random payloads in the model's shapes. Never a deposit path."""
+        self._catalog.add_deposit(row, source, None, embedding, lambda: self._blobs.put(data))

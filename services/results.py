@@ -1,4 +1,4 @@
-"""The values the pipelines hand to the front ends: frozen dataclasses that carry the engine's and the
+"""The values the pipelines hand to the front ends (everything `LibraryDoor` returns): frozen dataclasses that carry the engine's and the
 catalog's own frozen types, each with one `to_json()` that the CLI, the web API and the UI all use.
 
 No I/O and no computation of figures here beyond what a field's name promises.
@@ -364,3 +364,40 @@ class Flywheel:
             "items": [{"id": i, "discovery_tokens": d, "recall_tokens_mean": r, "recalls": n} for i, d, r, n in self.items],
             "cumulative_saved": [list(x) for x in self.cumulative_saved],
         }
+
+
+@dataclass(frozen=True)
+class DeleteReport:
+    id: str
+    content_sha256: str
+    blob_removed: bool  # False while another row still refers to the same bytes
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "content_sha256": self.content_sha256, "blob_removed": self.blob_removed}
+
+
+@dataclass(frozen=True)
+class WarmReport:
+    """What `Library.warm_proofs` did: probe-proved now, found already proved, passed over (quarantined, another
+    model's fingerprint, no probe hash, unreadable: `skipped_why` says which), and quarantined by a failed probe."""
+
+    proved: int
+    already: int
+    quarantined: tuple[str, ...]
+    seconds: float
+    skipped_why: tuple[str, ...] = ()
+
+    @property
+    def skipped(self) -> int:
+        return len(self.skipped_why)
+
+    def line(self) -> str:
+        q = (
+            f", {len(self.quarantined)} quarantined by a failed probe ({', '.join(i[:12] for i in self.quarantined)})"
+            if self.quarantined
+            else ""
+        )
+        return (
+            f"probe-proved {self.proved} artifacts ahead of their first answers in {self.seconds:.1f} s "
+            f"({self.already} already proved, {self.skipped} passed over{q})"
+        )

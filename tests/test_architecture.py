@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import event
 
 import services
+from db.blobs import RACY_NS
 from retrieval import HashEmbedder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,3 +203,96 @@ def test_no_module_edits_sys_path():
         if (edit := _sys_path_edit(node))
     ]
     assert not edits, "sys.path edited:\n" + "\n".join(edits)
+
+
+# ---- the floors: every import of every product file runs downward ----------------------------
+
+GROUND = {"errors", "files", "settings"}  # root modules that import no project package
+PRODUCT_FORBIDS = {"bench", "scripts", "tests"}
+FORBIDDEN = {  # top-level package (or root module) -> what it must never import
+    **{g: {"graft_core", "db", "retrieval", "verifiers", "services", "web", "cli", "serving", "eval"} for g in GROUND},
+    "graft_core": {"db", "retrieval", "services", "web", "cli", "serving", "verifiers", "eval"},
+    "db": {"services", "web", "cli", "serving", "eval"},
+    "retrieval": {"services", "web", "cli", "serving", "eval"},
+    "verifiers": {"services", "web", "cli", "serving", "eval"},
+    "services": {"web", "cli", "serving"},
+}
+NOT_PRODUCT = {"bench", "scripts", "tests"}
+SKIP_DIRS = {"tests", "__pycache__", "node_modules", "venv"}
+
+
+def _source_files() -> list[Path]:
+    return sorted(
+        p
+        for p in ROOT.rglob("*.py")
+        if not any(part.startswith(".") or part in SKIP_DIRS for part in p.relative_to(ROOT).parts[:-1])
+    )
+
+
+def _imported_tops(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level name) of every import in `path`, at module level or inside a function; relative
+    imports resolve against the file's own package."""
+    import ast
+
+    rel = path.relative_to(ROOT)
+    package = list(rel.parts[:-1])
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(rel))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                out.append((node.lineno, (node.module or "").split(".")[0]))
+            else:
+                base = package[: len(package) - (node.level - 1)]
+                target = [*base, *(node.module.split(".") if node.module else [])]
+                names = target or [a.name for a in node.names]
+                out += [(node.lineno, names[0])] if target else [(node.lineno, n) for n in names]
+    return out
+
+
+def layer_breaks(files: list[Path]) -> list[str]:
+    breaks = []
+    for path in files:
+        rel = path.relative_to(ROOT)
+        owner = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        forbidden = FORBIDDEN.get(owner, set()) | (PRODUCT_FORBIDS if owner not in NOT_PRODUCT else set())
+        breaks += [f"{rel}:{line} imports {top}" for line, top in _imported_tops(path) if top in forbidden]
+    return breaks
+
+
+def test_layers_import_only_downward(tmp_path, monkeypatch):
+    files = _source_files()
+    assert len(files) > 50 and ROOT / "graft_core" / "proof.py" in files and ROOT / "errors.py" in files
+    assert layer_breaks(files) == []
+    # the check fails when it should: an import inside a function, and a relative one climbing out of graft_core
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "graft_core" / "sub").mkdir(parents=True)
+    (tmp_path / "graft_core" / "bad.py").write_text("def f():\n    from services import Library\n")
+    (tmp_path / "graft_core" / "sub" / "worse.py").write_text("from ...web import app\nfrom .. import model\n")
+    (tmp_path / "errors.py").write_text("import db\n")
+    assert layer_breaks(_source_files()) == [
+        "errors.py:1 imports db",
+        "graft_core/bad.py:2 imports services",
+        "graft_core/sub/worse.py:1 imports web",
+    ]
+
+
+def test_front_ends_and_tools_reach_the_store_only_through_library_methods(lib):
+    reach = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in _source_files()
+        if p.relative_to(ROOT).parts[0] in {"bench", "scripts", "eval", "web", "cli"}
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if "._catalog" in line or "._blobs" in line
+    ]
+    assert reach == []
+    d = lib.deposit_text("The Varnek lighthouse was built by Osric Pellamy in 1874.")
+    assert bytes(lib.read_blob(d.content_sha256)) == lib.blob_file(d.content_sha256).read_bytes()
+    assert lib.stored_tokens() == d.tokens and 0.0 <= lib.blob_trusted_after_s(d.content_sha256) <= RACY_NS / 1e9
+    assert lib.corrupt_blobs() == []
+    data = bytearray(lib.blob_file(d.content_sha256).read_bytes())
+    data[-1] ^= 1
+    lib.blob_file(d.content_sha256).chmod(0o644)
+    lib.blob_file(d.content_sha256).write_bytes(bytes(data))
+    assert lib.corrupt_blobs() == [d.content_sha256]

@@ -196,7 +196,7 @@ def test_ask_with_a_named_artifact_proves_its_chain_at_load_and_serves_the_same_
 
 
 def test_ask_refuses_a_named_artifact_whose_probe_fails_at_load(run, lib, chain, monkeypatch):
-    from graft_core import graft
+    from graft_core import graft, proof
 
     _, child = chain
     real = graft.restore
@@ -207,6 +207,7 @@ def test_ask_refuses_a_named_artifact_whose_probe_fails_at_load(run, lib, chain,
         return cache
 
     monkeypatch.setattr(graft, "restore", tampered)
+    monkeypatch.setattr(proof, "restore", tampered)  # the probe restores through proof's own name for it
     code, out, err = run("ask", "What is the capital of Quendia?", "--artifact", child.id, as_json=False)
     assert code == 2 and out == ""
     assert_one_line_error(err, "quarantined")

@@ -18,8 +18,9 @@ from db.blobs import BlobStore
 from errors import IncompatibleArtifact, InputTooLong, IntegrityError, InvalidInput, InvalidSetting
 from graft_core import codec, exactness, generate
 from graft_core.artifact import KVArtifact
-from graft_core.capture import capture, probe_restored
+from graft_core.capture import capture
 from graft_core.graft import restore
+from graft_core.proof import check_probe
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "Fact: the lighthouse of Varnek Isle was built by Osric Pellamy in 1874.\n"
@@ -58,7 +59,7 @@ def test_chain_restores_exactly_and_stores_only_own_rows(kind, request):
     full = [i for i, t in enumerate(c.layer_types) if t == "full_attention"]
     assert all(c.keys[i].shape[2] == c.length for i in full)
     assert_exact(exactness.check(lm, [a, b, c], ids(lm, "Question: when?\nAnswer:", bos=False)))
-    assert probe_restored(lm, [a, b, c])
+    assert check_probe(lm, [a, b, c])[0] is None
     with pytest.raises(IncompatibleArtifact, match="does not continue"):
         restore(lm, [a, c])
     with pytest.raises(IncompatibleArtifact, match="is not a chain root"):

@@ -13,10 +13,12 @@ import torch
 
 import services
 from graft_core import exactness, generate, templates
-from graft_core.capture import capture, probe_ids
+from graft_core import proof as proof_mod
+from graft_core.capture import capture
 from graft_core.forward import new_cache
 from graft_core.graft import restore
 from graft_core.layers import state_digest
+from graft_core.probe import probe_ids
 from graft_core.proof import proven
 from retrieval import HashEmbedder
 
@@ -50,6 +52,7 @@ def test_an_answer_served_from_a_wrong_cache_fails_the_proof_and_the_full_check(
     lm = tiny_gemma
     art, _ = capture(lm, _ids(lm, TEXT * 2))
     monkeypatch.setattr(generate, "restore", _empty_restore)
+    monkeypatch.setattr(proof_mod, "restore", _empty_restore)  # the probe restores the same wrong way
     ans = generate.answer(lm, [art], "who built it?", max_new_tokens=5, run_check=True)
     assert ans.tier == "exact"  # the label says exact; the data says otherwise
     assert ans.proof.kind == "probe" and ans.proof.passed is False
@@ -152,6 +155,7 @@ def test_real_probe_proof_passes_on_own_state_and_fails_on_a_wrong_cache(real_lm
     checked = generate.answer(lm, [arts[2]], "How many barrels?", max_new_tokens=4, run_check=True)
     assert checked.proof.passed and checked.check.exact and checked.check.grafted_sha256 == checked.logits_sha256
     monkeypatch.setattr(generate, "restore", _empty_restore)
+    monkeypatch.setattr(proof_mod, "restore", _empty_restore)  # the probe restores the same wrong way
     wrong = generate.answer(lm, [arts[0]], "Who built it?", max_new_tokens=4, run_check=True)
     assert wrong.proof.passed is False and not wrong.check.exact
     known = proven(checked.proof)

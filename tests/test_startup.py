@@ -176,6 +176,9 @@ class FakeLibrary:
     def index(self):
         return SimpleNamespace(ids=lambda: {"a", "b"})
 
+    def start_decoding_together(self) -> str:
+        return "answers decode one at a time"
+
 
 def test_gate_refuses_model_calls_with_the_stage_until_ready_and_never_loads():
     lib = FakeLibrary()

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from errors import IntegrityError, InvalidInput
-from graft_core import graft
+from graft_core import graft, proof
 from services import limits
 from tests.test_first_use_probe import TEXT, Q, _tampered
 from tests.test_maintenance import make_lib
@@ -58,13 +58,13 @@ def test_a_failed_warm_probe_quarantines_and_the_answer_refuses(lib, monkeypatch
     good = lib.deposit_text(OTHER)
     lib._probed.clear()
     tampered = _tampered(graft.restore)
-    monkeypatch.setattr(
-        graft, "restore", lambda lm, chain: tampered(lm, chain) if chain[-1].key == bad.id else graft_restore(lm, chain)
+    monkeypatch.setattr(  # the probe restores through proof's own name for it
+        proof, "restore", lambda lm, chain: tampered(lm, chain) if chain[-1].key == bad.id else graft_restore(lm, chain)
     )
     report = lib.warm_proofs(8)
     assert report.quarantined == (bad.id,) and report.proved == 1 and "1 quarantined" in report.line()
     assert lib._catalog.get(bad.id).quarantine.startswith("probe check failed")
-    monkeypatch.setattr(graft, "restore", graft_restore)
+    monkeypatch.setattr(proof, "restore", graft_restore)
     with pytest.raises(IntegrityError, match="quarantined"):
         lib.answer(Q, artifact=bad.id, max_new_tokens=2)
     assert lib.answer(Q, artifact=good.id, max_new_tokens=2).proof.kind == "state"

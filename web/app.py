@@ -105,7 +105,7 @@ def launch_kwargs() -> dict:
 
 
 def _stream_answer(
-    library: services.Library, message: str, turn: Callable = contextlib.nullcontext, **options
+    library: services.LibraryDoor, message: str, turn: Callable = contextlib.nullcontext, **options
 ) -> Iterator[str | services.AnswerResult | Exception]:
     """Run `library.answer` in a thread holding `turn()` (the model, fairly) until it ends, even when the
     reader goes away; yield each newer partial answer text, then the result (or the error)."""
@@ -143,7 +143,7 @@ def _not_answered(exc: Exception) -> str:
     return f"Not answered: internal error ({type(exc).__name__}: {exc}); the app is still running"
 
 
-def _chat_tab(library: services.Library, guard: Guard):
+def _chat_tab(library: services.LibraryDoor, guard: Guard):
     def chat(message, history, graft, k, max_new, check, compare, admin_token="", request: gr.Request = None):
         history = list(history or [])
         try:
@@ -211,7 +211,7 @@ def _chat_tab(library: services.Library, guard: Guard):
 
 
 def _deposit(
-    library: services.Library, question, solution, answer, verifier, reference, text, title, attested_by, on_progress=None
+    library: services.LibraryDoor, question, solution, answer, verifier, reference, text, title, attested_by, on_progress=None
 ):
     """A verified item when a question is given, else free text; the service decides everything else."""
     try:
@@ -229,7 +229,7 @@ def _deposit(
     raise gr.Error("Nothing to deposit: fill in a verified item (question, solution, answer, reference) or free text.")
 
 
-def _deposit_tab(library: services.Library, token: str, guard: Guard) -> gr.Tab:
+def _deposit_tab(library: services.LibraryDoor, token: str, guard: Guard) -> gr.Tab:
     def deposit_ui(
         admin_token,
         mode,
@@ -291,11 +291,11 @@ def _deposit_tab(library: services.Library, token: str, guard: Guard) -> gr.Tab:
 # ---- library -------------------------------------------------------------------------------
 
 
-def _table(library: services.Library, search: str = "") -> list[list]:
+def _table(library: services.LibraryDoor, search: str = "") -> list[list]:
     return library_table(library.entries(query=(search or "").strip(), limit=500))
 
 
-def _show(library: services.Library, ref: str) -> tuple[str, dict]:
+def _show(library: services.LibraryDoor, ref: str) -> tuple[str, dict]:
     ref = (ref or "").strip()
     if not ref:
         return "", {}
@@ -303,7 +303,7 @@ def _show(library: services.Library, ref: str) -> tuple[str, dict]:
     return r["source"]["text"], {"artifact": r["artifact"], "chain": r["chain"], "verifications": r["verifications"]}
 
 
-def _library_tab(library: services.Library, guard: Guard, reads: dict, writable: bool = True) -> tuple[gr.Tab, gr.Dataframe]:
+def _library_tab(library: services.LibraryDoor, guard: Guard, reads: dict, writable: bool = True) -> tuple[gr.Tab, gr.Dataframe]:
     export_bundle, import_bundle, delete_artifact = _upkeep(library, guard, lambda: _table(library))
 
     def pick(evt: gr.SelectData, data):
@@ -345,7 +345,7 @@ def _library_tab(library: services.Library, guard: Guard, reads: dict, writable:
 # ---- verify --------------------------------------------------------------------------------
 
 
-def _verify_tab(library: services.Library, guard: Guard) -> gr.Tab:
+def _verify_tab(library: services.LibraryDoor, guard: Guard) -> gr.Tab:
     def verify_ui(samples, do_relocate, offset, request: gr.Request, progress=gr.Progress()):
         rep, relocate = _verify_samples(library, guard, request, samples, offset if do_relocate else None, progress=progress)
         return (*verify_summary(rep), verify_plot(rep.rows, relocate))
@@ -382,13 +382,13 @@ def _verify_tab(library: services.Library, guard: Guard) -> gr.Tab:
 # ---- dashboard -----------------------------------------------------------------------------
 
 
-def _dashboard(library: services.Library):
+def _dashboard(library: services.LibraryDoor):
     s = _call(library.stats)
     plots = (tokens_plot(s.recent), speedup_plot(s.recent), store_plot(s.store_tokens, s.window))
     return stats_html(s), *plots, flywheel_plot(_call(library.flywheel))
 
 
-def _dashboard_tab(library: services.Library, other_tabs: list[gr.Tab], reads: dict) -> None:
+def _dashboard_tab(library: services.LibraryDoor, other_tabs: list[gr.Tab], reads: dict) -> None:
     dashboard = lambda: _dashboard(library)  # noqa: E731
     with gr.Tab("Dashboard", id="dashboard") as tab:
         stats = gr.HTML(elem_id="kv-stats")
@@ -409,7 +409,7 @@ def _dashboard_tab(library: services.Library, other_tabs: list[gr.Tab], reads: d
 # ---- named API endpoints -------------------------------------------------------------------
 
 
-def _apis(library: services.Library, guard: Guard) -> None:
+def _apis(library: services.LibraryDoor, guard: Guard) -> None:
     """`/answer`, `/deposit`, `/verify`: the JSON objects `cli.py ask|deposit|verify --json` print."""
 
     def answer_api(
@@ -465,7 +465,7 @@ def _apis(library: services.Library, guard: Guard) -> None:
 
 
 def build_app(
-    library: services.Library,
+    library: services.LibraryDoor,
     admin_token: str | None = None,
     startup: Startup | None = None,
     where: hosting.Hosting | None = None,
@@ -483,8 +483,7 @@ def build_app(
     tracker = startup
     if tracker is None:
         library.lm  # noqa: B018  (load the model now, not on the first request)
-        if hasattr(library, "start_decoding_together"):
-            library.start_decoding_together()
+        library.start_decoding_together()
         tracker = Startup.already_done()
     read_only = where is not None and where.read_only
     gated = StartingLibrary(library, tracker)

@@ -91,7 +91,7 @@ def answer_options(guard: Guard, request, k, graft, max_new, check, compare, adm
     )
 
 
-def verify_samples(library: services.Library, guard: Guard, request, samples, relocate, admin_token=None, progress=None):
+def verify_samples(library: services.LibraryDoor, guard: Guard, request, samples, relocate, admin_token=None, progress=None):
     """The N-sample report within this caller's bounds. Without the admin token: at most ANON_VERIFY_SAMPLES
     samples of artifacts whose chain holds at most ANON_VERIFY_TOKENS tokens, ANON_VERIFY_STEPS greedy steps
     each and no monolithic comparison, so one sample costs about one default chat. A relocate offset stays
@@ -116,7 +116,7 @@ def verify_samples(library: services.Library, guard: Guard, request, samples, re
         return library.verify_samples(n, relocate=offset, on_progress=step, **bounds), offset
 
 
-def upkeep(library: services.Library, guard: Guard, table: Callable[[], list[list]]):
+def upkeep(library: services.LibraryDoor, guard: Guard, table: Callable[[], list[list]]):
     """The export, import and delete handlers of the Library tab; each needs the admin token.
     `table` renders the library table shown after an import or a delete."""
 

@@ -35,6 +35,8 @@ COMMANDS = {
     "export": "kvgraft export",
     "dashboard": "python app.py over the store (the dashboard)",
     "ledger": "kvgraft replay",
+    "warm": "the replicas' own start-up",
+    "ask": "kvgraft ask --artifact",
 }
 
 
@@ -51,7 +53,8 @@ def _refused(e: BackendRefused) -> KvgraftError:
 
 
 class RemoteLibrary:
-    """The Library methods app*.py call, each one HTTP request to the deployment at `base_url`.
+    """The library door (`services.LibraryDoor`) over a deployment: each member one HTTP request to `base_url`,
+    or a `NotAvailable` saying what to use instead.
 
     `admin_token` (the app's own KVGRAFT_ADMIN_TOKEN) is forwarded in X-Kvgraft-Admin for deposits the app
     made as admin (it checked its caller's token first) and for answers and verifies, which the app has
@@ -113,6 +116,24 @@ class RemoteLibrary:
 
     def ledger(self, last: int | None = None):
         raise self._unavailable("The answer ledger", COMMANDS["ledger"])
+
+    def index(self):
+        raise self._unavailable("The retrieval index (each replica builds its own)", COMMANDS["warm"])
+
+    def warm_proofs(self, limit: int):
+        raise self._unavailable("Warming the proofs (each replica warms its own)", COMMANDS["warm"])
+
+    def prove_chain(self, artifact_id: str) -> float:
+        raise self._unavailable("Proving a chain ahead of its question", COMMANDS["ask"])
+
+    def warm_answer(self, artifact_id: str) -> float:
+        raise self._unavailable("A warm-up answer", COMMANDS["ask"])
+
+    # ---- nothing to do here ----------------------------------------------------------------------
+
+    def start_decoding_together(self) -> str:
+        """The replicas decode their answers together (or not) themselves; nothing to build in the app."""
+        return "answers decode in the deployment's replicas"
 
     # ---- the routes ----------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ def trusted_problems(path: Path) -> dict[str, dict]:
     return {f"{r['id']}: {r['question'][:90]}": r for r in rows}
 
 
-def solve_tab(library: services.Library, guard: Guard, problems_path: Path) -> gr.Tab:
+def solve_tab(library: services.LibraryDoor, guard: Guard, problems_path: Path) -> gr.Tab:
     """The tab; `guard` checks the admin token of the free-question form and holds the model fairly."""
     problems = trusted_problems(problems_path)
 

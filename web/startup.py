@@ -20,10 +20,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import settings
 from errors import KvgraftError, NotReady
+
+if TYPE_CHECKING:
+    from db.rows import LedgerRow
+    from graft_core.model import LoadedModel
+    from retrieval import VectorIndex
+    from services.door import LibraryDoor
+    from services.results import (
+        AnswerResult,
+        DeleteReport,
+        Deposited,
+        Flywheel,
+        LibraryEntry,
+        ShowReport,
+        Solved,
+        StoreStats,
+        VerifyReport,
+        WarmReport,
+    )
 
 log = logging.getLogger("kvgraft.startup")
 
@@ -243,7 +261,7 @@ def _convert_in_child() -> None:
         raise KvgraftError(f"converting the packaged model failed (exit {done.returncode}): {' | '.join(tail)}")
 
 
-def _model_stages(library, tracker: Startup) -> bool:
+def _model_stages(library: LibraryDoor, tracker: Startup) -> bool:
     import retrieval  # noqa: F401  (faiss before torch, see retrieval/__init__.py; the page did not load either)
     from graft_core import model as model_mod
 
@@ -264,7 +282,9 @@ def _model_stages(library, tracker: Startup) -> bool:
     return True
 
 
-def run(library, tracker: Startup, seed: Callable | None = None, remember_in: Path | None = None, warm: int = 0) -> None:
+def run(
+    library: LibraryDoor, tracker: Startup, seed: Callable | None = None, remember_in: Path | None = None, warm: int = 0
+) -> None:
     """Every stage in order; a failure is recorded in its stage (the app stays up and says so). Then, with
     `warm` > 0 and the app already answering, the first-use probe of the `warm` newest artifacts
     (`Library.warm_proofs`): not a stage, because answers need not wait for it (each probe takes the model
@@ -299,10 +319,8 @@ def run(library, tracker: Startup, seed: Callable | None = None, remember_in: Pa
         tracker.fail("index", exc)
     if remember_in is not None:
         tracker.save_times(remember_in)
-    together = getattr(library, "start_decoding_together", None)  # not a stage: until built, answers decode alone
-    try:
-        if together is not None:
-            together()
+    try:  # not a stage: until built, answers decode alone
+        library.start_decoding_together()
     except Exception:
         log.exception("building the decode group failed; answers decode one at a time")
     if warm > 0:
@@ -316,7 +334,7 @@ def run(library, tracker: Startup, seed: Callable | None = None, remember_in: Pa
 
 
 def start(
-    library, tracker: Startup, seed: Callable | None = None, remember_in: Path | None = None, warm: int = 0
+    library: LibraryDoor, tracker: Startup, seed: Callable | None = None, remember_in: Path | None = None, warm: int = 0
 ) -> threading.Thread:
     """`run` in a daemon thread; returns the thread (join it in tests)."""
     t = threading.Thread(target=run, args=(library, tracker, seed, remember_in, warm), name="kvgraft-startup", daemon=True)
@@ -328,21 +346,105 @@ def start(
 
 
 class StartingLibrary:
-    """A Library seen through the start-up: catalog reads pass at once; every other method raises
-    `NotReady` (stage, time left) when called before the start-up is done, instead of blocking on the model."""
+    """A library door (`services.LibraryDoor`) seen through the start-up: catalog reads pass at once; every
+    other member raises `NotReady` (stage, time left) when called before the start-up is done, instead of
+    blocking on the model. Taking a method is not calling it: handlers pass `library.answer` along."""
 
-    READS = frozenset({"count", "entries", "artifact_ids", "show", "ledger", "home", "model_name", "model_loaded"})
-
-    def __init__(self, library, tracker: Startup):
+    def __init__(self, library: LibraryDoor, tracker: Startup):
         self._library, self._tracker = library, tracker
 
+    def _ready(self) -> LibraryDoor:
+        """The library once the start-up is done; `NotReady` before."""
+        if not self._tracker.ready:
+            raise NotReady(self._tracker.not_ready_message())
+        return self._library
+
+    # ---- reads pass at once ----
+
+    @property
+    def home(self) -> Path:
+        return self._library.home
+
+    @property
+    def model_name(self) -> str | None:
+        return self._library.model_name
+
+    @property
+    def model_loaded(self) -> bool:
+        return self._library.model_loaded
+
+    def count(self) -> int:
+        return self._library.count()
+
+    def entries(self, *args, **kwargs) -> list[LibraryEntry]:
+        return self._library.entries(*args, **kwargs)
+
+    def show(self, ref: str) -> ShowReport:
+        return self._library.show(ref)
+
+    def artifact_ids(self) -> list[str]:
+        return self._library.artifact_ids()
+
+    def ledger(self, *args, **kwargs) -> list[LedgerRow]:
+        return self._library.ledger(*args, **kwargs)
+
+    # ---- the rest waits for the start-up ----
+
+    @property
+    def lm(self) -> LoadedModel:
+        return self._ready().lm  # reading it before would load the model here
+
+    def stats(self, *args, **kwargs) -> StoreStats:
+        return self._ready().stats(*args, **kwargs)
+
+    def flywheel(self) -> Flywheel:
+        return self._ready().flywheel()
+
+    def answer(self, question: str, *args, **kwargs) -> AnswerResult:
+        return self._ready().answer(question, *args, **kwargs)
+
+    def deposit_text(self, text: str, *args, **kwargs) -> Deposited:
+        return self._ready().deposit_text(text, *args, **kwargs)
+
+    def deposit_item(self, *args, **kwargs) -> Deposited:
+        return self._ready().deposit_item(*args, **kwargs)
+
+    def verify_samples(self, *args, **kwargs) -> VerifyReport:
+        return self._ready().verify_samples(*args, **kwargs)
+
+    def solve(self, *args, **kwargs) -> Solved:
+        return self._ready().solve(*args, **kwargs)
+
+    def delete(self, ref: str) -> DeleteReport:
+        return self._ready().delete(ref)
+
+    def index(self) -> VectorIndex:
+        return self._ready().index()
+
+    def start_decoding_together(self) -> str:
+        return self._ready().start_decoding_together()
+
+    def warm_proofs(self, limit: int) -> WarmReport:
+        return self._ready().warm_proofs(limit)
+
+    def prove_chain(self, artifact_id: str) -> float:
+        return self._ready().prove_chain(artifact_id)
+
+    def warm_answer(self, artifact_id: str) -> float:
+        return self._ready().warm_answer(artifact_id)
+
+    def close(self) -> None:
+        self._ready().close()
+
     def __getattr__(self, name: str):
+        """Members outside the door (the store's internals and pipelines that export and import reach for):
+        private names pass, the rest is gated as above."""
         lib = self.__dict__["_library"]
         tracker = self.__dict__["_tracker"]
-        if name.startswith("_") or name in self.READS or tracker.ready:
+        if name.startswith("_") or tracker.ready:
             return getattr(lib, name)
         if isinstance(inspect.getattr_static(type(lib), name, None), property):
-            raise NotReady(tracker.not_ready_message())  # e.g. `lm`: reading it would load the model here
+            raise NotReady(tracker.not_ready_message())
         attr = getattr(lib, name)
         if not callable(attr):
             return attr

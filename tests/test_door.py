@@ -1,0 +1,120 @@
+"""The library door: `services.Library`, `web.remote.RemoteLibrary` and `web.startup.StartingLibrary` each
+declare every member of `services.LibraryDoor` with a signature its callers can use (no `__getattr__`
+fallback counts), and the members with nothing to do say so."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import services
+from errors import KvgraftError, NotReady
+from retrieval import HashEmbedder
+from services.door import LibraryDoor
+from web import remote, startup
+
+EMPTY = inspect.Parameter.empty
+POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def door_members() -> tuple[list[str], list[str]]:
+    """(data members and properties, methods) of the Protocol."""
+    data = [n for n in LibraryDoor.__annotations__]
+    data += [n for n, v in vars(LibraryDoor).items() if isinstance(v, property)]
+    methods = [n for n, v in vars(LibraryDoor).items() if inspect.isfunction(v) and not n.startswith("_")]
+    return data, methods
+
+
+def signature_problems(name: str, declared, implemented) -> list[str]:
+    """Why a call written against `declared` could fail on `implemented` (both unbound functions)."""
+    want = list(inspect.signature(declared).parameters.values())[1:]
+    have = list(inspect.signature(implemented).parameters.values())[1:]
+    by_name = {p.name: p for p in have}
+    kinds = {p.kind for p in have}
+    star_args, star_kw = inspect.Parameter.VAR_POSITIONAL in kinds, inspect.Parameter.VAR_KEYWORD in kinds
+    positional = [p.name for p in have if p.kind in POSITIONAL]
+    problems = []
+    for i, p in enumerate(want):
+        q = by_name.get(p.name)
+        if q is None:
+            # a required parameter may come by position; an optional one comes by keyword
+            absorbed = star_kw and (p.default is not EMPTY or star_args)
+            if not absorbed:
+                problems.append(f"{name}: no parameter {p.name!r}")
+            continue
+        if p.default is EMPTY and p.kind in POSITIONAL and (i >= len(positional) or positional[i] != p.name):
+            problems.append(f"{name}: {p.name!r} is not positional argument {i + 1}")
+        if p.default is not EMPTY and q.default is EMPTY:
+            problems.append(f"{name}: {p.name!r} is optional on the door but required here")
+    declared_names = {p.name for p in want}
+    for q in have:
+        if q.default is EMPTY and q.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            if q.name not in declared_names:
+                problems.append(f"{name}: requires {q.name!r}, which the door does not pass")
+    return problems
+
+
+def door_problems(obj) -> list[str]:
+    data, methods = door_members()
+    problems = []
+    for n in data:
+        try:
+            inspect.getattr_static(obj, n)
+        except AttributeError:
+            problems.append(f"{n}: not declared")
+    for n in methods:
+        impl = inspect.getattr_static(type(obj), n, None)
+        if not inspect.isfunction(impl):
+            problems.append(f"{n}: not a declared method ({impl!r})")
+            continue
+        problems += signature_problems(n, vars(LibraryDoor)[n], impl)
+    return problems
+
+
+@pytest.fixture
+def implementations(tmp_path):
+    lib = services.Library(home=tmp_path / "store", embedder=HashEmbedder())
+    tracker = startup.Startup()
+    yield {
+        "Library": lib,
+        "RemoteLibrary": remote.RemoteLibrary("http://127.0.0.1:9"),
+        "StartingLibrary": startup.StartingLibrary(lib, tracker),
+    }
+    lib.close()
+
+
+def test_each_library_declares_every_member_of_the_door(implementations):
+    data, methods = door_members()
+    assert {"home", "lm", "model_loaded", "answer", "start_decoding_together", "warm_proofs"} <= set(data + methods)
+    for name, obj in implementations.items():
+        assert door_problems(obj) == [], name
+
+
+def test_the_signature_check_catches_a_missing_or_moved_parameter():
+    class Narrow:
+        def answer(self, question: str, k: int = 3) -> None: ...  # no artifact, graft, ...
+
+        def deposit_item(self, solution, question, answer, verifier, reference, **kw) -> None: ...  # swapped
+
+        def show(self, ref: str, extra: int) -> None: ...  # requires what the door never passes
+
+    door = vars(LibraryDoor)
+    assert "answer: no parameter 'artifact'" in signature_problems("answer", door["answer"], Narrow.answer)
+    assert signature_problems("deposit_item", door["deposit_item"], Narrow.deposit_item)[0].startswith(
+        "deposit_item: 'question' is not positional argument 1"
+    )
+    assert signature_problems("show", door["show"], Narrow.show) == ["show: requires 'extra', which the door does not pass"]
+
+
+def test_members_with_nothing_to_do_say_so(implementations):
+    far = implementations["RemoteLibrary"]
+    assert far.start_decoding_together() == "answers decode in the deployment's replicas"
+    for call in (lambda: far.warm_proofs(4), lambda: far.prove_chain("x"), lambda: far.warm_answer("x"), far.index):
+        with pytest.raises(KvgraftError, match="is not available when the app fronts a deployment"):
+            call()
+    gate = implementations["StartingLibrary"]
+    assert gate.count() == 0 and gate.home == implementations["Library"].home  # reads pass at once
+    for call in (gate.start_decoding_together, lambda: gate.warm_proofs(1), gate.index):
+        with pytest.raises(NotReady):
+            call()
