@@ -162,6 +162,11 @@ class FsckReport:
         return d
 
 
+# An index not written yet, or behind the catalog, is what a store is between deposits and the next answer:
+# the index is a cache of the catalog's embeddings, rebuilt on first use. Information, not damage.
+CACHE_STATES = ("missing", "stale")
+
+
 def _index_status(lib: Library) -> IndexStatus:
     from retrieval import VectorIndex  # faiss loads here, not with the web page
 
@@ -254,16 +259,19 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S, de
         advice.append(
             f"some orphans or partial files are younger than {grace_s:.0f} s (a deposit in flight?); run fsck again later"
         )
-    if index.status != "ok" and not rebuilt:
+    if index.status in CACHE_STATES and not rebuilt:
+        advice.append(
+            f"the index is {index.status}: it is a cache of the catalog, rebuilt on first use (`cli.py fsck --repair` rebuilds it now)"
+        )
+    elif index.status != "ok" and not rebuilt:
         advice.append("run `cli.py fsck --repair` to rebuild the index from the catalog")
     if quarantined:
         advice.append(
             "quarantined artifacts are never grafted: run `cli.py rebuild --verify ID` to check a recompute "
             "(it releases an artifact whose probe passes again) or `cli.py delete ID`"
         )
-    consistent = not (
-        missing or corrupt or left_orphans or left_partials or quarantined or (index.status != "ok" and not rebuilt)
-    )
+    damaged_index = index.status not in ("ok", *CACHE_STATES) and not rebuilt
+    consistent = not (missing or corrupt or left_orphans or left_partials or quarantined or damaged_index)
     return FsckReport(
         artifacts=len(rows),
         blobs=len(on_disk),

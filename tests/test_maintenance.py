@@ -277,12 +277,31 @@ def test_fsck_reports_and_repairs_without_touching_referenced_blobs(lib, chain):
     assert services.fsck(lib).consistent
 
 
-def test_index_staleness_is_seen_by_fsck(lib, chain):
+def test_index_staleness_is_seen_by_fsck_as_information(lib, chain):
     lib.index()
     lib.deposit_text("Another fact about nothing in particular.")
-    assert services.fsck(lib).index.status == "stale"
+    stale = services.fsck(lib)
+    assert stale.index.status == "stale" and stale.consistent
+    assert stale.advice == (
+        "the index is stale: it is a cache of the catalog, rebuilt on first use (`cli.py fsck --repair` rebuilds it now)",
+    )
     assert services.fsck(lib, repair=True).consistent
     assert services.fsck(lib).index.status == "ok"
+
+
+def test_a_fresh_store_after_one_deposit_is_healthy(lib):
+    """A deposit writes no index (the first answer builds it): fsck must not call that damage."""
+    lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.")
+    r = services.fsck(lib)
+    assert r.index.status == "missing" and r.consistent and r.artifacts == 1, r.to_json()
+
+
+def test_a_corrupt_index_file_is_not_consistent_until_repaired(lib, chain):
+    lib.index()
+    (lib.home / "index" / "index.json").write_text("{not json")
+    r = services.fsck(lib)
+    assert r.index.status == "corrupt" and not r.consistent
+    assert services.fsck(lib, repair=True).consistent and services.fsck(lib).index.status == "ok"
 
 
 def test_replay_confirms_every_tier_and_flags_a_changed_record(lib, chain):
