@@ -508,7 +508,7 @@ def test_retention_comes_from_the_environment(monkeypatch):
         Retention.from_env()
     monkeypatch.delenv("KVGRAFT_LEDGER_DAYS")
     monkeypatch.delenv("KVGRAFT_LEDGER_MAX_ROWS")
-    assert Retention.from_env() == Retention()
+    assert Retention.from_env() == Retention(max_rows=100_000)  # bounded by default; no age limit
 
 
 def test_m002_bounds_questions_already_in_the_ledger(url, home, monkeypatch):
