@@ -173,10 +173,9 @@ _DECLARED = (
     Setting(
         "KVGRAFT_LEDGER_MAX_ROWS",
         "int",
-        None,
+        100_000,
         "only the newest this many ledger rows are kept",
         low=1,
-        shown="unset (keep every row)",
     ),
     # the web app
     Setting(

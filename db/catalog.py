@@ -16,12 +16,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, case, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Select, delete, func, insert, or_, select, update
 from sqlalchemy import exc as sa_exc
 
 import settings
+from db import aggregates, migrations
 from db import connection as dbconn
-from db import migrations
 from db.rows import (
     HEX64,
     KINDS,
@@ -101,8 +101,8 @@ def listing(stmt: Select, query: str = "", kind: str | None = None, limit: int =
 class Retention:
     """How long ledger rows live: at most `days` old and the newest `max_rows`; None keeps them all.
 
-    Set on a public deployment with KVGRAFT_LEDGER_DAYS and KVGRAFT_LEDGER_MAX_ROWS. Totals shown by
-    the app sum the rows still kept."""
+    From KVGRAFT_LEDGER_DAYS and KVGRAFT_LEDGER_MAX_ROWS. The totals the app shows are running sums
+    (db/aggregates.py): a pruned row's contribution stays in them."""
 
     days: float | None = None
     max_rows: int | None = None
@@ -337,6 +337,7 @@ class Catalog:
                 row = replace(row, content_sha256=content)
                 conn.execute(insert(artifacts).values(**_artifact_values(row)))
                 conn.execute(insert(sources).values(**asdict(source)))
+                aggregates.on_artifacts(conn, 1, row.tokens)
                 if verification is not None:
                     conn.execute(insert(verifications).values(**_new(replace(verification, artifact_id=row.id))))
                 if embedding is not None:
@@ -408,7 +409,10 @@ class Catalog:
                 raise KvgraftError(
                     f"cannot delete artifact {key}: {len(kids)} artifact(s) continue its chain (first: {kids[0]}); delete those first, leaves before parents"
                 )
-            content = conn.scalar(select(artifacts.c.content_sha256).where(artifacts.c.id == key))
+            content, tokens = conn.execute(
+                select(artifacts.c.content_sha256, artifacts.c.tokens).where(artifacts.c.id == key)
+            ).one()
+            aggregates.on_artifacts(conn, -1, -tokens)
             conn.execute(delete(embeddings).where(embeddings.c.artifact_id == key))
             conn.execute(delete(sources).where(sources.c.artifact_id == key))
             conn.execute(update(verifications).where(verifications.c.artifact_id == key).values(artifact_id=None))
@@ -421,7 +425,8 @@ class Catalog:
     def add_ledger(self, entry: LedgerRow) -> int:
         """Append one answer; returns its ledger id. Whatever the caller hands in, the row keeps the first
         LEDGER_QUERY_CHARS characters of the question, its full length and the SHA-256 of the whole of it;
-        every `retention.every`-th row prunes the ledger in the same transaction."""
+        the running totals (db/aggregates.py) move in the same transaction, and every `retention.every`-th
+        row prunes the ledger there too."""
         values = _new(entry)
         values["query"] = entry.query[:LEDGER_QUERY_CHARS]
         values["query_chars"] = len(entry.query)
@@ -430,6 +435,7 @@ class Catalog:
         values["output_token_ids"] = json.dumps(list(entry.output_token_ids))
         with dbconn.write(self._engine) as conn:
             new_id = int(conn.execute(insert(ledger).values(**values).returning(ledger.c.id)).scalar_one())
+            aggregates.on_ledger(conn, values, entry.artifact_ids[-1] if entry.artifact_ids else None)
             if new_id % self.retention.every == 0:
                 self._prune(conn, entry.created_at)
             return new_id
@@ -450,6 +456,7 @@ class Catalog:
             floor = conn.execute(oldest_kept).scalar()
             if floor is not None:
                 deleted += conn.execute(delete(ledger).where(ledger.c.id < floor)).rowcount
+        aggregates.prune(conn)
         return deleted
 
     def ledger(self, last: int | None = None) -> list[LedgerRow]:
@@ -463,29 +470,16 @@ class Catalog:
         return rows
 
     def ledger_totals(self) -> LedgerTotals:
-        """Sums over every ledger entry; see LedgerTotals for what `tokens_saved` counts."""
-        c = ledger.c
-        saved = c.baseline_tokens - c.computed_tokens - case((c.baseline_measured.is_(True), c.decode_tokens), else_=0)
-        columns = [
-            func.count(),
-            *(
-                func.coalesce(func.sum(x), 0)
-                for x in (
-                    c.grafted_tokens,
-                    c.computed_tokens,
-                    c.decode_tokens,
-                    c.baseline_tokens,
-                    saved,
-                    c.flops,
-                    c.baseline_flops,
-                )
-            ),
-            func.coalesce(func.sum(case((c.exact.is_(True), 1), else_=0)), 0),
-            func.coalesce(func.sum(case((c.exact.is_(False), 1), else_=0)), 0),
-        ]
+        """Sums over every answer ever recorded, pruned rows included (kept as running totals, one
+        primary-key read); see LedgerTotals for what `tokens_saved` counts."""
         with dbconn.read(self._engine) as conn:
-            values = [int(v) for v in conn.execute(select(*columns)).one()]
-        return LedgerTotals(*values)
+            return aggregates.ledger_totals(conn)
+
+    def record_discovery(self, artifact_id: str, tokens_spent: int, at: datetime | None = None) -> None:
+        """`solve` found and deposited `artifact_id` for `tokens_spent` tokens: later answers grafting it
+        as their leaf count as its recalls on the dashboard's flywheel."""
+        with dbconn.write(self._engine) as conn:
+            aggregates.on_discovery(conn, artifact_id, tokens_spent, at or utcnow())
 
     # -- portable rows ---------------------------------------------------------------------------
 
@@ -555,6 +549,7 @@ class Catalog:
                 row = self._lineage(conn, row)
                 conn.execute(insert(artifacts).values(**_artifact_values(row)))
                 conn.execute(insert(sources).values(**asdict(srcs[row.id])))
+                aggregates.on_artifacts(conn, 1, row.tokens)
                 new.append(row.id)
             fresh = set(new)
             for v in vers:

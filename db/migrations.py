@@ -177,10 +177,70 @@ def m003_verification_record(conn: Connection) -> None:
     conn.execute(text("ALTER TABLE artifacts ADD COLUMN quarantine TEXT"))
 
 
+_SUMS = (
+    ("answers", "COUNT(*)"),
+    ("grafted_tokens", "SUM(grafted_tokens)"),
+    ("computed_tokens", "SUM(computed_tokens)"),
+    ("decode_tokens", "SUM(decode_tokens)"),
+    ("baseline_tokens", "SUM(baseline_tokens)"),
+    ("tokens_saved", "SUM(baseline_tokens - computed_tokens - CASE WHEN baseline_measured THEN decode_tokens ELSE 0 END)"),
+    ("flops", "SUM(flops)"),
+    ("baseline_flops", "SUM(baseline_flops)"),
+    ("checks_passed", "SUM(CASE WHEN exact THEN 1 ELSE 0 END)"),
+    ("checks_failed", "SUM(CASE WHEN NOT exact THEN 1 ELSE 0 END)"),
+)
+
+
+def m004_aggregates(conn: Connection) -> None:
+    """Running totals (`totals`, one row), the flywheel's `discoveries` and `recall_points`, and an index on
+    artifacts.created_at: what the dashboard reads instead of scanning the ledger. The totals are back-filled
+    once here from the rows already stored; the discoveries from flywheel.jsonl at the first open of a
+    Library (the catalog does not know that file)."""
+    md = MetaData()
+    h, when = String(64), DateTime(timezone=True)
+    names = [n for n, _ in _SUMS] + ["artifacts", "store_tokens", "recall_saved"]
+    Table(
+        "totals",
+        md,
+        Column("id", Integer, primary_key=True, autoincrement=False),
+        *(Column(n, BigInteger, nullable=False) for n in names),
+        Column("flywheel_filled", Boolean, nullable=False),
+        CheckConstraint("id = 1", name="ck_totals_one_row"),
+    )
+    Table(
+        "discoveries",
+        md,
+        Column("artifact_id", h, primary_key=True),
+        Column("tokens_spent", BigInteger, nullable=False),
+        Column("recalls", BigInteger, nullable=False),
+        Column("recall_tokens", BigInteger, nullable=False),
+        Column("saved", BigInteger, nullable=False),
+        Column("created_at", when, nullable=False, index=True),
+    )
+    Table(
+        "recall_points",
+        md,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("created_at", when, nullable=False),
+        Column("saved_total", BigInteger, nullable=False),
+    )
+    md.create_all(conn)
+    sums = ", ".join(e if e == "COUNT(*)" else f"COALESCE({e}, 0)" for _, e in _SUMS)
+    conn.execute(
+        text(
+            f"INSERT INTO totals (id, {', '.join(names)}, flywheel_filled) SELECT 1, {sums}, "
+            "(SELECT COUNT(*) FROM artifacts), (SELECT COALESCE(SUM(tokens), 0) FROM artifacts), 0, :no FROM ledger"
+        ),
+        {"no": False},
+    )
+    conn.execute(text("CREATE INDEX ix_artifacts_created_at ON artifacts (created_at)"))
+
+
 STEPS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("m001_initial", m001_initial),
     ("m002_ledger_bounds", m002_ledger_bounds),
     ("m003_verification_record", m003_verification_record),
+    ("m004_aggregates", m004_aggregates),
 )
 
 

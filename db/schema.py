@@ -46,6 +46,7 @@ artifacts = Table(
     Column("created_at", When, nullable=False),
     Column("probe_sha256", Hash, nullable=True),  # m003: the probe logits hash recorded at deposit
     Column("quarantine", Text, nullable=True),  # m003: why it is never grafted (None: usable)
+    Index("ix_artifacts_created_at", "created_at"),  # m004_aggregates: newest-first listings stop at their LIMIT
 )
 
 sources = Table(
@@ -116,6 +117,54 @@ ledger = Table(
     Column("baseline_flops", BigInteger, nullable=False),
     Column("query_chars", Integer, nullable=True),  # m002_ledger_bounds
     Index("ix_ledger_created_at", "created_at"),  # m002_ledger_bounds: retention deletes by age
+)
+
+# m004_aggregates: one row (id = 1) of running totals, changed in the same transaction as the rows they
+# sum (db/aggregates.py); pruning the ledger leaves them as they were.
+totals = Table(
+    "totals",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    *(
+        Column(name, BigInteger, nullable=False)
+        for name in (
+            "answers",
+            "grafted_tokens",
+            "computed_tokens",
+            "decode_tokens",
+            "baseline_tokens",
+            "tokens_saved",
+            "flops",
+            "baseline_flops",
+            "checks_passed",
+            "checks_failed",
+            "artifacts",
+            "store_tokens",
+            "recall_saved",  # tokens saved by recalls of items solve found (the flywheel)
+        )
+    ),
+    Column("flywheel_filled", Boolean, nullable=False),  # discoveries back-filled from flywheel.jsonl, or kept since
+)
+
+# m004_aggregates: per item `solve` found, what finding it cost and what its recalls computed and saved.
+discoveries = Table(
+    "discoveries",
+    metadata,
+    Column("artifact_id", Hash, primary_key=True),  # no foreign key: a deleted item's figures stay
+    Column("tokens_spent", BigInteger, nullable=False),
+    Column("recalls", BigInteger, nullable=False),
+    Column("recall_tokens", BigInteger, nullable=False),
+    Column("saved", BigInteger, nullable=False),
+    Column("created_at", When, nullable=False, index=True),
+)
+
+# m004_aggregates: the flywheel's cumulative tokens saved, one point per recall (the newest are kept).
+recall_points = Table(
+    "recall_points",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("created_at", When, nullable=False),
+    Column("saved_total", BigInteger, nullable=False),
 )
 
 # One row (id = 1). `version` is bumped in the same transaction as any change to artifacts or

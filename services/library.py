@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import settings
+from db import aggregates
 from db.blobs import BlobStore
 from db.catalog import Catalog, Embedding
 from db.queries import library_rows
@@ -68,6 +69,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         self._index_lock = threading.Lock()
         self._probed: dict[str, ProvenState] = {}  # content hash -> its restored state, probe-proved in this process
         self._steps = None  # graft_core.batch.StepGroup once an answer needs it; False where none applies
+        self._fill_flywheel()
 
     def close(self) -> None:
         """Release the catalog's connections (the library is unusable afterwards)."""
@@ -224,7 +226,8 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         return self._catalog.version()
 
     def count(self) -> int:
-        return self._catalog.count_artifacts()
+        """Artifacts in the store (a running total: one primary-key read, whatever the store's size)."""
+        return aggregates.read(self._catalog, (aggregates.store_size,))[0].artifacts
 
     def artifact_ids(self) -> list[str]:
         """Every artifact id, newest first."""
@@ -247,12 +250,14 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         return self._catalog.ledger(last=last)
 
     def stats(self, recent: int = 60) -> StoreStats:
-        """Ledger sums, the latest `recent` answers and the store's size against the context window."""
+        """Ledger sums (running totals: every answer ever recorded, pruned rows included), the latest `recent`
+        answers and the store's size against the context window: three bounded reads whatever the ledger's size."""
+        size = aggregates.read(self._catalog, (aggregates.store_size,))[0]
         return StoreStats(
             totals=self._catalog.ledger_totals(),
             recent=tuple(self._catalog.ledger(last=recent)),
-            store_tokens=self._catalog.total_tokens(),
-            artifacts=self._catalog.count_artifacts(),
+            store_tokens=size.tokens,
+            artifacts=size.artifacts,
             window=self.lm.info.max_positions,
         )
 

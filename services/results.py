@@ -350,17 +350,18 @@ class Solved:
 
 @dataclass(frozen=True)
 class Flywheel:
-    """The dashboard's flywheel: when each artifact entered the store (seconds since the epoch, oldest
-    first); per item found by `solve` (id, discovery tokens, mean recall tokens or None, recalls); and
-    the cumulative tokens saved by recalls, (time, total) in ledger order."""
+    """The dashboard's flywheel, each series bounded (services/solve.py says how many points): the newest
+    deposits as (seconds since the epoch, artifacts in the store after it), oldest first; per item found by
+    `solve` (id, discovery tokens, mean recall tokens or None, recalls); and the cumulative tokens saved by
+    recalls, (time, total) in ledger order."""
 
-    sizes: tuple[float, ...]
+    growth: tuple[tuple[float, int], ...]
     items: tuple[tuple[str, int, float | None, int], ...]
     cumulative_saved: tuple[tuple[float, int], ...]
 
     def to_json(self) -> dict:
         return {
-            "sizes": list(self.sizes),
+            "growth": [list(x) for x in self.growth],
             "items": [{"id": i, "discovery_tokens": d, "recall_tokens_mean": r, "recalls": n} for i, d, r, n in self.items],
             "cumulative_saved": [list(x) for x in self.cumulative_saved],
         }

@@ -2,16 +2,19 @@
 the model work (greedy, then seeded sampled attempts) within a token budget, and deposit the first
 answer the verifier accepts through the same gate as any verified deposit. Every token is counted.
 
-Each finished solve appends one JSON line to `<home>/flywheel.jsonl` (what the dashboard plots: the
-tokens a discovery cost, and what recalling it costs afterwards, from the ledger).
+Each finished solve appends one JSON line to `<home>/flywheel.jsonl`; what it deposits is also recorded in the
+catalog (`record_discovery`), whose running figures (db/aggregates.py) the dashboard plots: the tokens a
+discovery cost and what recalling it costs afterwards, without reading the ledger.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 
 import verifiers
+from db import aggregates
 from errors import InvalidInput, VerificationFailed
 
 from .limits import MAX_QUESTION_CHARS, bounded
@@ -21,6 +24,9 @@ DEFAULT_BUDGET = 4096
 MAX_BUDGET = 1_000_000
 DEFAULT_TEMPERATURE = 0.8
 FLYWHEEL_LOG = "flywheel.jsonl"
+GROWTH_POINTS = 200  # the flywheel plots the newest this many deposits,
+ITEMS_SHOWN = 30  # the newest this many discovered items,
+RECALL_POINTS = 500  # and the newest this many recalls (the plot says so)
 
 
 def judge(verifier: str, answer: str, reference: str) -> tuple[bool, str]:
@@ -142,25 +148,43 @@ class SolvePipeline:
         }
         with open(self.home / FLYWHEEL_LOG, "a", encoding="utf-8") as f:
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
+        if result.source == "model" and result.id:
+            self._catalog.record_discovery(result.id, result.tokens_spent)
         return result
 
     def flywheel(self) -> Flywheel:
-        """What the dashboard plots: library size over time, and per discovered item the tokens its
-        discovery cost against what each later recall computed (from the ledger); saved = the sum over
+        """What the dashboard plots, from the catalog's running figures in one read transaction of three
+        LIMITed statements: the library's size over its newest GROWTH_POINTS deposits; per item `solve`
+        found (the newest ITEMS_SHOWN) the tokens its discovery cost against what its recalls computed; and
+        the cumulative tokens saved over the newest RECALL_POINTS recalls, where saved = the sum over
         recalls of (discovery - recall), i.e. against a baseline that would have had to discover it again."""
-        sizes = sorted(r.created_at.timestamp() for r in self._catalog.list_artifacts(limit=max(1, self.count())))
-        found = {s["id"]: s for s in self.solves() if s["source"] == "model" and s["id"]}
-        recalls: dict[str, list[int]] = {k: [] for k in found}
-        saved, cumulative = 0, []
-        for row in self.ledger():
-            leaf = row.artifact_ids[-1] if row.artifact_ids else None
-            if leaf in found:
-                cost = row.computed_tokens + row.decode_tokens
-                recalls[leaf].append(cost)
-                saved += max(0, found[leaf]["tokens_spent"] - cost)
-                cumulative.append((row.created_at.timestamp(), saved))
-        items = tuple((k, found[k]["tokens_spent"], round(sum(v) / len(v), 1) if v else None, len(v)) for k, v in recalls.items())
-        return Flywheel(sizes=tuple(sizes), items=items, cumulative_saved=tuple(cumulative))
+        growth, found, recalls = aggregates.read(
+            self._catalog,
+            (aggregates.growth, GROWTH_POINTS),
+            (aggregates.recent_discoveries, ITEMS_SHOWN),
+            (aggregates.recent_recalls, RECALL_POINTS),
+        )
+        items = tuple(
+            (d.artifact_id, d.tokens_spent, round(d.recall_tokens / d.recalls, 1) if d.recalls else None, d.recalls)
+            for d in found
+        )
+        return Flywheel(
+            growth=tuple((t.timestamp(), n) for t, n in growth),
+            items=items,
+            cumulative_saved=tuple((t.timestamp(), s) for t, s in recalls),
+        )
+
+    def _fill_flywheel(self) -> None:
+        """Once per store: a store whose solves were logged before the catalog kept them gets its flywheel
+        figures back-filled from flywheel.jsonl and one pass over the ledger (db/aggregates.py)."""
+        if not (self.home / FLYWHEEL_LOG).exists():
+            return
+        found: dict[str, tuple[int, datetime]] = {}  # id -> (the latest solve's cost, the first solve's time)
+        for s in self.solves():
+            if s["source"] == "model" and s["id"]:
+                first = found.get(s["id"], (0, datetime.fromtimestamp(s["at"], UTC)))[1]
+                found[s["id"]] = (s["tokens_spent"], first)
+        aggregates.fill(self._catalog, found)
 
     def solves(self) -> list[dict]:
         """Every recorded solve, oldest first (empty when nothing was solved in this store)."""

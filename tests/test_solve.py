@@ -120,7 +120,7 @@ def test_flywheel_counts_discovery_against_each_recall(lib):
     recall = lib.answer(q, max_new_tokens=4, threshold=0.0)
     assert recall.artifact_ids[-1] == r.id
     f = lib.flywheel()
-    assert len(f.sizes) == lib.count() == 1
+    assert [n for _, n in f.growth] == [lib.count()] == [1]
     (item,) = f.items
     assert item == (r.id, r.tokens_spent, float(recall.computed_tokens + recall.decode_tokens), 1)
     assert f.cumulative_saved[-1][1] == max(0, r.tokens_spent - recall.computed_tokens - recall.decode_tokens)

@@ -283,7 +283,7 @@ def tokens_plot(entries) -> Figure:
     ax.set_xticks(xs[::step], [f"#{e.id}" for e in entries][::step], fontsize=8)
     ax.set_xlabel("answer (ledger id, oldest → newest)")
     ax.set_ylabel("tokens")
-    ax.set_title("Tokens per answer: computed vs baseline")
+    ax.set_title(f"Tokens per answer: computed vs baseline (last {len(entries)} answers)")
     ax.legend(fontsize=8, loc="upper right")
     return fig
 
@@ -303,7 +303,7 @@ def speedup_plot(entries) -> Figure:
     ax.legend(fontsize=8, loc="upper right")
     ax.set_xlabel("time-to-first-token speedup (baseline / graft, measured)")
     ax.set_ylabel("answers")
-    ax.set_title(f"TTFT speedup over {len(speedups)} measured answers")
+    ax.set_title(f"TTFT speedup over {len(speedups)} measured of the last {len(entries)} answers")
     return fig
 
 
@@ -378,10 +378,10 @@ def flywheel_plot(f: services.Flywheel) -> Figure:
 
     fig = Figure(figsize=(12.8, 3.2), dpi=100, layout="constrained")
     a1, a2, a3 = fig.subplots(1, 3)
-    if f.sizes:
-        t0 = f.sizes[0]
-        a1.step([(t - t0) / 60 for t in f.sizes], range(1, len(f.sizes) + 1), where="post", color="#7c3aed")
-    a1.set_xlabel("minutes since the first deposit")
+    if f.growth:
+        t0 = f.growth[0][0]
+        a1.step([(t - t0) / 60 for t, _ in f.growth], [n for _, n in f.growth], where="post", color="#7c3aed")
+    a1.set_xlabel(f"minutes since the first of the last {len(f.growth)} deposits")
     a1.set_ylabel("artifacts")
     a1.set_title("Library size over time")
     if f.items:
@@ -394,11 +394,11 @@ def flywheel_plot(f: services.Flywheel) -> Figure:
     else:
         a2.text(0.5, 0.5, "nothing solved yet:\nuse the Solve and learn tab", ha="center", va="center")
     a2.set_ylabel("tokens computed")
-    a2.set_title("Per item: discovery vs recall")
+    a2.set_title(f"Per item: discovery vs recall (last {len(f.items)} found)")
     if f.cumulative_saved:
         t0 = f.cumulative_saved[0][0]
         a3.step([(t - t0) / 60 for t, _ in f.cumulative_saved], [s for _, s in f.cumulative_saved], where="post", color="#16a34a")
-    a3.set_xlabel("minutes since the first recall")
+    a3.set_xlabel(f"minutes since the first of the last {len(f.cumulative_saved)} recalls")
     a3.set_ylabel("tokens")
     a3.set_title("Tokens saved by recalls (vs discovering again)")
     return fig
