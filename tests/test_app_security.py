@@ -510,7 +510,8 @@ def test_eight_anonymous_attackers_and_one_chatting_user(tiny_gemma, tmp_path, m
     finally:
         demo.close()
     print(json.dumps({k: v for k, v in rep.to_json().items() if k not in ("idle_s", "loaded_s")}))
-    assert rep.user_errors == () and rep.attacker_errors == () and rep.attacker_refusals == 0
+    assert rep.user_errors == () and rep.attacker_errors == ()
+    assert rep.attacker_refusals > 0  # 8 sessions of one address, a depth of 4: the rest are refused when they join
     assert rep.attacker_calls >= 8 and len(rep.loaded_s) == 12
     assert rep.outside_files == ()
     assert rep.ratio <= 3.0, (rep.idle_s, rep.loaded_s)
