@@ -182,7 +182,11 @@ _DECLARED = (
         "KVGRAFT_ADMIN_TOKEN", "token", "", "the secret that deposits, imports and deletes need", shown="unset (deposits off)"
     ),
     Setting("KVGRAFT_MAX_UPLOAD", "size", "256mb", "largest file the web app accepts"),
-    Setting("KVGRAFT_PER_ADDRESS", "int", 32, "requests one address may have in flight", low=1),
+    Setting("KVGRAFT_PER_ADDRESS", "int", 2, "model slots one address holds at once (at most the slots less one)", low=1),
+    Setting("KVGRAFT_ADDRESS_DEPTH", "int", 4, "model requests one address may have queued or running; more are refused", low=1),
+    Setting(
+        "KVGRAFT_ANON_PROMPT_TOKENS", "int", 256, "prompt tokens of one question without the admin token", low=16, high=32_768
+    ),
     Setting("KVGRAFT_TRUST_PROXY", "bool", False, "take the client address from X-Forwarded-For (behind a proxy)"),
     Setting(
         "KVGRAFT_BACKEND_URL",

@@ -1,15 +1,22 @@
-"""The load test against the running web app on loopback: 8 anonymous clients hammer the heaviest
-anonymous calls (`/verify` with the most samples allowed, own position and relocated; `/answer` with the
-most decode tokens and k allowed; the full check and the no-graft comparison are admin-only, so an attacker
-asking for them is refused at once, which `--refused` measures) while one user chats through `/chat`.
+"""The load test against the running web app on loopback: anonymous clients attack while one user chats
+through `/chat`. The attacks (`--attack`, one or several, comma-separated):
 
-Reports the user's chat latency idle and under attack (p50/p95), the errors each side saw, the attackers'
-calls and refusals, and every file that appeared outside the store meanwhile (the temp folder, Gradio's
-cache). Bounded: a fixed number of user chats, attackers stop when the user is done, a deadline on all.
+- `heavy`: N sessions of one address call the heaviest anonymous calls back to back (`/verify` with the most
+  samples, own position and relocated; `/answer` with the most decode tokens and k);
+- `refused`: N sessions of one address send the admin-only full check and no-graft comparison (refused at once);
+- `long`: N sessions of one address send 4,000-character questions (refused past the prompt-token bound);
+- `solves`: N sessions of one address flood the trusted-problem solve, each re-sent as soon as it ends;
+- `singles`: four addresses, one request at a time each: a verify, a 4,000-character question, a solve, a
+  refused check and compare.
 
-Usage: .venv/bin/python -m bench.abuse [--tiny] [--chats 20] [--attackers 8] [--home DIR]   (real model by
-default, the built-in seed library, seeded into a scratch store unless --home names an already seeded one;
-writes docs/bench/abuse.json with --write)
+Reports, per attack, the user's chat latency idle and under attack (p50/p95), the errors each side saw, the
+attackers' calls and refusals (a refused attacker waits 0.1 s, as a client told to wait would), the server's
+resident memory before and after, and every file that appeared outside the store meanwhile (the temp folder,
+Gradio's cache). Bounded: a fixed number of user chats, attackers stop when the user is done, a deadline on all.
+
+Usage: .venv/bin/python -m bench.abuse [--tiny] [--chats 20] [--attackers 8] [--attack heavy,long,solves]
+[--home DIR]   (real model by default, the built-in seed library, seeded into a scratch store unless --home
+names an already seeded one; writes docs/bench/abuse.json with --write)
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import os
 import socket
 import tempfile
 import time
+import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +38,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "Who founded the town of Velmora?"
 ATTACK_QUESTION = "Tell me everything about the town of Velmora, its founder, its history and its people."
-REFUSED = ("One request at a time", "Too many requests in flight", "needs the admin token")
+LONG_QUESTION = (ATTACK_QUESTION + " ") * 44  # 3,960 characters, under the 4,000-character bound
+REFUSED = (
+    "One request at a time",
+    "Too many requests in flight",
+    "needs the admin token",
+    "Your address already has",
+    "prompt tokens; the limit without the admin token",
+)
+ATTACKS = ("heavy", "refused", "long", "solves", "singles")
+SINGLES = ("verify", "long", "solve", "refused")  # one address each
+REFUSED_WAIT_S = 0.1
+
+
+def rss_mb() -> float:
+    """This process's resident memory in MB (the server runs in it)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def free_port() -> int:
@@ -56,8 +84,10 @@ class AbuseReport:
     user_errors: tuple[str, ...]
     attacker_calls: int
     attacker_errors: tuple[str, ...]  # anything but a clean refusal
-    attacker_refusals: int  # over-quota requests refused at once (expected zero here: one call at a time each)
+    attacker_refusals: int  # requests refused at once (over a quota or a bound, or admin-only)
     outside_files: tuple[str, ...]  # new files outside the store while the attack ran
+    attack: str = "heavy"
+    rss_mb: tuple[float, float] = (float("nan"), float("nan"))  # the server's resident memory before / after
 
     @property
     def idle_p95(self) -> float:
@@ -115,18 +145,51 @@ def _user(url: str, n: int, question: str, errors: list[str]) -> list[float]:
     return times
 
 
-def _attacker(c, i: int, stop, deadline: float, out: dict, refused: bool = False) -> None:
-    """One anonymous client calling its heaviest allowed request back to back until `stop` (with `refused`,
-    the admin-only full check and comparison instead: refused at once, back to back)."""
-    calls = [
-        lambda: c.predict(5, None, api_name="/verify"),
-        lambda: c.predict(ATTACK_QUESTION, 16, True, 32, False, False, api_name="/answer"),
-        lambda: c.predict(5, 64, api_name="/verify"),
-        lambda: c.predict(ATTACK_QUESTION[::-1], 16, True, 32, False, False, api_name="/answer"),
-    ]
-    if refused:
-        calls = [lambda: c.predict(ATTACK_QUESTION, 16, True, 16, True, True, api_name="/answer")]
-    call = calls[i % len(calls)]
+def _raw(url: str, fn_index: int, data: list, address: str) -> None:
+    """One call of a private handler (the solve tab's) by fn_index through /gradio_api/queue/join, as a script
+    ignoring the API docs would; RuntimeError with the refusal or the error message."""
+    import httpx
+
+    session, headers = uuid.uuid4().hex, {"X-Forwarded-For": address}
+    base = url.rstrip("/") + "/gradio_api"
+    body = {"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None}
+    r = httpx.post(f"{base}/queue/join", json=body, headers=headers, timeout=60)
+    if r.status_code != 200:
+        raise RuntimeError(f"join refused ({r.status_code}): {r.text[:300]}")
+    with httpx.stream("GET", f"{base}/queue/data", params={"session_hash": session}, headers=headers, timeout=600) as s:
+        for line in s.iter_lines():
+            if line.startswith("data:"):
+                msg = json.loads(line[5:])
+                if msg.get("msg") == "process_completed":
+                    if not msg.get("success"):
+                        raise RuntimeError(str((msg.get("output") or {}).get("error")))
+                    return
+
+
+def _calls(c, url: str, kind: str, i: int, address: str, solve: tuple[int, str] | None) -> Callable[[], object]:
+    """The request one attacker of `kind` sends back to back."""
+    if kind == "heavy":
+        return [
+            lambda: c.predict(5, None, api_name="/verify"),
+            lambda: c.predict(ATTACK_QUESTION, 16, True, 32, False, False, api_name="/answer"),
+            lambda: c.predict(5, 64, api_name="/verify"),
+            lambda: c.predict(ATTACK_QUESTION[::-1], 16, True, 32, False, False, api_name="/answer"),
+        ][i % 4]
+    if kind == "refused":
+        return lambda: c.predict(ATTACK_QUESTION, 16, True, 16, True, True, api_name="/answer")
+    if kind in ("long", "verify"):
+        if kind == "verify":
+            return lambda: c.predict(5, None, api_name="/verify")
+        return lambda: c.predict(LONG_QUESTION, 16, True, 32, False, False, api_name="/answer")
+    if kind in ("solves", "solve"):
+        assert solve is not None, "a solve attack needs the solve handler's fn_index and a trusted problem"
+        index, problem = solve
+        return lambda: _raw(url, index, [problem, 1024, i], address)
+    raise ValueError(f"unknown attack {kind!r}; valid: {', '.join(ATTACKS)}")
+
+
+def _attacker(c, call, stop, deadline: float, out: dict) -> None:
+    """One anonymous client sending `call` back to back until `stop`; a refusal waits REFUSED_WAIT_S."""
     while not stop.is_set() and time.monotonic() < deadline:
         try:
             call()
@@ -136,17 +199,24 @@ def _attacker(c, i: int, stop, deadline: float, out: dict, refused: bool = False
             message = str(exc)
             if any(r in message for r in REFUSED):
                 out["refusals"] += 1
+                time.sleep(REFUSED_WAIT_S)
             else:
                 out["errors"].append(f"{type(exc).__name__}: {message}"[:300])
 
 
-def _attack(url: str, attackers: int, ready, stop, deadline: float, results, refused: bool = False) -> None:
-    """The attacking host, in its own process (its client threads do not share the server's GIL)."""
-    outs = [{"calls": 0, "refusals": 0, "errors": []} for _ in range(attackers)]
-    with ThreadPoolExecutor(attackers) as pool:
-        clients = list(pool.map(lambda _: _client(url, ATTACKER_ADDRESS), range(attackers)))
+def _attack(url: str, attackers: int, ready, stop, deadline: float, results, kind: str, solve=None) -> None:
+    """The attacking hosts, in their own process (their client threads do not share the server's GIL): `attackers`
+    sessions of one address, or with `singles` one session at each of four addresses."""
+    if kind == "singles":
+        who = [(k, f"203.0.113.{20 + n}") for n, k in enumerate(SINGLES)]
+    else:
+        who = [(kind, ATTACKER_ADDRESS)] * attackers
+    outs = [{"calls": 0, "refusals": 0, "errors": []} for _ in who]
+    with ThreadPoolExecutor(len(who)) as pool:
+        clients = list(pool.map(lambda w: _client(url, w[1]), who))
+        calls = [_calls(clients[i], url, k, i, a, solve) for i, (k, a) in enumerate(who)]
         ready.set()
-        for f in [pool.submit(_attacker, clients[i], i, stop, deadline, outs[i], refused) for i in range(attackers)]:
+        for f in [pool.submit(_attacker, clients[i], calls[i], stop, deadline, outs[i]) for i in range(len(who))]:
             f.result()
     results.put(outs)
 
@@ -158,18 +228,25 @@ def run(
     watch: tuple[Path, ...] = (),
     deadline_s: float = 900.0,
     refused: bool = False,
+    attack: str = "heavy",
+    solve: tuple[int, str] | None = None,
+    idle: list[float] | None = None,
 ) -> AbuseReport:
-    """Idle chats, then the same number of chats while `attackers` anonymous clients of one other host
-    hammer the app (with `refused`: with admin-only requests, refused at once). The server must trust X-Forwarded-For (`Guard(trust_proxy=True)`) to tell the two
-    hosts apart on loopback; otherwise all share one address."""
+    """Idle chats (unless `idle` hands over times already measured), then the same number of chats while the
+    `attack` runs (`refused=True` is `attack="refused"`; `solve` = the solve handler's fn_index and a trusted
+    problem, for the solve attacks). The server must trust X-Forwarded-For (`Guard(trust_proxy=True)`) to tell
+    the hosts apart on loopback; otherwise all share one address."""
+    attack = "refused" if refused else attack
     deadline = time.monotonic() + deadline_s
     user_errors: list[str] = []
-    _user(url, 2, QUESTION, user_errors)  # warm-up, not counted
-    idle = _user(url, chats, QUESTION, user_errors)
-    before = files_under(list(watch))
+    if idle is None:
+        _user(url, 2, QUESTION, user_errors)  # warm-up, not counted
+        idle = _user(url, chats, QUESTION, user_errors)
+    before, rss_before = files_under(list(watch)), rss_mb()
     ctx = multiprocessing.get_context("spawn")
     ready, stop, results = ctx.Event(), ctx.Event(), ctx.Queue()
-    host = ctx.Process(target=_attack, args=(url, attackers, ready, stop, deadline, results, refused), daemon=True)
+    args = (url, attackers, ready, stop, deadline, results, attack, solve)
+    host = ctx.Process(target=_attack, args=args, daemon=True)
     host.start()
     try:
         ready.wait(timeout=120)  # every attacker connected
@@ -190,6 +267,8 @@ def run(
         attacker_errors=tuple(e for o in outs for e in o["errors"]),
         attacker_refusals=sum(o["refusals"] for o in outs),
         outside_files=tuple(sorted(after - before)),
+        attack=attack,
+        rss_mb=(round(rss_before, 1), round(rss_mb(), 1)),
     )
 
 
@@ -204,16 +283,31 @@ def seed_tiny(lib) -> None:
         lib.deposit_text(text[:1500], title=title, attested_by="bench.abuse", admin=True)
 
 
+def _solve_target(demo) -> tuple[int, str] | None:
+    """The solve tab's anonymous handler (fn_index) and the first trusted problem, for the solve attacks."""
+    from web.solve_tab import trusted_problems
+
+    index = [i for i, f in demo.fns.items() if f.name == "solve_public"]
+    problems = list(trusted_problems(ROOT / "datasets" / "problems.jsonl"))
+    return (index[0], problems[0]) if index and problems else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="a tiny random model and the hash embedder (seconds, not figures)")
     ap.add_argument("--chats", type=int, default=20)
-    ap.add_argument("--attackers", type=int, default=8)
+    ap.add_argument("--attackers", default="8", help="sessions of the attacking address, comma-separated for several runs")
+    ap.add_argument("--attack", default="heavy", help=f"comma-separated, each run in turn: {', '.join(ATTACKS)}")
     ap.add_argument("--write", action="store_true", help="write docs/bench/abuse.json")
     ap.add_argument("--home", type=Path, help="an already seeded store to use (the real model's seeding takes minutes)")
-    ap.add_argument("--refused", action="store_true", help="attackers send admin-only requests (refused at once)")
-    ap.add_argument("--deadline", type=float, default=900.0, help="seconds after which the attackers stop")
+    ap.add_argument("--refused", action="store_true", help="the same as --attack refused")
+    ap.add_argument("--deadline", type=float, default=900.0, help="seconds after which the attackers of one run stop")
     args = ap.parse_args()
+    attacks = ["refused"] if args.refused else [a.strip() for a in args.attack.split(",") if a.strip()]
+    bad = [a for a in attacks if a not in ATTACKS]
+    if bad:
+        ap.error(f"unknown attack {bad[0]!r}; valid: {', '.join(ATTACKS)}")
+    counts = [int(n) for n in args.attackers.split(",")]
     scratch = Path(tempfile.mkdtemp(prefix="kvgraft-abuse-"))
     os.environ["GRADIO_TEMP_DIR"] = str(scratch / "gradio")
     tempfile.tempdir = str(scratch / "tmp")
@@ -238,16 +332,42 @@ def main() -> None:
             seed.seed_library(lib)
     demo = app.build_app(lib, admin_token="abuse-admin", guard=Guard("abuse-admin", trust_proxy=True))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
+    runs, idle = [], None
     try:
         load = os.getloadavg()[0]
         watch = (scratch / "gradio", scratch / "tmp")
-        rep = run(demo.local_url, args.chats, args.attackers, watch=watch, deadline_s=args.deadline, refused=args.refused)
+        for attack in attacks:
+            for n in [4] if attack == "singles" else counts:
+                kw = dict(watch=watch, deadline_s=args.deadline, attack=attack, solve=_solve_target(demo), idle=idle)
+                rep = run(demo.local_url, args.chats, n, **kw)
+                idle = list(rep.idle_s)  # measured once, before the first attack
+                out = {k: v for k, v in rep.to_json().items() if k != "attacker_errors"}
+                out.update(attacker_error_count=len(rep.attacker_errors), attacker_errors=sorted(set(rep.attacker_errors))[:5])
+                runs.append(out)
+                print(
+                    json.dumps(
+                        {
+                            k: out[k]
+                            for k in (
+                                "attack",
+                                "attackers",
+                                "idle_p50",
+                                "idle_p95",
+                                "loaded_p50",
+                                "loaded_p95",
+                                "user_errors",
+                                "attacker_calls",
+                                "attacker_refusals",
+                                "rss_mb",
+                            )
+                        }
+                    )
+                )
     finally:
         demo.close()
-    out = rep.to_json()
-    out.update(
+    out = dict(
+        runs=runs,
         model="tiny" if args.tiny else "default",
-        attack="admin-only requests (refused)" if args.refused else "heaviest anonymous requests",
         date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         load_average=[round(load, 1), round(os.getloadavg()[0], 1)],  # 1-minute load before / after, this machine
         cpus=os.cpu_count(),

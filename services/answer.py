@@ -18,7 +18,7 @@ from errors import IntegrityError, InvalidInput, quarantine_message
 from graft_core import templates
 
 from . import limits
-from .limits import MAX_K, MAX_QUESTION_CHARS, bounded
+from .limits import MAX_K, MAX_QUESTION_CHARS, bounded, prompt_bounded
 from .results import AnswerResult, Retrieved
 
 if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use, not with the web page
@@ -241,11 +241,14 @@ class AnswerPipeline:
         on_token: Callable[[str], None] | None = None,
         record: bool = True,
         compose: bool = False,
+        max_prompt_tokens: int | None = None,
     ) -> AnswerResult:
         from graft_core import generate
         from graft_core.exactness import check_composed
 
         question = bounded("question", question, MAX_QUESTION_CHARS)
+        if max_prompt_tokens is not None:  # before retrieval: a refused question costs one tokenisation
+            prompt_bounded(len(generate.encode_prompt(self.lm, question, grafted=False, raw=raw)), max_prompt_tokens)
         retrieved, chain_ids, note = self._plan(question, k, artifact, graft, relocated, _threshold(threshold), compose)
         steps = self.decode_group()
         with steps.arriving() if steps is not None else nullcontext(), self._lock:

@@ -25,11 +25,28 @@ def bounded(name: str, text: str, limit: int) -> str:
 
 MAX_NEW_TOKENS = 512  # any caller: decode steps of one answer
 ANON_MAX_NEW_TOKENS = 32  # without the admin token: decode steps of one answer, the no-graft comparison included
+ANON_SOLVE_ATTEMPTS = 8  # without the admin token: attempts of one solve, each its own model turn of one chat
+MAX_SEED = 2**31 - 1  # a solve's first sampling seed (the attempts use seed, seed + 1, ...)
 MAX_VERIFY_SAMPLES = 1000
 ANON_VERIFY_SAMPLES = 5  # without the admin token: samples of one verify, each its own model turn
 ANON_VERIFY_STEPS = 2  # without the admin token: greedy steps compared per sample (admins: 4)
 ANON_VERIFY_TOKENS = 256  # without the admin token: only artifacts whose chain holds at most this many tokens
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
+
+
+def anon_prompt_tokens() -> int:
+    """KVGRAFT_ANON_PROMPT_TOKENS: prompt tokens one question may take without the admin token (default 256,
+    a chat's question; the admin's are bounded only by the model's context)."""
+    return settings.get("KVGRAFT_ANON_PROMPT_TOKENS")
+
+
+def prompt_bounded(n: int, limit: int | None) -> None:
+    """InputTooLong when a question's `n` prompt tokens pass `limit` (None: no limit but the model's)."""
+    if limit is not None and n > limit:
+        raise InputTooLong(
+            f"the question is {n:,} prompt tokens; the limit without the admin token is {limit:,}: shorten it, "
+            "or give the admin token"
+        )
 
 
 WARM_PROOFS_ENV = "KVGRAFT_WARM_PROOFS"
@@ -71,5 +88,6 @@ def whole(name: str, value: object, low: int, high: int) -> int:
     if n is None:
         raise InvalidInput(f"{name} must be a whole number between {low:,} and {high:,}, got {str(value)[:40]!r}")
     if not low <= n <= high:
-        raise InvalidInput(f"{name} must be between {low:,} and {high:,}, got {n:,}")
+        shown = f"{n:,}" if abs(n) < 10**30 else f"a number of {len(str(abs(n)))} digits"
+        raise InvalidInput(f"{name} must be between {low:,} and {high:,}, got {shown}")
     return n

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import verifiers
@@ -89,10 +90,13 @@ class SolvePipeline:
         max_new_tokens: int = 32,
         admin: bool = False,
         library: bool = True,
+        between: Callable[[], None] | None = None,
     ) -> Solved:
         """Library first, then greedy, then sampled attempts (seeds seed, seed+1, ...) until one passes the
         verifier, `attempts` tries were made or `budget` tokens (prompt + decode, every try) are spent.
-        `library=False` skips the recall step (the no-graft model alone, as the eval's baseline)."""
+        `library=False` skips the recall step (the no-graft model alone, as the eval's baseline); `between` is
+        called before every attempt but the first, outside the model lock (the web app hands the model to the
+        next waiting client there, so each attempt is one turn)."""
         from graft_core import sample
 
         question = bounded("question", question, MAX_QUESTION_CHARS)
@@ -112,6 +116,8 @@ class SolvePipeline:
             if room < 1:
                 break
             n = min(max_new_tokens, room)
+            if done and between is not None:
+                between()
             if not done and library:
                 a = self._from_library(question, verifier, reference, n)
             else:

@@ -27,6 +27,7 @@ from services.limits import (
     MAX_K,
     MAX_NEW_TOKENS,
     MAX_VERIFY_SAMPLES,
+    anon_prompt_tokens,
     verify_bounds,
     warm_proofs_limit,
     whole,
@@ -207,6 +208,7 @@ class Replica:
             compare=_flag(body, "compare"),
             relocated=_flag(body, "relocated"),
             compose=_flag(body, "compose"),
+            max_prompt_tokens=None if admin else anon_prompt_tokens(),
         ).to_json()
 
     def _deposit(self, body: dict, admin: bool) -> dict:

@@ -40,11 +40,12 @@ from services.limits import (  # noqa: E402
     decode_together,
     warm_proofs_limit,
 )
+from web import admission as admission_mod  # noqa: E402
 from web import (
     hosting,  # noqa: E402
     placeholder,  # noqa: E402  (stdlib only)
 )
-from web.guard import ADMIN_HELP, FairTurns, Guard, backend_slots, per_address  # noqa: E402
+from web.guard import ADMIN_HELP, FairTurns, Guard, address_depth, backend_slots, per_address  # noqa: E402
 from web.handlers import answer_options as _answer_options  # noqa: E402
 from web.handlers import call as _call  # noqa: E402
 from web.handlers import model_turn as _model  # noqa: E402
@@ -470,16 +471,18 @@ def build_app(
     startup: Startup | None = None,
     where: hosting.Hosting | None = None,
     guard: Guard | None = None,
+    admission: admission_mod.Admission | None = None,
 ) -> gr.Blocks:
     """The Blocks app over one Library. `admin_token` defaults to $KVGRAFT_ADMIN_TOKEN (read now);
-    `guard` (the admin gate and the fair model turns) defaults to one over that token.
+    `guard` (the admin gate and the fair model turns) defaults to one over that token; `admission` (the model
+    requests counted when they join the queue) to one with the guard's per-session and per-address depth.
 
     With a `startup` tracker the page is built at once and every model
     call says "still starting" until the tracker is ready; without one the model is loaded here, now."""
     token = admin_token if admin_token is not None else settings.get("KVGRAFT_ADMIN_TOKEN")
     # in process, answers run together up to KVGRAFT_DECODE_TOGETHER at once: their prompts and steps share passes
     # (graft_core.batch, same bytes as alone), and everything else that runs the model takes the model lock
-    guard = guard or Guard(token, turns=FairTurns(per_address=per_address(), slots=decode_together()))
+    guard = guard or Guard(token, turns=FairTurns(per_address=per_address(), slots=decode_together(), depth=address_depth()))
     tracker = startup
     if tracker is None:
         library.lm  # noqa: B018  (load the model now, not on the first request)
@@ -521,6 +524,8 @@ def build_app(
         demo.load(lambda: _table(library), None, tbl, **reads)
 
     demo.queue(default_concurrency_limit=MODEL_WORKERS, max_size=QUEUE_MAX)
+    admission = admission or admission_mod.Admission(per_session=guard.turns.per_session, depth=guard.turns.depth)
+    admission_mod.install(demo._queue, admission, guard.client, counted=lambda fn: fn.concurrency_id == "model")
     return demo
 
 
@@ -546,7 +551,8 @@ def main(boot: placeholder.Placeholder | placeholder._NotServing = placeholder.N
         from web import remote  # no torch, no store: every call goes to the replicas over HTTP
 
         library, tracker = remote.RemoteLibrary(backend, admin_token=where.admin_token), remote.RemoteStartup()
-        guard = Guard(where.admin_token or "", turns=FairTurns(per_address=per_address(), slots=backend_slots()))
+        turns = FairTurns(per_address=per_address(), slots=backend_slots(), depth=address_depth())
+        guard = Guard(where.admin_token or "", turns=turns)
     else:
         library, tracker, guard = services.Library(), Startup.remembered(model_cache()), None
     demo = build_app(library, admin_token=where.admin_token, startup=tracker, where=where, guard=guard)

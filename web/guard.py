@@ -1,9 +1,10 @@
 """Who may do what on the web app, and how much of the model one client may hold.
 
 `TokenCheck` checks the admin token (constant-time) with a limit on failed guesses per client address
-and overall; `FairTurns` hands the model out one request at a time: at most one request in flight per
-session and a few per address, in turns (round robin over addresses, then sessions). It knows
-nothing about the store, the model or Gradio's widgets; app.py's handlers call it before any work.
+and overall; `FairTurns` hands the model's slots out in turns (round robin over addresses, then sessions):
+at most one request in flight per session, a few per address, and fewer model slots per address than there
+are slots. It knows nothing about the store, the model or Gradio's widgets; app.py's handlers call it before
+any work (`web.admission` counts the same requests earlier, when they join Gradio's queue).
 """
 
 from __future__ import annotations
@@ -107,8 +108,10 @@ class FairTurns:
     """The model, `slots` requests at a time (1 for an in-process model; more when the app fronts a
     deployment of several replicas), in turns.
 
-    A client may have `per_session` requests in flight (waiting or running) per session and
-    `per_address` per address; more are refused at once, so one client cannot queue many. Among the
+    A client may have `per_session` requests in flight (waiting or running) per session and `depth` per
+    address; more are refused at once, so one client cannot queue many. One address holds at most
+    `per_address` slots at once, and never all of them when there are several (at most `slots - 1`): its
+    other requests wait, so another address always finds a slot. Among the
     waiting, the address served least recently goes next, then (within an address) the session served
     least recently, then the oldest request: a round robin over addresses, so a client whose address is
     not the one just served gets the next turn, however many requests another host keeps waiting. A
@@ -117,14 +120,22 @@ class FairTurns:
     than `max_wait_s` is refused."""
 
     def __init__(
-        self, per_session: int = 1, per_address: int = 32, max_wait_s: float = 600.0, clock=time.monotonic, slots: int = 1
+        self,
+        per_session: int = 1,
+        per_address: int = 2,
+        max_wait_s: float = 600.0,
+        clock=time.monotonic,
+        slots: int = 1,
+        depth: int = 4,
     ):
-        if slots < 1:
-            raise ValueError(f"slots must be at least 1, got {slots}")
-        self.per_session, self.per_address, self.max_wait_s, self._clock = per_session, per_address, max_wait_s, clock
+        if slots < 1 or per_address < 1 or depth < 1:
+            raise ValueError(f"slots, per_address and depth must be at least 1, got {slots}, {per_address} and {depth}")
+        self.per_session, self.max_wait_s, self._clock, self.depth = per_session, max_wait_s, clock, depth
         self.slots = slots
+        self.per_address = max(1, min(per_address, slots - 1))  # never every slot to one address
         self._cond = threading.Condition()
-        self._holders: set[int] = set()
+        self._holders: dict[int, str] = {}  # seq -> its address
+        self._held: dict[str, int] = defaultdict(int)  # address -> slots it holds
         self._waiting: dict[int, Client] = {}
         self._seq = itertools.count()
         self._grants = itertools.count()
@@ -136,9 +147,15 @@ class FairTurns:
         c = self._waiting[seq]
         return self._served.get("a:" + c.address, -1), self._served.get("s:" + c.session, -1), seq
 
+    def _next(self) -> int | None:
+        """Under the condition: the first waiting request in the turn order whose address may take one more slot."""
+        ready = [s for s, c in self._waiting.items() if self._held.get(c.address, 0) < self.per_address]
+        return min(ready, key=self._order) if ready else None
+
     def _grant(self, seq: int, client: Client) -> None:
         """Under the condition: `seq` holds a model slot now; its address and session were served last."""
-        self._holders.add(seq)
+        self._holders[seq] = client.address
+        self._held[client.address] += 1
         n = next(self._grants)
         if len(self._served) > 10_000:  # forget the long gone (they count as never served again)
             keep = {k for c in (client, *self._waiting.values()) for k in ("a:" + c.address, "s:" + c.session)}
@@ -150,7 +167,7 @@ class FairTurns:
         deadline = self._clock() + self.max_wait_s
         self._waiting[seq] = client
         try:
-            while len(self._holders) >= self.slots or min(self._waiting, key=self._order) != seq:
+            while len(self._holders) >= self.slots or self._next() != seq:
                 left = deadline - self._clock()
                 if left <= 0:
                     raise Refused(f"The model is busy (waited {self.max_wait_s:.0f} s); try again in a minute.")
@@ -162,7 +179,11 @@ class FairTurns:
 
     def _release(self, seq: int) -> None:
         """Under the condition: free `seq`'s slot for the next in the turn order."""
-        self._holders.discard(seq)
+        address = self._holders.pop(seq, None)
+        if address is not None:
+            self._held[address] -= 1
+            if self._held[address] <= 0:
+                del self._held[address]
         self._cond.notify_all()
 
     @contextmanager
@@ -171,8 +192,8 @@ class FairTurns:
         with self._cond:
             if self._sessions[client.session] >= self.per_session:
                 raise Refused("One request at a time per session: wait for your previous request to finish.")
-            if self._addresses[client.address] >= self.per_address:
-                raise Refused(f"Too many requests in flight from your address ({self.per_address}); wait for one to finish.")
+            if self._addresses[client.address] >= self.depth:
+                raise Refused(f"Too many requests in flight from your address ({self.depth}); wait for one to finish.")
             self._sessions[client.session] += 1
             self._addresses[client.address] += 1
             seq = next(self._seq)
@@ -210,8 +231,14 @@ class FairTurns:
 
 
 def per_address() -> int:
-    """KVGRAFT_PER_ADDRESS: requests one address may have in flight (default 32)."""
+    """KVGRAFT_PER_ADDRESS: model slots one address holds at once (default 2; at most the slots less one)."""
     return settings.get("KVGRAFT_PER_ADDRESS")
+
+
+def address_depth() -> int:
+    """KVGRAFT_ADDRESS_DEPTH: model requests one address may have queued or running (default 4); more are
+    refused when they join Gradio's queue."""
+    return settings.get("KVGRAFT_ADDRESS_DEPTH")
 
 
 def backend_slots() -> int:
@@ -226,9 +253,10 @@ class Guard:
     def __init__(
         self, token: str, gate: TokenCheck | None = None, turns: FairTurns | None = None, trust_proxy: bool | None = None
     ):
-        """`trust_proxy` defaults to KVGRAFT_TRUST_PROXY=1; the per-address cap to KVGRAFT_PER_ADDRESS (32)."""
+        """`trust_proxy` defaults to KVGRAFT_TRUST_PROXY=1; the per-address bounds to KVGRAFT_PER_ADDRESS and
+        KVGRAFT_ADDRESS_DEPTH."""
         self.gate = gate or TokenCheck(token)
-        self.turns = turns or FairTurns(per_address=per_address())
+        self.turns = turns or FairTurns(per_address=per_address(), depth=address_depth())
         self.trust_proxy = settings.get("KVGRAFT_TRUST_PROXY") if trust_proxy is None else trust_proxy
 
     def client(self, request) -> Client:

@@ -25,6 +25,7 @@ from services.limits import (
     ANON_VERIFY_SAMPLES,
     MAX_NEW_TOKENS,
     MAX_VERIFY_SAMPLES,
+    anon_prompt_tokens,
     verify_bounds,
     whole,
 )
@@ -69,8 +70,9 @@ ADMIN_ONLY_ANSWER = (
 def answer_options(guard: Guard, request, k, graft, max_new, check, compare, admin_token=None) -> dict:
     """The bounded options of one answer. Without the admin token the decoding is at most
     ANON_MAX_NEW_TOKENS and neither `check` nor `compare` runs (each recomputes the whole grafted context,
-    so either costs about as much again as the answer, with no bound but the context): an anonymous answer
-    is one model turn of about one default chat, and carries the cheap probe proof only."""
+    so either costs about as much again as the answer, with no bound but the context), and its question is
+    at most KVGRAFT_ANON_PROMPT_TOKENS prompt tokens: an anonymous answer is one model turn of about one
+    default chat, and carries the cheap probe proof only."""
     admin = guard.is_admin(admin_token, request)
     check, compare = check is True, compare is True
     if not admin and (check or compare):
@@ -87,7 +89,12 @@ def answer_options(guard: Guard, request, k, graft, max_new, check, compare, adm
     except KvgraftError as exc:
         raise InvalidInput(f"{exc}{'' if admin else '; larger answers need the admin token'}") from None
     return dict(
-        k=whole("k", k, 1, services.MAX_K), graft=bool(graft), max_new_tokens=max_new_tokens, check=check, compare=compare
+        k=whole("k", k, 1, services.MAX_K),
+        graft=bool(graft),
+        max_new_tokens=max_new_tokens,
+        check=check,
+        compare=compare,
+        max_prompt_tokens=None if admin else anon_prompt_tokens(),
     )
 
 

@@ -1,6 +1,7 @@
 """The web app's "Solve and learn" tab: anyone may solve a problem from the trusted problem set (its
-reference comes from datasets/, never from the user, and the budget is bounded); an admin (token) may
-solve any question against any reference. Formatting lives in web/views.py; the work in services.solve.
+reference comes from datasets/, never from the user; the budget, the attempts and each attempt's decode steps
+are bounded, and every attempt is its own model turn of about one chat); an admin (token) may solve any
+question against any reference. Formatting lives in web/views.py; the work in services.solve.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from pathlib import Path
 import gradio as gr
 
 import services
+from errors import KvgraftError
+from services.limits import ANON_MAX_NEW_TOKENS, ANON_SOLVE_ATTEMPTS, MAX_SEED, whole
 from web.guard import Guard
 from web.handlers import call, model_turn
 from web.views import input_problem, solve_summary
@@ -29,25 +32,33 @@ def solve_tab(library: services.LibraryDoor, guard: Guard, problems_path: Path) 
     """The tab; `guard` checks the admin token of the free-question form and holds the model fairly."""
     problems = trusted_problems(problems_path)
 
-    def run(request, question, verifier, reference, budget, seed, progress):
+    def numbers(budget, seed, top: int) -> tuple[int, int]:
+        try:
+            return whole("budget", budget, 1, top), whole("seed", seed, 0, MAX_SEED)
+        except KvgraftError as exc:
+            raise gr.Error(str(exc)) from None
+
+    def run(request, question, verifier, reference, budget, seed, progress, **bounds):
         progress(0.1, desc="library first, then the model works")
-        with model_turn(guard, request):
-            r = call(library.solve, question, verifier, reference, budget=int(budget), seed=int(seed))
+        with model_turn(guard, request) as turn:
+            r = call(library.solve, question, verifier, reference, budget=budget, seed=seed, between=turn.pause, **bounds)
         return solve_summary(r)
 
     def solve_public(choice, budget, seed, request: gr.Request, progress=gr.Progress()):
-        row = problems.get(choice)
+        row = problems.get(choice) if isinstance(choice, str) else None
         if row is None:
             raise gr.Error("Pick a problem from the trusted problem set.")
-        budget = min(int(budget), PUBLIC_SOLVE_BUDGET)
-        return run(request, row["question"], row["verifier"], row["reference"], budget, seed, progress)
+        budget, seed = numbers(budget, seed, PUBLIC_SOLVE_BUDGET)
+        anonymous = {"attempts": ANON_SOLVE_ATTEMPTS, "max_new_tokens": ANON_MAX_NEW_TOKENS}
+        return run(request, row["question"], row["verifier"], row["reference"], budget, seed, progress, **anonymous)
 
     def solve_admin(admin_token, question, verifier, reference, budget, seed, request: gr.Request, progress=gr.Progress()):
         call(guard.admin, admin_token, request)
         problem = input_problem(question)
         if problem:
             raise gr.Error(problem)
-        return run(request, question, verifier, reference, min(int(budget), ADMIN_SOLVE_BUDGET), seed, progress)
+        budget, seed = numbers(budget, seed, ADMIN_SOLVE_BUDGET)
+        return run(request, question, verifier, reference, budget, seed, progress)
 
     with gr.Tab("Solve and learn", id="solve") as tab:
         gr.Markdown(
@@ -58,7 +69,8 @@ def solve_tab(library: services.LibraryDoor, guard: Guard, problems_path: Path) 
         )
         with gr.Row():
             sb = gr.Slider(64, PUBLIC_SOLVE_BUDGET, 512, step=64, label="budget (tokens)")
-            ss = gr.Number(0, precision=0, minimum=0, label="seed")
+            # a float reaches the handler (precision=0 would round nan or 1e300 in Gradio, which fails there)
+            ss = gr.Number(0, minimum=0, step=1, label="seed")
         with gr.Tab("trusted problem set (anyone)"):
             sp = gr.Dropdown(list(problems), label="problem (the reference comes from datasets/, never from you)")
             pbtn = gr.Button("Solve", variant="primary")
