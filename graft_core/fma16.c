@@ -353,9 +353,32 @@ static void dequant_row(int fmt, const uint8_t *src, int64_t K, float *dst) {
             for (int r = 0; r < RB; r++) y[m * ldy + r] = reduce16(acc[m][r]);                               \
     }
 
+/* Tile shapes: how many rows of x (PANEL_MB) and of a panel (PANEL_RB, ROW_RB for one row of x) a call holds
+   in registers. They decide which outputs are computed side by side, never how one is computed. AVX-512 has
+   32 registers of 16 lanes; AVX2 has 16 of 8, so a v16 takes two and its tiles are smaller (larger ones
+   spill their accumulators to the stack). */
+typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t);
+#if defined(FMA16_AVX512)
+#define PANEL_MB 4
+#define PANEL_RB 4
+#define ROW_RB 8
 TILE(1, 1) TILE(2, 1) TILE(3, 1) TILE(4, 1)
 TILE(1, 4) TILE(2, 4) TILE(3, 4) TILE(4, 4)
 TILE(1, 8)
+static const tile_fn TILES1[PANEL_MB + 1] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1};
+static const tile_fn TILESR[PANEL_MB + 1] = {0, tile_1_4, tile_2_4, tile_3_4, tile_4_4};
+#define tile_1_row tile_1_8
+#else
+#define PANEL_MB 3
+#define PANEL_RB 2
+#define ROW_RB 4
+TILE(1, 1) TILE(2, 1) TILE(3, 1)
+TILE(1, 2) TILE(2, 2) TILE(3, 2)
+TILE(1, 4)
+static const tile_fn TILES1[PANEL_MB + 1] = {0, tile_1_1, tile_2_1, tile_3_1};
+static const tile_fn TILESR[PANEL_MB + 1] = {0, tile_1_2, tile_2_2, tile_3_2};
+#define tile_1_row tile_1_4
+#endif
 
 
 /* Sixteen weights of a row, W[n][k0..k0+15], expanded in registers: the same operations as dequant_row. */
@@ -413,8 +436,13 @@ static void fused_q8_0_8(const float *x, const uint8_t *w, int64_t rb, int64_t K
 }
 
 
-/* MB rows of x against RB weight rows (MB <= 8, RB <= 2), the weights expanded in registers: for few
-   rows of x, expanding a weight again per block of 8 rows costs less than a round trip through a panel. */
+/* MB rows of x against RB weight rows (MB <= FUSEDM_TOP, RB <= 2), the weights expanded in registers: for
+   few rows of x, expanding a weight again per block of rows costs less than a round trip through a panel. */
+#if defined(FMA16_AVX512)
+#define FUSEDM_TOP 8
+#else
+#define FUSEDM_TOP 4 /* 8 x 2 accumulators would take 32 of AVX2's 16 registers */
+#endif
 #define FUSEDM(NAME, MB, RB)                                                                                     \
     static void fusedm_##NAME##_##MB##_##RB(const float *x, int64_t ldx, const uint8_t *w, int64_t rb,         \
                                             int64_t K, float *y, int64_t ldy) {                                \
@@ -447,7 +475,7 @@ static void fused_q8_0_8(const float *x, const uint8_t *w, int64_t rb, int64_t K
                 const float *xm = x + m * ldx;                                                                 \
                 float *ym = y + m * ldy + n;                                                                   \
                 const uint8_t *wn = w + n * rb;                                                                \
-                if (left >= 8) {                                                                               \
+                if (FUSEDM_TOP >= 8 && left >= 8) {                                                            \
                     (two ? fusedm_##NAME##_8_2 : fusedm_##NAME##_8_1)(xm, ldx, wn, rb, K, ym, ldy);            \
                     m += 8;                                                                                    \
                 } else if (left >= 4) {                                                                        \
@@ -480,9 +508,6 @@ static int fused_for(int fmt, int64_t K, fused_fn *f8, fused_fn *f1, fusedm_fn *
     return 0;
 }
 
-typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t);
-static const tile_fn TILES1[5] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1};
-static const tile_fn TILES4[5] = {0, tile_1_4, tile_2_4, tile_3_4, tile_4_4};
 
 
 static int64_t panel_rows(int64_t Kp) {
@@ -536,15 +561,16 @@ int kv_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *
             }
             if (M == 1) {
                 int64_t r = 0;
-                for (; r + 8 <= rows; r += 8) tile_1_8(x, ldx, buf + r * Kp, Kp, K, y + n0 + r, ldy);
+                for (; r + ROW_RB <= rows; r += ROW_RB) tile_1_row(x, ldx, buf + r * Kp, Kp, K, y + n0 + r, ldy);
                 for (; r + 4 <= rows; r += 4) tile_1_4(x, ldx, buf + r * Kp, Kp, K, y + n0 + r, ldy);
                 for (; r < rows; r++) tile_1_1(x, ldx, buf + r * Kp, Kp, K, y + n0 + r, ldy);
                 continue;
             }
-            for (int64_t m = 0; m < M; m += 4) {
-                const int64_t mb = M - m < 4 ? M - m : 4;
+            for (int64_t m = 0; m < M; m += PANEL_MB) {
+                const int64_t mb = M - m < PANEL_MB ? M - m : PANEL_MB;
                 int64_t r = 0;
-                for (; r + 4 <= rows; r += 4) TILES4[mb](x + m * ldx, ldx, buf + r * Kp, Kp, K, y + m * ldy + n0 + r, ldy);
+                for (; r + PANEL_RB <= rows; r += PANEL_RB)
+                    TILESR[mb](x + m * ldx, ldx, buf + r * Kp, Kp, K, y + m * ldy + n0 + r, ldy);
                 for (; r < rows; r++) TILES1[mb](x + m * ldx, ldx, buf + r * Kp, Kp, K, y + m * ldy + n0 + r, ldy);
             }
         }

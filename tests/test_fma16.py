@@ -80,6 +80,22 @@ def test_kernel_equals_the_c_definition(fmt):
                 assert same, (isa, fmt, n, k, m, (fast - ref).abs().max().item())
 
 
+def test_a_ragged_row_reads_none_of_the_values_after_it():
+    """With K not a multiple of 16 the last 16 lanes are part x, part past K: those must be read as 0. The
+    values just past a row's K are the next row's; an inf there times the weight's zero padding would be
+    NaN. Row 0 must stay finite and equal the definition on every build and path."""
+    g = torch.Generator().manual_seed(21)
+    w = torch.randn(19, 37, generator=g)
+    for m in (2, 3, 9):
+        x = torch.randn(m, 37, generator=g)
+        x[1:] = float("inf")
+        ref = fma16.linear(x, w, 0, 19, reference=True)[0]
+        assert torch.isfinite(ref).all()
+        for isa in ISAS:
+            got = fma16.linear(x, w, 0, 19, isa=isa)[0]
+            assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), (isa, m, got)
+
+
 def test_reference_is_a_dot_product():
     """The definition computes x W^T (to float32 rounding against float64): a guard that a broken
     kernel and a broken reference cannot agree on something that is not the product."""
