@@ -156,6 +156,14 @@ _DECLARED = (
         "matrix products: kvgraft's fma16 kernel, or torch's (MKL)",
         choices=("fma16", "torch"),
     ),
+    Setting(
+        "KVGRAFT_ISA",
+        "choice",
+        None,
+        "which build of fma16 runs (all compute the same bits); unset: the best this CPU has",
+        choices=("avx512", "avx2", "portable"),
+        shown="the best this CPU has",
+    ),
     Setting("KVGRAFT_PRODUCTS", "choice", None, "with torch's products: plain turns off their faster calls", choices=("plain",)),
     # a serving process (the web app, a replica)
     Setting("KVGRAFT_WARM_PROOFS", "int", 64, "newest artifacts proved after start-up; 0 turns it off", low=0, high=100_000),

@@ -8,8 +8,16 @@
      y[m][n] = v[0] + v[1]
    Every step is one correctly rounded IEEE-754 float32 operation, so the bytes of y[m][n] depend on
    the row x[m] and the row W[n] only: not on how many rows a call holds, which rows sit next to it,
-   how the work is split between threads, or the machine, as long as it executes these operations
-   (the AVX-512 path below and the plain C reference `kv_linear_ref` do; the tests compare them).
+   how the work is split between threads, or the machine, as long as it executes these operations.
+
+   One source, three builds (graft_core/fma16.py picks one per CPU, or KVGRAFT_ISA does):
+     -DFMA16_AVX512  the 16 lanes in one AVX-512 register;
+     -DFMA16_AVX2    the same 16 lanes in two AVX2 registers (lanes 0-7, 8-15): the same fmaf per lane,
+                     and s[j] + s[j+8] is exactly lo[j] + hi[j], so the same bits;
+     neither         portable C: the definition itself (`outputs_ref`), split over output rows.
+   The two vector builds share every kernel below, written over `v16` (16 float lanes) and a dozen
+   primitives that each ISA defines with the same IEEE operations. The plain C reference
+   `kv_linear_ref` is in every build; the tests and the loader compare each build with it.
 
    W is either float32 or GGUF blocks that are expanded to float32 first (Q8_0, Q5_0, Q4_K, Q6_K,
    the formats of the packaged model's file). The expansion repeats gguf-py's dequantisation, the one
@@ -19,16 +27,31 @@
 
    Built by graft_core/fma16.py with -ffp-contract=off: nothing here may be fused or reordered. */
 
-#include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
 #include <omp.h>
 
+#if defined(FMA16_AVX512) || defined(FMA16_AVX2)
+#define FMA16_VECTOR 1
+#include <immintrin.h>
+#endif
+
+#if defined(FMA16_AVX512)
+#define FMA16_ISA "avx512"
+#elif defined(FMA16_AVX2)
+#define FMA16_ISA "avx2"
+#else
+#define FMA16_ISA "portable"
+#endif
+
+/* Which build this is, so the loader can check it loaded the one it asked for. */
+const char *kv_isa(void) { return FMA16_ISA; }
+
 enum { FMT_F32 = 0, FMT_Q5_0 = 6, FMT_Q8_0 = 8, FMT_Q4_K = 12, FMT_Q6_K = 14 };
 
-static float half_to_float(uint16_t h) { /* exact, in plain C; the AVX-512 paths use F16C's (also exact) */
+static float half_to_float(uint16_t h) { /* exact, in plain C; the vector builds use F16C's (also exact) */
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0) {
         if (man == 0) {
@@ -123,80 +146,7 @@ static void dequant_row_ref(int fmt, const uint8_t *src, int64_t K, float *dst) 
     }
 }
 
-/* The same expansion with AVX-512: the same operations on 16 values at a time. */
-static void dequant_row(int fmt, const uint8_t *src, int64_t K, float *dst) {
-    if (fmt == FMT_F32) {
-        memcpy(dst, src, (size_t)K * 4);
-    } else if (fmt == FMT_Q8_0) {
-        for (int64_t b = 0; b < K / 32; b++, src += 34) {
-            __m512 d = _mm512_set1_ps(_cvtsh_ss(rd16(src)));
-            __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 2)));
-            __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 18)));
-            _mm512_storeu_ps(dst + b * 32, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)));
-            _mm512_storeu_ps(dst + b * 32 + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1)));
-        }
-    } else if (fmt == FMT_Q5_0) {
-        const __m512i fifteen = _mm512_set1_epi32(0xF), sixteen = _mm512_set1_epi32(16);
-        for (int64_t b = 0; b < K / 32; b++, src += 22) {
-            __m512 d = _mm512_set1_ps(_cvtsh_ss(rd16(src)));
-            uint32_t qh = (uint32_t)src[2] | ((uint32_t)src[3] << 8) | ((uint32_t)src[4] << 16) | ((uint32_t)src[5] << 24);
-            __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(src + 6)));
-            __m512i lo = _mm512_and_si512(v, fifteen), hi = _mm512_srli_epi32(v, 4);
-            lo = _mm512_mask_or_epi32(lo, (__mmask16)(qh & 0xFFFF), lo, sixteen);
-            hi = _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, sixteen);
-            lo = _mm512_sub_epi32(lo, sixteen);
-            hi = _mm512_sub_epi32(hi, sixteen);
-            _mm512_storeu_ps(dst + b * 32, _mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)));
-            _mm512_storeu_ps(dst + b * 32 + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)));
-        }
-    } else if (fmt == FMT_Q4_K) {
-        const __m512i fifteen = _mm512_set1_epi32(0xF);
-        for (int64_t b = 0; b < K / 256; b++, src += 144) {
-            float d = _cvtsh_ss(rd16(src)), dmin = _cvtsh_ss(rd16(src + 2));
-            const uint8_t *scales = src + 4, *qs = src + 16;
-            for (int c = 0; c < 4; c++) {
-                int sc0, m0, sc1, m1;
-                q4k_scale_min(scales, 2 * c, &sc0, &m0);
-                q4k_scale_min(scales, 2 * c + 1, &sc1, &m1);
-                __m512 d0 = _mm512_set1_ps(d * (float)sc0), dm0 = _mm512_set1_ps(dmin * (float)m0);
-                __m512 d1 = _mm512_set1_ps(d * (float)sc1), dm1 = _mm512_set1_ps(dmin * (float)m1);
-                for (int h = 0; h < 2; h++) {
-                    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * c + 16 * h)));
-                    __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, fifteen));
-                    __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-                    _mm512_storeu_ps(dst + b * 256 + 64 * c + 16 * h, _mm512_sub_ps(_mm512_mul_ps(d0, lo), dm0));
-                    _mm512_storeu_ps(dst + b * 256 + 64 * c + 32 + 16 * h, _mm512_sub_ps(_mm512_mul_ps(d1, hi), dm1));
-                }
-            }
-        }
-    } else if (fmt == FMT_Q6_K) {
-        const __m512i fifteen = _mm512_set1_epi32(0xF), three = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
-        for (int64_t b = 0; b < K / 256; b++, src += 210) {
-            const uint8_t *ql = src, *qh = src + 128;
-            const int8_t *sc = (const int8_t *)(src + 192);
-            float d = _cvtsh_ss(rd16(src + 208));
-            for (int c = 0; c < 16; c++) { /* 16 weights at i = 16c: one scale */
-                int h = c / 8, t = (c % 8) * 16;
-                __m512i l = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + h * 64 + t % 64)));
-                __m512i hb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + h * 32 + t % 32)));
-                l = _mm512_and_si512(_mm512_srli_epi32(l, 4 * (t / 64)), fifteen);
-                hb = _mm512_and_si512(_mm512_srli_epi32(hb, 2 * (t / 32)), three);
-                __m512i q = _mm512_sub_epi32(_mm512_or_si512(l, _mm512_slli_epi32(hb, 4)), bias);
-                __m512 ds = _mm512_set1_ps(d * (float)sc[c]);
-                _mm512_storeu_ps(dst + b * 256 + 16 * c, _mm512_mul_ps(ds, _mm512_cvtepi32_ps(q)));
-            }
-        }
-    }
-}
-
-/* The fixed reduction of 16 lanes: halves first (j + 8), then j + 4, j + 2, j + 1. */
-static inline float reduce16(__m512 s) {
-    __m256 t = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
-    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-    __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
-    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
-}
-
+/* The fixed reduction of 16 lanes, as written in the definition: s[j] + s[j+8], then + 4, + 2, + 1. */
 static float reduce16_ref(const float *s) {
     float t[8], u[4], v[2];
     for (int j = 0; j < 8; j++) t[j] = s[j] + s[j + 8];
@@ -205,59 +155,245 @@ static float reduce16_ref(const float *s) {
     return v[0] + v[1];
 }
 
+static int64_t pad16(int64_t K) { return (K + 15) / 16 * 16; }
+
+/* y[m][0] for M rows of x against one weight row already expanded to float32 and zero-padded to a multiple
+   of 16: the definition, one fmaf per lane per step (fmaf from math.h is correctly rounded). */
+static void outputs_ref(const float *x, int64_t M, int64_t K, int64_t ldx, const float *row, float *y, int64_t ldy) {
+    const int64_t Kp = pad16(K);
+    for (int64_t m = 0; m < M; m++) {
+        float s[16] = {0};
+        for (int64_t k = 0; k < Kp; k += 16)
+            for (int j = 0; j < 16; j++) s[j] = fmaf(k + j < K ? x[m * ldx + k + j] : 0.0f, row[k + j], s[j]);
+        y[m * ldy] = reduce16_ref(s);
+    }
+}
+
+#ifdef FMA16_VECTOR
+
+/* ---- v16: 16 float32 lanes, and the primitives the kernels are written with. Each is the same IEEE
+   operation per lane in both ISAs; integer-to-float conversions are of small integers (exact). ---- */
+#if defined(FMA16_AVX512)
+typedef __m512 v16;
+static inline v16 v_zero(void) { return _mm512_setzero_ps(); }
+static inline v16 v_set1(float a) { return _mm512_set1_ps(a); }
+static inline v16 v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline v16 v_load_first(const float *p, int64_t n) { /* lanes 0..n-1 from p, the rest 0 (n < 16) */
+    return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+}
+static inline void v_store(float *p, v16 a) { _mm512_storeu_ps(p, a); }
+static inline v16 v_fmadd(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
+static inline v16 v_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+static inline v16 v_sub(v16 a, v16 b) { return _mm512_sub_ps(a, b); }
+static inline float reduce16(v16 s) {
+    __m256 t = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+static inline __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+/* 16 signed bytes as floats */
+static inline v16 q_i8(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+/* the low (high == 0) or high nibbles of 16 bytes as floats */
+static inline v16 q_nibbles(const uint8_t *p, int high) {
+    __m512i v = u8x16(p);
+    return _mm512_cvtepi32_ps(high ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0xF)));
+}
+/* Q5_0: (nibble | bit j of `bits` << 4) - 16 for lanes j = 0..15 */
+static inline v16 q_q5(const uint8_t *p, int high, uint32_t bits) {
+    __m512i v = u8x16(p);
+    v = high ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0xF));
+    v = _mm512_mask_or_epi32(v, (__mmask16)bits, v, _mm512_set1_epi32(16));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(v, _mm512_set1_epi32(16)));
+}
+/* Q6_K: ((ql >> ls) & 15 | ((qh >> hs) & 3) << 4) - 32 */
+static inline v16 q_q6(const uint8_t *ql, int ls, const uint8_t *qh, int hs) {
+    __m512i l = _mm512_and_si512(_mm512_srli_epi32(u8x16(ql), ls), _mm512_set1_epi32(0xF));
+    __m512i h = _mm512_and_si512(_mm512_srli_epi32(u8x16(qh), hs), _mm512_set1_epi32(3));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(l, _mm512_slli_epi32(h, 4)), _mm512_set1_epi32(32)));
+}
+#else /* FMA16_AVX2: lanes 0-7 in lo, 8-15 in hi */
+typedef struct {
+    __m256 lo, hi;
+} v16;
+static inline v16 v_of(__m256 lo, __m256 hi) {
+    v16 r = {lo, hi};
+    return r;
+}
+static inline v16 v_zero(void) { return v_of(_mm256_setzero_ps(), _mm256_setzero_ps()); }
+static inline v16 v_set1(float a) { return v_of(_mm256_set1_ps(a), _mm256_set1_ps(a)); }
+static inline v16 v_load(const float *p) { return v_of(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
+static inline v16 v_load_first(const float *p, int64_t n) { /* lanes 0..n-1 from p, the rest 0 (n < 16) */
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), count = _mm256_set1_epi32((int)n);
+    const __m256i lo = _mm256_cmpgt_epi32(count, lanes), hi = _mm256_cmpgt_epi32(count, _mm256_add_epi32(lanes, _mm256_set1_epi32(8)));
+    return v_of(_mm256_maskload_ps(p, lo), _mm256_maskload_ps(p + 8, hi));
+}
+static inline void v_store(float *p, v16 a) {
+    _mm256_storeu_ps(p, a.lo);
+    _mm256_storeu_ps(p + 8, a.hi);
+}
+static inline v16 v_fmadd(v16 a, v16 b, v16 c) { return v_of(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)); }
+static inline v16 v_mul(v16 a, v16 b) { return v_of(_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)); }
+static inline v16 v_sub(v16 a, v16 b) { return v_of(_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)); }
+static inline float reduce16(v16 s) { /* s[j] + s[j+8] is lo[j] + hi[j]; then as the AVX-512 build */
+    __m256 t = _mm256_add_ps(s.lo, s.hi);
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+static inline __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline __m256i i8x8(const uint8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline __m256i nibbles8(const uint8_t *p, int high) {
+    __m256i v = u8x8(p);
+    return high ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(0xF));
+}
+static inline v16 q_i8(const uint8_t *p) { return v_of(_mm256_cvtepi32_ps(i8x8(p)), _mm256_cvtepi32_ps(i8x8(p + 8))); }
+static inline v16 q_nibbles(const uint8_t *p, int high) {
+    return v_of(_mm256_cvtepi32_ps(nibbles8(p, high)), _mm256_cvtepi32_ps(nibbles8(p + 8, high)));
+}
+/* 16 where bit j of `bits` (8 bits) is set, else 0, for lanes j = 0..7 */
+static inline __m256i bit16x8(uint32_t bits) {
+    const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), sel), sel);
+    return _mm256_and_si256(set, _mm256_set1_epi32(16));
+}
+static inline v16 q_q5(const uint8_t *p, int high, uint32_t bits) {
+    const __m256i sixteen = _mm256_set1_epi32(16);
+    __m256i lo = _mm256_or_si256(nibbles8(p, high), bit16x8(bits & 0xFF));
+    __m256i hi = _mm256_or_si256(nibbles8(p + 8, high), bit16x8((bits >> 8) & 0xFF));
+    return v_of(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, sixteen)), _mm256_cvtepi32_ps(_mm256_sub_epi32(hi, sixteen)));
+}
+static inline __m256i q6x8(const uint8_t *ql, int ls, const uint8_t *qh, int hs) {
+    __m256i l = _mm256_and_si256(_mm256_srli_epi32(u8x8(ql), ls), _mm256_set1_epi32(0xF));
+    __m256i h = _mm256_and_si256(_mm256_srli_epi32(u8x8(qh), hs), _mm256_set1_epi32(3));
+    return _mm256_sub_epi32(_mm256_or_si256(l, _mm256_slli_epi32(h, 4)), _mm256_set1_epi32(32));
+}
+static inline v16 q_q6(const uint8_t *ql, int ls, const uint8_t *qh, int hs) {
+    return v_of(_mm256_cvtepi32_ps(q6x8(ql, ls, qh, hs)), _mm256_cvtepi32_ps(q6x8(ql + 8, ls, qh + 8, hs)));
+}
+#endif
+
+static inline float h2f(const uint8_t *p) { return _cvtsh_ss(rd16(p)); } /* F16C: exact, as half_to_float */
+
+/* The expansion of dequant_row_ref with vectors: the same operations on 16 values at a time. */
+static void dequant_row(int fmt, const uint8_t *src, int64_t K, float *dst) {
+    if (fmt == FMT_F32) {
+        memcpy(dst, src, (size_t)K * 4);
+    } else if (fmt == FMT_Q8_0) {
+        for (int64_t b = 0; b < K / 32; b++, src += 34) {
+            const v16 d = v_set1(h2f(src));
+            v_store(dst + b * 32, v_mul(d, q_i8(src + 2)));
+            v_store(dst + b * 32 + 16, v_mul(d, q_i8(src + 18)));
+        }
+    } else if (fmt == FMT_Q5_0) {
+        for (int64_t b = 0; b < K / 32; b++, src += 22) {
+            const v16 d = v_set1(h2f(src));
+            uint32_t qh = (uint32_t)src[2] | ((uint32_t)src[3] << 8) | ((uint32_t)src[4] << 16) | ((uint32_t)src[5] << 24);
+            v_store(dst + b * 32, v_mul(d, q_q5(src + 6, 0, qh & 0xFFFF)));
+            v_store(dst + b * 32 + 16, v_mul(d, q_q5(src + 6, 1, qh >> 16)));
+        }
+    } else if (fmt == FMT_Q4_K) {
+        for (int64_t b = 0; b < K / 256; b++, src += 144) {
+            float d = h2f(src), dmin = h2f(src + 2);
+            const uint8_t *scales = src + 4, *qs = src + 16;
+            for (int c = 0; c < 4; c++) {
+                int sc0, m0, sc1, m1;
+                q4k_scale_min(scales, 2 * c, &sc0, &m0);
+                q4k_scale_min(scales, 2 * c + 1, &sc1, &m1);
+                const v16 d0 = v_set1(d * (float)sc0), dm0 = v_set1(dmin * (float)m0);
+                const v16 d1 = v_set1(d * (float)sc1), dm1 = v_set1(dmin * (float)m1);
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *q = qs + 32 * c + 16 * h;
+                    v_store(dst + b * 256 + 64 * c + 16 * h, v_sub(v_mul(d0, q_nibbles(q, 0)), dm0));
+                    v_store(dst + b * 256 + 64 * c + 32 + 16 * h, v_sub(v_mul(d1, q_nibbles(q, 1)), dm1));
+                }
+            }
+        }
+    } else if (fmt == FMT_Q6_K) {
+        for (int64_t b = 0; b < K / 256; b++, src += 210) {
+            const uint8_t *ql = src, *qh = src + 128;
+            const int8_t *sc = (const int8_t *)(src + 192);
+            float d = h2f(src + 208);
+            for (int c = 0; c < 16; c++) { /* 16 weights at i = 16c: one scale */
+                int h = c / 8, t = (c % 8) * 16;
+                const v16 q = q_q6(ql + h * 64 + t % 64, 4 * (t / 64), qh + h * 32 + t % 32, 2 * (t / 32));
+                v_store(dst + b * 256 + 16 * c, v_mul(v_set1(d * (float)sc[c]), q));
+            }
+        }
+    }
+}
+
 /* MB rows of x against RB rows of a panel (float32, each padded with zeros to Kp, a multiple of 16). */
 #define TILE(MB, RB)                                                                                          \
     static void tile_##MB##_##RB(const float *x, int64_t ldx, const float *w, int64_t Kp, int64_t K, float *y, \
                                  int64_t ldy) {                                                               \
-        __m512 acc[MB][RB];                                                                                   \
+        v16 acc[MB][RB];                                                                                      \
         for (int m = 0; m < MB; m++)                                                                          \
-            for (int r = 0; r < RB; r++) acc[m][r] = _mm512_setzero_ps();                                     \
+            for (int r = 0; r < RB; r++) acc[m][r] = v_zero();                                                \
         int64_t k = 0;                                                                                        \
         for (; k + 16 <= K; k += 16) {                                                                        \
-            __m512 wv[RB];                                                                                    \
-            for (int r = 0; r < RB; r++) wv[r] = _mm512_loadu_ps(w + r * Kp + k);                              \
+            v16 wv[RB];                                                                                       \
+            for (int r = 0; r < RB; r++) wv[r] = v_load(w + r * Kp + k);                                      \
             for (int m = 0; m < MB; m++) {                                                                    \
-                __m512 xv = _mm512_loadu_ps(x + m * ldx + k);                                                 \
-                for (int r = 0; r < RB; r++) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);              \
+                v16 xv = v_load(x + m * ldx + k);                                                             \
+                for (int r = 0; r < RB; r++) acc[m][r] = v_fmadd(xv, wv[r], acc[m][r]);                       \
             }                                                                                                 \
         }                                                                                                     \
         if (k < K) {                                                                                          \
-            __mmask16 mask = (__mmask16)((1u << (K - k)) - 1);                                                \
-            __m512 wv[RB];                                                                                    \
-            for (int r = 0; r < RB; r++) wv[r] = _mm512_loadu_ps(w + r * Kp + k);                              \
+            v16 wv[RB];                                                                                       \
+            for (int r = 0; r < RB; r++) wv[r] = v_load(w + r * Kp + k);                                      \
             for (int m = 0; m < MB; m++) {                                                                    \
-                __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * ldx + k);                                     \
-                for (int r = 0; r < RB; r++) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);              \
+                v16 xv = v_load_first(x + m * ldx + k, K - k);                                                \
+                for (int r = 0; r < RB; r++) acc[m][r] = v_fmadd(xv, wv[r], acc[m][r]);                       \
             }                                                                                                 \
         }                                                                                                     \
         for (int m = 0; m < MB; m++)                                                                          \
             for (int r = 0; r < RB; r++) y[m * ldy + r] = reduce16(acc[m][r]);                               \
     }
 
+/* Tile shapes: how many rows of x (PANEL_MB) and of a panel (PANEL_RB, ROW_RB for one row of x) a call holds
+   in registers. They decide which outputs are computed side by side, never how one is computed. AVX-512 has
+   32 registers of 16 lanes; AVX2 has 16 of 8, so a v16 takes two and its tiles are smaller (larger ones
+   spill their accumulators to the stack). */
+typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t);
+#if defined(FMA16_AVX512)
+#define PANEL_MB 4
+#define PANEL_RB 4
+#define ROW_RB 8
 TILE(1, 1) TILE(2, 1) TILE(3, 1) TILE(4, 1)
 TILE(1, 4) TILE(2, 4) TILE(3, 4) TILE(4, 4)
 TILE(1, 8)
+static const tile_fn TILES1[PANEL_MB + 1] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1};
+static const tile_fn TILESR[PANEL_MB + 1] = {0, tile_1_4, tile_2_4, tile_3_4, tile_4_4};
+#define tile_1_row tile_1_8
+#else
+#define PANEL_MB 3
+#define PANEL_RB 2
+#define ROW_RB 4
+TILE(1, 1) TILE(2, 1) TILE(3, 1)
+TILE(1, 2) TILE(2, 2) TILE(3, 2)
+TILE(1, 4)
+static const tile_fn TILES1[PANEL_MB + 1] = {0, tile_1_1, tile_2_1, tile_3_1};
+static const tile_fn TILESR[PANEL_MB + 1] = {0, tile_1_2, tile_2_2, tile_3_2};
+#define tile_1_row tile_1_4
+#endif
 
 
 /* Sixteen weights of a row, W[n][k0..k0+15], expanded in registers: the same operations as dequant_row. */
-static inline __m512 w16_f32(const uint8_t *row, int64_t k0) { return _mm512_loadu_ps((const float *)row + k0); }
+static inline v16 w16_f32(const uint8_t *row, int64_t k0) { return v_load((const float *)row + k0); }
 
-static inline __m512 w16_q8_0(const uint8_t *row, int64_t k0) {
+static inline v16 w16_q8_0(const uint8_t *row, int64_t k0) {
     const uint8_t *blk = row + (k0 / 32) * 34;
-    __m512 d = _mm512_set1_ps(_cvtsh_ss(rd16(blk)));
-    __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + (k0 % 32))));
-    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
+    return v_mul(v_set1(h2f(blk)), q_i8(blk + 2 + (k0 % 32)));
 }
 
-static inline __m512 w16_q5_0(const uint8_t *row, int64_t k0) {
+static inline v16 w16_q5_0(const uint8_t *row, int64_t k0) {
     const uint8_t *blk = row + (k0 / 32) * 22;
     const int high = (k0 % 32) != 0;
-    __m512 d = _mm512_set1_ps(_cvtsh_ss(rd16(blk)));
     uint32_t qh = (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) | ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24);
-    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 6)));
-    v = high ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0xF));
-    v = _mm512_mask_or_epi32(v, (__mmask16)(high ? qh >> 16 : qh & 0xFFFF), v, _mm512_set1_epi32(16));
-    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(v, _mm512_set1_epi32(16))));
+    return v_mul(v_set1(h2f(blk)), q_q5(blk + 6, high, high ? qh >> 16 : qh & 0xFFFF));
 }
 
 /* Where the bytes of W[n][k0..] start in a row (the prefetches ask for them two row groups ahead). */
@@ -268,13 +404,13 @@ static inline int64_t off_q5_0(int64_t k) { return k / 32 * 22; }
 /* One output row of x (M == 1) against RB weight rows, the weights expanded as they are read. */
 #define FUSED(NAME, RB)                                                                                       \
     static void fused_##NAME##_##RB(const float *x, const uint8_t *w, int64_t rb, int64_t K, float *y) {      \
-        __m512 acc[RB];                                                                                       \
-        for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();                                            \
+        v16 acc[RB];                                                                                          \
+        for (int r = 0; r < RB; r++) acc[r] = v_zero();                                                       \
         for (int64_t k = 0; k < K; k += 16) {                                                                 \
-            __m512 xv = _mm512_loadu_ps(x + k);                                                               \
+            v16 xv = v_load(x + k);                                                                           \
             for (int r = 0; r < RB; r++) {                                                                    \
                 _mm_prefetch((const char *)(w + (r + 2 * RB) * rb + off_##NAME(k)), _MM_HINT_T0);            \
-                acc[r] = _mm512_fmadd_ps(xv, w16_##NAME(w + r * rb, k), acc[r]);                              \
+                acc[r] = v_fmadd(xv, w16_##NAME(w + r * rb, k), acc[r]);                                      \
             }                                                                                                 \
         }                                                                                                     \
         for (int r = 0; r < RB; r++) y[r] = reduce16(acc[r]);                                                 \
@@ -283,42 +419,45 @@ FUSED(f32, 8) FUSED(f32, 1) FUSED(q8_0, 1) FUSED(q5_0, 8) FUSED(q5_0, 1)
 
 /* Q8_0 against 8 rows, a block (two chunks of 16) at a time: one scale per row and block. */
 static void fused_q8_0_8(const float *x, const uint8_t *w, int64_t rb, int64_t K, float *y) {
-    __m512 acc[8];
-    for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
+    v16 acc[8];
+    for (int r = 0; r < 8; r++) acc[r] = v_zero();
     for (int64_t k = 0; k < K; k += 32) {
-        const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+        const v16 x0 = v_load(x + k), x1 = v_load(x + k + 16);
         const uint8_t *blk = w + (k / 32) * 34;
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++, blk += rb) {
             _mm_prefetch((const char *)(blk + 16 * rb), _MM_HINT_T0); /* two groups of 8 rows ahead */
-            const __m512 d = _mm512_set1_ps(_cvtsh_ss(rd16(blk)));
-            const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)));
-            const __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)));
-            acc[r] = _mm512_fmadd_ps(x0, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)), acc[r]);
-            acc[r] = _mm512_fmadd_ps(x1, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1)), acc[r]);
+            const v16 d = v_set1(h2f(blk));
+            acc[r] = v_fmadd(x0, v_mul(d, q_i8(blk + 2)), acc[r]);
+            acc[r] = v_fmadd(x1, v_mul(d, q_i8(blk + 18)), acc[r]);
         }
     }
     for (int r = 0; r < 8; r++) y[r] = reduce16(acc[r]);
 }
 
 
-/* MB rows of x against RB weight rows (MB <= 8, RB <= 2), the weights expanded in registers: for few
-   rows of x, expanding a weight again per block of 8 rows costs less than a round trip through a panel. */
+/* MB rows of x against RB weight rows (MB <= FUSEDM_TOP, RB <= 2), the weights expanded in registers: for
+   few rows of x, expanding a weight again per block of rows costs less than a round trip through a panel. */
+#if defined(FMA16_AVX512)
+#define FUSEDM_TOP 8
+#else
+#define FUSEDM_TOP 4 /* 8 x 2 accumulators would take 32 of AVX2's 16 registers */
+#endif
 #define FUSEDM(NAME, MB, RB)                                                                                     \
     static void fusedm_##NAME##_##MB##_##RB(const float *x, int64_t ldx, const uint8_t *w, int64_t rb,         \
                                             int64_t K, float *y, int64_t ldy) {                                \
-        __m512 acc[MB][RB];                                                                                    \
+        v16 acc[MB][RB];                                                                                       \
         for (int m = 0; m < MB; m++)                                                                           \
-            for (int r = 0; r < RB; r++) acc[m][r] = _mm512_setzero_ps();                                      \
+            for (int r = 0; r < RB; r++) acc[m][r] = v_zero();                                                 \
         for (int64_t k = 0; k < K; k += 16) {                                                                  \
-            __m512 wv[RB];                                                                                     \
+            v16 wv[RB];                                                                                        \
             for (int r = 0; r < RB; r++) {                                                                     \
                 _mm_prefetch((const char *)(w + (r + 2 * RB) * rb + off_##NAME(k)), _MM_HINT_T0);            \
                 wv[r] = w16_##NAME(w + r * rb, k);                                                             \
             }                                                                                                  \
             for (int m = 0; m < MB; m++) {                                                                     \
-                const __m512 xv = _mm512_loadu_ps(x + m * ldx + k);                                            \
-                for (int r = 0; r < RB; r++) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);              \
+                const v16 xv = v_load(x + m * ldx + k);                                                        \
+                for (int r = 0; r < RB; r++) acc[m][r] = v_fmadd(xv, wv[r], acc[m][r]);                        \
             }                                                                                                  \
         }                                                                                                      \
         for (int m = 0; m < MB; m++)                                                                           \
@@ -336,7 +475,7 @@ static void fused_q8_0_8(const float *x, const uint8_t *w, int64_t rb, int64_t K
                 const float *xm = x + m * ldx;                                                                 \
                 float *ym = y + m * ldy + n;                                                                   \
                 const uint8_t *wn = w + n * rb;                                                                \
-                if (left >= 8) {                                                                               \
+                if (FUSEDM_TOP >= 8 && left >= 8) {                                                            \
                     (two ? fusedm_##NAME##_8_2 : fusedm_##NAME##_8_1)(xm, ldx, wn, rb, K, ym, ldy);            \
                     m += 8;                                                                                    \
                 } else if (left >= 4) {                                                                        \
@@ -369,11 +508,7 @@ static int fused_for(int fmt, int64_t K, fused_fn *f8, fused_fn *f1, fusedm_fn *
     return 0;
 }
 
-typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t);
-static const tile_fn TILES1[5] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1};
-static const tile_fn TILES4[5] = {0, tile_1_4, tile_2_4, tile_3_4, tile_4_4};
 
-static int64_t pad16(int64_t K) { return (K + 15) / 16 * 16; }
 
 static int64_t panel_rows(int64_t Kp) {
     int64_t r = 65536 / Kp; /* about 256 KB of float32 per panel */
@@ -426,15 +561,16 @@ int kv_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *
             }
             if (M == 1) {
                 int64_t r = 0;
-                for (; r + 8 <= rows; r += 8) tile_1_8(x, ldx, buf + r * Kp, Kp, K, y + n0 + r, ldy);
+                for (; r + ROW_RB <= rows; r += ROW_RB) tile_1_row(x, ldx, buf + r * Kp, Kp, K, y + n0 + r, ldy);
                 for (; r + 4 <= rows; r += 4) tile_1_4(x, ldx, buf + r * Kp, Kp, K, y + n0 + r, ldy);
                 for (; r < rows; r++) tile_1_1(x, ldx, buf + r * Kp, Kp, K, y + n0 + r, ldy);
                 continue;
             }
-            for (int64_t m = 0; m < M; m += 4) {
-                const int64_t mb = M - m < 4 ? M - m : 4;
+            for (int64_t m = 0; m < M; m += PANEL_MB) {
+                const int64_t mb = M - m < PANEL_MB ? M - m : PANEL_MB;
                 int64_t r = 0;
-                for (; r + 4 <= rows; r += 4) TILES4[mb](x + m * ldx, ldx, buf + r * Kp, Kp, K, y + m * ldy + n0 + r, ldy);
+                for (; r + PANEL_RB <= rows; r += PANEL_RB)
+                    TILESR[mb](x + m * ldx, ldx, buf + r * Kp, Kp, K, y + m * ldy + n0 + r, ldy);
                 for (; r < rows; r++) TILES1[mb](x + m * ldx, ldx, buf + r * Kp, Kp, K, y + m * ldy + n0 + r, ldy);
             }
         }
@@ -443,28 +579,52 @@ int kv_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *
     return failed ? -2 : 0;
 }
 
+
+#else /* portable: the definition itself, each thread a share of the weight rows */
+
+static void dequant_row(int fmt, const uint8_t *src, int64_t K, float *dst) { dequant_row_ref(fmt, src, K, dst); }
+
+int kv_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int fmt, int64_t N,
+              float *y, int64_t ldy, int threads) {
+    int64_t rb = kv_row_bytes(fmt, K);
+    if (rb < 0 || M < 0 || N < 0 || K <= 0) return -1;
+    int failed = 0;
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+    {
+        float *row = calloc((size_t)pad16(K), 4); /* the zeros past K stay: dequant_row writes K values */
+        if (!row) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            if (!row) continue;
+            dequant_row(fmt, w + n * rb, K, row);
+            outputs_ref(x, M, K, ldx, row, y + n, ldy);
+        }
+        free(row);
+    }
+    return failed ? -2 : 0;
+}
+
+#endif
+
 /* The same products in plain C, one output at a time: the definition, for tests and for the record. */
 int kv_linear_ref(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int fmt, int64_t N,
                   float *y, int64_t ldy) {
     int64_t rb = kv_row_bytes(fmt, K);
     if (rb < 0 || M < 0 || N < 0 || K <= 0) return -1;
-    const int64_t Kp = pad16(K);
-    float *row = calloc((size_t)Kp, 4);
+    float *row = calloc((size_t)pad16(K), 4);
     if (!row) return -2;
     for (int64_t n = 0; n < N; n++) {
         dequant_row_ref(fmt, w + n * rb, K, row);
-        for (int64_t m = 0; m < M; m++) {
-            float s[16] = {0};
-            for (int64_t k = 0; k < Kp; k += 16)
-                for (int j = 0; j < 16; j++) s[j] = fmaf(k + j < K ? x[m * ldx + k + j] : 0.0f, row[k + j], s[j]);
-            y[m * ldy + n] = reduce16_ref(s);
-        }
+        outputs_ref(x, M, K, ldx, row, y + n, ldy);
     }
     free(row);
     return 0;
 }
 
-/* W as float32 [N][K]: `vector` 1 uses the AVX-512 expansion the products use, 0 the plain C one. */
+/* W as float32 [N][K]: `vector` 1 uses the expansion this build's products use, 0 the plain C one. */
 int kv_dequant(const uint8_t *w, int fmt, int64_t N, int64_t K, float *out, int vector) {
     int64_t rb = kv_row_bytes(fmt, K);
     if (rb < 0) return -1;

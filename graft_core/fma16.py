@@ -12,17 +12,21 @@ weights were made from them.
 What is checked at load, not assumed:
 - per tensor, that the blocks expand to the float32 weight's bytes (a tensor whose blocks differ, or are
   missing, is multiplied from its float32 weight instead: the same products, more bytes read);
-- per weight shape, on seeded rows, that the AVX-512 kernel gives the bytes of the plain C reference
-  (one output at a time, written as the definition) and that a row's bytes do not change with the rows
-  beside it.
+- per weight shape, on seeded rows, that the kernel gives the bytes of the plain C reference (one output
+  at a time, written as the definition) and that a row's bytes do not change with the rows beside it.
+
+One source, three builds that compute the same bits (VARIANTS): `avx512` (AVX-512 F/BW/VL/DQ, FMA, F16C),
+`avx2` (AVX2, FMA, F16C: the 16 lanes in two 8-lane registers) and `portable` (plain C with fmaf, any
+CPU). The best this CPU has is used unless KVGRAFT_ISA names one; the choice is not part of the record,
+since it cannot change a bit (the tests compare the three, and each is checked at load as above).
 
 Where it is used it replaces every float32 CPU product of the model (`nn.Linear.forward`, and the batched
 passes' products through `product_of`), prefix and question alike, so "fresh" and "grafted" still compute
 the same bytes; and it enters the determinism record as ("linear", VERSION): artifacts made with MKL's
-products are refused as incompatible, not mistaken for broken. It needs x86-64 with AVX-512 (F, BW, VL,
-DQ), FMA and F16C, and a C compiler (gcc or cc) to build fma16.c once into the kernel cache
-(KVGRAFT_KERNEL_CACHE, default ~/.cache/kvgraft/kernels). Elsewhere, or with KVGRAFT_LINEAR=torch, the
-model keeps torch's products (graft_core.products) and its record stays as before.
+products are refused as incompatible, not mistaken for broken. It needs a C compiler (gcc or cc) to
+build fma16.c once per variant into the kernel cache (KVGRAFT_KERNEL_CACHE, default
+~/.cache/kvgraft/kernels). Without one, or with KVGRAFT_LINEAR=torch, the model keeps torch's products
+(graft_core.products) and its record stays as before.
 """
 
 from __future__ import annotations
@@ -50,23 +54,39 @@ VERSION = "fma16-v1"  # the operation order of fma16.c; change it when that orde
 SOURCE = Path(__file__).with_name("fma16.c")
 FLAGS = (
     "-O3",
-    "-mavx512f",
-    "-mavx512bw",
-    "-mavx512vl",
-    "-mavx512dq",
-    "-mfma",
-    "-mf16c",
     "-ffp-contract=off",  # no fused or reordered float operations besides the written ones
     "-fno-fast-math",
     "-fopenmp",  # the split over output rows; libgomp is the one torch already loaded
     "-shared",
     "-fPIC",
 )
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of fma16.c: the flags that select its code and instructions, and the CPU flags it needs."""
+
+    name: str
+    flags: tuple[str, ...]
+    cpu_flags: tuple[str, ...]
+    needs: str  # the CPU it needs, in words, for the error message
+
+
+VARIANTS = (  # best first: the default is the first this CPU can run
+    Variant(
+        "avx512",
+        ("-DFMA16_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"),
+        ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"),
+        "AVX-512 F/BW/VL/DQ, FMA and F16C",
+    ),
+    Variant("avx2", ("-DFMA16_AVX2", "-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c"), "AVX2, FMA and F16C"),
+    Variant("portable", (), (), "nothing beyond C's fmaf"),  # plain C, libm's correctly rounded fmaf
+)
+BY_NAME = {v.name: v for v in VARIANTS}
 FORMATS = {"F32": 0, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # ggml's type numbers, as fma16.c names them
 
-_lib = None
-_lib_error = ""
+_libs: dict[str, object] = {}  # variant name -> loaded library
+_lib_errors: dict[str, str] = {}  # variant name -> why it could not be built or loaded
 _lock = threading.Lock()
 
 
@@ -86,20 +106,47 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def runnable() -> list[str]:
+    """The variants this CPU has the instructions for, best first (they may still fail to build)."""
+    flags = _cpu_flags()
+    return [v.name for v in VARIANTS if all(f in flags for f in v.cpu_flags)]
+
+
+def variant(isa: str | None = None) -> str:
+    """The variant products run on: `isa`, else KVGRAFT_ISA, else the best this CPU has that builds.
+    A named variant the CPU cannot run is an error (InvalidSetting), never a silent fallback."""
+    isa = isa or settings.get("KVGRAFT_ISA")
+    if isa is not None:
+        if isa not in BY_NAME:
+            raise ValueError(f"no fma16 variant {isa!r}: one of {', '.join(BY_NAME)}")
+        if isa not in runnable():
+            v, flags = BY_NAME[isa], _cpu_flags()
+            has = [f for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c") if f in flags]
+            raise InvalidSetting(
+                f"KVGRAFT_ISA={isa} needs a CPU with {v.needs}; this one has {', '.join(has) or 'none of them'} "
+                f"(unset KVGRAFT_ISA to use the best it has: {runnable()[0]})"
+            )
+        return isa
+    names = runnable()
+    for name in names:  # all compute the same bits: a variant that does not build gives way to the next
+        if lib(name) is not None:
+            return name
+    return names[0]
+
+
 def why_not(choice: str | None = None) -> str:
     """ "" where fma16 can run in this process, else the reason it cannot (or is switched off). `choice`
-    ("fma16" or "torch") stands in for KVGRAFT_LINEAR, which is read when it is None."""
+    ("fma16" or "torch") stands in for KVGRAFT_LINEAR, which is read when it is None. Raises
+    InvalidSetting where KVGRAFT_ISA names a variant this CPU lacks."""
     try:
         choice = settings.get("KVGRAFT_LINEAR", {"KVGRAFT_LINEAR": choice} if choice is not None else None)
     except InvalidSetting as e:
         return str(e)
     if choice == "torch":
         return "KVGRAFT_LINEAR=torch"
-    missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
-    if missing:
-        return f"this CPU lacks {', '.join(missing)}"
-    lib()
-    return _lib_error
+    name = variant()
+    lib(name)
+    return _lib_errors.get(name, "")
 
 
 def _compiler() -> str | None:
@@ -109,55 +156,63 @@ def _compiler() -> str | None:
     return None
 
 
-def _build() -> Path:
+def _build(v: Variant) -> Path:
     cc = _compiler()
     if cc is None:
         raise OSError("no C compiler (gcc or cc) to build fma16.c")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + "\0".join((cc, version, *FLAGS)).encode()).hexdigest()[:16]
-    out = kernel_cache_dir() / f"fma16-{key}.so"
+    flags = (*FLAGS, *v.flags)
+    key = hashlib.sha256(SOURCE.read_bytes() + "\0".join((cc, version, *flags)).encode()).hexdigest()[:16]
+    out = kernel_cache_dir() / f"fma16-{v.name}-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp:
         so = Path(tmp) / out.name
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(so)], capture_output=True, text=True, timeout=300)
+        cmd = [cc, *flags, str(SOURCE), "-o", str(so), "-lm"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
-            raise OSError(f"{cc} could not build fma16.c: {done.stderr.strip()[-500:]}")
+            raise OSError(f"{cc} could not build fma16.c ({v.name}): {done.stderr.strip()[-500:]}")
         os.replace(so, out)  # atomic: a concurrent build of the same source writes the same file
     return out
 
 
-def lib():
-    """The built kernel library, or None (the reason in `why_not()`)."""
-    global _lib, _lib_error
+def lib(isa: str | None = None):
+    """The built library of a variant (default: `variant()`), or None (the reason in `why_not()`)."""
+    name = isa or variant()
     with _lock:
-        if _lib is None and not _lib_error:
+        if name not in _libs and name not in _lib_errors:
             try:
-                handle = ctypes.CDLL(str(_build()))
+                handle = ctypes.CDLL(str(_build(BY_NAME[name])))
             except (OSError, subprocess.SubprocessError) as e:
-                _lib_error = str(e)
-                log.warning("fma16 unavailable: %s", e)
+                _lib_errors[name] = str(e)
+                log.warning("fma16 (%s) unavailable: %s", name, e)
                 return None
+            handle.kv_isa.restype = ctypes.c_char_p
+            assert handle.kv_isa().decode() == name, f"the {name} build of fma16.c says it is {handle.kv_isa()!r}"
             i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
             handle.kv_linear.argtypes = [ptr, i64, i64, i64, ptr, c_int, i64, ptr, i64, c_int]
             handle.kv_linear_ref.argtypes = [ptr, i64, i64, i64, ptr, c_int, i64, ptr, i64]
             handle.kv_dequant.argtypes = [ptr, c_int, i64, i64, ptr, c_int]
             handle.kv_row_bytes.argtypes = [c_int, i64]
             handle.kv_row_bytes.restype = i64
-            _lib = handle
-        return _lib
+            _libs[name] = handle
+        return _libs.get(name)
 
 
 def row_bytes(fmt: int, k: int) -> int:
     return lib().kv_row_bytes(fmt, k)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, fmt: int, n: int, *, reference: bool = False) -> torch.Tensor:
-    """x [M, K] float32 (contiguous) @ W^T -> [M, N], W as `n` rows of `fmt` in the uint8 (or float32) tensor `w`.
-    `reference` runs the plain C definition instead (one output at a time; slow)."""
+def linear(
+    x: torch.Tensor, w: torch.Tensor, fmt: int, n: int, *, reference: bool = False, isa: str | None = None
+) -> torch.Tensor:
+    """x [M, K] float32 (contiguous) @ W^T -> [M, N], W as `n` rows of `fmt` in the uint8 (or float32) tensor `w`,
+    on variant `isa` (default `variant()`). `reference` runs the plain C definition instead (one output at a
+    time; slow)."""
     m, k = x.shape
-    need = row_bytes(fmt, k)
+    kernels = lib(isa)
+    need = kernels.kv_row_bytes(fmt, k)
     if need < 0 or x.dtype != torch.float32 or not x.is_contiguous() or not w.is_contiguous():
         raise ValueError(f"fma16 takes contiguous float32 rows and a format that holds {k} values (format {fmt})")
     if w.numel() * w.element_size() < n * need:  # the C code reads n rows of `need` bytes: never past the tensor
@@ -166,20 +221,23 @@ def linear(x: torch.Tensor, w: torch.Tensor, fmt: int, n: int, *, reference: boo
         )
     y = torch.empty((m, n), dtype=torch.float32)
     if reference:
-        rc = lib().kv_linear_ref(x.data_ptr(), m, k, k, w.data_ptr(), fmt, n, y.data_ptr(), n)
+        rc = kernels.kv_linear_ref(x.data_ptr(), m, k, k, w.data_ptr(), fmt, n, y.data_ptr(), n)
     else:
-        rc = lib().kv_linear(x.data_ptr(), m, k, k, w.data_ptr(), fmt, n, y.data_ptr(), n, torch.get_num_threads())
+        rc = kernels.kv_linear(x.data_ptr(), m, k, k, w.data_ptr(), fmt, n, y.data_ptr(), n, torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"fma16 product failed ({rc}) for x {tuple(x.shape)}, {n} rows of format {fmt}")
     return y
 
 
-def dequantize(w: torch.Tensor, fmt: int, n: int, k: int, *, reference: bool = False) -> torch.Tensor:
-    need = row_bytes(fmt, k)
+def dequantize(w: torch.Tensor, fmt: int, n: int, k: int, *, reference: bool = False, isa: str | None = None) -> torch.Tensor:
+    """The float32 weights [n, k] of `n` rows of `fmt`, expanded as variant `isa`'s products expand them
+    (or by the plain C reference)."""
+    kernels = lib(isa)
+    need = kernels.kv_row_bytes(fmt, k)
     if need < 0 or not w.is_contiguous() or w.numel() * w.element_size() < n * need:
         raise ValueError(f"fma16: {n} rows of {k} values in format {fmt} do not fit the given weight")
     out = torch.empty((n, k), dtype=torch.float32)
-    if lib().kv_dequant(w.data_ptr(), fmt, n, k, out.data_ptr(), 0 if reference else 1) != 0:
+    if kernels.kv_dequant(w.data_ptr(), fmt, n, k, out.data_ptr(), 0 if reference else 1) != 0:
         raise ValueError(f"format {fmt} cannot hold rows of {k} values")
     return out
 
@@ -187,8 +245,9 @@ def dequantize(w: torch.Tensor, fmt: int, n: int, k: int, *, reference: bool = F
 class Fma16Linear:
     """The forward of a float32 `nn.Linear` through fma16, over GGUF blocks where given (checked equal)."""
 
-    def __init__(self, module: torch.nn.Linear, blocks: torch.Tensor | None = None, fmt: int = 0):
+    def __init__(self, module: torch.nn.Linear, blocks: torch.Tensor | None = None, fmt: int = 0, isa: str | None = None):
         self.module = module
+        self.isa = isa or variant()  # fixed when taken over: a model computes on one variant for its life
         self.plain = module.forward
         self.n, self.k = module.weight.shape
         self.blocks, self.fmt = (blocks, fmt) if blocks is not None else (None, FORMATS["F32"])
@@ -211,7 +270,7 @@ class Fma16Linear:
         # a profiled run (bench.kernels) sees the products as one op; otherwise nothing is recorded
         profiled = torch._C._autograd._profiler_enabled()
         with torch.profiler.record_function("fma16::linear") if profiled else contextlib.nullcontext():
-            return linear(flat, self.source, self.fmt, self.n).reshape(*x.shape[:-1], self.n)
+            return linear(flat, self.source, self.fmt, self.n, isa=self.isa).reshape(*x.shape[:-1], self.n)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.module.weight
@@ -233,12 +292,13 @@ class Taken:
     over_blocks: int  # of those, read from GGUF blocks
     blocks_refused: int  # blocks present whose expansion differed from the float32 weight (read as float32)
     shapes_checked: int
+    isa: str = ""  # the variant (VARIANTS) the products run on: for the log, not the record (same bits)
 
     def line(self) -> str:
         blocks = f", {self.over_blocks} over GGUF blocks" if self.over_blocks else ""
         refused = f", {self.blocks_refused} blocks refused (expanded to other bytes)" if self.blocks_refused else ""
         return (
-            f"{VERSION}: {self.products} products{blocks}{refused} "
+            f"{VERSION} ({self.isa}): {self.products} products{blocks}{refused} "
             f"({self.shapes_checked} shapes checked against the C reference and row by row)"
         )
 
@@ -252,19 +312,20 @@ def check_shape(op: Fma16Linear, rows: int = 9, seed: int = 0) -> str:
     x = torch.randn(rows, op.k, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
     ref_rows = min(op.n, 64)  # the reference is slow: its first rows, through a slice of the source
     src = op.source.reshape(op.n, -1)[:ref_rows].contiguous()
-    fast = linear(x, op.source, op.fmt, op.n)
-    if not torch.equal(fast[:, :ref_rows], linear(x, src, op.fmt, ref_rows, reference=True)):
+    fast = linear(x, op.source, op.fmt, op.n, isa=op.isa)
+    if not torch.equal(fast[:, :ref_rows], linear(x, src, op.fmt, ref_rows, reference=True, isa=op.isa)):
         return "differs from the C reference"
-    alone = torch.cat([linear(x[i : i + 1].contiguous(), op.source, op.fmt, op.n) for i in range(rows)])
+    alone = torch.cat([linear(x[i : i + 1].contiguous(), op.source, op.fmt, op.n, isa=op.isa) for i in range(rows)])
     if not torch.equal(fast, alone):
         return "a row's bytes changed with the rows beside it"
     return ""
 
 
-def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None) -> Taken:
-    """Route every float32 CPU linear layer of `model` through fma16 (module doc). `blocks` maps parameter
-    names to (uint8 rows, format); each is used only where it expands to that parameter's bytes.
-    Raises RuntimeError if a check fails (nothing is taken over then)."""
+def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, isa: str | None = None) -> Taken:
+    """Route every float32 CPU linear layer of `model` through fma16 (module doc) on variant `isa` (default
+    `variant()`). `blocks` maps parameter names to (uint8 rows, format); each is used only where it expands to
+    that parameter's bytes. Raises RuntimeError if a check fails (nothing is taken over then)."""
+    isa = variant(isa)
     params = dict(model.named_parameters(remove_duplicate=False))
     by_param: dict[int, tuple[torch.Tensor, int]] = {}
     refused = 0
@@ -276,7 +337,7 @@ def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None) 
         if rows.shape != (n, row_bytes(fmt, k)):
             refused += 1
             continue
-        if not torch.equal(dequantize(rows, fmt, n, k).view(torch.int32), p.detach().contiguous().view(torch.int32)):
+        if not torch.equal(dequantize(rows, fmt, n, k, isa=isa).view(torch.int32), p.detach().contiguous().view(torch.int32)):
             refused += 1
             log.warning("GGUF blocks of %s expand to other bytes than its float32 weight; reading the float32 weight", name)
             continue
@@ -288,7 +349,7 @@ def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None) 
             if not _f32_cpu_linear(m):
                 continue
             found = by_param.get(id(m.weight))
-            op = Fma16Linear(m, *found) if found else Fma16Linear(m)
+            op = Fma16Linear(m, *found, isa=isa) if found else Fma16Linear(m, isa=isa)
             key = (op.n, op.k, op.fmt)
             if key not in checked:
                 checked[key] = check_shape(op)
@@ -297,7 +358,7 @@ def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None) 
             ops.append((m, op))
     for m, op in ops:
         m.forward = op
-    return Taken(len(ops), sum(op.blocks is not None for _, op in ops), refused, len(checked))
+    return Taken(len(ops), sum(op.blocks is not None for _, op in ops), refused, len(checked), isa)
 
 
 def product_of(module) -> Fma16Linear | None:

@@ -175,7 +175,7 @@ MUTATIONS = (
     Mutation(
         "GGUF blocks used without checking they expand to the float32 weight (fma16.take_over)",
         "graft_core/fma16.py",
-        "if not torch.equal(dequantize(rows, fmt, n, k).view(torch.int32), p.detach().contiguous().view(torch.int32)):",
+        "if not torch.equal(dequantize(rows, fmt, n, k, isa=isa).view(torch.int32), p.detach().contiguous().view(torch.int32)):",
         "if False:",
         ("tests/test_fma16.py::test_take_over_uses_blocks_only_where_they_expand_to_the_weight",),
     ),
@@ -189,9 +189,23 @@ MUTATIONS = (
     Mutation(
         "Q8_0's scale folded into x instead of the weight: other roundings (fma16.c fused_q8_0_8)",
         "graft_core/fma16.c",
-        "acc[r] = _mm512_fmadd_ps(x0, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)), acc[r]);",
-        "acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(x0, d), _mm512_cvtepi32_ps(q0), acc[r]);",
+        "acc[r] = v_fmadd(x0, v_mul(d, q_i8(blk + 2)), acc[r]);",
+        "acc[r] = v_fmadd(v_mul(x0, d), q_i8(blk + 2), acc[r]);",
         ("tests/test_fma16.py::test_kernel_equals_the_c_definition",),
+    ),
+    Mutation(
+        "AVX2's Q5_0 high bits of lanes 8-15 taken one bit early: other weights (fma16.c q_q5)",
+        "graft_core/fma16.c",
+        "bit16x8((bits >> 8) & 0xFF)",
+        "bit16x8((bits >> 7) & 0xFF)",
+        ("tests/test_fma16.py::test_kernel_equals_the_c_definition",),
+    ),
+    Mutation(
+        "AVX2's ragged tail reads one value of x past K (fma16.c v_load_first)",
+        "graft_core/fma16.c",
+        "count = _mm256_set1_epi32((int)n);",
+        "count = _mm256_set1_epi32((int)n + 1);",
+        ("tests/test_fma16.py::test_a_ragged_row_reads_none_of_the_values_after_it",),
     ),
     Mutation(
         "a batched pass's rows through torch's product under fma16 (batch.Batcher._columns)",

@@ -1,18 +1,25 @@
 """graft_core.fma16: one fixed operation order for every product, checked byte for byte.
 
-The AVX-512 kernel against the plain C definition, its expansion of GGUF blocks against gguf-py's (the
-one the float32 model folder was made with), a row's bytes against the same row alone and under another
-thread count, and the load-time refusals. Skipped where fma16 cannot run (no AVX-512 or no compiler)."""
+Each build this CPU can run (avx512, avx2, portable) against the plain C definition and against each
+other, on every path; its expansion of GGUF blocks against gguf-py's (the one the float32 model folder was
+made with); the tiny model's artifact bytes and logits under each build; a row's bytes against the same
+row alone and under another thread count; the choice of build and its refusals, and the load-time
+refusals. Skipped where fma16 cannot run (no compiler)."""
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 import pytest
 import torch
 
+from errors import InvalidSetting
 from graft_core import fma16
 
 pytestmark = pytest.mark.skipif(bool(fma16.why_not()), reason=f"fma16 unavailable here: {fma16.why_not()}")
+
+ISAS = fma16.runnable()  # on an AVX-512 machine all three
 
 BLOCK = {"Q8_0": (32, 34), "Q5_0": (32, 22), "Q4_K": (256, 144), "Q6_K": (256, 210)}
 
@@ -34,8 +41,9 @@ def blocks(fmt: str, n: int, k: int, seed: int) -> np.ndarray:
     return b.reshape(n, -1)
 
 
-def test_expansion_equals_gguf_py_for_every_format():
-    """gguf-py's dequantize made the float32 weights; fma16's two expansions (AVX-512 and plain C) must
+@pytest.mark.parametrize("isa", ISAS)
+def test_expansion_equals_gguf_py_for_every_format(isa):
+    """gguf-py's dequantize made the float32 weights; each build's expansions (vector and plain C) must
     give its bytes, or the products over blocks would not be the products over those weights."""
     gguf = pytest.importorskip("gguf")
     for name, fmt in fma16.FORMATS.items():
@@ -45,14 +53,14 @@ def test_expansion_equals_gguf_py_for_every_format():
         want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name]).astype(np.float32)
         rows = torch.from_numpy(raw)
         for reference in (False, True):
-            got = fma16.dequantize(rows, fmt, 64, 512, reference=reference).numpy()
-            assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (name, reference)
+            got = fma16.dequantize(rows, fmt, 64, 512, reference=reference, isa=isa).numpy()
+            assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (isa, name, reference)
 
 
 @pytest.mark.parametrize("fmt", list(fma16.FORMATS))
 def test_kernel_equals_the_c_definition(fmt):
-    """Every path of the kernel (1 row fused, few rows, many rows; ragged K for float32) against the
-    plain C reference, one output at a time, byte for byte."""
+    """Every path of every build (1 row fused, few rows, many rows; ragged K for float32) against the
+    plain C reference, one output at a time, and against each other, byte for byte."""
     code = fma16.FORMATS[fmt]
     g = torch.Generator().manual_seed(code)
     shapes = [(19, 48), (37, 256)] if fmt == "F32" else [(40, 256), (9, 512)]
@@ -65,9 +73,27 @@ def test_kernel_equals_the_c_definition(fmt):
             w = torch.from_numpy(blocks(fmt, n, k, seed=n + k))
         for m in (1, 2, 3, 5, 8, 16, 33):  # 1: fused; 2-8: fused in blocks of 8, 4, 2, 1; more: panels
             x = torch.randn(m, k, generator=g)
-            fast = fma16.linear(x, w, code, n)
             ref = fma16.linear(x, w, code, n, reference=True)
-            assert torch.equal(fast.view(torch.int32), ref.view(torch.int32)), (fmt, n, k, m)
+            for isa in ISAS:
+                fast = fma16.linear(x, w, code, n, isa=isa)
+                same = torch.equal(fast.view(torch.int32), ref.view(torch.int32))
+                assert same, (isa, fmt, n, k, m, (fast - ref).abs().max().item())
+
+
+def test_a_ragged_row_reads_none_of_the_values_after_it():
+    """With K not a multiple of 16 the last 16 lanes are part x, part past K: those must be read as 0. The
+    values just past a row's K are the next row's; an inf there times the weight's zero padding would be
+    NaN. Row 0 must stay finite and equal the definition on every build and path."""
+    g = torch.Generator().manual_seed(21)
+    w = torch.randn(19, 37, generator=g)
+    for m in (2, 3, 9):
+        x = torch.randn(m, 37, generator=g)
+        x[1:] = float("inf")
+        ref = fma16.linear(x, w, 0, 19, reference=True)[0]
+        assert torch.isfinite(ref).all()
+        for isa in ISAS:
+            got = fma16.linear(x, w, 0, 19, isa=isa)[0]
+            assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), (isa, m, got)
 
 
 def test_reference_is_a_dot_product():
@@ -166,8 +192,8 @@ def test_a_kernel_that_differs_from_its_definition_is_refused(monkeypatch):
     kernel one bit off (here: the fast path's first output nudged) is refused and nothing changes."""
     real = fma16.linear
 
-    def off_by_one_bit(x, w, fmt, n, *, reference=False):
-        y = real(x, w, fmt, n, reference=reference)
+    def off_by_one_bit(x, w, fmt, n, *, reference=False, isa=None):
+        y = real(x, w, fmt, n, reference=reference, isa=isa)
         if not reference:
             y[0, 0] = torch.nextafter(y[0, 0], torch.tensor(float("inf")))
         return y
@@ -188,3 +214,90 @@ def test_a_call_that_would_read_past_the_weight_is_refused():
         fma16.linear(torch.randn(2, 48), w, 8, 10)  # 48 values are not whole Q8_0 blocks
     with pytest.raises(ValueError, match="do not fit"):
         fma16.dequantize(w, 8, 11, 64)
+
+
+def test_the_builds_differ_in_their_instructions_not_their_bits():
+    """Each variant loads its own build (it says which it is), and the three are different files: a
+    loader that handed every variant the same library would make the comparisons above vacuous."""
+    libs = {isa: fma16.lib(isa) for isa in ISAS}
+    for isa, handle in libs.items():
+        assert handle.kv_isa().decode() == isa
+    assert len({h._name for h in libs.values()}) == len(ISAS)
+    assert all(f"fma16-{isa}-" in libs[isa]._name for isa in ISAS)
+
+
+def test_the_best_variant_is_the_default_and_a_missing_one_is_named(monkeypatch):
+    monkeypatch.delenv("KVGRAFT_ISA", raising=False)
+    monkeypatch.setattr(fma16, "_cpu_flags", lambda: {"avx2", "fma", "f16c", "sse2"})
+    assert fma16.runnable() == ["avx2", "portable"]
+    assert fma16.variant() == "avx2"
+    monkeypatch.setenv("KVGRAFT_ISA", "avx512")
+    with pytest.raises(InvalidSetting) as e:
+        fma16.variant()
+    assert str(e.value) == (
+        "KVGRAFT_ISA=avx512 needs a CPU with AVX-512 F/BW/VL/DQ, FMA and F16C; this one has avx2, fma, f16c "
+        "(unset KVGRAFT_ISA to use the best it has: avx2)"
+    )
+    with pytest.raises(InvalidSetting, match="KVGRAFT_ISA=avx512 needs"):
+        fma16.why_not()  # a named build the CPU lacks is an error, not a quiet fall back to MKL's bits
+    monkeypatch.setenv("KVGRAFT_ISA", "portable")
+    assert fma16.variant() == "portable"
+    monkeypatch.setattr(fma16, "_cpu_flags", set)
+    monkeypatch.delenv("KVGRAFT_ISA")
+    assert fma16.variant() == "portable"  # any CPU with a C compiler
+    monkeypatch.setenv("KVGRAFT_ISA", "avx2")
+    with pytest.raises(InvalidSetting, match="this one has none of them"):
+        fma16.variant()
+    monkeypatch.setenv("KVGRAFT_ISA", "neon")
+    with pytest.raises(InvalidSetting, match="KVGRAFT_ISA must be avx512, avx2, portable or unset, got 'neon'"):
+        fma16.variant()
+
+
+def test_the_tiny_model_computes_the_same_bytes_under_every_variant(tiny_dirs, monkeypatch):
+    """Loaded under each KVGRAFT_ISA: the same record, the same artifact bytes (keys, values, probe logits
+    hash, fingerprint) and the same logits bytes; and the products really ran on the variant asked for."""
+    from graft_core import codec, model
+    from graft_core.capture import capture
+
+    seen = {}
+    for isa in ISAS:
+        monkeypatch.setenv("KVGRAFT_ISA", isa)
+        lm = model.load(str(tiny_dirs["gemma3"]))
+        assert f"({isa})" in lm.products and {fma16.product_of(m).isa for m in _linears(lm.model)} == {isa}
+        ids = lm.tokenizer("Fact: the lighthouse keeper was Ada Quill.\nQuestion:")["input_ids"]
+        art, _ = capture(lm, ids)
+        with torch.inference_mode():
+            logits = lm.model(torch.tensor([ids])).logits
+        seen[isa] = (lm.config.numerics, hashlib.sha256(codec.dumps(art)).hexdigest(), _sha(logits))
+    assert ("linear", fma16.VERSION) in seen[ISAS[0]][0]
+    assert all(v == seen[ISAS[0]] for v in seen.values()), seen
+
+
+def _linears(m):
+    return [x for x in m.modules() if isinstance(x, torch.nn.Linear)]
+
+
+def _sha(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+
+
+@pytest.mark.integration
+def test_the_real_model_computes_the_same_bytes_under_every_variant(monkeypatch):
+    """The packaged Gemma 3 270M (its GGUF blocks: Q8_0, Q5_0, Q4_K, Q6_K) under avx512, avx2 and portable:
+    the same artifact and logits hashes for a short prompt."""
+    from graft_core import codec, model
+    from graft_core.capture import capture
+
+    seen = {}
+    for isa in ISAS:
+        monkeypatch.setenv("KVGRAFT_ISA", isa)
+        lm = model.load()
+        assert f"({isa})" in lm.products
+        ids = lm.tokenizer("Fact: the lighthouse keeper was Ada Quill.\nQuestion: who kept the lighthouse?")["input_ids"]
+        art, _ = capture(lm, ids)
+        with torch.inference_mode():
+            logits = lm.model(torch.tensor([ids])).logits
+        seen[isa] = (hashlib.sha256(codec.dumps(art)).hexdigest(), _sha(logits))
+        del lm
+    assert len(seen) == 3, f"this CPU runs only {ISAS}: the test needs all three"
+    assert all(v == seen[ISAS[0]] for v in seen.values()), seen
