@@ -86,7 +86,7 @@ def tiny_gemma(tiny_dirs):
 @pytest.fixture(scope="session")
 def tiny_gemma_torch(tiny_dirs):
     """The tiny Gemma with torch's (MKL's) products instead of fma16 (KVGRAFT_LINEAR=torch): the path
-    every machine without AVX-512 computes on, whose checks (graft_core.products, batch widths) these
+    the explicitly separate KVGRAFT_LINEAR=torch class, whose checks (graft_core.products, batch widths) these
     tests keep exercising where fma16 runs."""
     from graft_core import model
 
