@@ -85,8 +85,8 @@ def tiny_gemma(tiny_dirs):
 
 @pytest.fixture(scope="session")
 def tiny_gemma_torch(tiny_dirs):
-    """The tiny Gemma with torch's (MKL's) products instead of fma16 (KVGRAFT_LINEAR=torch): the path
-    the explicitly separate KVGRAFT_LINEAR=torch class, whose checks (graft_core.products, batch widths) these
+    """The tiny Gemma with torch's (MKL's) products instead of fma16 (KVGRAFT_LINEAR=torch): an explicitly
+    separate numerical class, whose checks (graft_core.products, batch widths) these
     tests keep exercising where fma16 runs."""
     from graft_core import model
 
