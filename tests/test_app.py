@@ -115,12 +115,18 @@ def test_deposits_disabled_without_configured_token(library):
         ("what\x00is\x00this", "NUL bytes"),
         ("\x01\x02\x03\x7f junk", "control or unassigned characters"),
         ("why " * 1200, "the limit is 4,000"),
-        ("word " * 700, "context"),
+        ("word " * 700, "the limit without the admin token is 256: shorten it, or give the admin token"),
     ],
 )
 def test_bad_input_gets_clear_message(client, question, message):
     with pytest.raises(AppError, match=message):
         client.predict(question, api_name="/answer")
+
+
+def test_an_admin_question_past_the_context_gets_a_clear_message(client):
+    """The admin has no prompt-token bound but the model's own: past its context the answer says so."""
+    with pytest.raises(AppError, match="context"):
+        client.predict("word " * 700, admin_token=TOKEN, api_name="/answer")
 
 
 def _text(message: dict) -> str:
