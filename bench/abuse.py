@@ -23,7 +23,7 @@ import socket
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,8 +160,8 @@ def run(
     refused: bool = False,
 ) -> AbuseReport:
     """Idle chats, then the same number of chats while `attackers` anonymous clients of one other host
-    hammer the app (with `refused`: with admin-only requests, refused at once). The server must trust X-Forwarded-For (`Guard(trust_proxy=True)`) to tell the two
-    hosts apart on loopback; otherwise all share one address."""
+    hammer the app (with `refused`: with admin-only requests, refused at once). The server must believe X-Forwarded-For from 127.0.0.1 (`web.app.serve` with
+    that proxy, KVGRAFT_TRUST_PROXY=127.0.0.1) to tell the two hosts apart on loopback; otherwise all share one address."""
     deadline = time.monotonic() + deadline_s
     user_errors: list[str] = []
     _user(url, 2, QUESTION, user_errors)  # warm-up, not counted
@@ -221,7 +221,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import services
     from services import seed
-    from web import app
+    from web import app, hosting
     from web.guard import Guard
 
     if args.tiny:
@@ -236,8 +236,9 @@ def main() -> None:
         lib = services.Library(home=args.home or scratch / "home")
         if not lib.count():
             seed.seed_library(lib)
-    demo = app.build_app(lib, admin_token="abuse-admin", guard=Guard("abuse-admin", trust_proxy=True))
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
+    demo = app.build_app(lib, admin_token="abuse-admin", guard=Guard("abuse-admin"))
+    where = replace(hosting.detect({}), port=free_port(), proxies=("127.0.0.1/32",))  # a proxy on loopback
+    app.serve(demo, where, prevent_thread_lock=True, quiet=True)
     try:
         load = os.getloadavg()[0]
         watch = (scratch / "gradio", scratch / "tmp")

@@ -13,6 +13,7 @@ import gradio as gr
 import services
 from web.guard import Guard
 from web.handlers import call, model_turn
+from web.refusal import Refusal, require_text
 from web.views import input_problem, solve_summary
 
 PUBLIC_SOLVE_BUDGET = 1024  # tokens an anonymous solve may spend (the admin may spend more)
@@ -36,17 +37,19 @@ def solve_tab(library: services.Library, guard: Guard, problems_path: Path) -> g
         return solve_summary(r)
 
     def solve_public(choice, budget, seed, request: gr.Request, progress=gr.Progress()):
+        require_text(choice)
         row = problems.get(choice)
         if row is None:
-            raise gr.Error("Pick a problem from the trusted problem set.")
+            raise Refusal("Pick a problem from the trusted problem set.")
         budget = min(int(budget), PUBLIC_SOLVE_BUDGET)
         return run(request, row["question"], row["verifier"], row["reference"], budget, seed, progress)
 
     def solve_admin(admin_token, question, verifier, reference, budget, seed, request: gr.Request, progress=gr.Progress()):
+        require_text(admin_token, question, verifier, reference)
         call(guard.admin, admin_token, request)
         problem = input_problem(question)
         if problem:
-            raise gr.Error(problem)
+            raise Refusal(problem)
         return run(request, question, verifier, reference, min(int(budget), ADMIN_SOLVE_BUDGET), seed, progress)
 
     with gr.Tab("Solve and learn", id="solve") as tab:
