@@ -43,6 +43,7 @@ from services.limits import (  # noqa: E402
 )
 from web import (
     hosting,  # noqa: E402
+    memory,  # noqa: E402
     placeholder,  # noqa: E402  (stdlib only)
 )
 from web.guard import ADMIN_HELP, FairTurns, Guard, backend_slots, per_address  # noqa: E402
@@ -564,6 +565,7 @@ def main(boot: placeholder.Placeholder | placeholder._NotServing = placeholder.N
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     where = hosting.detect()
     hosting.apply(where)
+    memory.start_trimmer()  # long prompts' freed activations go back to the OS, not kept by glibc's arenas
     if boot is placeholder.NOT_SERVING:
         print(placeholder.url_line(where), flush=True)
     boot.stage("building the page")
