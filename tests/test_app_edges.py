@@ -282,7 +282,8 @@ def test_text_problem_finds_nul_and_surrogates_anywhere():
 
     assert text_problem("plain", ["ok", {"k": "v"}], None, 3) is None
     assert text_problem({"content": ["a", "\udc80\ud800"]}) == LONE.replace("1 lone", "2 lone")
-    assert text_problem("a\x00b") == "The text holds 1 NUL character(s) (binary data?): send plain text."
+    assert text_problem("a\x00b") == "The text holds 1 NUL bytes (binary data?): send plain text."
+    assert text_problem("a\x00b", nul=False) is None  # the edge lets NUL through to the handlers' own check
 
 
 # ---- the page root -----------------------------------------------------------------------------
@@ -303,3 +304,9 @@ def test_the_root_is_the_public_url_or_the_space_host():
     assert hosting.detect({"KVGRAFT_PUBLIC_URL": "https://kv.example/app/"}).root == "https://kv.example/app"
     space = {"SYSTEM": "spaces", "SPACE_HOST": "me-kvgraft.hf.space"}
     assert hosting.detect(space, data_root=Path("/nonexistent")).root == "https://me-kvgraft.hf.space"
+
+
+def test_a_nul_passes_the_edge_and_is_refused_by_the_handler_with_its_message(plain):
+    demo, _ = plain
+    msg = _raw_call(demo, "answer_api", ["who cast\x00 the bell?", 3, True, 8, False, False, ""])[-1]
+    assert _error(msg) == "The text holds 1 NUL bytes (binary data?): send plain text."

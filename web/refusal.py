@@ -23,16 +23,16 @@ class Refusal(gr.Error):
         log.info("refused: %s", line.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
-def text_problem(*values: object) -> str | None:
+def text_problem(*values: object, nul: bool = True) -> str | None:
     """A clear message when some text among `values` (strings, also inside lists and dicts, as a chat's
-    history) cannot be encoded as UTF-8 (a lone surrogate such as U+D800) or holds a NUL; else None.
-    Such text breaks the reply's JSON (and the stream with it) when echoed, and means nothing to the model."""
-    lone = nul = 0
+    history) cannot be encoded as UTF-8 (a lone surrogate such as U+D800: echoed, it breaks the reply's
+    JSON and the stream with it) or, with `nul`, holds a NUL (binary data, nothing for the model); else None."""
+    lone = nuls = 0
     stack = list(values)
     while stack:
         v = stack.pop()
         if isinstance(v, str):
-            nul += v.count("\x00")
+            nuls += v.count("\x00")
             if not v.isascii():
                 lone += sum(1 for c in v if "\ud800" <= c <= "\udfff")
         elif isinstance(v, dict):
@@ -42,8 +42,8 @@ def text_problem(*values: object) -> str | None:
             stack.extend(v)
     if lone:
         return f"The text holds {lone} lone surrogate character(s) (U+D800-U+DFFF), which cannot be encoded: send valid Unicode text."
-    if nul:
-        return f"The text holds {nul} NUL character(s) (binary data?): send plain text."
+    if nul and nuls:
+        return f"The text holds {nuls} NUL bytes (binary data?): send plain text."
     return None
 
 
@@ -84,7 +84,7 @@ class TextGate:
                 return await _answer(send, 413, f"The request is over {MAX_BODY // 2**20} MiB: send less.")
         body = b"".join(chunks)
         try:
-            problem = text_problem(json.loads(body)) if body else None
+            problem = text_problem(json.loads(body), nul=False) if body else None  # NUL: the handlers' call
         except ValueError:  # not JSON (or not UTF-8): Gradio answers it as it would
             problem = None
         if problem:
