@@ -9,6 +9,7 @@ needed. `python settings.py` prints the README's configuration rows.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from errors import InvalidSetting
 
-KINDS = ("int", "float", "bool", "choice", "path", "url", "token", "text", "size")
+KINDS = ("int", "float", "bool", "choice", "path", "url", "token", "text", "size", "networks")
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")  # no sign, spaces, `_` or leading zeros
 _NUMBER = re.compile(r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)?|\.[0-9]+")  # plain decimal: no sign, exponent, nan or inf
 _URL = re.compile(r"([a-z][a-z0-9+.-]*)://(\S*)")
@@ -72,6 +73,8 @@ class Setting:
             return "printable text without spaces"
         if self.kind == "size":
             return "a size like 256mb (a whole number and b, kb, mb, gb or tb)"
+        if self.kind == "networks":
+            return "the proxies' addresses or networks, comma-separated (like 127.0.0.1 or 10.0.0.0/8), or 0 for none"
         return "text without control characters"  # path, text
 
     def parse(self, raw: str) -> object:
@@ -114,9 +117,23 @@ def _parse(s: Setting, raw: str) -> object | None:
     if s.kind == "size":
         size = raw.replace(" ", "").lower()
         return size if _SIZE.fullmatch(size) else None
+    if s.kind == "networks":
+        return _networks(raw)
     if s.kind == "path":
         return Path(raw)
     return raw  # text
+
+
+def _networks(raw: str) -> tuple[str, ...] | None:
+    """Comma-separated addresses or networks, each written as its network (10.0.0.7 -> 10.0.0.7/32), or
+    None. A word for off (0, false, no, off) is no network; a word for on (1, true, ...) names none and is
+    refused: it once meant "believe anyone's forwarded headers", which no value means any more."""
+    if raw.lower() in _FALSE:
+        return ()
+    try:
+        return tuple(str(ipaddress.ip_network(part.strip(), strict=False)) for part in raw.split(","))
+    except ValueError:
+        return None
 
 
 def _home_share() -> Path:
@@ -195,7 +212,21 @@ _DECLARED = (
     Setting(
         "KVGRAFT_ANON_PROMPT_TOKENS", "int", 256, "prompt tokens of one question without the admin token", low=16, high=32_768
     ),
-    Setting("KVGRAFT_TRUST_PROXY", "bool", False, "take the client address from X-Forwarded-For (behind a proxy)"),
+    Setting(
+        "KVGRAFT_TRUST_PROXY",
+        "networks",
+        None,
+        "proxies whose X-Forwarded-For is believed",
+        shown="none (private networks on a Space)",
+    ),
+    Setting(
+        "KVGRAFT_PUBLIC_URL",
+        "url",
+        None,
+        "the URL users reach the web app at; Gradio's root, whatever Host a request claims",
+        schemes=("http", "https"),
+        shown="the bind address (https://$SPACE_HOST on a Space)",
+    ),
     Setting(
         "KVGRAFT_BACKEND_URL",
         "url",

@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,8 +234,9 @@ def run(
 ) -> AbuseReport:
     """Idle chats (unless `idle` hands over times already measured), then the same number of chats while the
     `attack` runs (`refused=True` is `attack="refused"`; `solve` = the solve handler's fn_index and a trusted
-    problem, for the solve attacks). The server must trust X-Forwarded-For (`Guard(trust_proxy=True)`) to tell
-    the hosts apart on loopback; otherwise all share one address."""
+    problem, for the solve attacks). The server must believe X-Forwarded-For from 127.0.0.1 (`web.app.serve`
+    with that proxy, KVGRAFT_TRUST_PROXY=127.0.0.1) to tell the hosts apart on loopback; otherwise all share
+    one address."""
     attack = "refused" if refused else attack
     deadline = time.monotonic() + deadline_s
     user_errors: list[str] = []
@@ -315,7 +316,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import services
     from services import seed
-    from web import app
+    from web import app, hosting
     from web.guard import Guard
 
     if args.tiny:
@@ -330,8 +331,9 @@ def main() -> None:
         lib = services.Library(home=args.home or scratch / "home")
         if not lib.count():
             seed.seed_library(lib)
-    demo = app.build_app(lib, admin_token="abuse-admin", guard=Guard("abuse-admin", trust_proxy=True))
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
+    demo = app.build_app(lib, admin_token="abuse-admin", guard=Guard("abuse-admin"))
+    where = replace(hosting.detect({}), port=free_port(), proxies=("127.0.0.1/32",))  # a proxy on loopback
+    app.serve(demo, where, prevent_thread_lock=True, quiet=True)
     runs, idle = [], None
     try:
         load = os.getloadavg()[0]

@@ -44,7 +44,7 @@ def library(tiny_gemma, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def guard():
-    return Guard(TOKEN, gate=TokenCheck(TOKEN), turns=FairTurns(depth=DEPTH), trust_proxy=True)
+    return Guard(TOKEN, gate=TokenCheck(TOKEN), turns=FairTurns(depth=DEPTH))
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +54,13 @@ def admission():
 
 @pytest.fixture(scope="module")
 def served(library, guard, admission):
-    from web import app
+    import dataclasses
+
+    from web import app, hosting
 
     demo = app.build_app(library, admin_token=TOKEN, guard=guard, admission=admission)
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True)
+    where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))  # clients as a proxy sends them
+    app.serve(demo, where, prevent_thread_lock=True, quiet=True)
     try:
         yield demo
     finally:

@@ -29,6 +29,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import gradio as gr  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
 
 import services  # noqa: E402
 import settings  # noqa: E402
@@ -43,6 +44,7 @@ from services.limits import (  # noqa: E402
 from web import admission as admission_mod  # noqa: E402
 from web import (
     hosting,  # noqa: E402
+    memory,  # noqa: E402
     placeholder,  # noqa: E402  (stdlib only)
 )
 from web.guard import ADMIN_HELP, FairTurns, Guard, address_depth, backend_slots, per_address  # noqa: E402
@@ -51,6 +53,7 @@ from web.handlers import call as _call  # noqa: E402
 from web.handlers import model_turn as _model  # noqa: E402
 from web.handlers import upkeep as _upkeep  # noqa: E402
 from web.handlers import verify_samples as _verify_samples  # noqa: E402
+from web.refusal import Refusal, TextGate, require_text, text_problem  # noqa: E402
 from web.solve_tab import solve_tab  # noqa: E402
 from web.startup import StartingLibrary, Startup, TerminalProgress, model_cache, status_html  # noqa: E402
 from web.startup import start as start_up  # noqa: E402
@@ -146,6 +149,11 @@ def _not_answered(exc: Exception) -> str:
 
 def _chat_tab(library: services.LibraryDoor, guard: Guard):
     def chat(message, history, graft, k, max_new, check, compare, admin_token="", request: gr.Request = None):
+        problem = text_problem(message, history, admin_token)  # before any work: echoed, it would break the stream
+        if problem:
+            kept = list(history or []) if text_problem(history) is None else []
+            yield [*kept, warn(problem)], gr.skip(), ""
+            return
         history = list(history or [])
         try:
             options = _answer_options(guard, request, k, graft, max_new, check, compare, admin_token)
@@ -224,10 +232,10 @@ def _deposit(
                 text, title=title or "", attested_by=attested_by or None, admin=True, on_progress=on_progress
             )
     except VerificationFailed as exc:
-        raise gr.Error(str(exc)) from None
+        raise Refusal(str(exc)) from None
     except KvgraftError as exc:
-        raise gr.Error(f"Refused, nothing deposited: {exc}") from None
-    raise gr.Error("Nothing to deposit: fill in a verified item (question, solution, answer, reference) or free text.")
+        raise Refusal(f"Refused, nothing deposited: {exc}") from None
+    raise Refusal("Nothing to deposit: fill in a verified item (question, solution, answer, reference) or free text.")
 
 
 def _deposit_tab(library: services.LibraryDoor, token: str, guard: Guard) -> gr.Tab:
@@ -245,6 +253,7 @@ def _deposit_tab(library: services.LibraryDoor, token: str, guard: Guard) -> gr.
         request: gr.Request,
         progress=gr.Progress(),
     ):
+        require_text(admin_token, mode, question, solution, answer, verifier, reference, text, title, attested_by)
         _call(guard.admin, admin_token, request)
         if mode == "verified item":
             text, attested_by = "", ""
@@ -293,10 +302,12 @@ def _deposit_tab(library: services.LibraryDoor, token: str, guard: Guard) -> gr.
 
 
 def _table(library: services.LibraryDoor, search: str = "") -> list[list]:
+    require_text(search)
     return library_table(library.entries(query=(search or "").strip(), limit=500))
 
 
 def _show(library: services.LibraryDoor, ref: str) -> tuple[str, dict]:
+    require_text(ref)
     ref = (ref or "").strip()
     if not ref:
         return "", {}
@@ -425,10 +436,11 @@ def _apis(library: services.LibraryDoor, guard: Guard) -> None:
     ) -> dict:
         """Answer a question; returns the same JSON object as `cli.py ask --json`. Without the admin token:
         max_new_tokens <= 32 and no `check` (a fresh recomputation) or `compare` (a no-graft run)."""
+        require_text(question, admin_token)
         options = _call(_answer_options, guard, request, k, graft, max_new_tokens, check, compare, admin_token)
         problem = input_problem(question)
         if problem:
-            raise gr.Error(problem)
+            raise Refusal(problem)
         with _model(guard, request):
             result = library.answer(question, **options)
         return json.loads(json.dumps(result.to_json(), default=str))
@@ -446,6 +458,7 @@ def _apis(library: services.LibraryDoor, guard: Guard) -> None:
         request: gr.Request = None,
     ) -> dict:
         """Deposit a verified item (question/solution/answer/verifier/reference) or free text; admin token required."""
+        require_text(admin_token, question, solution, answer, verifier, reference, text, title, attested_by)
         _call(guard.admin, admin_token, request)
         with _model(guard, request):
             return _deposit(library, question, solution, answer, verifier, reference, text, title, attested_by).to_json()
@@ -453,6 +466,7 @@ def _apis(library: services.LibraryDoor, guard: Guard) -> None:
     def verify_api(samples: int = 5, relocate: int | None = None, admin_token: str = "", request: gr.Request = None) -> dict:
         """N-sample exactness check (<= 5 samples without the admin token); with `relocate` the relocation
         experiment at that offset (approximate tier), within the model's context."""
+        require_text(admin_token)
         rep, _ = _verify_samples(library, guard, request, samples, relocate, admin_token)
         return json.loads(json.dumps(rep.to_json(every_field=False), default=str))
 
@@ -529,6 +543,19 @@ def build_app(
     return demo
 
 
+def serve(demo: gr.Blocks, where: hosting.Hosting, **launch) -> None:
+    """Launch `demo` where `hosting` says: the client address of a request is its socket's peer, unless that
+    peer is one of `where.proxies` (then uvicorn takes the nearest X-Forwarded-For hop that is not a proxy),
+    and every page's root is `where.root`, never the Host header a request claims. Gradio builds uvicorn's
+    Config without forwarded_allow_ips, so uvicorn reads FORWARDED_ALLOW_IPS (default: trust 127.0.0.1) as
+    `launch` makes it: it is set here, to exactly the configured proxies ("" trusts no peer). Every request
+    body passes `TextGate` first."""
+    os.environ["FORWARDED_ALLOW_IPS"] = ",".join(where.proxies)
+    edge = {"middleware": [Middleware(TextGate)]}  # text that cannot be encoded is refused before Gradio parses it
+    launch = {"server_name": where.host, "server_port": where.port, "root_path": where.root, "app_kwargs": edge, **launch}
+    demo.launch(**launch)
+
+
 def server_address() -> tuple[str, int]:
     """Host and port from Gradio's own variables; loopback unless the operator (or a Space) says otherwise."""
     where = hosting.detect()
@@ -542,6 +569,7 @@ def main(boot: placeholder.Placeholder | placeholder._NotServing = placeholder.N
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     where = hosting.detect()
     hosting.apply(where)
+    memory.start_trimmer()  # long prompts' freed activations go back to the OS, not kept by glibc's arenas
     if boot is placeholder.NOT_SERVING:
         print(placeholder.url_line(where), flush=True)
     boot.stage("building the page")
@@ -556,8 +584,9 @@ def main(boot: placeholder.Placeholder | placeholder._NotServing = placeholder.N
     else:
         library, tracker, guard = services.Library(), Startup.remembered(model_cache()), None
     demo = build_app(library, admin_token=where.admin_token, startup=tracker, where=where, guard=guard)
-    launch = dict(server_name=where.host, server_port=where.port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
-    placeholder.hand_over(boot, where, lambda: demo.launch(**launch))
+    launch = dict(prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    log.info("client addresses: the socket's peer; X-Forwarded-For believed from %s", ", ".join(where.proxies) or "no proxy")
+    placeholder.hand_over(boot, where, lambda: serve(demo, where, **launch))
     wall, cpu = time.perf_counter() - t0, time.process_time()  # CPU seconds: the part a busy machine does not inflate
     print(f"kvgraft: page served at {where.url} after {wall:.1f} s ({cpu:.1f} s of CPU); store {library.home}", flush=True)
     if backend:

@@ -1,15 +1,16 @@
 """Who may do what on the web app, and how much of the model one client may hold.
 
-`TokenCheck` checks the admin token (constant-time) with a limit on failed guesses per client address
-and overall; `FairTurns` hands the model's slots out in turns (round robin over addresses, then sessions):
-at most one request in flight per session, a few per address, and fewer model slots per address than there
-are slots. It knows nothing about the store, the model or Gradio's widgets; app.py's handlers call it before
-any work (`web.admission` counts the same requests earlier, when they join Gradio's queue).
+`TokenCheck` checks the admin token (constant-time) with a lockout, doubling, of the address that sends
+a burst of wrong ones; `FairTurns` hands the model's slots out in turns (round robin over addresses, then
+sessions): at most one request in flight per session, a few per address, and fewer model slots per address
+than there are slots. It knows nothing about the store, the model or Gradio's widgets; app.py's handlers call
+it before any work (`web.admission` counts the same requests earlier, when they join Gradio's queue).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import itertools
 import threading
 import time
@@ -39,32 +40,79 @@ class Client:
     address: str
 
 
-def client_of(request, trust_proxy: bool = False) -> Client:
-    """The client behind a Gradio request. The address is the socket's peer, or with `trust_proxy` the
-    first X-Forwarded-For hop (only behind a proxy that sets it, e.g. a Space: anyone can send the header)."""
+def client_of(request) -> Client:
+    """The client behind a Gradio request. The address is the request's client as the server resolved it:
+    the socket's peer, or, where that peer is a proxy KVGRAFT_TRUST_PROXY names, the nearest address in its
+    X-Forwarded-For that is not one of those proxies (uvicorn's forwarded_allow_ips, set by `web.app.serve`).
+    The header itself is never read here: anyone can send it."""
     if request is None:  # a handler called directly, not through Gradio: one shared anonymous client
         return Client("direct", "direct")
     address = getattr(getattr(request, "client", None), "host", None) or "unknown"
-    if trust_proxy:
-        forwarded = (request.headers.get("x-forwarded-for") or "").split(",")[0].strip()
-        address = forwarded or address
     session = getattr(request, "session_hash", None) or f"address:{address}"
     return Client(session, address)
 
 
-class TokenCheck:
-    """The admin token check. After `per_address` failed tokens from one address (or `overall` from all)
-    within `window_s`, every token from there (right or wrong) is refused until the window passes."""
+def lockout_key(address: str) -> str:
+    """What one failed-token count is kept under: the address, or for IPv6 its /64 (one host's share)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    return str(ipaddress.ip_network(f"{ip}/64", strict=False)) if ip.version == 6 else str(ip)
 
-    def __init__(self, token: str, per_address: int = 5, overall: int = 100, window_s: float = 300.0, clock=time.monotonic):
+
+@dataclass
+class _Strikes:
+    failures: deque  # moments of the failed tokens within the window
+    until: float = 0.0  # locked until then
+    strikes: int = 0  # lockouts so far (each doubles the next)
+
+
+class TokenCheck:
+    """The admin token check. After `per_address` failed tokens from one address within `window_s`, every
+    token from that address (right or wrong) is refused for `lockout_s`, doubled at each further lockout up
+    to `max_lockout_s`; an address quiet for `max_lockout_s` after its lockout starts afresh. Nothing is
+    counted across addresses: a flood of guesses from one place cannot lock the admin out of another (guessing
+    from many places is what the token's length is for: see docs/SECURITY.md)."""
+
+    MAX_TRACKED = 65_536  # addresses remembered at once; the quiet ones are forgotten first
+
+    def __init__(
+        self,
+        token: str,
+        per_address: int = 5,
+        window_s: float = 300.0,
+        lockout_s: float = 300.0,
+        max_lockout_s: float = 3600.0,
+        clock=time.monotonic,
+    ):
         self.token = token or ""
-        self.per_address, self.overall, self.window_s, self._clock = per_address, overall, window_s, clock
-        self._failures: deque[tuple[float, str]] = deque()
+        self.per_address, self.window_s, self._clock = per_address, window_s, clock
+        self.lockout_s, self.max_lockout_s = lockout_s, max_lockout_s
+        self._seen: dict[str, _Strikes] = {}
         self._lock = threading.Lock()
 
     @property
     def configured(self) -> bool:
         return bool(self.token)
+
+    def _record(self, key: str, now: float) -> _Strikes:
+        """Under the lock: `key`'s record, its old failures dropped and its strikes forgiven once quiet."""
+        rec = self._seen.get(key)
+        if rec is None:
+            if len(self._seen) >= self.MAX_TRACKED:
+                self._forget_quiet(now)
+            rec = self._seen[key] = _Strikes(deque())
+        while rec.failures and rec.failures[0] <= now - self.window_s:
+            rec.failures.popleft()
+        if rec.strikes and now >= rec.until + self.max_lockout_s:
+            rec.strikes = 0
+        return rec
+
+    def _forget_quiet(self, now: float) -> None:
+        quiet = [k for k, r in self._seen.items() if now >= r.until and (not r.failures or r.failures[-1] <= now - self.window_s)]
+        for k in quiet or list(self._seen)[: len(self._seen) // 2]:
+            del self._seen[k]
 
     def check(self, given: object, client: Client) -> None:
         """Returns when `given` is the admin token; Refused (with what to do) otherwise."""
@@ -72,16 +120,20 @@ class TokenCheck:
             raise Refused(ADMIN_HELP)
         with self._lock:
             now = self._clock()
-            while self._failures and self._failures[0][0] <= now - self.window_s:
-                self._failures.popleft()
-            mine = sum(1 for _, a in self._failures if a == client.address)
-            if mine >= self.per_address or len(self._failures) >= self.overall:
-                wait = self._failures[0][0] + self.window_s - now
-                raise Refused(f"Too many wrong admin tokens; admin actions are locked for {wait:.0f} s. Try again later.")
+            rec = self._record(lockout_key(client.address), now)
+            if now < rec.until:
+                raise Refused(
+                    f"Too many wrong admin tokens from your address; admin actions from it are locked for "
+                    f"{rec.until - now:.0f} s. Try again later."
+                )
             ok = isinstance(given, str) and hmac.compare_digest(given.encode("utf-8", "replace"), self.token.encode())
             if not ok:
                 if given not in (None, ""):  # no token is not a guess
-                    self._failures.append((now, client.address))
+                    rec.failures.append(now)
+                    if len(rec.failures) >= self.per_address:
+                        rec.until = now + min(self.lockout_s * 2**rec.strikes, self.max_lockout_s)
+                        rec.strikes += 1
+                        rec.failures.clear()
                 raise Refused("Admin token refused: give the value of KVGRAFT_ADMIN_TOKEN set on the server.")
 
     def is_admin(self, given: object, client: Client) -> bool:
@@ -250,17 +302,13 @@ def backend_slots() -> int:
 class Guard:
     """The gate and the turns of one app, called by each handler with its Gradio request."""
 
-    def __init__(
-        self, token: str, gate: TokenCheck | None = None, turns: FairTurns | None = None, trust_proxy: bool | None = None
-    ):
-        """`trust_proxy` defaults to KVGRAFT_TRUST_PROXY=1; the per-address bounds to KVGRAFT_PER_ADDRESS and
-        KVGRAFT_ADDRESS_DEPTH."""
+    def __init__(self, token: str, gate: TokenCheck | None = None, turns: FairTurns | None = None):
+        """The per-address bounds default to KVGRAFT_PER_ADDRESS and KVGRAFT_ADDRESS_DEPTH."""
         self.gate = gate or TokenCheck(token)
         self.turns = turns or FairTurns(per_address=per_address(), depth=address_depth())
-        self.trust_proxy = settings.get("KVGRAFT_TRUST_PROXY") if trust_proxy is None else trust_proxy
 
     def client(self, request) -> Client:
-        return client_of(request, self.trust_proxy)
+        return client_of(request)
 
     def admin(self, token: object, request) -> None:
         """Returns for the admin token; Refused otherwise (a wrong token counts as a failed guess)."""

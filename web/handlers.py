@@ -30,6 +30,7 @@ from services.limits import (
     whole,
 )
 from web.guard import Guard, Refused
+from web.refusal import Refusal, require_text
 
 EXPORT_TTL_S = 600.0  # our own export file is removed this long after the handler returned it
 
@@ -39,7 +40,7 @@ def call(fn: Callable, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except KvgraftError as exc:
-        raise gr.Error(str(exc)) from None
+        raise Refusal(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -49,7 +50,7 @@ def model_turn(guard: Guard, request):
         with guard.turn(request) as turn:
             yield turn
     except KvgraftError as exc:
-        raise gr.Error(str(exc)) from None
+        raise Refusal(str(exc)) from None
 
 
 def expire(folder: Path, after_s: float) -> threading.Timer:
@@ -104,6 +105,7 @@ def verify_samples(library: services.LibraryDoor, guard: Guard, request, samples
     each and no monolithic comparison, so one sample costs about one default chat. A relocate offset stays
     inside the model's context. Every sample is its own model turn: between samples the model goes to the
     next waiting client in the turn order."""
+    require_text(admin_token)
     admin = call(guard.is_admin, admin_token, request)
     top = MAX_VERIFY_SAMPLES if admin else ANON_VERIFY_SAMPLES
     try:
@@ -111,7 +113,7 @@ def verify_samples(library: services.LibraryDoor, guard: Guard, request, samples
         offset = None if relocate is None else whole("relocate offset", relocate, 0, library.lm.info.max_positions - 1)
     except KvgraftError as exc:
         more = " (more with the admin token)" if top < MAX_VERIFY_SAMPLES else ""
-        raise gr.Error(f"{exc}{more}") from None
+        raise Refusal(f"{exc}{more}") from None
     bounds = verify_bounds(admin)
     with model_turn(guard, request) as turn:
 
@@ -128,12 +130,13 @@ def upkeep(library: services.LibraryDoor, guard: Guard, table: Callable[[], list
     `table` renders the library table shown after an import or a delete."""
 
     def export_bundle(admin_token, ref, request: gr.Request):
+        require_text(admin_token, ref)
         call(guard.admin, admin_token, request)
         ref = ref if isinstance(ref, str) else ""
         with model_turn(guard, request):
             ids = [s.strip() for s in ref.replace(",", " ").split() if s.strip()] or library.artifact_ids()
             if not ids:
-                raise gr.Error("The store is empty: nothing to export.")
+                raise Refusal("The store is empty: nothing to export.")
             folder = Path(tempfile.mkdtemp(prefix="kvgraft-export-"))
             expire(folder, EXPORT_TTL_S)
             rep = services.export_bundle(library, ids, folder / f"kvgraft-bundle-{time.strftime('%Y%m%d-%H%M%S')}.tar")
@@ -143,9 +146,10 @@ def upkeep(library: services.LibraryDoor, guard: Guard, table: Callable[[], list
         )
 
     def import_bundle(admin_token, file, request: gr.Request):
+        require_text(admin_token)
         call(guard.admin, admin_token, request)
         if not file:
-            raise gr.Error("Choose a bundle file to import.")
+            raise Refusal("Choose a bundle file to import.")
         upload = Path(file if isinstance(file, str) else file.name)
         try:
             with model_turn(guard, request):
@@ -155,9 +159,10 @@ def upkeep(library: services.LibraryDoor, guard: Guard, table: Callable[[], list
         return f"Imported {len(rep.artifacts)} artifacts ({len(rep.new)} new, {rep.blobs_written} blobs written).", table()
 
     def delete_artifact(admin_token, ref, request: gr.Request):
+        require_text(admin_token, ref)
         call(guard.admin, admin_token, request)
         if not isinstance(ref, str) or not ref.strip():
-            raise gr.Error("Select an artifact (click a row) or paste its id first.")
+            raise Refusal("Select an artifact (click a row) or paste its id first.")
         with model_turn(guard, request):
             rep = library.delete(ref.strip())
         return f"Deleted `{rep.id[:16]}…` (blob {'removed' if rep.blob_removed else 'kept: still referenced'}).", table()

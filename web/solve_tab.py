@@ -16,6 +16,7 @@ from errors import KvgraftError
 from services.limits import ANON_MAX_NEW_TOKENS, ANON_SOLVE_ATTEMPTS, MAX_SEED, whole
 from web.guard import Guard
 from web.handlers import call, model_turn
+from web.refusal import Refusal, require_text
 from web.views import input_problem, solve_summary
 
 PUBLIC_SOLVE_BUDGET = 1024  # tokens an anonymous solve may spend (the admin may spend more)
@@ -45,18 +46,20 @@ def solve_tab(library: services.LibraryDoor, guard: Guard, problems_path: Path) 
         return solve_summary(r)
 
     def solve_public(choice, budget, seed, request: gr.Request, progress=gr.Progress()):
+        require_text(choice)
         row = problems.get(choice) if isinstance(choice, str) else None
         if row is None:
-            raise gr.Error("Pick a problem from the trusted problem set.")
+            raise Refusal("Pick a problem from the trusted problem set.")
         budget, seed = numbers(budget, seed, PUBLIC_SOLVE_BUDGET)
         anonymous = {"attempts": ANON_SOLVE_ATTEMPTS, "max_new_tokens": ANON_MAX_NEW_TOKENS}
         return run(request, row["question"], row["verifier"], row["reference"], budget, seed, progress, **anonymous)
 
     def solve_admin(admin_token, question, verifier, reference, budget, seed, request: gr.Request, progress=gr.Progress()):
+        require_text(admin_token, question, verifier, reference)
         call(guard.admin, admin_token, request)
         problem = input_problem(question)
         if problem:
-            raise gr.Error(problem)
+            raise Refusal(problem)
         budget, seed = numbers(budget, seed, ADMIN_SOLVE_BUDGET)
         return run(request, question, verifier, reference, budget, seed, progress)
 
