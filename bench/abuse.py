@@ -7,7 +7,9 @@ through `/chat`. The attacks (`--attack`, one or several, comma-separated):
 - `long`: N sessions of one address send 4,000-character questions (refused past the prompt-token bound);
 - `solves`: N sessions of one address flood the trusted-problem solve, each re-sent as soon as it ends;
 - `singles`: four addresses, one request at a time each: a verify, a 4,000-character question, a solve, a
-  refused check and compare.
+  refused check and compare;
+- `reads`: N sessions of one address render the dashboard and search the library back to back (the private
+  handlers, by fn_index, as the page's timer and search box call them).
 
 Reports, per attack, the user's chat latency idle and under attack (p50/p95), the errors each side saw, the
 attackers' calls and refusals (a refused attacker waits 0.1 s, as a client told to wait would), the server's
@@ -46,7 +48,7 @@ REFUSED = (
     "Your address already has",
     "prompt tokens; the limit without the admin token",
 )
-ATTACKS = ("heavy", "refused", "long", "solves", "singles")
+ATTACKS = ("heavy", "refused", "long", "solves", "singles", "reads")
 SINGLES = ("verify", "long", "solve", "refused")  # one address each
 REFUSED_WAIT_S = 0.1
 
@@ -166,7 +168,7 @@ def _raw(url: str, fn_index: int, data: list, address: str) -> None:
                     return
 
 
-def _calls(c, url: str, kind: str, i: int, address: str, solve: tuple[int, str] | None) -> Callable[[], object]:
+def _calls(c, url: str, kind: str, i: int, address: str, solve: tuple[int, str] | None, reads=None) -> Callable[[], object]:
     """The request one attacker of `kind` sends back to back."""
     if kind == "heavy":
         return [
@@ -185,6 +187,10 @@ def _calls(c, url: str, kind: str, i: int, address: str, solve: tuple[int, str] 
         assert solve is not None, "a solve attack needs the solve handler's fn_index and a trusted problem"
         index, problem = solve
         return lambda: _raw(url, index, [problem, 1024, i], address)
+    if kind == "reads":
+        assert reads is not None, "a reads attack needs the dashboard's and the library search's fn_index"
+        dashboard, search = reads
+        return [lambda: _raw(url, dashboard, [], address), lambda: _raw(url, search, ["the"], address)][i % 2]
     raise ValueError(f"unknown attack {kind!r}; valid: {', '.join(ATTACKS)}")
 
 
@@ -204,7 +210,7 @@ def _attacker(c, call, stop, deadline: float, out: dict) -> None:
                 out["errors"].append(f"{type(exc).__name__}: {message}"[:300])
 
 
-def _attack(url: str, attackers: int, ready, stop, deadline: float, results, kind: str, solve=None) -> None:
+def _attack(url: str, attackers: int, ready, stop, deadline: float, results, kind: str, solve=None, reads=None) -> None:
     """The attacking hosts, in their own process (their client threads do not share the server's GIL): `attackers`
     sessions of one address, or with `singles` one session at each of four addresses."""
     if kind == "singles":
@@ -214,7 +220,7 @@ def _attack(url: str, attackers: int, ready, stop, deadline: float, results, kin
     outs = [{"calls": 0, "refusals": 0, "errors": []} for _ in who]
     with ThreadPoolExecutor(len(who)) as pool:
         clients = list(pool.map(lambda w: _client(url, w[1]), who))
-        calls = [_calls(clients[i], url, k, i, a, solve) for i, (k, a) in enumerate(who)]
+        calls = [_calls(clients[i], url, k, i, a, solve, reads) for i, (k, a) in enumerate(who)]
         ready.set()
         for f in [pool.submit(_attacker, clients[i], calls[i], stop, deadline, outs[i]) for i in range(len(who))]:
             f.result()
@@ -231,6 +237,7 @@ def run(
     attack: str = "heavy",
     solve: tuple[int, str] | None = None,
     idle: list[float] | None = None,
+    reads: tuple[int, int] | None = None,
 ) -> AbuseReport:
     """Idle chats (unless `idle` hands over times already measured), then the same number of chats while the
     `attack` runs (`refused=True` is `attack="refused"`; `solve` = the solve handler's fn_index and a trusted
@@ -246,7 +253,7 @@ def run(
     before, rss_before = files_under(list(watch)), rss_mb()
     ctx = multiprocessing.get_context("spawn")
     ready, stop, results = ctx.Event(), ctx.Event(), ctx.Queue()
-    args = (url, attackers, ready, stop, deadline, results, attack, solve)
+    args = (url, attackers, ready, stop, deadline, results, attack, solve, reads)
     host = ctx.Process(target=_attack, args=args, daemon=True)
     host.start()
     try:
@@ -282,6 +289,20 @@ def seed_tiny(lib) -> None:
         lib.deposit_text(f"{it['question']} {it['solution']}", title=it["question"], attested_by="bench.abuse", admin=True)
     for title, text in sheets:
         lib.deposit_text(text[:1500], title=title, attested_by="bench.abuse", admin=True)
+
+
+def _reads_targets(demo) -> tuple[int, int] | None:
+    """The fn_index of the dashboard's render (its outputs start with the stats panel) and of the library search
+    (the search box's submit), for the reads attack."""
+    dashboard = [
+        i for i, f in demo.fns.items() if f.outputs and getattr(f.outputs[0], "elem_id", None) == "kv-stats" and not f.inputs
+    ]
+    search = [
+        i
+        for i, f in demo.fns.items()
+        if len(f.inputs) == 1 and getattr(f.inputs[0], "placeholder", None) == "search titles and text" and f.outputs
+    ]
+    return (dashboard[0], search[0]) if dashboard and search else None
 
 
 def _solve_target(demo) -> tuple[int, str] | None:
@@ -341,6 +362,7 @@ def main() -> None:
         for attack in attacks:
             for n in [4] if attack == "singles" else counts:
                 kw = dict(watch=watch, deadline_s=args.deadline, attack=attack, solve=_solve_target(demo), idle=idle)
+                kw["reads"] = _reads_targets(demo)
                 rep = run(demo.local_url, args.chats, n, **kw)
                 idle = list(rep.idle_s)  # measured once, before the first attack
                 out = {k: v for k, v in rep.to_json().items() if k != "attacker_errors"}

@@ -29,10 +29,13 @@ def _free_port() -> int:
 
 
 def _launch(library, token):
-    from web import app
+    import dataclasses
+
+    from web import app, hosting
 
     demo = app.build_app(library, admin_token=token)
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True)
+    where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))  # as behind a proxy
+    app.serve(demo, where, prevent_thread_lock=True, quiet=True)
     return demo
 
 
@@ -159,8 +162,10 @@ def test_verify_endpoint(client, deposited):
 
 
 def test_eight_concurrent_clients(served, deposited):
+    """Eight users at eight addresses at once (one address gets a share of the model, not all of it)."""
+
     def ask(i: int) -> dict:
-        c = gradio_client.Client(served, verbose=False)
+        c = gradio_client.Client(served, verbose=False, headers={"X-Forwarded-For": f"198.51.100.{10 + i}"})
         return c.predict(ITEM["question"], 3, True, 4, i % 2 == 0, False, TOKEN, api_name="/answer")
 
     with ThreadPoolExecutor(8) as pool:
@@ -201,3 +206,29 @@ def test_real_model_seed_item_answered_exactly(real_lm, tmp_path):
     assert r["proof"]["passed"] is True  # the probe proof on the serving cache
     assert r["answer"].strip().rstrip(".") == item["answer"], r["answer"]
     assert r["check"]["exact"] is True and r["check"]["kl"] == 0.0
+
+
+def test_one_dashboard_render_serves_every_session_within_its_period():
+    import threading
+
+    from web.handlers import SharedRender
+
+    now = [100.0]
+    drawn = []
+
+    def render():
+        drawn.append(now[0])
+        return ("stats", len(drawn))
+
+    shared = SharedRender(render, ttl_s=5.0, clock=lambda: now[0])
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(shared())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [("stats", 1)] * 8 and shared.renders == 1
+    now[0] += 4.9
+    assert shared() == ("stats", 1)
+    now[0] += 0.1
+    assert shared() == ("stats", 2) and drawn == [100.0, 105.0]

@@ -42,12 +42,9 @@ from services.limits import (  # noqa: E402
     warm_proofs_limit,
 )
 from web import admission as admission_mod  # noqa: E402
-from web import (
-    hosting,  # noqa: E402
-    memory,  # noqa: E402
-    placeholder,  # noqa: E402  (stdlib only)
-)
+from web import hosting, memory, placeholder  # noqa: E402  (placeholder: stdlib only)
 from web.guard import ADMIN_HELP, FairTurns, Guard, address_depth, backend_slots, per_address  # noqa: E402
+from web.handlers import SharedRender  # noqa: E402
 from web.handlers import answer_options as _answer_options  # noqa: E402
 from web.handlers import call as _call  # noqa: E402
 from web.handlers import model_turn as _model  # noqa: E402
@@ -401,7 +398,6 @@ def _dashboard(library: services.LibraryDoor):
 
 
 def _dashboard_tab(library: services.LibraryDoor, other_tabs: list[gr.Tab], reads: dict) -> None:
-    dashboard = lambda: _dashboard(library)  # noqa: E731
     with gr.Tab("Dashboard", id="dashboard") as tab:
         stats = gr.HTML(elem_id="kv-stats")
         with gr.Row():
@@ -409,6 +405,13 @@ def _dashboard_tab(library: services.LibraryDoor, other_tabs: list[gr.Tab], read
             p_speed = gr.Plot(label="time-to-first-token speedup", show_label=False, elem_id="kv-plot-ttft")
         p_store = gr.Plot(label="store size vs context window", show_label=False, elem_id="kv-plot-store")
         p_fly = gr.Plot(label="the flywheel: learning and recall", show_label=False, elem_id="kv-plot-flywheel")
+        plots = (p_tokens, p_speed, p_store, p_fly)
+
+        def encoded() -> tuple:  # the figures drawn once and encoded once, for every session within the period
+            html, *figures = _dashboard(library)
+            return html, *(plot.postprocess(f) for plot, f in zip(plots, figures, strict=True))
+
+        dashboard = SharedRender(encoded)
         # Ticks only while the dashboard is open: rendering plots beside an answer would skew its timings.
         timer = gr.Timer(5.0, active=False)
         outputs = [stats, p_tokens, p_speed, p_store, p_fly]

@@ -168,3 +168,28 @@ def upkeep(library: services.LibraryDoor, guard: Guard, table: Callable[[], list
         return f"Deleted `{rep.id[:16]}…` (blob {'removed' if rep.blob_removed else 'kept: still referenced'}).", table()
 
     return export_bundle, import_bundle, delete_artifact
+
+
+DASHBOARD_TTL_S = 5.0  # the dashboard page's own refresh period: one render serves every open dashboard meanwhile
+
+
+class SharedRender:
+    """One render serves every caller for `ttl_s` seconds. The dashboard's figures change only with new answers
+    and deposits, and drawing its plots costs the server ~0.3 s of CPU: eight sessions' timers must not each pay
+    it beside the model. Callers that arrive during a render wait for it and share its result, which must be
+    immutable (the plots are handed over already encoded, as Gradio's PlotData)."""
+
+    def __init__(self, render: Callable[[], tuple], ttl_s: float = DASHBOARD_TTL_S, clock: Callable[[], float] = time.monotonic):
+        self._render, self._ttl_s, self._clock = render, ttl_s, clock
+        self._lock = threading.Lock()
+        self._value: tuple | None = None
+        self._at = 0.0
+        self.renders = 0
+
+    def __call__(self) -> tuple:
+        with self._lock:
+            if self._value is None or self._clock() - self._at >= self._ttl_s:
+                self._value = self._render()
+                self._at = self._clock()
+                self.renders += 1
+            return self._value
