@@ -36,20 +36,26 @@ def test_default_bind_is_loopback(monkeypatch):
 
 
 def test_depositors_and_askers_at_once(tiny_gemma, tmp_path):
+    import dataclasses
+
     import services
     from retrieval import HashEmbedder
-    from web import app
+    from web import app, hosting
 
     lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
     lib.deposit_item("Who founded Velmora?", "Velmora was founded by Osric Pellamy.", "Osric Pellamy", "exact", "Osric Pellamy")
     demo = app.build_app(lib, admin_token=TOKEN)
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True)
+    where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))  # as behind a proxy
+    app.serve(demo, where, prevent_thread_lock=True, quiet=True)
     url = demo.local_url
     assert url.startswith("http://127.0.0.1:")
     start = time.monotonic()
 
+    def user(n: int):  # each depositor and asker at an address of its own, as a proxy reports them
+        return gradio_client.Client(url, verbose=False, headers={"X-Forwarded-For": f"198.51.100.{10 + n}"})
+
     def deposit(i: int) -> str:
-        c = gradio_client.Client(url, verbose=False)
+        c = user(i)
         out = c.predict(
             TOKEN,
             question=f"Who keeps lighthouse number {i}?",
@@ -62,7 +68,7 @@ def test_depositors_and_askers_at_once(tiny_gemma, tmp_path):
         return out["id"]
 
     def ask(i: int) -> list[dict]:
-        c = gradio_client.Client(url, verbose=False)
+        c = user(DEPOSITORS + i)
         return [
             c.predict(f"Who keeps lighthouse number {(i + j) % DEPOSITORS}?", max_new_tokens=4, api_name="/answer")
             for j in range(PER_ASKER)
