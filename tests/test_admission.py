@@ -283,3 +283,44 @@ def test_a_solve_seed_is_refused_with_a_clear_message(served, seed, message):
     assert r.status_code == 200, r.text
     msg = _completed(served, session, "10.1.5.1")
     assert msg["success"] is False and msg["output"]["error"] == message
+
+
+def test_one_address_past_its_rate_of_work_requests_is_answered_429_before_its_body_is_read():
+    import asyncio
+    import json as _json
+
+    from web.admission import JoinLimiter
+
+    now = [0.0]
+    reached = []
+
+    async def app(scope, receive, send):
+        reached.append((scope["client"][0], scope["path"]))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    limiter = JoinLimiter(app, rate=1.0, burst=2, clock=lambda: now[0])
+
+    def call(address: str, path: str = "/gradio_api/queue/join") -> tuple[int, dict, bytes]:
+        sent = []
+
+        async def receive():
+            raise AssertionError("a refused request's body is never read")
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "path": path, "client": (address, 5000), "method": "POST"}
+        asyncio.run(limiter(scope, receive, send))
+        start, body = sent
+        return start["status"], dict(start["headers"]), body["body"]
+
+    assert [call("203.0.113.7")[0] for _ in range(2)] == [200, 200]  # the burst
+    status, headers, body = call("203.0.113.7")
+    assert status == 429 and headers[b"retry-after"] == b"1"
+    assert _json.loads(body)["detail"] == "Too many requests from your address: at most 1 a second. Wait 1.0 s, then send again."
+    assert call("198.51.100.2")[0] == 200  # another address is not affected
+    assert call("203.0.113.7", "/gradio_api/queue/data")[0] == 200  # the event stream and pages are not limited
+    now[0] += 1.0
+    assert call("203.0.113.7")[0] == 200 and call("203.0.113.7")[0] == 429
+    assert limiter.refused == 2 and len([r for r in reached if r[0] == "203.0.113.7"]) == 4

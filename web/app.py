@@ -554,7 +554,11 @@ def serve(demo: gr.Blocks, where: hosting.Hosting, **launch) -> None:
     `launch` makes it: it is set here, to exactly the configured proxies ("" trusts no peer). Every request
     body passes `TextGate` first."""
     os.environ["FORWARDED_ALLOW_IPS"] = ",".join(where.proxies)
-    edge = {"middleware": [Middleware(TextGate)]}  # text that cannot be encoded is refused before Gradio parses it
+    limiter = Middleware(
+        admission_mod.JoinLimiter, rate=settings.get("KVGRAFT_JOINS_PER_S"), burst=settings.get("KVGRAFT_JOINS_BURST")
+    )
+    # outermost the per-address rate of work requests, then text that cannot be encoded, before Gradio parses it
+    edge = {"middleware": [limiter, Middleware(TextGate)]}
     launch = {"server_name": where.host, "server_port": where.port, "root_path": where.root, "app_kwargs": edge, **launch}
     demo.launch(**launch)
 
