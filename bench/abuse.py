@@ -47,6 +47,8 @@ REFUSED = (
     "needs the admin token",
     "Your address already has",
     "prompt tokens; the limit without the admin token",
+    "Too many requests from your address",  # the rate limiter's 429, as the raw join reports it
+    "429 Too Many Requests",  # the same, as gradio_client reports it
 )
 ATTACKS = ("heavy", "refused", "long", "solves", "singles", "reads")
 SINGLES = ("verify", "long", "solve", "refused")  # one address each
@@ -337,7 +339,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import services
     from services import seed
-    from web import app, hosting
+    from web import app, hosting, memory
     from web.guard import Guard
 
     if args.tiny:
@@ -352,6 +354,7 @@ def main() -> None:
         lib = services.Library(home=args.home or scratch / "home")
         if not lib.count():
             seed.seed_library(lib)
+    memory.start_trimmer()  # as web.app.main does: freed activations go back to the OS
     demo = app.build_app(lib, admin_token="abuse-admin", guard=Guard("abuse-admin"))
     where = replace(hosting.detect({}), port=free_port(), proxies=("127.0.0.1/32",))  # a proxy on loopback
     app.serve(demo, where, prevent_thread_lock=True, quiet=True)
