@@ -299,7 +299,12 @@ def test_one_address_past_its_rate_of_work_requests_is_answered_429_before_its_b
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    limiter = JoinLimiter(app, rate=1.0, burst=2, clock=lambda: now[0])
+    held = []
+
+    async def sleep(s: float) -> None:
+        held.append(s)
+
+    limiter = JoinLimiter(app, rate=1.0, burst=2, clock=lambda: now[0], hold_s=1.0, sleep=sleep)
 
     def call(address: str, path: str = "/gradio_api/queue/join") -> tuple[int, dict, bytes]:
         sent = []
@@ -324,3 +329,4 @@ def test_one_address_past_its_rate_of_work_requests_is_answered_429_before_its_b
     now[0] += 1.0
     assert call("203.0.113.7")[0] == 200 and call("203.0.113.7")[0] == 429
     assert limiter.refused == 2 and len([r for r in reached if r[0] == "203.0.113.7"]) == 4
+    assert held == [1.0, 1.0]  # every refusal held before its answer, no other request

@@ -139,6 +139,7 @@ def install(queue, admission: Admission, client_of: Callable[[object], Client], 
     queue.push = push
 
 
+TARPIT_S = 1.0  # how long a request over its address's rate waits for its 429 (the server's cost: an idle coroutine)
 RATE_REFUSAL = "Too many requests from your address: at most {rate:g} a second. Wait {wait:.1f} s, then send again."
 _LIMITED = ("/gradio_api/queue/join", "/gradio_api/call/", "/gradio_api/run/", "/gradio_api/api/")
 
@@ -150,15 +151,28 @@ class JoinLimiter:
     send hundreds a second: refusing them here costs a dictionary lookup, where a join refused by `Admission`
     costs a parsed body and Gradio's routing (measured: 24 refused sessions of one address took a chatting
     user's p95 from 0.38 to 6.5-7.5 s). Pages, assets and the event streams pass untouched. The address is the
-    ASGI client, as uvicorn resolved it from the configured proxies."""
+    ASGI client, as uvicorn resolved it from the configured proxies. The 429 comes after `hold_s` (a tarpit):
+    a client that retries as soon as it is refused, as the attack's clients do, retries at most once a second
+    per connection instead of hundreds of times, and what it costs the server meanwhile is a sleeping coroutine."""
 
-    def __init__(self, app, rate: float = 4.0, burst: float = 8.0, clock: Callable[[], float] | None = None, most: int = 65_536):
+    def __init__(
+        self,
+        app,
+        rate: float = 4.0,
+        burst: float = 8.0,
+        clock: Callable[[], float] | None = None,
+        most: int = 65_536,
+        hold_s: float = TARPIT_S,
+        sleep: Callable[[float], object] | None = None,
+    ):
+        import asyncio
         import time
 
         if rate <= 0 or burst < 1:
             raise ValueError(f"rate must be positive and burst at least 1, got {rate} and {burst}")
-        self.app, self.rate, self.burst, self.most = app, rate, burst, most
+        self.app, self.rate, self.burst, self.most, self.hold_s = app, rate, burst, most, hold_s
         self._clock = clock or time.monotonic
+        self._sleep = sleep or asyncio.sleep
         self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, when)
         self.refused = 0
 
@@ -183,6 +197,7 @@ class JoinLimiter:
         if not wait:
             return await self.app(scope, receive, send)
         self.refused += 1
+        await self._sleep(self.hold_s)  # held, not answered at once: a client that retries on a refusal slows down
         body = json.dumps({"detail": RATE_REFUSAL.format(rate=self.rate, wait=wait)}).encode()
         headers = [
             (b"content-type", b"application/json"),
