@@ -7,7 +7,7 @@ flywheel has recalls. "before" is the previous per-render code, kept below verba
 ledger's sums by one SUM over every row, the store's size by COUNT and SUM over every artifact, and the
 flywheel by reading every artifact and every ledger row; the library search before runs without the
 index on artifacts.created_at that m004_aggregates added. "after" is `Library.stats()` + `flywheel()`
-(what `web.app._dashboard` reads) and `Library.entries()`. Both render the same plots. Median of a few
+(what `web.dashboard_tab.figures` reads) and `Library.entries()`. Both render the same plots. Median of a few
 runs each; writes docs/bench/reads.json.
 
     .venv/bin/python -m bench.reads            # about 4 minutes on 2 shared cores (the scans before are most of it)
@@ -181,7 +181,7 @@ def new_figures(lib: Library) -> tuple[StoreStats, Flywheel]:
 
 
 def render(figures) -> None:
-    """What web.app._dashboard does with the figures: the stats panel and the four plots."""
+    """What web.dashboard_tab.figures does with the figures: the stats panel and the four plots."""
     from web import views
 
     s, f = figures

@@ -14,6 +14,8 @@ import uuid
 
 import pytest
 
+from tests.conftest import UNLIMITED_JOINS
+
 gradio_client = pytest.importorskip("gradio_client")
 import httpx  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
@@ -60,7 +62,7 @@ def served(library, guard, admission):
 
     demo = app.build_app(library, admin_token=TOKEN, guard=guard, admission=admission)
     where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))  # clients as a proxy sends them
-    app.serve(demo, where, prevent_thread_lock=True, quiet=True)
+    app.serve(demo, where, joins=UNLIMITED_JOINS, prevent_thread_lock=True, quiet=True)
     try:
         yield demo
     finally:
@@ -330,3 +332,29 @@ def test_one_address_past_its_rate_of_work_requests_is_answered_429_before_its_b
     assert call("203.0.113.7")[0] == 200 and call("203.0.113.7")[0] == 429
     assert limiter.refused == 2 and len([r for r in reached if r[0] == "203.0.113.7"]) == 4
     assert held == [1.0, 1.0]  # every refusal held before its answer, no other request
+
+
+def test_the_served_app_answers_an_address_past_its_rate_429_and_serves_the_others(library):
+    """web.app.serve with its JoinLimiter at one every 10 s, bursts of 2: one address's third question in a row is
+    answered 429 at the edge (held a second), while another address's question is answered."""
+    import dataclasses
+
+    import httpx
+
+    from web import app, hosting
+
+    demo = app.build_app(library, admin_token=TOKEN, guard=Guard(TOKEN, gate=TokenCheck(TOKEN), turns=FairTurns(depth=DEPTH)))
+    where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))
+    app.serve(demo, where, joins=(0.1, 2), prevent_thread_lock=True, quiet=True)  # one more every 10 s
+    try:
+        fast = gradio_client.Client(demo.local_url, verbose=False, headers={"X-Forwarded-For": "10.9.0.1"})
+        other = gradio_client.Client(demo.local_url, verbose=False, headers={"X-Forwarded-For": "10.9.0.2"})
+        for _ in range(2):
+            fast.predict("Who built the lighthouse?", 3, True, 4, api_name="/answer")
+        t0 = time.monotonic()
+        with pytest.raises(httpx.HTTPStatusError, match="429 Too Many Requests"):
+            fast.predict("Who built the lighthouse?", 3, True, 4, api_name="/answer")
+        assert time.monotonic() - t0 >= 1.0  # the refusal was held
+        assert "answer" in other.predict("Who built the lighthouse?", 3, True, 4, api_name="/answer")
+    finally:
+        demo.close()

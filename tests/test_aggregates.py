@@ -135,7 +135,7 @@ def selects(lib: Library, fn) -> int:
 
 
 def test_dashboard_figures_equal_a_scan_and_a_render_reads_a_bounded_number_of_rows(url, tmp_path):
-    from web.app import _dashboard
+    from web.dashboard_tab import figures as _dashboard
 
     lib = Library(home=tmp_path / "home", db_url=url, lm=FAKE_LM, embedder=object())
     try:

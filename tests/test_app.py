@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.conftest import UNLIMITED_JOINS
+
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
 
@@ -35,7 +37,7 @@ def _launch(library, token):
 
     demo = app.build_app(library, admin_token=token)
     where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))  # as behind a proxy
-    app.serve(demo, where, prevent_thread_lock=True, quiet=True)
+    app.serve(demo, where, joins=UNLIMITED_JOINS, prevent_thread_lock=True, quiet=True)
     return demo
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import UNLIMITED_JOINS
+
 gradio_client = pytest.importorskip("gradio_client")
 import httpx  # noqa: E402
 
@@ -46,7 +48,7 @@ def _serve(library, proxies: tuple[str, ...]):
     guard = Guard(TOKEN, gate=TokenCheck(TOKEN, per_address=3, window_s=600), turns=FairTurns(per_address=8))
     demo = app.build_app(library, admin_token=TOKEN, guard=guard)
     where = dataclasses.replace(hosting.detect({}), host="127.0.0.1", port=_free_port(), proxies=proxies)
-    app.serve(demo, where, prevent_thread_lock=True, quiet=True)
+    app.serve(demo, where, joins=UNLIMITED_JOINS, prevent_thread_lock=True, quiet=True)
     return demo, guard
 
 

@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.conftest import UNLIMITED_JOINS
+
 gradio_client = pytest.importorskip("gradio_client")
 
 TOKEN = "load-test-token"
@@ -46,7 +48,7 @@ def test_depositors_and_askers_at_once(tiny_gemma, tmp_path):
     lib.deposit_item("Who founded Velmora?", "Velmora was founded by Osric Pellamy.", "Osric Pellamy", "exact", "Osric Pellamy")
     demo = app.build_app(lib, admin_token=TOKEN)
     where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))  # as behind a proxy
-    app.serve(demo, where, prevent_thread_lock=True, quiet=True)
+    app.serve(demo, where, joins=UNLIMITED_JOINS, prevent_thread_lock=True, quiet=True)
     url = demo.local_url
     assert url.startswith("http://127.0.0.1:")
     start = time.monotonic()

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import UNLIMITED_JOINS
+
 gradio_client = pytest.importorskip("gradio_client")
 import httpx  # noqa: E402
 from gradio_client.exceptions import AppError, ValidationError  # noqa: E402
@@ -56,7 +58,7 @@ def _serve(demo, **launch) -> None:
     from web import app, hosting
 
     where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))
-    app.serve(demo, where, prevent_thread_lock=True, quiet=True, **launch)
+    app.serve(demo, where, joins=UNLIMITED_JOINS, prevent_thread_lock=True, quiet=True, **launch)
 
 
 @pytest.fixture(scope="module")

@@ -43,8 +43,8 @@ from services.limits import (  # noqa: E402
 )
 from web import admission as admission_mod  # noqa: E402
 from web import hosting, memory, placeholder  # noqa: E402  (placeholder: stdlib only)
+from web.dashboard_tab import dashboard_tab  # noqa: E402
 from web.guard import ADMIN_HELP, FairTurns, Guard, address_depth, backend_slots, per_address  # noqa: E402
-from web.handlers import SharedRender  # noqa: E402
 from web.handlers import answer_options as _answer_options  # noqa: E402
 from web.handlers import call as _call  # noqa: E402
 from web.handlers import model_turn as _model  # noqa: E402
@@ -58,14 +58,9 @@ from web.views import (  # noqa: E402
     LIBRARY_HEADERS,
     evidence_html,
     evidence_summary,
-    flywheel_plot,
     input_problem,
     library_table,
     shown,
-    speedup_plot,
-    stats_html,
-    store_plot,
-    tokens_plot,
     verify_plot,
     verify_summary,
     warn,
@@ -391,36 +386,6 @@ def _verify_tab(library: services.LibraryDoor, guard: Guard) -> gr.Tab:
 # ---- dashboard -----------------------------------------------------------------------------
 
 
-def _dashboard(library: services.LibraryDoor):
-    s = _call(library.stats)
-    plots = (tokens_plot(s.recent), speedup_plot(s.recent), store_plot(s.store_tokens, s.window))
-    return stats_html(s), *plots, flywheel_plot(_call(library.flywheel))
-
-
-def _dashboard_tab(library: services.LibraryDoor, other_tabs: list[gr.Tab], reads: dict) -> None:
-    with gr.Tab("Dashboard", id="dashboard") as tab:
-        stats = gr.HTML(elem_id="kv-stats")
-        with gr.Row():
-            p_tokens = gr.Plot(label="computed vs baseline tokens", show_label=False, elem_id="kv-plot-tokens")
-            p_speed = gr.Plot(label="time-to-first-token speedup", show_label=False, elem_id="kv-plot-ttft")
-        p_store = gr.Plot(label="store size vs context window", show_label=False, elem_id="kv-plot-store")
-        p_fly = gr.Plot(label="the flywheel: learning and recall", show_label=False, elem_id="kv-plot-flywheel")
-        plots = (p_tokens, p_speed, p_store, p_fly)
-
-        def encoded() -> tuple:  # the figures drawn once and encoded once, for every session within the period
-            html, *figures = _dashboard(library)
-            return html, *(plot.postprocess(f) for plot, f in zip(plots, figures, strict=True))
-
-        dashboard = SharedRender(encoded)
-        # Ticks only while the dashboard is open: rendering plots beside an answer would skew its timings.
-        timer = gr.Timer(5.0, active=False)
-        outputs = [stats, p_tokens, p_speed, p_store, p_fly]
-        timer.tick(dashboard, None, outputs, show_progress="hidden", **reads)
-        tab.select(lambda: (*dashboard(), gr.Timer(active=True)), None, [*outputs, timer], show_progress="hidden", **reads)
-        for other in other_tabs:
-            other.select(lambda: gr.Timer(active=False), None, timer, queue=False, api_visibility="private")
-
-
 # ---- named API endpoints -------------------------------------------------------------------
 
 
@@ -534,7 +499,7 @@ def build_app(
         lib_tab, tbl = _library_tab(gated, guard, reads, writable=not read_only)
         ver_tab = _verify_tab(gated, guard)
         sol_tab = solve_tab(gated, guard, HERE / "datasets" / "problems.jsonl")
-        _dashboard_tab(gated, [*tabs, lib_tab, ver_tab, sol_tab], reads)
+        dashboard_tab(gated, [*tabs, lib_tab, ver_tab, sol_tab], reads)
         _apis(gated, guard)
         status_timer.tick(status_line, None, [status_md, status_timer], show_progress="hidden", **reads)
         demo.load(status_line, None, [status_md, status_timer], **reads)
@@ -546,17 +511,17 @@ def build_app(
     return demo
 
 
-def serve(demo: gr.Blocks, where: hosting.Hosting, **launch) -> None:
+def serve(demo: gr.Blocks, where: hosting.Hosting, joins: tuple[float, int] | None = None, **launch) -> None:
     """Launch `demo` where `hosting` says: the client address of a request is its socket's peer, unless that
     peer is one of `where.proxies` (then uvicorn takes the nearest X-Forwarded-For hop that is not a proxy),
     and every page's root is `where.root`, never the Host header a request claims. Gradio builds uvicorn's
     Config without forwarded_allow_ips, so uvicorn reads FORWARDED_ALLOW_IPS (default: trust 127.0.0.1) as
     `launch` makes it: it is set here, to exactly the configured proxies ("" trusts no peer). Every request
-    body passes `TextGate` first."""
+    body passes `TextGate` first, after the per-address `JoinLimiter` (`joins`: its rate a second and burst,
+    KVGRAFT_JOINS_PER_S / KVGRAFT_JOINS_BURST unless given)."""
     os.environ["FORWARDED_ALLOW_IPS"] = ",".join(where.proxies)
-    limiter = Middleware(
-        admission_mod.JoinLimiter, rate=settings.get("KVGRAFT_JOINS_PER_S"), burst=settings.get("KVGRAFT_JOINS_BURST")
-    )
+    rate, burst = joins or (settings.get("KVGRAFT_JOINS_PER_S"), settings.get("KVGRAFT_JOINS_BURST"))
+    limiter = Middleware(admission_mod.JoinLimiter, rate=rate, burst=burst)
     # outermost the per-address rate of work requests, then text that cannot be encoded, before Gradio parses it
     edge = {"middleware": [limiter, Middleware(TextGate)]}
     launch = {"server_name": where.host, "server_port": where.port, "root_path": where.root, "app_kwargs": edge, **launch}
