@@ -46,7 +46,7 @@ def library(tiny_gemma, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def guard():
-    return Guard(TOKEN, gate=TokenCheck(TOKEN), turns=FairTurns(depth=DEPTH))
+    return Guard(TOKEN, tokens=TokenCheck(TOKEN), turns=FairTurns(depth=DEPTH))
 
 
 @pytest.fixture(scope="module")
@@ -343,7 +343,7 @@ def test_the_served_app_answers_an_address_past_its_rate_429_and_serves_the_othe
 
     from web import app, hosting
 
-    demo = app.build_app(library, admin_token=TOKEN, guard=Guard(TOKEN, gate=TokenCheck(TOKEN), turns=FairTurns(depth=DEPTH)))
+    demo = app.build_app(library, admin_token=TOKEN, guard=Guard(TOKEN, tokens=TokenCheck(TOKEN), turns=FairTurns(depth=DEPTH)))
     where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))
     app.serve(demo, where, joins=(0.1, 2), prevent_thread_lock=True, quiet=True)  # one more every 10 s
     try:

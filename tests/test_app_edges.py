@@ -45,7 +45,7 @@ def library(tiny_gemma, tmp_path_factory):
 def _serve(library, proxies: tuple[str, ...]):
     from web import app
 
-    guard = Guard(TOKEN, gate=TokenCheck(TOKEN, per_address=3, window_s=600), turns=FairTurns(per_address=8))
+    guard = Guard(TOKEN, tokens=TokenCheck(TOKEN, per_address=3, window_s=600), turns=FairTurns(per_address=8))
     demo = app.build_app(library, admin_token=TOKEN, guard=guard)
     where = dataclasses.replace(hosting.detect({}), host="127.0.0.1", port=_free_port(), proxies=proxies)
     app.serve(demo, where, joins=UNLIMITED_JOINS, prevent_thread_lock=True, quiet=True)
@@ -120,7 +120,7 @@ def test_spoofed_forwarded_for_from_a_peer_that_is_no_proxy_counts_under_the_pee
     for i in range(3):
         assert _error(_export(demo, "guess", f"10.0.0.{i}")).startswith("Admin token refused")
     assert _error(_export(demo, TOKEN, "10.0.0.99")).startswith(LOCKED)  # the peer is locked, whatever it claims
-    assert set(guard.gate._seen) == {"127.0.0.1"}
+    assert set(guard.tokens._seen) == {"127.0.0.1"}
 
 
 def test_forwarded_for_is_believed_from_a_configured_proxy_nearest_hop_first(proxied, library):
@@ -133,7 +133,7 @@ def test_forwarded_for_is_believed_from_a_configured_proxy_nearest_hop_first(pro
     done = _export(demo, TOKEN, "10.0.1.1, 10.0.1.2")  # forged 10.0.1.1 first: this is 10.0.1.2, not locked
     assert done["success"], done
     assert done["output"]["data"][1].startswith(f"Exported {library.count()} artifacts")
-    assert set(guard.gate._seen) == {"10.0.1.1", "10.0.1.2"}
+    assert set(guard.tokens._seen) == {"10.0.1.1", "10.0.1.2"}
 
 
 def test_hosting_names_the_proxies_and_the_old_1_is_refused():

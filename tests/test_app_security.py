@@ -50,7 +50,7 @@ def library(tiny_gemma, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def guard():
-    return Guard(TOKEN, gate=TokenCheck(TOKEN, per_address=3, window_s=600), turns=FairTurns(depth=8))
+    return Guard(TOKEN, tokens=TokenCheck(TOKEN, per_address=3, window_s=600), turns=FairTurns(depth=8))
 
 
 def _serve(demo, **launch) -> None:

@@ -302,9 +302,9 @@ def backend_slots() -> int:
 class Guard:
     """The gate and the turns of one app, called by each handler with its Gradio request."""
 
-    def __init__(self, token: str, gate: TokenCheck | None = None, turns: FairTurns | None = None):
+    def __init__(self, token: str, tokens: TokenCheck | None = None, turns: FairTurns | None = None):
         """The per-address bounds default to KVGRAFT_PER_ADDRESS and KVGRAFT_ADDRESS_DEPTH."""
-        self.gate = gate or TokenCheck(token)
+        self.tokens = tokens or TokenCheck(token)
         self.turns = turns or FairTurns(per_address=per_address(), depth=address_depth())
 
     def client(self, request) -> Client:
@@ -312,11 +312,11 @@ class Guard:
 
     def admin(self, token: object, request) -> None:
         """Returns for the admin token; Refused otherwise (a wrong token counts as a failed guess)."""
-        self.gate.check(token, self.client(request))
+        self.tokens.check(token, self.client(request))
 
     def is_admin(self, token: object, request) -> bool:
         """False without a token, True with the right one, Refused with a wrong one."""
-        return self.gate.is_admin(token, self.client(request))
+        return self.tokens.is_admin(token, self.client(request))
 
     def turn(self, request):
         """The model for one request of this client (see `FairTurns.turn`)."""
