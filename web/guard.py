@@ -300,7 +300,7 @@ def backend_slots() -> int:
 
 
 class Guard:
-    """The gate and the turns of one app, called by each handler with its Gradio request."""
+    """The admin-token check and the fair turns of one app, called by each handler with its Gradio request."""
 
     def __init__(self, token: str, tokens: TokenCheck | None = None, turns: FairTurns | None = None):
         """The per-address bounds default to KVGRAFT_PER_ADDRESS and KVGRAFT_ADDRESS_DEPTH."""
