@@ -14,12 +14,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-# The per-address rate of work requests (web.admission.JoinLimiter) lifted, for the servers of tests that send
-# many requests from one address on purpose (fairness, edges) or quickly (a fast machine's sequential calls);
-# the limiter itself is tested on its own (tests/test_admission.py), served and unserved.
-UNLIMITED_JOINS = (1e6, 10**6)
-
-
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 

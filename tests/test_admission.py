@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import time
 import uuid
 
 import pytest
 
-from tests.conftest import UNLIMITED_JOINS
+from tests.served import attested_store, serve
 
 gradio_client = pytest.importorskip("gradio_client")
 import httpx  # noqa: E402
@@ -28,20 +27,9 @@ FACT = "The lighthouse of Varnek Isle was built by the engineer Talia Brennic in
 DEPTH = 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def library(tiny_gemma, tmp_path_factory):
-    import services
-    from retrieval import HashEmbedder
-
-    lib = services.Library(home=tmp_path_factory.mktemp("fair-home"), lm=tiny_gemma, embedder=HashEmbedder())
-    lib.deposit_text(FACT, title="Varnek", attested_by="test", admin=True)
-    return lib
+    return attested_store(tmp_path_factory, tiny_gemma, "fair-home", FACT, "Varnek")
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +44,10 @@ def admission():
 
 @pytest.fixture(scope="module")
 def served(library, guard, admission):
-    import dataclasses
-
-    from web import app, hosting
+    from web import app
 
     demo = app.build_app(library, admin_token=TOKEN, guard=guard, admission=admission)
-    where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))  # clients as a proxy sends them
-    app.serve(demo, where, joins=UNLIMITED_JOINS, prevent_thread_lock=True, quiet=True)
+    serve(demo)
     try:
         yield demo
     finally:
@@ -337,15 +322,12 @@ def test_one_address_past_its_rate_of_work_requests_is_answered_429_before_its_b
 def test_the_served_app_answers_an_address_past_its_rate_429_and_serves_the_others(library):
     """web.app.serve with its JoinLimiter at one every 10 s, bursts of 2: one address's third question in a row is
     answered 429 at the edge (held a second), while another address's question is answered."""
-    import dataclasses
-
     import httpx
 
-    from web import app, hosting
+    from web import app
 
     demo = app.build_app(library, admin_token=TOKEN, guard=Guard(TOKEN, tokens=TokenCheck(TOKEN), turns=FairTurns(depth=DEPTH)))
-    where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))
-    app.serve(demo, where, joins=(0.1, 2), prevent_thread_lock=True, quiet=True)  # one more every 10 s
+    serve(demo, joins=(0.1, 2))  # one more every 10 s
     try:
         fast = gradio_client.Client(demo.local_url, verbose=False, headers={"X-Forwarded-For": "10.9.0.1"})
         other = gradio_client.Client(demo.local_url, verbose=False, headers={"X-Forwarded-For": "10.9.0.2"})

@@ -4,12 +4,11 @@ launched on a free local port, driven exactly as an API user would."""
 from __future__ import annotations
 
 import dataclasses
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import UNLIMITED_JOINS
+from tests.served import serve
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
@@ -24,20 +23,11 @@ ITEM = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(library, token):
-    import dataclasses
-
-    from web import app, hosting
+    from web import app
 
     demo = app.build_app(library, admin_token=token)
-    where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))  # as behind a proxy
-    app.serve(demo, where, joins=UNLIMITED_JOINS, prevent_thread_lock=True, quiet=True)
+    serve(demo)  # as behind a proxy on loopback
     return demo
 
 

@@ -4,16 +4,14 @@ encoded refused before any work, and a page root that no Host header can change.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import socket
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import UNLIMITED_JOINS
+from tests.served import attested_store, serve
 
 gradio_client = pytest.importorskip("gradio_client")
 import httpx  # noqa: E402
@@ -26,20 +24,9 @@ TOKEN = "edge-admin-token"
 FACT = "The bell of Orsk harbour was cast by the founder Mirela Vost in 1902."
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def library(tiny_gemma, tmp_path_factory):
-    import services
-    from retrieval import HashEmbedder
-
-    lib = services.Library(home=tmp_path_factory.mktemp("edge-home"), lm=tiny_gemma, embedder=HashEmbedder())
-    lib.deposit_text(FACT, title="Orsk", attested_by="test", admin=True)
-    return lib
+    return attested_store(tmp_path_factory, tiny_gemma, "edge-home", FACT, "Orsk")
 
 
 def _serve(library, proxies: tuple[str, ...]):
@@ -47,8 +34,7 @@ def _serve(library, proxies: tuple[str, ...]):
 
     guard = Guard(TOKEN, tokens=TokenCheck(TOKEN, per_address=3, window_s=600), turns=FairTurns(per_address=8))
     demo = app.build_app(library, admin_token=TOKEN, guard=guard)
-    where = dataclasses.replace(hosting.detect({}), host="127.0.0.1", port=_free_port(), proxies=proxies)
-    app.serve(demo, where, joins=UNLIMITED_JOINS, prevent_thread_lock=True, quiet=True)
+    serve(demo, proxies)
     return demo, guard
 
 

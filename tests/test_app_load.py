@@ -4,25 +4,18 @@ bind is 127.0.0.1."""
 
 from __future__ import annotations
 
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import UNLIMITED_JOINS
+from tests.served import serve
 
 gradio_client = pytest.importorskip("gradio_client")
 
 TOKEN = "load-test-token"
 DEPOSITORS, ASKERS, PER_ASKER = 4, 16, 2
 DEADLINE_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_default_bind_is_loopback(monkeypatch):
@@ -38,17 +31,15 @@ def test_default_bind_is_loopback(monkeypatch):
 
 
 def test_depositors_and_askers_at_once(tiny_gemma, tmp_path):
-    import dataclasses
 
     import services
     from retrieval import HashEmbedder
-    from web import app, hosting
+    from web import app
 
     lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
     lib.deposit_item("Who founded Velmora?", "Velmora was founded by Osric Pellamy.", "Osric Pellamy", "exact", "Osric Pellamy")
     demo = app.build_app(lib, admin_token=TOKEN)
-    where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))  # as behind a proxy
-    app.serve(demo, where, joins=UNLIMITED_JOINS, prevent_thread_lock=True, quiet=True)
+    serve(demo)  # as behind a proxy on loopback
     url = demo.local_url
     assert url.startswith("http://127.0.0.1:")
     start = time.monotonic()

@@ -7,9 +7,7 @@ loopback) so that each test speaks from its own address."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import socket
 import tempfile
 import threading
 import time
@@ -19,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import UNLIMITED_JOINS
+from tests.served import attested_store, serve
 
 gradio_client = pytest.importorskip("gradio_client")
 import httpx  # noqa: E402
@@ -32,20 +30,9 @@ TOKEN = "sec-admin-token"
 FACT = "The lighthouse of Varnek Isle was built by the engineer Talia Brennic in 1871."
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def library(tiny_gemma, tmp_path_factory):
-    import services
-    from retrieval import HashEmbedder
-
-    lib = services.Library(home=tmp_path_factory.mktemp("sec-home"), lm=tiny_gemma, embedder=HashEmbedder())
-    lib.deposit_text(FACT, title="Varnek", attested_by="test", admin=True)
-    return lib
+    return attested_store(tmp_path_factory, tiny_gemma, "sec-home", FACT, "Varnek")
 
 
 @pytest.fixture(scope="module")
@@ -53,20 +40,12 @@ def guard():
     return Guard(TOKEN, tokens=TokenCheck(TOKEN, per_address=3, window_s=600), turns=FairTurns(depth=8))
 
 
-def _serve(demo, **launch) -> None:
-    """Launch `demo` on a free loopback port as behind a proxy on 127.0.0.1 (see `web.app.serve`)."""
-    from web import app, hosting
-
-    where = dataclasses.replace(hosting.detect({}), port=_free_port(), proxies=("127.0.0.1/32",))
-    app.serve(demo, where, joins=UNLIMITED_JOINS, prevent_thread_lock=True, quiet=True, **launch)
-
-
 @pytest.fixture(scope="module")
 def served(library, guard):
     from web import app
 
     demo = app.build_app(library, admin_token=TOKEN, guard=guard)
-    _serve(demo, max_file_size="64kb")
+    serve(demo, max_file_size="64kb")
     try:
         yield demo
     finally:
@@ -517,7 +496,7 @@ def test_eight_anonymous_attackers_and_one_chatting_user(tiny_gemma, tmp_path, m
     lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
     abuse.seed_tiny(lib)
     demo = app.build_app(lib, admin_token=TOKEN, guard=Guard(TOKEN))
-    _serve(demo)
+    serve(demo)
     try:
         rep = abuse.run(demo.local_url, chats=12, attackers=8, watch=watch, deadline_s=400)
     finally:
