@@ -411,6 +411,22 @@ class StepGroup:
                 self.active -= 1
                 self.cond.notify_all()
 
+    def busy(self) -> bool:
+        """Answers are decoding, waiting for a round, or on their way to one (restoring, prefilling)."""
+        with self._coming_lock:
+            return bool(self.active or self.pending or self.coming)
+
+    @contextmanager
+    def after_answers(self, most_s: float):
+        """Hold the model lock for one unit of other work (a verify sample, a solve attempt) once no answer is
+        decoding, waiting or coming, or after `most_s` seconds of waiting: answers go first, and the other work
+        still runs at least once per `most_s` however many answers keep arriving. Yields the seconds waited."""
+        t0 = time.monotonic()
+        with self.cond:
+            while self.busy() and (left := most_s - (time.monotonic() - t0)) > 0:
+                self.cond.wait(min(left, self.wait_s))
+            yield time.monotonic() - t0
+
     def step(self, cache, token: int, pos: int) -> torch.Tensor:
         """The logits row of `token` at `pos` on `cache` (mutated), computed with the other waiting sessions' steps."""
         return self._submit(Session(cache, token, pos))

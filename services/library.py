@@ -8,6 +8,7 @@ front ends call a method and format its result.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from graft_core import model as model_mod  # names only: torch loads in model_mo
 
 from .answer import AnswerPipeline
 from .deposit import DepositPipeline
+from . import limits
 from .index import IndexPipeline
 from .results import DeleteReport, LibraryEntry, ShowReport, StoreStats, WarmReport
 from .samples import VerifyPipeline
@@ -79,6 +81,8 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
 
     @property
     def lm(self) -> model_mod.LoadedModel:
+        if self._lm is not None:  # loaded: no lock, or every use (a tokenisation, a record) would wait for the model
+            return self._lm
         with self._lock:
             if self._lm is None:
                 self._lm = model_mod.load(self.model_name)
@@ -96,6 +100,19 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
 
             self._embedder = SentenceEmbedder()
         return self._embedder
+
+    @contextlib.contextmanager
+    def _after_answers(self):
+        """The model lock for one unit of work that is not an answer (a verify sample, a sampled solve attempt):
+        where answers decode together, taken once none is decoding or coming, or after ANSWERS_FIRST_S, so a
+        chat never waits behind a queue of other work, and that work still runs at least once per bound."""
+        steps = self.decode_group()
+        if steps is None:
+            with self._lock:
+                yield
+        else:
+            with steps.after_answers(limits.ANSWERS_FIRST_S):
+                yield
 
     # ---- reading artifacts -------------------------------------------------------------------
 

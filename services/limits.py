@@ -26,6 +26,7 @@ def bounded(name: str, text: str, limit: int) -> str:
 MAX_NEW_TOKENS = 512  # any caller: decode steps of one answer
 ANON_MAX_NEW_TOKENS = 32  # without the admin token: decode steps of one answer, the no-graft comparison included
 ANON_SOLVE_ATTEMPTS = 8  # without the admin token: attempts of one solve, each its own model turn of one chat
+ANSWERS_FIRST_S = 2.0  # a verify sample or solve attempt waits at most this long for decoding answers to finish
 MAX_SEED = 2**31 - 1  # a solve's first sampling seed (the attempts use seed, seed + 1, ...)
 MAX_VERIFY_SAMPLES = 1000
 ANON_VERIFY_SAMPLES = 5  # without the admin token: samples of one verify, each its own model turn

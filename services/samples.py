@@ -1,7 +1,8 @@
 """The N-sample exactness report of a Library: draw (artifact, query) pairs from the store and compare
 the grafted logits with a fresh recomputation byte for byte (or, with `relocate`, measure how far a
 root grafted at another offset lands from the fresh computation there). Each sample takes the model
-lock on its own, so a caller may hand the model to someone else between samples (`on_progress`).
+lock on its own, after any answers decoding meanwhile, so a caller may hand the model to someone else
+between samples (`on_progress`) and a chat never waits behind a whole report.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ QUESTIONS = ("What is it?", "Who built it?", "When did it happen?", "Summarise t
 
 
 class VerifyPipeline:
-    """Mixed into `Library`; uses its `_catalog`, `_lock`, `lm` and `load_chain`."""
+    """Mixed into `Library`; uses its `_catalog`, `_after_answers`, `lm` and `load_chain`."""
 
     def verify_samples(
         self,
@@ -58,7 +59,7 @@ class VerifyPipeline:
         for i in range(samples):
             row = rng.choice(rows)
             q = rng.choice(QUESTIONS)
-            with self._lock:
+            with self._after_answers():  # answers waiting for the model go first
                 chain, _ = self.load_chain(row.id)
                 qids = generate.encode_prompt(self.lm, q, grafted=True)
                 if relocate is not None:

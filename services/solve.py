@@ -45,7 +45,7 @@ def judge(verifier: str, answer: str, reference: str) -> tuple[bool, str]:
 
 
 class SolvePipeline:
-    """Mixed into `Library`; uses its `answer`, `deposit_item`, `lm`, `_lock` and `home`."""
+    """Mixed into `Library`; uses its `answer`, `deposit_item`, `lm`, `_after_answers` and `home`."""
 
     def _from_library(self, question: str, verifier: str, reference: str, max_new_tokens: int) -> SolveAttempt:
         res = self.answer(question, max_new_tokens=max_new_tokens)
@@ -65,7 +65,8 @@ class SolvePipeline:
         from graft_core import sample  # the engine loads at the first solve, not with the web page
         from graft_core.generate import tokens_sha256
 
-        a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed)
+        with self._after_answers():  # the model lock, after any answers decoding meanwhile
+            a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed)
 
         return SolveAttempt(
             mode=a.mode,

@@ -303,3 +303,70 @@ def test_real_steps_and_prompts_in_one_pass_match_each_alone(real_lm):
     window = real_lm.info.sliding_window
     same, passes, _ = _steps_and_prompts_both_ways(real_lm, [window + 40, 30], [window - 3, 60], [16, 13])
     assert same and passes == [4]
+
+
+def test_other_work_waits_for_a_decoding_answer_then_runs(tiny_gemma):
+    group = batch.StepGroup(batch.Batcher(tiny_gemma.model), wait_s=0.01)
+    decoding, finish, order = threading.Event(), threading.Event(), []
+
+    def answer() -> None:
+        with group.session():
+            decoding.set()
+            finish.wait(10)
+            order.append("answer done")
+
+    t = threading.Thread(target=answer)
+    t.start()
+    decoding.wait(10)
+    threading.Timer(0.3, finish.set).start()
+    with group.after_answers(most_s=30.0) as waited:
+        order.append("other work")
+    t.join(10)
+    assert order == ["answer done", "other work"]  # the verify sample or solve attempt went after the answer
+    assert 0.2 < waited < 10  # woken by the answer's end, not by the 30 s bound
+
+
+def test_other_work_runs_after_its_bound_however_many_answers_keep_decoding(tiny_gemma):
+    group = batch.StepGroup(batch.Batcher(tiny_gemma.model), wait_s=0.01)
+    decoding, finish = threading.Event(), threading.Event()
+
+    def answer() -> None:
+        with group.session():
+            decoding.set()
+            finish.wait(10)
+
+    t = threading.Thread(target=answer)
+    t.start()
+    decoding.wait(10)
+    try:
+        with group.after_answers(most_s=0.2) as waited:
+            assert group.busy()  # the answer still decodes: the work runs anyway, once its bound is past
+    finally:
+        finish.set()
+        t.join(10)
+    assert 0.2 <= waited < 5
+    with group.after_answers(most_s=30.0) as waited:  # nothing decoding: no wait at all
+        assert not group.busy()
+    assert waited < 0.1
+
+
+def test_a_solve_attempt_holds_the_model_lock(tmp_path, tiny_gemma, monkeypatch):
+    import services
+    from graft_core import sample
+    from retrieval import HashEmbedder
+
+    lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
+    real, held = sample.attempt, []
+
+    def attempt(*a, **kw):  # may another thread take the model while the attempt computes?
+        probe = threading.Thread(target=lambda: held.append(not lib._lock.acquire(timeout=0) or lib._lock.release()))
+        probe.start()
+        probe.join(10)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(sample, "attempt", attempt)
+    try:
+        lib._work("What is 2 + 2?", 2, 0.0, None)
+        assert held == [True]  # the attempt ran under the model lock, not beside another request's forward
+    finally:
+        lib.close()
