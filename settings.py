@@ -207,7 +207,7 @@ _DECLARED = (
         "KVGRAFT_ADMIN_TOKEN", "token", "", "the secret that deposits, imports and deletes need", shown="unset (deposits off)"
     ),
     Setting("KVGRAFT_MAX_UPLOAD", "size", "256mb", "largest file the web app accepts"),
-    Setting("KVGRAFT_PER_ADDRESS", "int", 2, "model slots one address holds at once (at most the slots less one)", low=1),
+    Setting("KVGRAFT_PER_ADDRESS", "int", 1, "model slots one address holds at once (at most the slots less one)", low=1),
     Setting("KVGRAFT_ADDRESS_DEPTH", "int", 4, "model requests one address may have queued or running; more are refused", low=1),
     Setting("KVGRAFT_JOINS_PER_S", "float", 4.0, "requests that queue or run work one address may start per second", low=0.1),
     Setting("KVGRAFT_JOINS_BURST", "int", 8, "how many of those one address may start at once before the rate applies", low=1),

@@ -214,7 +214,10 @@ def _attacker(c, call, stop, deadline: float, out: dict) -> None:
 
 def _attack(url: str, attackers: int, ready, stop, deadline: float, results, kind: str, solve=None, reads=None) -> None:
     """The attacking hosts, in their own process (their client threads do not share the server's GIL): `attackers`
-    sessions of one address, or with `singles` one session at each of four addresses."""
+    sessions of one address, or with `singles` one session at each of four addresses. The process runs at the
+    lowest priority: on a deployment the attackers' clients run on their own hosts, so what their own client code
+    costs (HTTP, JSON, threads) must not be taken from the server here; what the server spends on them is."""
+    os.nice(19)
     if kind == "singles":
         who = [(k, f"203.0.113.{20 + n}") for n, k in enumerate(SINGLES)]
     else:
@@ -340,7 +343,6 @@ def main() -> None:
     import services
     from services import seed
     from web import app, hosting, memory
-    from web.guard import Guard
 
     if args.tiny:
         from graft_core import model as model_mod
@@ -355,7 +357,7 @@ def main() -> None:
         if not lib.count():
             seed.seed_library(lib)
     memory.start_trimmer()  # as web.app.main does: freed activations go back to the OS
-    demo = app.build_app(lib, admin_token="abuse-admin", guard=Guard("abuse-admin"))
+    demo = app.build_app(lib, admin_token="abuse-admin")  # the app's own guard: its slots, per-address share and depth
     where = replace(hosting.detect({}), port=free_port(), proxies=("127.0.0.1/32",))  # a proxy on loopback
     app.serve(demo, where, prevent_thread_lock=True, quiet=True)
     runs, idle = [], None

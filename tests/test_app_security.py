@@ -383,7 +383,7 @@ def test_a_front_end_runs_as_many_turns_at_once_as_it_has_slots_and_queues_the_r
         monkeypatch.setenv("KVGRAFT_BACKEND_CONCURRENCY", bad)
         with pytest.raises(InvalidSetting, match="KVGRAFT_BACKEND_CONCURRENCY must be a whole number from 1 to 16, got "):
             backend_slots()
-    with pytest.raises(ValueError, match="slots, per_address and depth must be at least 1, got 0, 2 and 4"):
+    with pytest.raises(ValueError, match="slots, per_address and depth must be at least 1, got 0, 1 and 4"):
         FairTurns(slots=0)
 
 

@@ -174,7 +174,7 @@ class FairTurns:
     def __init__(
         self,
         per_session: int = 1,
-        per_address: int = 2,
+        per_address: int = 1,
         max_wait_s: float = 600.0,
         clock=time.monotonic,
         slots: int = 1,
@@ -283,7 +283,7 @@ class FairTurns:
 
 
 def per_address() -> int:
-    """KVGRAFT_PER_ADDRESS: model slots one address holds at once (default 2; at most the slots less one)."""
+    """KVGRAFT_PER_ADDRESS: model slots one address holds at once (default 1; at most the slots less one)."""
     return settings.get("KVGRAFT_PER_ADDRESS")
 
 
