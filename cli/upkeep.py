@@ -69,6 +69,11 @@ def cmd_import(args) -> int:
         f"{r.probes_checked} artifact(s) recomputed from their tokens, byte-identical; {r.embeddings_recomputed} embedding(s) recomputed"
         + (f"; {r.attested_dropped} attested verdict(s) left out (--trust-verdicts keeps them)" if r.attested_dropped else "")
         + (
+            f"; {r.rebuilt} artifact(s) made under another numerical definition rebuilt here from their tokens (new ids, origin 'rebuilt')"
+            if r.rebuilt
+            else ""
+        )
+        + (
             ""
             if r.model_checked
             else " (nothing recomputed: every artifact is quarantined until `cli.py rebuild --verify ID` proves it)"

@@ -236,11 +236,19 @@ def m004_aggregates(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX ix_artifacts_created_at ON artifacts (created_at)"))
 
 
+def m005_artifact_origin(conn: Connection) -> None:
+    """artifacts.origin: where an artifact's bytes come from when not from a deposit here (None): "imported"
+    (a bundle's bytes, recomputed here and found byte-identical) or "rebuilt: ..." (recomputed here from its
+    tokens because the bundle was made under another numerical definition; the bundle's bytes were not kept)."""
+    conn.execute(text("ALTER TABLE artifacts ADD COLUMN origin TEXT"))
+
+
 STEPS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("m001_initial", m001_initial),
     ("m002_ledger_bounds", m002_ledger_bounds),
     ("m003_verification_record", m003_verification_record),
     ("m004_aggregates", m004_aggregates),
+    ("m005_artifact_origin", m005_artifact_origin),
 )
 
 

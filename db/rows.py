@@ -70,6 +70,7 @@ class ArtifactRow:
     created_at: datetime = field(default_factory=utcnow)
     probe_sha256: str | None = None  # the probe logits hash recorded at deposit (None: before m003)
     quarantine: str | None = None  # why the artifact is never grafted (None: usable)
+    origin: str | None = None  # None: deposited here; "imported" or "rebuilt: ..." (db.migrations.m005)
 
     def __post_init__(self) -> None:
         _hex64("artifact id", self.id)
@@ -244,6 +245,7 @@ def artifact_row(m: Any) -> ArtifactRow:
         created_at=m.created_at,
         probe_sha256=m.probe_sha256,
         quarantine=m.quarantine,
+        origin=m._mapping.get("origin"),
     )
 
 

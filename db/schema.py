@@ -46,6 +46,7 @@ artifacts = Table(
     Column("created_at", When, nullable=False),
     Column("probe_sha256", Hash, nullable=True),  # m003: the probe logits hash recorded at deposit
     Column("quarantine", Text, nullable=True),  # m003: why it is never grafted (None: usable)
+    Column("origin", Text, nullable=True),  # m005: None deposited here; "imported" or "rebuilt: ..." (see m005)
     Index("ix_artifacts_created_at", "created_at"),  # m004_aggregates: newest-first listings stop at their LIMIT
 )
 

@@ -7,6 +7,7 @@ nothing. Nothing enters the store from a bundle before every hash in it has been
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -40,6 +41,26 @@ def _blob_member(content_sha256: str) -> str:
 
 
 # ---- export / import -----------------------------------------------------------------------------
+
+
+def numerics_claim(lm) -> dict:
+    """What an export says of its model fingerprint: the model's identity (weights, config, tokenizer) and the
+    digest of the numerical definition its bytes were computed under; fingerprint = sha256(identity|numerics)."""
+    return {"identity": lm.info.fingerprint, "numerics": lm.config.digest()}
+
+
+def other_numerics(lm, manifest: dict, fingerprint: str) -> str | None:
+    """The numerics digest under which a bundle's artifacts of `fingerprint` were made, where the bundle shows
+    them to be this model's (same identity) under another numerical definition; None otherwise (another model,
+    or a bundle that does not say). A claim costs nothing to make, and needs nothing more: such artifacts are
+    rebuilt here from their tokens, never stored from the bundle's bytes."""
+    claim = (manifest.get("models") or {}).get(fingerprint) if isinstance(manifest.get("models"), dict) else None
+    if not isinstance(claim, dict) or claim.get("identity") != lm.info.fingerprint:
+        return None
+    numerics = claim.get("numerics")
+    if not isinstance(numerics, str) or hashlib.sha256(f"{lm.info.fingerprint}|{numerics}".encode()).hexdigest() != fingerprint:
+        return None
+    return numerics
 
 
 @dataclass(frozen=True)
@@ -92,12 +113,15 @@ def export_bundle(lib: Library, ids: list[str], out: str | Path) -> ExportReport
     catalog_bytes = _json_bytes(rows)
     members[CATALOG] = catalog_bytes
     fingerprints = tuple(sorted({e["model_fingerprint"] for e in entries}))
+    lm = lib.lm  # its fingerprint splits into the model's identity and the numerical definition the bytes came from
+    models = {lm.fingerprint: numerics_claim(lm)} if lm.fingerprint in fingerprints else {}
     manifest = {
         "format": BUNDLE_FORMAT,
         "artifact_format": FORMAT,
         "catalog_format": EXPORT_FORMAT,
         "catalog": {"member": CATALOG, "sha256": sha256_bytes(catalog_bytes), "bytes": len(catalog_bytes)},
         "model_fingerprints": list(fingerprints),
+        "models": models,
         "requested": sorted(requested),
         "artifacts": entries,
     }
@@ -125,6 +149,7 @@ class ImportReport:
     not_reverified: int = 0  # verifications kept labelled "imported, not re-verified"
     probes_checked: int = 0  # artifacts recomputed here from their tokens, byte-identical to the bundle's (probe hash included)
     embeddings_recomputed: int = 0  # the bundle's embeddings are never copied
+    rebuilt: int = 0  # artifacts made under another numerical definition, recomputed here from their tokens (new ids)
     attested_dropped: int = 0  # attested verdicts left out: a person's word is kept only with trust_verdicts
 
     def to_json(self) -> dict:
@@ -239,14 +264,20 @@ def import_bundle(
         staged = bundles.stage(path, staging, limits)
         manifest, rows, blobs = _verify_staged(staged)
         expected = lib.lm.fingerprint if check_model else None  # loaded only for a bundle that is sound
+        rebuild: dict[str, str] = {}  # artifact id -> the numerics digest it was made under, where not ours
         for e in manifest["artifacts"]:
             if expected is not None and e["model_fingerprint"] != expected:
-                raise IncompatibleArtifact(
-                    f"artifact {e['id']} was made by model {e['model_fingerprint'][:16]}, this store's model is "
-                    f"{expected[:16]}; import it into a store running that model (--model), nothing was imported"
-                )
-        checked = vet(lib, rows, blobs, use_model=check_model, trust_verdicts=trust_verdicts, on_progress=on_progress)
-        rows = checked.rows
+                numerics = other_numerics(lib.lm, manifest, e["model_fingerprint"])
+                if numerics is None:
+                    raise IncompatibleArtifact(
+                        f"artifact {e['id']} was made by model {e['model_fingerprint'][:16]}, this store's model is "
+                        f"{expected[:16]}; import it into a store running that model (--model), nothing was imported"
+                    )
+                rebuild[e["id"]] = numerics
+        checked = vet(
+            lib, rows, blobs, use_model=check_model, trust_verdicts=trust_verdicts, on_progress=on_progress, rebuild=rebuild
+        )
+        rows, blobs = checked.rows, checked.blobs
         written = []
         try:
             for digest, staged_file in sorted(blobs.items()):
@@ -256,7 +287,7 @@ def import_bundle(
                         continue
                     except IntegrityError:  # a corrupt copy: the bundle's verified bytes restore it
                         lib._blobs.delete(digest)
-                stored = lib._blobs.put(staged_file.read_bytes())
+                stored = lib._blobs.put(staged_file if isinstance(staged_file, bytes) else staged_file.read_bytes())
                 written.append(stored)
                 if stored != digest:  # the staged file changed after its check: undone below
                     raise IntegrityError(f"staged blob {digest} changed during the import; nothing was imported")
@@ -280,4 +311,5 @@ def import_bundle(
         probes_checked=checked.probes_checked,
         attested_dropped=checked.attested_dropped,
         embeddings_recomputed=len(rows["embeddings"]),
+        rebuilt=checked.rebuilt,
     )

@@ -46,6 +46,8 @@ class Reverified:
     labelled: int  # verifications kept as "imported, not re-verified"
     probes_checked: int  # artifacts recomputed from their tokens and found byte-identical to the bundle's
     attested_dropped: int = 0  # attested verdicts left out (kept only with trust_verdicts)
+    blobs: dict | None = None  # content hash -> the bytes to store (staged file, or the rebuilt artifact's bytes)
+    rebuilt: int = 0  # artifacts of another numerical definition, recomputed here from their tokens under new ids
 
 
 def _blob(blobs: dict[str, Path | bytes], digest: str) -> bytes:
@@ -84,6 +86,17 @@ def _retokenise(lib: Library, aid: str, text: str, art: KVArtifact) -> None:
             f"artifact {aid}: its source text in the bundle tokenises to other tokens than the artifact holds "
             "(the text does not describe the KV state); nothing was imported"
         )
+
+
+def _rebuild(lib: Library, aid: str, chain: list[KVArtifact]) -> KVArtifact:
+    """The artifact's own tokens prefilled here after its (already rebuilt) parent chain: this model's bytes
+    under this machine's numerical definition, whatever the bundle held."""
+    from graft_core.capture import capture
+
+    art = chain[-1]
+    with lib._lock:
+        rebuilt, _ = capture(lib.lm, art.token_ids.tolist(), parents=chain[:-1], text_sha256=art.text_sha256)
+    return rebuilt
 
 
 def _recompute(lib: Library, aid: str, chain: list[KVArtifact], bundled: bytes) -> None:
@@ -141,25 +154,45 @@ def vet(
     use_model: bool,
     trust_verdicts: bool,
     on_progress: Callable[[float, str], None] | None = None,
+    rebuild: dict[str, str] | None = None,
 ) -> Reverified:
     """The rows of a staged bundle as this store will record them (see the module docstring). `on_progress`
-    hears (fraction, message) after each artifact is recomputed, by tokens done of the bundle's tokens."""
+    hears (fraction, message) after each artifact is recomputed, by tokens done of the bundle's tokens.
+
+    `rebuild` names the artifacts made under another numerical definition (id -> its numerics digest): each
+    is recomputed from its tokens (after its rebuilt parents) and recorded under its new id with the origin
+    "rebuilt: ...", its bytes this machine's, never the bundle's; their descendants are rebuilt with them."""
+    from graft_core import codec
     from graft_core.artifact import text_sha256
 
+    rebuild = rebuild or {}
     srcs = {s["artifact_id"]: s for s in rows["sources"]}
     chains = _chains(rows, blobs)
+    parent_of = {a["id"]: a.get("parent_id") for a in rows["artifacts"]}
     probes = 0
+    made: dict[str, KVArtifact] = {}  # bundle id -> the artifact rebuilt here
+    blobs = dict(blobs)
+    if rebuild and not use_model:
+        raise InvalidInput("this bundle was made under another numerical definition: importing it rebuilds it, which needs the model")
     if use_model:
         total = sum(chains[a["id"]][-1].length for a in rows["artifacts"]) or 1
         done = 0
-        for a in rows["artifacts"]:
+        for a in sorted(rows["artifacts"], key=lambda r: len(chains[r["id"]])):  # parents before children
             chain = chains[a["id"]]
             _retokenise(lib, a["id"], srcs[a["id"]]["text"], chain[-1])
-            _recompute(lib, a["id"], chain, _blob(blobs, a["content_sha256"]))
-            probes += 1
+            if a["id"] in rebuild or parent_of[a["id"]] in made:
+                made[a["id"]] = _rebuild(lib, a["id"], [made.get(x.key, x) for x in chain])
+            else:
+                _recompute(lib, a["id"], chain, _blob(blobs, a["content_sha256"]))
+                probes += 1
             done += chain[-1].length
             if on_progress:
-                on_progress(done / total, f"recomputed {probes}/{len(rows['artifacts'])} artifacts ({done:,}/{total:,} tokens)")
+                n = probes + len(made)
+                on_progress(done / total, f"recomputed {n}/{len(rows['artifacts'])} artifacts ({done:,}/{total:,} tokens)")
+    new_id = {old: art.key for old, art in made.items()}
+    rows = _renamed(rows, new_id)
+    srcs = {new_id.get(k, k): v for k, v in srcs.items()}
+    chains = {new_id.get(k, k): [made.get(x.key, x) for x in chain] for k, chain in chains.items()}
     replayed = labelled = attested_dropped = 0
     vers = []
     for raw in rows["verifications"]:
@@ -196,10 +229,50 @@ def vet(
             }
         )
     held = None if use_model else UNPROVEN
-    arts = [{**a, "quarantine": held, "probe_sha256": chains[a["id"]][-1].probe_sha256} for a in rows["artifacts"]]
+    arts = []
+    rebuilt_ids = {art.key: old for old, art in made.items()}
+    for a in rows["artifacts"]:
+        art = chains[a["id"]][-1]
+        out = {**a, "quarantine": held, "probe_sha256": art.probe_sha256, "origin": "imported"}
+        if a["id"] in rebuilt_ids:
+            data = codec.dumps(art)
+            digest = sha256_bytes(data)
+            blobs.pop(a["content_sha256"], None)  # the bundle's bytes are not kept
+            blobs[digest] = data
+            numerics = rebuild.get(rebuilt_ids[a["id"]]) or "its parent's"
+            out.update(
+                content_sha256=digest,
+                bytes=len(data),
+                model_fingerprint=art.model_fingerprint,
+                origin=f"rebuilt: made under numerics {numerics[:16]}, recomputed here from its tokens (bundle id {rebuilt_ids[a['id']][:16]})",
+            )
+        arts.append(out)
     return Reverified(
-        {**rows, "artifacts": arts, "verifications": vers, "embeddings": embs}, replayed, labelled, probes, attested_dropped
+        {**rows, "artifacts": arts, "verifications": vers, "embeddings": embs},
+        replayed,
+        labelled,
+        probes,
+        attested_dropped,
+        blobs=blobs,
+        rebuilt=len(made),
     )
+
+
+def _renamed(rows: dict, new_id: dict[str, str]) -> dict:
+    """The bundle's rows with every artifact id in `new_id` replaced by its new one (ids, parents, sources,
+    verifications; embeddings are recomputed under the new ids)."""
+    if not new_id:
+        return rows
+
+    def n(x):
+        return new_id.get(x, x) if x else x
+
+    return {
+        **rows,
+        "artifacts": [{**a, "id": n(a["id"]), "parent_id": n(a.get("parent_id"))} for a in rows["artifacts"]],
+        "sources": [{**s, "artifact_id": n(s["artifact_id"])} for s in rows["sources"]],
+        "verifications": [{**v, "artifact_id": n(v.get("artifact_id"))} for v in rows["verifications"]],
+    }
 
 
 _RECORD = (

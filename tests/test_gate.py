@@ -14,7 +14,7 @@ import sqlalchemy as sa
 import services
 from db import connection as dbconn
 from db.schema import artifacts, verifications
-from errors import IntegrityError, VerificationFailed
+from errors import IncompatibleArtifact, IntegrityError, VerificationFailed
 from graft_core import generate, templates
 from services import gate
 from tests.test_maintenance import files_under, make_lib, read_members, rewrite
@@ -331,3 +331,70 @@ def test_the_cli_progress_bar_draws_only_on_a_terminal():
         "\rimport [" + "#" * 15 + "." * 15 + "]  50% recomputed 1/2 artifacts\x1b[K"
         "\rimport [" + "#" * 30 + "] 100% recomputed 2/2 artifacts\x1b[K\n"
     )
+
+
+def _other_numerics(lm):
+    """The same weights and tokenizer under another numerical definition (another record, another fingerprint)."""
+    import dataclasses
+
+    return dataclasses.replace(lm, config=dataclasses.replace(lm.config, torch_version=lm.config.torch_version + "-other"))
+
+
+def test_a_bundle_of_another_numerical_definition_is_rebuilt_here_from_its_tokens(tmp_path, tiny_gemma):
+    other = _other_numerics(tiny_gemma)
+    assert other.fingerprint != tiny_gemma.fingerprint and other.info == tiny_gemma.info
+    src, here = make_lib(tmp_path / "src", other), make_lib(tmp_path / "here", tiny_gemma)
+    d = src.deposit_item(Q, S, A, "exact", A)
+    child = src.deposit_text("The Varnek lighthouse stands on the north cape.", parent=d.id)
+    out = tmp_path / "other.tar"
+    services.export_bundle(src, [child.id], out)
+    target = make_lib(tmp_path / "target", tiny_gemma)
+    rep = services.import_bundle(target, out)
+    # what depositing the same texts here gives: the ids and the bytes a rebuilt import must have
+    d_here = here.deposit_item(Q, S, A, "exact", A)
+    child_here = here.deposit_text("The Varnek lighthouse stands on the north cape.", parent=d_here.id)
+    assert rep.rebuilt == 2 and rep.probes_checked == 0 and rep.replayed == 1
+    assert sorted(rep.new) == sorted([d_here.id, child_here.id]) and d.id not in rep.new
+    for aid in (d_here.id, child_here.id):
+        row, ref = target._catalog.get(aid), here._catalog.get(aid)
+        assert row.content_sha256 == ref.content_sha256 and row.model_fingerprint == tiny_gemma.fingerprint
+        assert target._blobs.get(row.content_sha256) == here._blobs.get(ref.content_sha256)  # this machine's bytes
+        assert row.origin.startswith(f"rebuilt: made under numerics {other.config.digest()[:16]}")
+    assert target._catalog.get(child_here.id).parent_id == d_here.id
+    src_blob = src._catalog.get(d.id).content_sha256
+    assert not target._blobs.exists(src_blob)  # the bundle's bytes were not kept
+    [v] = target.show(d_here.id).verifications
+    assert v.counts_as_verified  # replayed on the rebuilt chain
+    assert target.answer(Q, artifact=child_here.id, max_new_tokens=4, record=False).tier == "exact"
+
+
+@pytest.mark.parametrize("claim", ["another identity", "no claim"])
+def test_a_bundle_of_another_model_is_refused_whatever_it_claims(tmp_path, tiny_gemma, claim):
+    other = _other_numerics(tiny_gemma)
+    src = make_lib(tmp_path / "src", other)
+    d = src.deposit_item(Q, S, A, "exact", A)
+    out = tmp_path / "other.tar"
+    services.export_bundle(src, [d.id], out)
+    m = read_members(out)
+    man = json.loads(m["manifest.json"])
+    if claim == "no claim":
+        del man["models"]  # as a bundle made before claims were written
+    else:
+        man["models"][other.fingerprint]["identity"] = "0" * 64
+    m["manifest.json"] = json.dumps(man).encode()
+    bad = rewrite(out, tmp_path / "bad.tar", m)
+    target = make_lib(tmp_path / "target", tiny_gemma)
+    before = files_under(tmp_path / "target")
+    with pytest.raises(IncompatibleArtifact, match=f"artifact {d.id} was made by model {other.fingerprint[:16]}, this store's model is"):
+        services.import_bundle(target, bad)
+    assert target.count() == 0 and files_under(tmp_path / "target") == before
+
+
+def test_an_import_of_this_machines_bytes_is_labelled_imported(lib, tmp_path, tiny_gemma):
+    d, out = _export(lib, tmp_path)
+    target = make_lib(tmp_path / "target", tiny_gemma)
+    rep = services.import_bundle(target, out)
+    assert rep.rebuilt == 0 and rep.probes_checked == 1
+    row = target._catalog.get(d.id)
+    assert row.origin == "imported" and row.content_sha256 == lib._catalog.get(d.id).content_sha256
+    assert lib._catalog.get(d.id).origin is None  # deposited there
