@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -58,8 +59,11 @@ def prompt_and_sample(
     top_k: int = 0,
     is_stop: Callable[[list[int]], bool] | None = None,
     eos_ids: frozenset[int] = frozenset(),
+    steps=None,
 ) -> Sampled:
-    """Prefill `prompt_ids` at `start`, then draw up to `max_new_tokens` tokens (batch 1)."""
+    """Prefill `prompt_ids` at `start`, then draw up to `max_new_tokens` tokens: alone, or with `steps` (a
+    graft_core.batch.StepGroup) the prompt and each step's row computed together with other sessions' (the
+    same rows, so the same draws)."""
     if not prompt_ids:
         raise ValueError("the prompt chunk must hold at least one token")
     if temperature <= 0:
@@ -67,17 +71,19 @@ def prompt_and_sample(
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int(seed))
     t0 = time.perf_counter()
-    row = forward_chunk(model, cache, prompt_ids, start)[-1]
-    generated, stopped = decode(
-        model,
-        cache,
-        row,
-        start + len(prompt_ids),
-        max_new_tokens,
-        lambda r: _draw(r.cpu(), temperature, top_k, gen),
-        is_stop,
-        eos_ids,
-    )
+    row = forward_chunk(model, cache, prompt_ids, start)[-1] if steps is None else steps.prefill(cache, prompt_ids, start)
+    with nullcontext() if steps is None else steps.session() as step:
+        generated, stopped = decode(
+            model,
+            cache,
+            row,
+            start + len(prompt_ids),
+            max_new_tokens,
+            lambda r: _draw(r.cpu(), temperature, top_k, gen),
+            is_stop,
+            eos_ids,
+            step=step,
+        )
     return Sampled(
         token_ids=tuple(generated),
         prompt_tokens=len(prompt_ids),
@@ -114,9 +120,10 @@ def _eos(tokenizer) -> frozenset[int]:
 
 
 def attempt(
-    lm, question: str, max_new_tokens: int, *, temperature: float = 0.0, seed: int | None = None, top_k: int = 0
+    lm, question: str, max_new_tokens: int, *, temperature: float = 0.0, seed: int | None = None, top_k: int = 0, steps=None
 ) -> Attempt:
-    """Answer `question` with nothing grafted: greedy when `temperature` is 0, else sampled with `seed`."""
+    """Answer `question` with nothing grafted: greedy when `temperature` is 0, else sampled with `seed`; with
+    `steps` (a graft_core.batch.StepGroup) its prompt and steps go with other sessions' (same tokens)."""
     from . import generate, templates
     from .forward import new_cache, prompt_and_decode
 
@@ -128,7 +135,7 @@ def attempt(
 
     cache = new_cache(lm.model)
     if temperature <= 0:
-        d = prompt_and_decode(lm.model, cache, prompt_ids, 0, max_new_tokens, is_stop=stop, eos_ids=_eos(tok))
+        d = prompt_and_decode(lm.model, cache, prompt_ids, 0, max_new_tokens, is_stop=stop, eos_ids=_eos(tok), steps=steps)
         ids, total_s, mode, seed = tuple(d.token_ids), d.total_s, "greedy", None
     else:
         if seed is None:
@@ -144,6 +151,7 @@ def attempt(
             top_k=top_k,
             is_stop=stop,
             eos_ids=_eos(tok),
+            steps=steps,
         )
         ids, total_s, mode = s.token_ids, s.total_s, "sampled"
     completion = tok.decode(list(ids), skip_special_tokens=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import UTC, datetime
 
 import verifiers
@@ -45,7 +46,7 @@ def judge(verifier: str, answer: str, reference: str) -> tuple[bool, str]:
 
 
 class SolvePipeline:
-    """Mixed into `Library`; uses its `answer`, `deposit_item`, `lm`, `_after_answers` and `home`."""
+    """Mixed into `Library`; uses its `answer`, `deposit_item`, `lm`, `_lock`, `decode_group` and `home`."""
 
     def _from_library(self, question: str, verifier: str, reference: str, max_new_tokens: int) -> SolveAttempt:
         res = self.answer(question, max_new_tokens=max_new_tokens)
@@ -65,8 +66,11 @@ class SolvePipeline:
         from graft_core import sample  # the engine loads at the first solve, not with the web page
         from graft_core.generate import tokens_sha256
 
-        with self._after_answers():  # the model lock, after any answers decoding meanwhile
-            a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed)
+        steps = self.decode_group()
+        # as an answer: its prompt and steps go with the other answers' passes (same tokens as alone), so a
+        # chat never waits behind an attempt; the model lock is held but between passes
+        with steps.arriving() if steps is not None else nullcontext(), self._lock:
+            a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed, steps=steps)
 
         return SolveAttempt(
             mode=a.mode,

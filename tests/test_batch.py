@@ -370,3 +370,27 @@ def test_a_solve_attempt_holds_the_model_lock(tmp_path, tiny_gemma, monkeypatch)
         assert held == [True]  # the attempt ran under the model lock, not beside another request's forward
     finally:
         lib.close()
+
+
+def test_solve_attempts_taken_together_draw_what_each_draws_alone(tiny_gemma):
+    from graft_core import sample
+
+    b = batch.Batcher(tiny_gemma.model)
+    if not b.widths:
+        pytest.skip(f"no padded width here: {b.why}")
+    group = batch.StepGroup(b, wait_s=0.2)
+    kinds = [dict(temperature=0.0), dict(temperature=0.9, seed=3), dict(temperature=1.3, seed=11, top_k=5)]
+    questions = ["What is 2 + 2?", "Name a colour.", "Who built the lighthouse?"]
+    alone = [sample.attempt(tiny_gemma, q, 12, **kw) for q, kw in zip(questions, kinds, strict=True)]
+    together: list = [None] * 3
+
+    def run(i: int) -> None:
+        together[i] = sample.attempt(tiny_gemma, questions[i], 12, steps=group, **kinds[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [t.token_ids for t in together] == [a.token_ids for a in alone]
+    assert group.steps > group.passes > 0  # some steps were taken in shared passes
