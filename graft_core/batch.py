@@ -421,11 +421,18 @@ class StepGroup:
         """Hold the model lock for one unit of other work (a verify sample, a solve attempt) once no answer is
         decoding, waiting or coming, or after `most_s` seconds of waiting: answers go first, and the other work
         still runs at least once per `most_s` however many answers keep arriving. Yields the seconds waited."""
-        t0 = time.monotonic()
         with self.cond:
+            yield self.yield_to_answers(most_s)
+
+    def yield_to_answers(self, most_s: float) -> float:
+        """Holding the model lock (inside `after_answers`) between two parts of other work: let the answers
+        that arrived meanwhile decode first, releasing the lock until none is decoding, waiting or coming, or
+        for at most `most_s` seconds. Returns the seconds waited."""
+        t0 = time.monotonic()
+        with self.cond:  # re-entrant: the caller's hold, released whole while waiting
             while self.busy() and (left := most_s - (time.monotonic() - t0)) > 0:
                 self.cond.wait(min(left, self.wait_s))
-            yield time.monotonic() - t0
+        return time.monotonic() - t0
 
     def step(self, cache, token: int, pos: int) -> torch.Tensor:
         """The logits row of `token` at `pos` on `cache` (mutated), computed with the other waiting sessions' steps."""

@@ -10,6 +10,8 @@ never called exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import asdict, dataclass
 
 import torch
@@ -92,18 +94,32 @@ def check(
     query_ids: list[int],
     decode_steps: int = 4,
     monolithic: bool = True,
+    between: Callable[[], object] | None = None,
 ) -> ExactnessCheck:
-    """Own-position graft of `chain` vs fresh recomputation, over the query rows and `decode_steps` steps."""
+    """Own-position graft of `chain` vs fresh recomputation, over the query rows and `decode_steps` steps.
+    `between` is called between the fresh and the grafted run (a server lets waiting answers go there)."""
     cache, pos = fresh_cache(lm, chain)
     fresh = _run(lm, cache, query_ids, pos, decode_steps)
+    if between is not None:
+        between()
     grafted = _run(lm, restore(lm, chain), query_ids, chain[-1].end, decode_steps)
     return _compare(lm, chain, query_ids, fresh, grafted, "exact", monolithic, None)
 
 
-def check_relocated(lm: LoadedModel, art: KVArtifact, query_ids: list[int], offset: int, decode_steps: int = 4) -> ExactnessCheck:
-    """Graft a root artifact at `offset` (keys re-rotated) vs a fresh computation at that offset."""
+def check_relocated(
+    lm: LoadedModel,
+    art: KVArtifact,
+    query_ids: list[int],
+    offset: int,
+    decode_steps: int = 4,
+    between: Callable[[], object] | None = None,
+) -> ExactnessCheck:
+    """Graft a root artifact at `offset` (keys re-rotated) vs a fresh computation at that offset (`between`:
+    as in `check`)."""
     cache, pos = fresh_cache(lm, [art], offset=offset)
     fresh = _run(lm, cache, query_ids, pos, decode_steps)
+    if between is not None:
+        between()
     g = restore_relocated(lm, [art], offset=offset)
     grafted = _run(lm, g.cache, query_ids, g.next_position, decode_steps)
     return _compare(lm, [art], query_ids, fresh, grafted, "relocated", False, offset)

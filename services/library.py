@@ -105,14 +105,15 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
     def _after_answers(self):
         """The model lock for one unit of work that is not an answer (a verify sample, a sampled solve attempt):
         where answers decode together, taken once none is decoding or coming, or after ANSWERS_FIRST_S, so a
-        chat never waits behind a queue of other work, and that work still runs at least once per bound."""
+        chat never waits behind a queue of other work, and that work still runs at least once per bound. Yields
+        what to call between two parts of the work, to let answers that arrived meanwhile go first again."""
         steps = self.decode_group()
         if steps is None:
             with self._lock:
-                yield
+                yield lambda: None
         else:
             with steps.after_answers(limits.ANSWERS_FIRST_S):
-                yield
+                yield lambda: steps.yield_to_answers(limits.ANSWERS_FIRST_S)
 
     # ---- reading artifacts -------------------------------------------------------------------
 

@@ -59,14 +59,14 @@ class VerifyPipeline:
         for i in range(samples):
             row = rng.choice(rows)
             q = rng.choice(QUESTIONS)
-            with self._after_answers():  # answers waiting for the model go first
+            with self._after_answers() as between:  # answers waiting for the model go first, and again halfway
                 chain, _ = self.load_chain(row.id)
                 qids = generate.encode_prompt(self.lm, q, grafted=True)
                 if relocate is not None:
-                    c = check_relocated(self.lm, chain[0], qids, offset=relocate, decode_steps=decode_steps)
+                    c = check_relocated(self.lm, chain[0], qids, offset=relocate, decode_steps=decode_steps, between=between)
                     done.append(VerifySample(chain[0].key, q, c))
                 else:
-                    c = exact_check(self.lm, chain, qids, decode_steps=decode_steps, monolithic=monolithic)
+                    c = exact_check(self.lm, chain, qids, decode_steps=decode_steps, monolithic=monolithic, between=between)
                     done.append(VerifySample(row.id, q, c))
             if on_progress:
                 on_progress((i + 1) / samples, f"sample {i + 1}/{samples}")

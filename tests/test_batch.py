@@ -394,3 +394,25 @@ def test_solve_attempts_taken_together_draw_what_each_draws_alone(tiny_gemma):
         t.join(120)
     assert [t.token_ids for t in together] == [a.token_ids for a in alone]
     assert group.steps > group.passes > 0  # some steps were taken in shared passes
+
+
+def test_other_work_lets_an_answer_that_arrived_meanwhile_go_first_at_its_halfway_point(tiny_gemma):
+    group = batch.StepGroup(batch.Batcher(tiny_gemma.model), wait_s=0.01)
+    order = []
+
+    def answer() -> None:  # as AnswerPipeline.answer: on its way (arriving), then the model lock, then decoding
+        with group.arriving(), group.cond, group.session():
+            time.sleep(0.2)
+            order.append("answer")
+
+    with group.after_answers(most_s=30.0):
+        order.append("first half")
+        t = threading.Thread(target=answer)
+        t.start()
+        _wait = time.monotonic() + 10
+        while not group.coming and time.monotonic() < _wait:
+            time.sleep(0.005)
+        waited = group.yield_to_answers(most_s=30.0)
+        order.append("second half")
+    t.join(10)
+    assert order == ["first half", "answer", "second half"] and 0.15 < waited < 10
