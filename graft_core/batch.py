@@ -375,6 +375,8 @@ class StepGroup:
         self.cond = threading.Condition(lock if lock is not None else threading.RLock())
         self.wait_s = wait_s
         self.active = 0  # sessions inside their decode loop
+        self.chats = 0  # of them, answers to a person (not in `background`)
+        self._background: set[int] = set()  # threads doing background work (solve attempts)
         self.coming: set[int] = set()  # threads of answers on their way to a decode loop (prefill first)
         self._coming_lock = threading.Lock()  # not the model lock: a coming answer is about to wait for that
         self.pending: list[list] = []  # [a Session step or a (cache, ids, start) prompt, row, error] waiting for a round
@@ -400,38 +402,64 @@ class StepGroup:
     @contextmanager
     def session(self):
         """Register a decode loop for its duration; yields the step function to call."""
+        me = threading.get_ident()
         with self.cond:
             with self._coming_lock:
-                self.coming.discard(threading.get_ident())
-            self.active += 1
+                self.coming.discard(me)
+                chat = me not in self._background
+                self.active += 1
+                self.chats += chat
         try:
             yield self.step
         finally:
             with self.cond:
-                self.active -= 1
+                with self._coming_lock:
+                    self.active -= 1
+                    self.chats -= chat
                 self.cond.notify_all()
 
-    def busy(self) -> bool:
-        """Answers are decoding, waiting for a round, or on their way to one (restoring, prefilling)."""
+    @contextmanager
+    def background(self):
+        """Around this thread's work that is not an answer to a person (a solve attempt): its prompt and steps
+        still go in the shared passes, but it does not hold other background work back past its bound
+        (`after_answers`), as an answer does."""
+        me = threading.get_ident()
         with self._coming_lock:
+            self._background.add(me)
+        try:
+            yield
+        finally:
+            with self._coming_lock:
+                self._background.discard(me)
+
+    def busy(self, answers_only: bool = False) -> bool:
+        """Sessions are decoding, waiting for a round, or on their way to one (restoring, prefilling); with
+        `answers_only`, answers to a person, not background sessions (`background`)."""
+        with self._coming_lock:
+            if answers_only:
+                return bool(self.chats or (self.coming - self._background))
             return bool(self.active or self.pending or self.coming)
 
     @contextmanager
-    def after_answers(self, most_s: float):
-        """Hold the model lock for one unit of other work (a verify sample, a solve attempt) once no answer is
-        decoding, waiting or coming, or after `most_s` seconds of waiting: answers go first, and the other work
-        still runs at least once per `most_s` however many answers keep arriving. Yields the seconds waited."""
+    def after_answers(self, most_s: float, answers_s: float | None = None):
+        """Hold the model lock for one unit of other work (a verify sample) once no session is decoding,
+        waiting or coming, or after `most_s` seconds of waiting once no answer to a person is (background
+        sessions such as solve attempts may keep decoding then); past `answers_s` (default 4 x `most_s`) it
+        goes anyway, so the other work always advances. Yields the seconds waited."""
         with self.cond:
-            yield self.yield_to_answers(most_s)
+            yield self.yield_to_answers(most_s, answers_s)
 
-    def yield_to_answers(self, most_s: float) -> float:
-        """Holding the model lock (inside `after_answers`) between two parts of other work: let the answers
-        that arrived meanwhile decode first, releasing the lock until none is decoding, waiting or coming, or
-        for at most `most_s` seconds. Returns the seconds waited."""
+    def yield_to_answers(self, most_s: float, answers_s: float | None = None) -> float:
+        """Holding the model lock (inside `after_answers`) between two parts of other work: let the sessions
+        that arrived meanwhile go first, releasing the lock as `after_answers` says. Returns the seconds waited."""
+        answers_s = 4 * most_s if answers_s is None else answers_s
         t0 = time.monotonic()
         with self.cond:  # re-entrant: the caller's hold, released whole while waiting
-            while self.busy() and (left := most_s - (time.monotonic() - t0)) > 0:
-                self.cond.wait(min(left, self.wait_s))
+            while True:
+                waited = time.monotonic() - t0
+                if not self.busy(answers_only=waited >= most_s) or waited >= answers_s:
+                    break
+                self.cond.wait(min(answers_s - waited, self.wait_s))
         return time.monotonic() - t0
 
     def step(self, cache, token: int, pos: int) -> torch.Tensor:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from datetime import UTC, datetime
 
 import verifiers
@@ -67,10 +66,14 @@ class SolvePipeline:
         from graft_core.generate import tokens_sha256
 
         steps = self.decode_group()
-        # as an answer: its prompt and steps go with the other answers' passes (same tokens as alone), so a
-        # chat never waits behind an attempt; the model lock is held but between passes
-        with steps.arriving() if steps is not None else nullcontext(), self._lock:
-            a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed, steps=steps)
+        # as an answer: its prompt and steps go in the answers' shared passes (same tokens as alone), so a chat
+        # never waits behind a whole attempt; it is background work, so it does not hold verify samples back
+        if steps is None:
+            with self._lock:
+                a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed)
+        else:
+            with steps.background(), steps.arriving(), self._lock:
+                a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed, steps=steps)
 
         return SolveAttempt(
             mode=a.mode,

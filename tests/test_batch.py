@@ -326,25 +326,32 @@ def test_other_work_waits_for_a_decoding_answer_then_runs(tiny_gemma):
     assert 0.2 < waited < 10  # woken by the answer's end, not by the 30 s bound
 
 
-def test_other_work_runs_after_its_bound_however_many_answers_keep_decoding(tiny_gemma):
+def test_other_work_waits_longer_for_a_chat_than_for_background_sessions_and_always_runs(tiny_gemma):
     group = batch.StepGroup(batch.Batcher(tiny_gemma.model), wait_s=0.01)
-    decoding, finish = threading.Event(), threading.Event()
 
-    def answer() -> None:
-        with group.session():
-            decoding.set()
-            finish.wait(10)
+    def decoding(background: bool):
+        started, finish = threading.Event(), threading.Event()
 
-    t = threading.Thread(target=answer)
-    t.start()
-    decoding.wait(10)
-    try:
-        with group.after_answers(most_s=0.2) as waited:
-            assert group.busy()  # the answer still decodes: the work runs anyway, once its bound is past
-    finally:
-        finish.set()
-        t.join(10)
-    assert 0.2 <= waited < 5
+        def session() -> None:
+            with group.background() if background else contextlib.nullcontext(), group.session():
+                started.set()
+                finish.wait(10)
+
+        t = threading.Thread(target=session)
+        t.start()
+        started.wait(10)
+        return t, finish
+
+    for background, low, high in ((True, 0.2, 0.5), (False, 0.6, 5.0)):
+        t, finish = decoding(background)
+        try:
+            with group.after_answers(most_s=0.2, answers_s=0.6) as waited:
+                assert group.busy() and group.busy(answers_only=True) is not background
+        finally:
+            finish.set()
+            t.join(10)
+        # a solve attempt holds a sample back for most_s only; a chat for answers_s, after which it goes anyway
+        assert low <= waited < high, (background, waited)
     with group.after_answers(most_s=30.0) as waited:  # nothing decoding: no wait at all
         assert not group.busy()
     assert waited < 0.1
