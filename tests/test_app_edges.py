@@ -298,3 +298,20 @@ def test_a_nul_passes_the_edge_and_is_refused_by_the_handler_with_its_message(pl
     demo, _ = plain
     msg = _raw_call(demo, "answer_api", ["who cast\x00 the bell?", 3, True, 8, False, False, ""])[-1]
     assert _error(msg) == "The text holds 1 NUL bytes (binary data?): send plain text."
+
+
+def test_values_gradio_itself_refuses_are_one_log_line_each_without_a_traceback(proxied, caplog, capfd):
+    demo, _ = proxied
+    capfd.readouterr()
+    with caplog.at_level(logging.INFO, logger="kvgraft.refused"):
+        errors = [
+            _error(_raw_call(demo, "solve_public", ["not a trusted problem", 512, 0], {"X-Forwarded-For": "10.0.3.1"})[-1]),
+            _error(_raw_call(demo, "solve_public", [None, 512, -5], {"X-Forwarded-For": "10.0.3.2"})[-1]),
+            _error(_raw_call(demo, "solve_public", [None, 512, 1e300], {"X-Forwarded-For": "10.0.3.3"})[-1]),
+        ]
+    refused = [r.getMessage() for r in caplog.records if r.name == "kvgraft.refused"]
+    assert "not in the list of choices" in errors[0] and "not in the list of choices" in refused[0]  # the dropdown's check
+    assert "-5" in errors[1] and "-5" in refused[1]  # the seed field's minimum
+    assert errors[2] == refused[2].removeprefix("refused: ")  # the handler's own bound on the seed
+    assert len(refused) == 3, refused
+    assert "Traceback" not in capfd.readouterr().err

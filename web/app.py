@@ -50,7 +50,7 @@ from web.handlers import call as _call  # noqa: E402
 from web.handlers import model_turn as _model  # noqa: E402
 from web.handlers import upkeep as _upkeep  # noqa: E402
 from web.handlers import verify_samples as _verify_samples  # noqa: E402
-from web.refusal import Refusal, TextGate, require_text, text_problem  # noqa: E402
+from web.refusal import Refusal, TextGate, quiet_checks, require_text, text_problem  # noqa: E402
 from web.solve_tab import solve_tab  # noqa: E402
 from web.startup import StartingLibrary, Startup, TerminalProgress, model_cache, status_html  # noqa: E402
 from web.startup import start as start_up  # noqa: E402
@@ -505,6 +505,7 @@ def build_app(
         demo.load(status_line, None, [status_md, status_timer], **reads)
         demo.load(lambda: _table(library), None, tbl, **reads)
 
+    quiet_checks(demo)  # a value Gradio's own checks refuse is one log line, not a traceback
     demo.queue(default_concurrency_limit=MODEL_WORKERS, max_size=QUEUE_MAX)
     admission = admission or admission_mod.Admission(per_session=guard.turns.per_session, depth=guard.turns.depth)
     admission_mod.install(demo._queue, admission, guard.client, counted=lambda fn: fn.concurrency_id == "model")

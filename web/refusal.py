@@ -23,6 +23,32 @@ class Refusal(gr.Error):
         log.info("refused: %s", line.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
+def quiet_checks(demo: gr.Blocks) -> int:
+    """Gradio's own checks of a value sent to one of `demo`'s components (a dropdown's choices, a number's
+    bounds, a chat history's shape) raise gr.Error from the component's `preprocess`, which Gradio logs with
+    its traceback: a value the caller sent, so one log line instead, as for a `Refusal`. The user still sees
+    Gradio's message. Returns how many components' checks were wrapped."""
+    wrapped = 0
+    for block in demo.blocks.values():
+        check = getattr(block, "preprocess", None)
+        if check is None or getattr(check, "_kvgraft_quiet", False):
+            continue
+
+        def quiet(payload, _check=check):
+            try:
+                return _check(payload)
+            except gr.Error as exc:
+                exc.print_exception = False
+                line = (str(exc).splitlines() or [""])[0][:300]
+                log.info("refused: %s", line.encode("utf-8", "backslashreplace").decode("utf-8"))
+                raise
+
+        quiet._kvgraft_quiet = True
+        block.preprocess = quiet
+        wrapped += 1
+    return wrapped
+
+
 def text_problem(*values: object, nul: bool = True) -> str | None:
     """A clear message when some text among `values` (strings, also inside lists and dicts, as a chat's
     history) cannot be encoded as UTF-8 (a lone surrogate such as U+D800: echoed, it breaks the reply's

@@ -37,7 +37,7 @@ def solve_tab(library: services.LibraryDoor, guard: Guard, problems_path: Path) 
         try:
             return whole("budget", budget, 1, top), whole("seed", seed, 0, MAX_SEED)
         except KvgraftError as exc:
-            raise gr.Error(str(exc)) from None
+            raise Refusal(str(exc)) from None
 
     def run(request, question, verifier, reference, budget, seed, progress, **bounds):
         progress(0.1, desc="library first, then the model works")
