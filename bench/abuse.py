@@ -13,7 +13,8 @@ through `/chat`. The attacks (`--attack`, one or several, comma-separated):
 
 Reports, per attack, the user's chat latency idle and under attack (p50/p95), the errors each side saw, the
 attackers' calls and refusals (a refused attacker waits 0.1 s, as a client told to wait would), the server's
-resident memory before and after, and every file that appeared outside the store meanwhile (the temp folder,
+resident memory before and after each attack and for the whole run (at its start, its end and once idle for
+SETTLE_S, after the heap trimmer ran), and every file that appeared outside the store meanwhile (the temp folder,
 Gradio's cache). Bounded: a fixed number of user chats, attackers stop when the user is done, a deadline on all.
 
 Usage: .venv/bin/python -m bench.abuse [--tiny] [--chats 20] [--attackers 8] [--attack heavy,long,solves]
@@ -53,6 +54,7 @@ REFUSED = (
 ATTACKS = ("heavy", "refused", "long", "solves", "singles", "reads")
 SINGLES = ("verify", "long", "solve", "refused")  # one address each
 REFUSED_WAIT_S = 0.1
+SETTLE_S = 25.0  # after the last run, idle this long (the trimmer looks every 10 s) before the settled RSS
 
 
 def rss_mb() -> float:
@@ -363,6 +365,7 @@ def main() -> None:
     runs, idle = [], None
     try:
         load = os.getloadavg()[0]
+        rss_start = rss_mb()
         watch = (scratch / "gradio", scratch / "tmp")
         for attack in attacks:
             for n in [4] if attack == "singles" else counts:
@@ -392,10 +395,14 @@ def main() -> None:
                         }
                     )
                 )
+        rss_end = rss_mb()
+        time.sleep(SETTLE_S)  # idle: what the server still holds once its trimmer has run
+        rss_settled = rss_mb()
     finally:
         demo.close()
     out = dict(
         runs=runs,
+        rss_mb={"start": round(rss_start, 1), "end": round(rss_end, 1), "settled": round(rss_settled, 1), "settle_s": SETTLE_S},
         model="tiny" if args.tiny else "default",
         date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         load_average=[round(load, 1), round(os.getloadavg()[0], 1)],  # 1-minute load before / after, this machine
