@@ -11,7 +11,6 @@ never called exact.
 from __future__ import annotations
 
 from collections.abc import Callable
-
 from dataclasses import asdict, dataclass
 
 import torch

@@ -24,9 +24,9 @@ from db.rows import ArtifactRow, LedgerRow, SourceRow
 from errors import IntegrityError, KvgraftError, quarantine_message
 from graft_core import model as model_mod  # names only: torch loads in model_mod.load
 
+from . import limits
 from .answer import AnswerPipeline
 from .deposit import DepositPipeline
-from . import limits
 from .index import IndexPipeline
 from .results import DeleteReport, LibraryEntry, ShowReport, StoreStats, WarmReport
 from .samples import VerifyPipeline

@@ -173,7 +173,9 @@ def vet(
     made: dict[str, KVArtifact] = {}  # bundle id -> the artifact rebuilt here
     blobs = dict(blobs)
     if rebuild and not use_model:
-        raise InvalidInput("this bundle was made under another numerical definition: importing it rebuilds it, which needs the model")
+        raise InvalidInput(
+            "this bundle was made under another numerical definition: importing it rebuilds it, which needs the model"
+        )
     if use_model:
         total = sum(chains[a["id"]][-1].length for a in rows["artifacts"]) or 1
         done = 0

@@ -385,7 +385,9 @@ def test_a_bundle_of_another_model_is_refused_whatever_it_claims(tmp_path, tiny_
     bad = rewrite(out, tmp_path / "bad.tar", m)
     target = make_lib(tmp_path / "target", tiny_gemma)
     before = files_under(tmp_path / "target")
-    with pytest.raises(IncompatibleArtifact, match=f"artifact {d.id} was made by model {other.fingerprint[:16]}, this store's model is"):
+    with pytest.raises(
+        IncompatibleArtifact, match=f"artifact {d.id} was made by model {other.fingerprint[:16]}, this store's model is"
+    ):
         services.import_bundle(target, bad)
     assert target.count() == 0 and files_under(tmp_path / "target") == before
 

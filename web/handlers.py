@@ -156,8 +156,13 @@ def upkeep(library: services.LibraryDoor, guard: Guard, table: Callable[[], list
                 rep = services.import_bundle(library, upload)
         finally:
             upload.unlink(missing_ok=True)  # the upload cache keeps nothing that was handed to import
-        rebuilt = f", {rep.rebuilt} rebuilt here from their tokens: made under another numerical definition" if rep.rebuilt else ""
-        return f"Imported {len(rep.artifacts)} artifacts ({len(rep.new)} new, {rep.blobs_written} blobs written{rebuilt}).", table()
+        rebuilt = (
+            f", {rep.rebuilt} rebuilt here from their tokens: made under another numerical definition" if rep.rebuilt else ""
+        )
+        return (
+            f"Imported {len(rep.artifacts)} artifacts ({len(rep.new)} new, {rep.blobs_written} blobs written{rebuilt}).",
+            table(),
+        )
 
     def delete_artifact(admin_token, ref, request: gr.Request):
         require_text(admin_token, ref)
