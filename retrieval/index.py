@@ -278,7 +278,8 @@ class VectorIndex:
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write `index.faiss` then `index.json` into `directory`, each atomically. A crash between the
-        two leaves a JSON whose hash no longer matches, which `load` reports as IntegrityError."""
+        two leaves a JSON whose hash no longer matches, which `load` reports as IntegrityError; a write
+        error in either (a full disk) removes both, so the index reads as missing, never as half a pair."""
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
         with self._save_lock:
@@ -295,8 +296,14 @@ class VectorIndex:
                     "faiss_sha256": hashlib.sha256(data).hexdigest(),
                     "ids": list(self._ids),
                 }
-            write_atomic(folder / FAISS_FILE, data)
-            write_atomic(folder / META_FILE, json.dumps(meta, indent=1).encode("utf-8"))
+            try:
+                write_atomic(folder / FAISS_FILE, data)
+                write_atomic(folder / META_FILE, json.dumps(meta, indent=1).encode("utf-8"))
+            except BaseException:
+                for name in (META_FILE, FAISS_FILE):
+                    with contextlib.suppress(OSError):
+                        (folder / name).unlink()
+                raise
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> VectorIndex:
