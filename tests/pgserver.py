@@ -145,6 +145,14 @@ class PgServer:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"PostgreSQL processes {victims} still alive 30 s after SIGKILL")
             time.sleep(0.05)
+        # Every process is dead (a zombie holds no memory, but a container's init may never reap it, and the
+        # server would then take the pid in its lock files for a live postmaster): the lock files are stale.
+        for stale in (
+            self.data / "postmaster.pid",
+            self.root / f".s.PGSQL.{self.port}.lock",
+            self.root / f".s.PGSQL.{self.port}",
+        ):
+            stale.unlink(missing_ok=True)
         return len(victims)
 
     def restart(self) -> None:
