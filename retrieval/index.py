@@ -62,6 +62,11 @@ META_FILE = "index.json"
 Version = int | str
 
 
+class HalfSaved(IntegrityError):
+    """index.faiss and index.json are not the two files of one save: what a process killed between the two
+    writes of `save` leaves (or a changed index.faiss). A cache's state, rebuilt on first use."""
+
+
 @dataclass(frozen=True)
 class Hit:
     artifact_id: str
@@ -328,7 +333,7 @@ class VectorIndex:
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise bad("format")
         if hashlib.sha256(data).hexdigest() != meta.get("faiss_sha256"):
-            raise IntegrityError(
+            raise HalfSaved(
                 f"{faiss_path} does not match the SHA-256 recorded in {META_FILE} (corrupt or half-written); {rebuild}"
             )
         dim, ids, version = meta.get("dim"), meta.get("ids"), meta.get("catalog_version")

@@ -9,9 +9,9 @@ beforehand from another store (each bundle's artifacts are acknowledged when the
 `fsck --repair` over them. The parent kills it with SIGKILL after a random delay, then checks with
 `services.fsck`: no catalog row without its blob, no corrupt blob, every blob on disk hash-valid,
 no partial file visible as a blob, and every id any child ever printed is in the catalog. Orphan
-blobs, partial files and an index caught between its two files are allowed (a kill between the blob
-write and the commit, or inside a save, leaves them; fsck --repair removes them), and are repaired
-before the next round so that every round starts clean.
+blobs, partial files and an index caught between its two files ("half-saved") are allowed (a kill
+between the blob write and the commit, or inside a save, leaves them; fsck --repair removes them), and
+are repaired before the next round so that every round starts clean.
 
     python -m scripts.crash_deposits --kills 50                                # the deposit figures
     python -m scripts.crash_deposits --kills 100 --fork --ops deposit,import,repair   # spread over three
@@ -389,6 +389,7 @@ def run(
         "rounds_with_orphan_blob": 0,
         "partials_seen": 0,
         "index_stale_or_missing": 0,
+        "index_half_saved": 0,
         "index_corrupt": 0,
         "rounds_inconsistent_before_repair": 0,
         "by_op": {op: {"kills": 0, "committed": 0} for op in ops},
@@ -416,6 +417,7 @@ def run(
         totals["rounds_with_orphan_blob"] += int(state["orphans"] > 0)
         totals["partials_seen"] += state["partials"]
         totals["index_stale_or_missing"] += int(state["index"] in ("stale", "missing"))
+        totals["index_half_saved"] += int(state["index"] == "half-saved")  # killed between the index's two files
         totals["index_corrupt"] += int(state["index"] == "corrupt")
         totals["rounds_inconsistent_before_repair"] += int(not state["consistent_before_repair"])
         totals["artifacts"] = state["artifacts"]

@@ -207,6 +207,28 @@ def test_fsck_after_one_cli_deposit_on_a_fresh_store_is_consistent(tiny_dirs, kv
     ]
 
 
+def test_an_index_save_cut_between_its_two_files_is_a_cache_state_not_damage(kvgraft_home, tiny_gemma):
+    """A process killed inside VectorIndex.save leaves the new index.faiss beside the old index.json (seen once
+    in the 100 kills): fsck calls that the cache's state, and the next answer rebuilds the index."""
+    import services
+
+    lib = services.Library(home=kvgraft_home, lm=tiny_gemma, embedder=HashEmbedder())
+    lib.deposit_text("The Orlen Gate faces the sea.")
+    lib.index()
+    old_meta = (kvgraft_home / "index" / "index.json").read_bytes()
+    lib.deposit_text("The Orlen Gate was painted green.")
+    lib.rebuild_index()
+    (kvgraft_home / "index" / "index.json").write_bytes(old_meta)  # the second save killed before its JSON
+    r = services.fsck(lib)
+    assert r.index.status == "half-saved" and r.consistent, r.to_json()
+    assert r.advice == (
+        "the index is half-saved: it is a cache of the catalog, rebuilt on first use (`cli.py fsck --repair` rebuilds it now)",
+    )
+    fresh = services.Library(home=kvgraft_home, lm=tiny_gemma, embedder=HashEmbedder())
+    assert len(fresh.index()) == 2  # rebuilt from the catalog on first use
+    assert services.fsck(fresh).index.status == "ok"
+
+
 @pytest.mark.postgres
 def test_postgres_killed_under_load_loses_no_acknowledged_deposit(tiny_gemma, tmp_path):
     """4 depositors and 16 askers on one Library; the server SIGKILLed (postmaster and backends) and restarted
