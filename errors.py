@@ -88,6 +88,7 @@ def storage_error(
             f"{what} in {folder}: free at least {mb} MB there ({elsewhere}), then {action}; {outcome}", code, str(folder)
         )
     if code == 30:
+        elsewhere = elsewhere.replace("a larger disk", "a writable disk")
         return StorageError(
             f"{folder} is on a {what}: remount it read-write ({elsewhere}), then {action}; {outcome}", code, str(folder)
         )

@@ -125,6 +125,31 @@ def test_the_judge_finds_each_broken_promise(swept):
     assert faults.lost_acknowledged(_with(good, rec_at, inexact)) == len(good["pristine"]["artifacts"])
 
 
+def test_each_disk_refusal_has_its_line_and_other_errors_pass_unchanged(tmp_path):
+    """The words for the errno values no sweep injects (a quota, a read-only file system), and write_faults
+    leaving alone an OSError that says nothing about the disk."""
+    from errors import StorageError, StoreFull
+    from files import write_faults
+
+    def refused(code: int) -> StorageError:
+        with pytest.raises(StorageError) as e, write_faults(tmp_path, "deposit again", needed_bytes=3 * MB + 1):
+            raise OSError(code, "refused")
+        return e.value
+
+    quota, readonly = refused(122), refused(30)
+    assert isinstance(quota, StoreFull) and str(quota) == (
+        f"disk quota exceeded in {tmp_path}: free at least 4 MB there (or move KVGRAFT_HOME to a larger disk), "
+        "then deposit again; nothing was stored"
+    )
+    assert not isinstance(readonly, StoreFull) and str(readonly) == (
+        f"{tmp_path} is on a read-only file system: remount it read-write (or move KVGRAFT_HOME to a writable disk), "
+        "then deposit again; nothing was stored"
+    )
+    assert (quota.code, quota.folder) == (122, str(tmp_path))
+    with pytest.raises(FileNotFoundError), write_faults(tmp_path, "deposit again"):
+        (tmp_path / "absent").read_bytes()
+
+
 def _with(result: dict, i: int, change) -> dict:
     out = copy.deepcopy(result)
     change(out["records"][i])
