@@ -103,13 +103,19 @@ class BlobStore:
 
     def put(self, data: bytes) -> str:
         """Store `data` atomically; returns its SHA-256. Storing the same bytes twice is free."""
+        return self.write(data)[0]
+
+    def write(self, data: bytes) -> tuple[str, bool]:
+        """`put`, also saying whether this call created the file (False: those bytes were stored already), so
+        that a caller whose transaction then fails removes only a blob it made. An error (a full disk, an I/O
+        error, also in the folder's fsync after the rename) leaves no file (files.atomic_file)."""
         digest = sha256_bytes(data)
         target = self.path(digest)
         if target.exists():
-            return digest
+            return digest, False
         with atomic_file(target) as f:
             f.write(data)
-        return digest
+        return digest, True
 
     def get(self, content_hash: str, rehash: bool = False) -> bytearray:
         """Read and verify. Raises ArtifactNotFound or IntegrityError (message says 'integrity').

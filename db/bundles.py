@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from db.blobs import atomic_file
-from errors import InvalidInput
+from errors import InvalidInput, StoreFull
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -55,11 +55,11 @@ class Limits:
     disk_margin_bytes: int = 256 * MiB  # left free on the staging disk after an import
 
 
-def disk_limit(staging: str | os.PathLike, limits: Limits) -> int:
+def disk_limit(staging: str | os.PathLike, limits: Limits, free: int | None = None) -> int:
     """The total a bundle may hold when staged in `staging`: the configured limit, or less when the disk is
     short. An import needs the staged copy and then the store's copy (same disk), so half of what is free
-    beyond the margin."""
-    free = shutil.disk_usage(staging).free
+    beyond the margin. `free`: the staging disk's free bytes, when the caller has read them."""
+    free = shutil.disk_usage(staging).free if free is None else free
     return max(0, min(limits.max_total_bytes, (free - limits.disk_margin_bytes) // 2))
 
 
@@ -111,7 +111,7 @@ def _octal(field: bytes) -> int:
     return int(text, 8)
 
 
-def screen(path: str | os.PathLike, limits: Limits, total_limit: int | None = None) -> int:
+def screen(path: str | os.PathLike, limits: Limits, total_limit: int | None = None, disk: tuple[Path, int] | None = None) -> int:
     """Reads the raw 512-byte headers of the tar at `path` before `tarfile` parses anything; returns the member count.
 
     Refuses, with InvalidInput, every header kind but plain files and folders: pax headers (the
@@ -155,6 +155,16 @@ def screen(path: str | os.PathLike, limits: Limits, total_limit: int | None = No
                     f"bundle member {name!r} is {size:,} bytes; the limit is {limits.max_member_bytes:,}; refusing the bundle"
                 )
             total += size
+            if total > total_limit and disk is not None and total_limit < limits.max_total_bytes:
+                folder, free = disk  # the disk, not the configured limit, refuses it: say what to free
+                needed = 2 * os.stat(path).st_size + limits.disk_margin_bytes - free
+                raise StoreFull(
+                    f"not enough free space in {folder} for this bundle: free at least {-(-needed // MiB):,} MB there "
+                    f"(an import stages a copy and keeps {limits.disk_margin_bytes // MiB} MB free; or move KVGRAFT_HOME "
+                    "to a larger disk), then import again; nothing was imported",
+                    28,
+                    str(folder),
+                )
             if total > total_limit:
                 raise InvalidInput(
                     f"bundle holds more than {total_limit:,} bytes (the limit, or what the disk can take); "
@@ -189,8 +199,9 @@ def stage(path: str | os.PathLike, staging: str | os.PathLike, limits: Limits = 
     folder = Path(staging)
     out: dict[str, Path] = {}
     total = 0
-    total_limit = disk_limit(folder, limits)
-    screen(path, limits, total_limit)
+    free = shutil.disk_usage(folder).free
+    total_limit = disk_limit(folder, limits, free)
+    screen(path, limits, total_limit, disk=(folder.parent, free))
     try:
         tar = tarfile.open(path, mode="r:")
     except tarfile.TarError as e:

@@ -38,7 +38,7 @@ from db.rows import (
     verification_row,
 )
 from db.schema import artifacts, embeddings, ledger, meta, sources, verifications
-from errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
+from errors import ArtifactNotFound, CatalogUnavailable, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
 
 EXPORT_FORMAT = "kvgraft-catalog/1"
 MIN_PREFIX = 8
@@ -127,9 +127,10 @@ class Catalog:
         engine = dbconn.create(url, Path(home))
         try:
             migrations.migrate(engine)
-        except sa_exc.OperationalError as e:
+        except (sa_exc.OperationalError, CatalogUnavailable) as e:
             engine.dispose()
-            reason = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
+            e = e.__cause__ if isinstance(e, CatalogUnavailable) else e  # the driver's own words
+            reason = str(e.orig).strip().splitlines()[0] if getattr(e, "orig", None) else str(e)
             shown = engine.url.render_as_string(hide_password=True)
             raise KvgraftError(
                 f"cannot open the catalog at {shown}: {reason}; check KVGRAFT_DB_URL and that the database server is running"

@@ -62,6 +62,11 @@ META_FILE = "index.json"
 Version = int | str
 
 
+class HalfSaved(IntegrityError):
+    """index.faiss and index.json are not the two files of one save: what a process killed between the two
+    writes of `save` leaves (or a changed index.faiss). A cache's state, rebuilt on first use."""
+
+
 @dataclass(frozen=True)
 class Hit:
     artifact_id: str
@@ -278,7 +283,8 @@ class VectorIndex:
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write `index.faiss` then `index.json` into `directory`, each atomically. A crash between the
-        two leaves a JSON whose hash no longer matches, which `load` reports as IntegrityError."""
+        two leaves a JSON whose hash no longer matches, which `load` reports as IntegrityError; a write
+        error in either (a full disk) removes both, so the index reads as missing, never as half a pair."""
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
         with self._save_lock:
@@ -295,8 +301,14 @@ class VectorIndex:
                     "faiss_sha256": hashlib.sha256(data).hexdigest(),
                     "ids": list(self._ids),
                 }
-            write_atomic(folder / FAISS_FILE, data)
-            write_atomic(folder / META_FILE, json.dumps(meta, indent=1).encode("utf-8"))
+            try:
+                write_atomic(folder / FAISS_FILE, data)
+                write_atomic(folder / META_FILE, json.dumps(meta, indent=1).encode("utf-8"))
+            except BaseException:
+                for name in (META_FILE, FAISS_FILE):
+                    with contextlib.suppress(OSError):
+                        (folder / name).unlink()
+                raise
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> VectorIndex:
@@ -321,7 +333,7 @@ class VectorIndex:
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise bad("format")
         if hashlib.sha256(data).hexdigest() != meta.get("faiss_sha256"):
-            raise IntegrityError(
+            raise HalfSaved(
                 f"{faiss_path} does not match the SHA-256 recorded in {META_FILE} (corrupt or half-written); {rebuild}"
             )
         dim, ids, version = meta.get("dim"), meta.get("ids"), meta.get("catalog_version")

@@ -235,6 +235,27 @@ MUTATIONS = (
         "pass",
         ("tests/test_gate.py::test_import_refuses_source_text_that_does_not_tokenise_to_the_artifact",),
     ),
+    Mutation(
+        "a deposit whose transaction failed leaves the blob it wrote (an orphan after a full disk)",
+        "services/deposit.py",
+        "                self._discard_blobs(made)",
+        "                pass",
+        ("tests/test_faults.py::test_a_write_failing_anywhere_in_an_operation_leaves_the_store_whole[deposit-ENOSPC]",),
+    ),
+    Mutation(
+        "SQLite's disk errors reach the caller as raw driver errors",
+        "db/connection.py",
+        "        err = _translated(engine, exc)",
+        "        err = None",
+        ("tests/test_faults.py::test_a_write_failing_anywhere_in_an_operation_leaves_the_store_whole[deposit-EIO]",),
+    ),
+    Mutation(
+        "an index cut between its two files called corrupt (fsck: NOT consistent)",
+        "services/checks.py",
+        'return IndexStatus("half-saved", str(e), version)',
+        'return IndexStatus("corrupt", str(e), version)',
+        ("tests/test_faults.py::test_an_index_save_cut_between_its_two_files_is_a_cache_state_not_damage",),
+    ),
 )
 
 

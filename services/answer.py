@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from db.rows import LedgerRow
 from errors import IntegrityError, InvalidInput, quarantine_message
+from files import write_faults
 from graft_core import templates
 
 from . import limits
@@ -173,31 +174,31 @@ class AnswerPipeline:
 
         checkd = check.as_dict() if check else None
         record = (checkd or {}) | ({"proof": ans.proof.as_dict()} if ans.proof else {})
-        return self._catalog.add_ledger(
-            LedgerRow(
-                query_sha256=hashlib.sha256(question.encode()).hexdigest(),
-                query=question,
-                prompt_sha256=generate.tokens_sha256(ans.prompt_ids),
-                artifact_ids=ans.artifact_ids,
-                tier=ans.tier,
-                model_fingerprint=self.lm.fingerprint,
-                output_token_ids=ans.token_ids,
-                output_sha256=ans.output_sha256,
-                grafted_tokens=ans.grafted_tokens,
-                computed_tokens=ans.computed_tokens,
-                decode_tokens=ans.decode_tokens,
-                baseline_tokens=ans.savings.baseline_total,
-                baseline_measured=base is not None,
-                ttft_s=ans.ttft_s,
-                total_s=ans.total_s,
-                flops=int(ans.savings.flops_estimate),
-                baseline_flops=int(ans.savings.baseline_flops_estimate),
-                logits_sha256=ans.logits_sha256,
-                baseline_ttft_s=base.ttft_s if base else None,
-                exact=checkd["exact"] if checkd else None,
-                check_json=json.dumps(record) if record else None,
-            )
+        row = LedgerRow(
+            query_sha256=hashlib.sha256(question.encode()).hexdigest(),
+            query=question,
+            prompt_sha256=generate.tokens_sha256(ans.prompt_ids),
+            artifact_ids=ans.artifact_ids,
+            tier=ans.tier,
+            model_fingerprint=self.lm.fingerprint,
+            output_token_ids=ans.token_ids,
+            output_sha256=ans.output_sha256,
+            grafted_tokens=ans.grafted_tokens,
+            computed_tokens=ans.computed_tokens,
+            decode_tokens=ans.decode_tokens,
+            baseline_tokens=ans.savings.baseline_total,
+            baseline_measured=base is not None,
+            ttft_s=ans.ttft_s,
+            total_s=ans.total_s,
+            flops=int(ans.savings.flops_estimate),
+            baseline_flops=int(ans.savings.baseline_flops_estimate),
+            logits_sha256=ans.logits_sha256,
+            baseline_ttft_s=base.ttft_s if base else None,
+            exact=checkd["exact"] if checkd else None,
+            check_json=json.dumps(record) if record else None,
         )
+        with write_faults(self.home, "ask again", needed_bytes=1 << 20, outcome="the answer was not recorded"):
+            return self._catalog.add_ledger(row)
 
     def decode_group(self):
         """The graft_core.batch.StepGroup answers decode through once `start_decoding_together` built it; None

@@ -99,7 +99,7 @@ class BlobProblem:
 
 @dataclass(frozen=True)
 class IndexStatus:
-    status: str  # ok | missing | corrupt | stale
+    status: str  # ok | missing | stale | half-saved (the cache's states) | corrupt
     detail: str
     catalog_version: int
     index_version: int | str | None = None  # the rest: None when no index could be read
@@ -162,17 +162,21 @@ class FsckReport:
         return d
 
 
-# An index not written yet, or behind the catalog, is what a store is between deposits and the next answer:
-# the index is a cache of the catalog's embeddings, rebuilt on first use. Information, not damage.
-CACHE_STATES = ("missing", "stale")
+# An index not written yet, or behind the catalog, is what a store is between deposits and the next answer;
+# one whose two files come from two saves is what a process killed inside a save leaves. The index is a
+# cache of the catalog's embeddings, rebuilt on first use: information, not damage.
+CACHE_STATES = ("missing", "stale", "half-saved")
 
 
 def _index_status(lib: Library) -> IndexStatus:
     from retrieval import VectorIndex  # faiss loads here, not with the web page
+    from retrieval.index import HalfSaved
 
     version = lib._catalog.version()
     try:
         idx = VectorIndex.load(lib.home / "index")
+    except HalfSaved as e:
+        return IndexStatus("half-saved", str(e), version)
     except IntegrityError as e:
         status = "corrupt" if (lib.home / "index" / "index.json").exists() else "missing"
         return IndexStatus(status, str(e), version)

@@ -6,15 +6,18 @@ nothing but its recorded verification row. Also `compose`, which deposits retrie
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 import verifiers
 from db.rows import ArtifactRow, SourceRow, VerificationRow
-from errors import ArtifactNotFound, InputTooLong, InvalidInput, VerificationFailed
+from errors import ArtifactNotFound, InputTooLong, InvalidInput, KvgraftError, VerificationFailed
+from files import write_faults
 from graft_core import templates
 
 from . import gate
@@ -29,7 +32,7 @@ Gate = Callable[[list["KVArtifact"]], tuple[VerificationRow, float, int]]  # cha
 
 
 class DepositPipeline:
-    """Mixed into `Library`; uses its `_catalog`, `_blobs`, `_lock`, `lm`, `embedder` and `load_chain`."""
+    """Mixed into `Library`; uses its `home`, `_catalog`, `_blobs`, `_lock`, `lm`, `embedder` and `load_chain`."""
 
     def _deposit(
         self,
@@ -95,9 +98,41 @@ class DepositPipeline:
         question, solution, answer = item
         src = SourceRow(artifact_id=key, text=text, question=question, solution=solution, answer=answer)
         emb = (self.embedder.embedder_id, np.asarray(vec, dtype="<f4").tobytes(), int(vec.shape[0]), text_sha256(embed_text))
-        row = self._catalog.add_deposit(row, src, verification, emb, lambda: self._blobs.put(data))
+        row = self._record_deposit(row, src, verification, emb, data)
         progress(1.0, "deposited")
         return self._deposited(row, prefill_s=stats.prefill_s, created=True, gate_s=gate_s, gate_tokens=gate_tokens)
+
+    def _record_deposit(self, row: ArtifactRow, src: SourceRow, verification, emb, data: bytes) -> ArtifactRow:
+        """Write the blob and the catalog rows in one transaction. A disk that refuses a write, or a catalog
+        that cannot commit, leaves nothing: a blob this call created is removed again (when no row refers to
+        it), and the error is one line naming the store's folder and what to free."""
+        made: list[str] = []
+
+        def write_blob() -> str:
+            digest, created = self._blobs.write(data)
+            if created:
+                made.append(digest)
+            return digest
+
+        with write_faults(self._store_folder(), "deposit again", needed_bytes=len(data) + (1 << 20)):
+            try:
+                return self._catalog.add_deposit(row, src, verification, emb, write_blob)
+            except BaseException:
+                self._discard_blobs(made)
+                raise
+
+    def _discard_blobs(self, digests: list[str]) -> None:
+        """Remove blobs a failed write made, unless a row refers to them (a concurrent deposit of the same bytes
+        committed meanwhile). Where the catalog cannot even be asked, the blob stays: an orphan for fsck."""
+        for digest in digests:
+            with contextlib.suppress(KvgraftError, OSError):
+                if self._catalog.content_refcount(digest) == 0:
+                    self._blobs.delete(digest)
+
+    def _store_folder(self) -> Path:
+        """The folder a disk error names: the store's home, or the blob folder where it lies elsewhere."""
+        root = self._blobs.root
+        return self.home if root.is_relative_to(self.home) else root
 
     def _deposited(
         self, row: ArtifactRow, prefill_s: float, created: bool, gate_s: float = 0.0, gate_tokens: int = 0

@@ -20,7 +20,7 @@ from db import bundles
 from db.blobs import sha256_bytes
 from db.catalog import EXPORT_FORMAT
 from errors import IncompatibleArtifact, IntegrityError, InvalidInput
-from files import sha256_file
+from files import sha256_file, write_faults
 
 from .vetting import vet
 
@@ -126,7 +126,10 @@ def export_bundle(lib: Library, ids: list[str], out: str | Path) -> ExportReport
         "artifacts": entries,
     }
     members[MANIFEST] = _json_bytes(manifest)
-    size = bundles.write(out, members)
+    needed = sum(e["bytes"] for e in entries) + (1 << 20)  # the blobs, with a MB for the JSON and the tar headers
+    folder = Path(out).resolve().parent
+    with write_faults(folder, "export again", needed, "nothing was written", "or export to a folder on another disk"):
+        size = bundles.write(out, members)
     return ExportReport(
         path=str(out),
         bundle_sha256=sha256_file(Path(out)),
@@ -258,7 +261,17 @@ def import_bundle(
     and each verification is replayed unless `trust_verdicts` (admin): then, as without `check_model`,
     rows are labelled "imported, not re-verified". Without `check_model` nothing is recomputed, so every
     artifact arrives quarantined until `rebuild` proves it. Attested verdicts are kept only with `trust_verdicts`.
-    Embeddings are always recomputed here."""
+    Embeddings are always recomputed here. A disk that refuses a write (full, an I/O error) leaves nothing:
+    the staging folder and every blob this import wrote are removed, and the error names the store's folder."""
+    try:
+        needed = 2 * Path(path).stat().st_size + (1 << 20)  # staged, then stored
+    except OSError:
+        needed = 1 << 20  # bundles.stage says what is wrong with the path
+    with write_faults(lib._store_folder(), "import again", needed):
+        return _import(lib, path, limits, check_model, trust_verdicts, on_progress)
+
+
+def _import(lib: Library, path, limits: bundles.Limits, check_model: bool, trust_verdicts: bool, on_progress) -> ImportReport:
     staging = Path(tempfile.mkdtemp(prefix=".import-", dir=lib.home))
     try:
         staged = bundles.stage(path, staging, limits)
@@ -287,15 +300,15 @@ def import_bundle(
                         continue
                     except IntegrityError:  # a corrupt copy: the bundle's verified bytes restore it
                         lib._blobs.delete(digest)
-                stored = lib._blobs.put(staged_file if isinstance(staged_file, bytes) else staged_file.read_bytes())
-                written.append(stored)
+                data = staged_file if isinstance(staged_file, bytes) else staged_file.read_bytes()
+                stored, created = lib._blobs.write(data)
+                if created:
+                    written.append(stored)
                 if stored != digest:  # the staged file changed after its check: undone below
                     raise IntegrityError(f"staged blob {digest} changed during the import; nothing was imported")
             new = lib._catalog.import_rows(rows)
         except BaseException:
-            for digest in written:  # undo: a blob no row refers to is an orphan
-                if lib._catalog.content_refcount(digest) == 0:
-                    lib._blobs.delete(digest)
+            lib._discard_blobs(written)  # undo: a blob no row refers to would be an orphan
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

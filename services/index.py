@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from db.catalog import Catalog
-from errors import KvgraftError
+from errors import KvgraftError, StorageError
+from files import write_faults
 
 if TYPE_CHECKING:  # faiss loads with the first index (the web app's start-up stage), not with the page
     from retrieval import Embedder, VectorIndex
@@ -77,9 +78,13 @@ class IndexPipeline:
         idx = VectorIndex(self.embedder.dim, self.embedder.embedder_id)
         pairs = [(aid, np.frombuffer(vec, dtype="<f4")) for aid, vec in self._catalog.embeddings(self.embedder.embedder_id)]
         idx.build(pairs, version)
+        needed = 2 * len(pairs) * self.embedder.dim * 4 + (1 << 20)  # the vectors and their ids, with room
         try:
-            idx.save(self.home / "index")
-        except OSError:
+            with write_faults(
+                self.home, "rebuild it again (`cli.py fsck --repair`)", needed, "answers rebuild it in memory meanwhile"
+            ):
+                idx.save(self.home / "index")
+        except (OSError, StorageError):
             if must_save:
                 raise  # a read-only store still answers from the in-memory index
         self._index = idx

@@ -10,6 +10,7 @@ from collections import namedtuple
 import pytest
 
 from db import bundles
+from errors import StoreFull
 from graft_core.errors import InvalidInput
 
 
@@ -130,7 +131,21 @@ def test_the_total_limit_follows_the_free_space_of_the_staging_disk(tmp_path, mo
     monkeypatch.setattr(bundles.shutil, "disk_usage", lambda p: usage(10 << 30, 0, (256 << 20) + 60))
     assert bundles.disk_limit(tmp_path, bundles.Limits()) == 30  # (free - margin) // 2: staged copy + store copy
     path = _tar(tmp_path, *[_member(f"f{i}", b"x" * 10) for i in range(5)])
-    _refused(tmp_path, path, "bundle holds more than 30 bytes (the limit, or what the disk can take)")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(StoreFull) as full:  # the disk, not the configured limit, refuses it: the message says what to free
+        bundles.stage(path, staging, bundles.Limits())
+    assert str(full.value) == (
+        f"not enough free space in {tmp_path} for this bundle: free at least 1 MB there (an import stages a copy and "
+        "keeps 256 MB free; or move KVGRAFT_HOME to a larger disk), then import again; nothing was imported"
+    )
+    assert list(staging.iterdir()) == []
+    _refused(
+        tmp_path,
+        path,
+        "bundle holds more than 25 bytes (the limit, or what the disk can take)",
+        bundles.Limits(max_total_bytes=25),
+    )
     monkeypatch.setattr(bundles.shutil, "disk_usage", lambda p: usage(10 << 30, 0, 1 << 50))
     assert bundles.disk_limit(tmp_path, bundles.Limits()) == bundles.Limits().max_total_bytes == 64 << 30
     monkeypatch.setattr(bundles.shutil, "disk_usage", lambda p: usage(10 << 30, 0, 1 << 20))
