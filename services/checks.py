@@ -138,7 +138,7 @@ class FsckReport:
     partials: tuple[str, ...]  # leftover temporary files of interrupted writes
     index: IndexStatus
     repaired: Repaired
-    consistent: bool  # nothing left to fix (after repair, when asked)
+    consistent: bool  # nothing damaged: every row's blob there and intact, nothing quarantined, the index sound
     advice: tuple[str, ...]
     quarantined: tuple[Quarantined, ...] = ()  # never grafted until rebuilt (rebuild --verify) or deleted
     probes_checked: int = 0  # with --deep: artifacts restored and probe-checked now
@@ -258,7 +258,10 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S, de
             "that holds them, or check what a recompute gives with `cli.py rebuild --verify ID`"
         )
     if (left_orphans or left_partials) and not repair:
-        advice.append("run `cli.py fsck --repair` to remove orphan blobs and partial files")
+        advice.append(
+            f"{len(left_orphans)} orphan blob(s) and {len(left_partials)} partial file(s) are leftovers of interrupted "
+            "writes: nothing acknowledged refers to them; `cli.py fsck --repair` removes them to free their space"
+        )
     elif left_orphans or left_partials:
         advice.append(
             f"some orphans or partial files are younger than {grace_s:.0f} s (a deposit in flight?); run fsck again later"
@@ -275,7 +278,8 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S, de
             "(it releases an artifact whose probe passes again) or `cli.py delete ID`"
         )
     damaged_index = index.status not in ("ok", *CACHE_STATES) and not rebuilt
-    consistent = not (missing or corrupt or left_orphans or left_partials or quarantined or damaged_index)
+    # leftovers of an interrupted write (orphans, partials) hold no acknowledged work: space, not damage
+    consistent = not (missing or corrupt or quarantined or damaged_index)
     return FsckReport(
         artifacts=len(rows),
         blobs=len(on_disk),

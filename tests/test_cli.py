@@ -123,8 +123,18 @@ def test_fsck_exit_codes_and_repair(run, lib, chain):
     assert out["index"]["status"] == "ok" and out["artifacts"] == 2 and out["blobs"] == 2
     orphan = lib._blobs.put(b"stray bytes")
     os.utime(lib._blobs.path(orphan), (0, 0))  # old enough not to be a deposit in flight
+    code, out, _ = run("fsck")  # a leftover of an interrupted write: space to free, not damage
+    assert code == 0 and out["consistent"] and out["orphans"] == [orphan]
+    assert out["advice"] == [
+        "1 orphan blob(s) and 0 partial file(s) are leftovers of interrupted writes: nothing acknowledged refers "
+        "to them; `cli.py fsck --repair` removes them to free their space"
+    ]
+    bad = lib._blobs.path(chain[0].content_sha256)
+    good = bad.read_bytes()
+    bad.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # damage: a stored artifact's bytes changed
     code, out, _ = run("fsck")
-    assert code == 1 and out["orphans"] == [orphan] and out["advice"]
+    assert code == 1 and not out["consistent"] and out["counts"]["corrupt"] == 1
+    bad.write_bytes(good)
     code, out, _ = run("fsck", "--repair")
     assert code == 0 and out["repaired"]["orphans_removed"] == [orphan] and out["consistent"]
     code, text, _ = run("fsck", as_json=False)
