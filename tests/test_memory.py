@@ -55,3 +55,25 @@ def test_the_trimmer_thread_trims_on_its_own():
     finally:
         trimmer.stop()
     assert trimmer.trims >= 1
+
+
+def test_memory_in_use_at_a_trim_does_not_raise_the_floor_for_later_frees():
+    memory.trim()
+    trimmer = memory.Trimmer(period_s=3600, grow_bytes=96 * MB)
+    before = memory.rss_bytes()
+    held = [bytearray(64 * 1024) for _ in range(2048)]  # 128 MB in use, not freeable
+    for b in held:
+        b[::4096] = b"\x01" * len(b[::4096])  # touched: resident
+    assert trimmer.check()  # grown past the floor; the trim frees nothing of what is in use
+    keep: list = []
+    t = threading.Thread(target=_churn, args=(keep,))
+    t.start()
+    t.join()
+    churned = memory.rss_bytes()
+    # 64 MB freed but resident: under the 96 MB growth from the RSS at the first trim, over it from the start
+    assert trimmer.check(), f"{before / MB:.0f} -> {churned / MB:.0f} MB"
+    after = memory.rss_bytes()
+    assert after - before < 128 * MB + 0.3 * (churned - before - 128 * MB), (
+        f"{before / MB:.0f} -> {churned / MB:.0f} -> {after / MB:.0f} MB"
+    )
+    del held
