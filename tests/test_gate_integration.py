@@ -46,8 +46,7 @@ def test_a_consistent_solution_is_accepted_and_its_paraphrase_answered_from_the_
     print(f"gate cost: {d.gate_s:.2f} s, {d.gate_tokens} tokens; prefill {d.prefill_s:.2f} s, {d.prefill_tokens} tokens")
     r = lib.answer(PARAPHRASE, max_new_tokens=16)
     assert r.artifact_ids == (d.id,) and r.tier == "exact"
-    verdict, _ = gate.judge_span(r.answer, Q, GOOD, "numeric", "11")
-    assert verdict.ok, r.answer
+    assert gate.judge(r.answer, Q, GOOD, "numeric", "11").ok, r.answer
 
 
 def test_bundles_with_edited_source_text_or_verification_are_refused(store, tmp_path, real_lm):
