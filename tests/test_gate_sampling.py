@@ -59,3 +59,42 @@ def test_a_budget_below_one_attempt_runs_nothing(tiny_gemma, batcher):
     prompt = sample.prompt_tokens(tiny_gemma, Q)
     got = sampling.sample_many(tiny_gemma, Q, prompt + 5, lambda t: False, max_new_tokens=6, batcher=batcher)
     assert got.rounds == () and got.tokens == 0 and not got.solved
+
+
+def test_the_recurring_case_batched_counts_every_token_within_a_small_budget_and_replays(tiny_gemma, tmp_path):
+    """The recurring case with `batched`: greedy alone, then rounds decoded together; each round's prompt is
+    counted once (on its first attempt), every decode token on its attempt; the records replay offline."""
+    import json
+
+    import services
+    from eval import recurring
+    from graft_core import sample
+    from retrieval.embedder import HashEmbedder
+
+    rows = [
+        {"id": f"p95{i:02d}", "template": "ages", "verifier": "numeric", "split": "heldout", "answer": str(i + 1)}
+        | {"question": f"How old is Ada if she is {i} + 1?", "solution": f"{i} + 1 = {i + 1}.", "reference": str(i + 1)}
+        for i in (11, 22)
+    ]
+    cfg = recurring.RecurringConfig(problems=2, budget=300, max_candidates=2, max_new_tokens=4, batched=True, together=4)
+    lib = services.Library(home=tmp_path / "store", embedder=HashEmbedder(), lm=tiny_gemma)
+    case = recurring.run_case(lib, rows, cfg, log=lambda m: None)
+    lib.close()
+    assert case["failed"], "the tiny model solved both: nothing was sampled to the budget"
+    for rec in case["failed"]:
+        prompt = sample.prompt_tokens(tiny_gemma, _row(rows, rec["id"])["question"])
+        greedy, *sampled = rec["attempts"]
+        assert greedy["mode"] == "greedy" and greedy["prompt_tokens"] == prompt
+        rounds = [a for a in sampled if a["prompt_tokens"]]
+        assert all(a["prompt_tokens"] == prompt for a in rounds) and len(rounds) == -(-len(sampled) // 4)
+        assert [a["seed"] for a in sampled] == list(range(len(sampled)))
+        assert rec["baseline_tokens"] == sum(a["tokens"] for a in rec["attempts"]) <= 300
+        assert rec["baseline_tokens"] > 300 - prompt - 4 * 4  # another round of four would not have fitted
+    assert recurring.check_case(case, {r["id"]: r for r in rows})[0] == []
+    bad = json.loads(json.dumps(case))
+    bad["failed"][0]["attempts"][-1]["tokens"] += 1
+    assert any("do not sum" in p for p in recurring.check_case(bad, {r["id"]: r for r in rows})[0])
+
+
+def _row(rows: list[dict], pid: str) -> dict:
+    return next(r for r in rows if r["id"] == pid)
