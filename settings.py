@@ -277,6 +277,14 @@ _DECLARED = (
     ),
     Setting("KVGRAFT_PEER_PYTHON", "path", Path("/tmp/peer/venv/bin/python"), "bench-only: a python with llama-cpp-python"),
     Setting("KVGRAFT_PEER_GGUF", "path", Path("/tmp/gemma.gguf"), "bench-only: the GGUF the peer loads"),
+    Setting(
+        "KVGRAFT_RECURRING_BUDGET",
+        "int",
+        4096,
+        "eval-only: the recurring case's sampling budget per problem, every prompt and decode token",
+        low=64,
+        high=1_000_000,
+    ),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in _DECLARED}
 assert len(SETTINGS) == len(_DECLARED), "a variable is declared twice"

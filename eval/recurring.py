@@ -30,6 +30,8 @@ class RecurringConfig:
     temperature: float = 0.8
     seed: int = 0
     max_new_tokens: int = 16  # per attempt: one answer line
+    batched: bool = False  # sample in rounds through the batched decode passes (eval/sampling.py), not via solve
+    together: int = 8  # batched: attempts per round (one prompt computation, their steps in one pass)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -78,8 +80,10 @@ BASELINE_KEYS = (
 )
 
 
-def _baseline(lib, row: dict, cfg: RecurringConfig) -> dict:
+def _baseline(lib, row: dict, cfg: RecurringConfig, batcher=None) -> dict:
     """The no-graft model on one problem: greedy, then seeded samples, until solved or the budget is spent."""
+    if cfg.batched:
+        return _record(row, _batched_attempts(lib, row, cfg, batcher))
     s = lib.solve(
         row["question"],
         row["verifier"],
@@ -90,27 +94,76 @@ def _baseline(lib, row: dict, cfg: RecurringConfig) -> dict:
         max_new_tokens=cfg.max_new_tokens,
         library=False,
     )
-    atts = [a.to_json() for a in s.attempts]
+    return _record(row, [a.to_json() for a in s.attempts])
+
+
+def _record(row: dict, atts: list[dict]) -> dict:
     return {
         "id": row["id"],
         "template": row["template"],
         "reference": row["reference"],
         "verifier": row["verifier"],
-        "baseline_tokens": s.tokens_spent,
+        "baseline_tokens": sum(a["tokens"] for a in atts),
         "baseline_attempts": len(atts),
-        "baseline_solved": s.solved,
-        "baseline_answer": s.answer,
+        "baseline_solved": any(a["passed"] for a in atts),
+        "baseline_answer": next((a["answer"] for a in atts if a["passed"]), ""),
         "attempts_sha256": attempts_sha256(atts),
         "attempts": atts,
     }
+
+
+def _batched_attempts(lib, row: dict, cfg: RecurringConfig, batcher) -> list[dict]:
+    """Greedy alone (as solve starts), then seeded rounds of `cfg.together` attempts decoded together
+    (eval/sampling.py) within what is left of the budget. A round's prompt is computed once: its tokens are
+    counted on the round's first attempt (`prompt_tokens`), every attempt's decode tokens on the attempt."""
+    from eval import sampling
+    from graft_core import sample
+    from graft_core.generate import tokens_sha256
+
+    q, verifier, reference = row["question"], row["verifier"], row["reference"]
+    g = sample.attempt(lib.lm, q, min(cfg.max_new_tokens, cfg.budget - sample.prompt_tokens(lib.lm, q)))
+    ok, detail = judge(verifier, g.text, reference)
+    first = {"mode": "greedy", "seed": None, "temperature": 0.0, "tokens": g.tokens_computed, "prompt_tokens": g.prompt_tokens}
+    atts = [{**first, "output_sha256": tokens_sha256(g.token_ids), "answer": g.text, "passed": ok, "detail": detail}]
+    if ok:
+        return atts
+    run = sampling.sample_many(
+        lib.lm,
+        q,
+        cfg.budget - g.tokens_computed,
+        lambda text: judge(verifier, text, reference)[0],
+        together=cfg.together,
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        batcher=batcher,
+    )
+    for r in run.rounds:
+        for k, a in enumerate(r.attempts):
+            prompt = r.prompt_tokens if k == 0 else 0
+            atts.append(
+                {
+                    "mode": "sampled",
+                    "seed": a.seed,
+                    "temperature": cfg.temperature,
+                    "tokens": prompt + a.decode_tokens,
+                    "prompt_tokens": prompt,
+                    "output_sha256": tokens_sha256(a.token_ids),
+                    "answer": a.text,
+                    "passed": a.passed,
+                    "detail": judge(verifier, a.text, reference)[1],
+                }
+            )
+    return atts
 
 
 def reusable(previous: dict | None, cfg: RecurringConfig) -> dict[str, dict]:
     """Baseline records of an earlier run of the same configuration whose attempt records still hash to
     their `attempts_sha256` and sum to their token count (the sampling is seeded, so a re-run computes
     the same records; `replay-eval --rerun` re-checks that). Anything else is computed again."""
-    same = ("budget", "temperature", "seed", "max_new_tokens", "max_digits")  # what a baseline record depends on
-    if not previous or any(previous.get("config", {}).get(k) != getattr(cfg, k) for k in same):
+    same = ("budget", "temperature", "seed", "max_new_tokens", "max_digits", "batched", "together")  # a record depends on these
+    defaults = {"batched": False, "together": 8}  # records from before batching was a setting
+    if not previous or any(previous.get("config", {}).get(k, defaults.get(k)) != getattr(cfg, k) for k in same):
         return {}
     return {
         rec["id"]: {k: rec[k] for k in BASELINE_KEYS}
@@ -164,6 +217,11 @@ def run_case(
     have an accepted solution (the refused ones are kept and counted: the acceptance rate); then recall
     every accepted one from the library, and the ones the model solved by sampling too."""
     failed, solved, reused = [], [], []
+    batcher = None
+    if cfg.batched:
+        from graft_core.batch import Batcher
+
+        batcher = Batcher(lib.lm.model)
     for row in candidates(problems, cfg):
         if sum(1 for r in failed if r["deposit"] == "accepted") >= cfg.problems:
             break
@@ -171,7 +229,7 @@ def run_case(
         if rec is not None:
             reused.append(row["id"])
         else:
-            rec = _baseline(lib, row, cfg)
+            rec = _baseline(lib, row, cfg, batcher)
         (solved if rec["baseline_solved"] else failed).append(rec)
         if not rec["baseline_solved"]:
             rec["deposit_tries"], ok = deposit_verified(lib, row)
@@ -185,7 +243,7 @@ def run_case(
             rec["grafted"] = _recall(lib, _row(problems, rec["id"]))
     for rec in solved:
         row = _row(problems, rec["id"])
-        if rec["id"] in reused:  # `solve` deposited the passing answer when it ran; a reused record does it here
+        if rec["id"] in reused or cfg.batched:  # `solve` deposited the passing answer; these records do it here
             passing = next(a for a in rec["attempts"] if a["passed"])
             try:
                 lib.deposit_item(row["question"], passing["answer"], passing["answer"], row["verifier"], row["reference"])

@@ -56,7 +56,17 @@ def main(argv: list[str] | None = None) -> int:
         help="run only the recurring case (sampling budget per problem) and merge it into --out",
     )
     p.add_argument("--no-recurring", action="store_true", help="skip the recurring case (it samples for about an hour here)")
-    p.add_argument("--recurring-budget", type=int, default=4096, help="sampling budget per problem (tokens)")
+    p.add_argument(
+        "--recurring-budget",
+        type=int,
+        default=None,
+        help="sampling budget per problem (tokens, every prompt and decode token); default KVGRAFT_RECURRING_BUDGET",
+    )
+    p.add_argument(
+        "--recurring-batched",
+        action="store_true",
+        help="sample the recurring case in rounds decoded together (eval/sampling.py): the paper's budgets fit in one run",
+    )
     p.add_argument(
         "--reuse-baseline",
         type=Path,
@@ -112,9 +122,11 @@ def main(argv: list[str] | None = None) -> int:
 def _recurring_only(args, cfg: harness.EvalConfig) -> int:
     """Run the recurring case alone in a fresh store; merge it into an existing results file."""
     import services
+    import settings
     from eval import recurring
 
-    rc = recurring.RecurringConfig(seed=args.seed, budget=args.recurring_budget)
+    budget = args.recurring_budget or settings.get("KVGRAFT_RECURRING_BUDGET")
+    rc = recurring.RecurringConfig(seed=args.seed, budget=budget, batched=args.recurring_batched)
     problems = harness.read_jsonl(harness.PROBLEMS)
     reuse = {}
     if args.reuse_baseline is not None:

@@ -102,9 +102,30 @@ MUTATIONS = (
     Mutation(
         "verifiers always pass",
         "verifiers/judges.py",
-        "return verifier.check(item.answer, item.reference)",
+        "return validate(item).check(item.answer, item.reference)",
         'return Verdict(True, item.verifier, "mutant")',
         ("tests/test_verifiers.py",),
+    ),
+    Mutation(
+        "the claim reader ignores a denial of the reference (verifiers/claims._read_exact)",
+        "verifiers/claims.py",
+        "        why = problem(toks, m)\n        if why:",
+        '        why = problem(toks, m)\n        if why and not why.startswith("denies"):',
+        ("tests/test_gate_claims.py::test_the_judge_reads_what_the_answer_asserts",),
+    ),
+    Mutation(
+        "a nominal negation reaches the whole clause ('no emblem and is saffron' denies saffron)",
+        "verifiers/sentences.py",
+        "        if not (t.kind == \"num\" or (t.kind == \"word\" and (t.low not in FUNCTION or t.low in _DETERMINERS))):",
+        "        if False:",
+        ("tests/test_gate_claims.py::test_the_judge_reads_what_the_answer_asserts",),
+    ),
+    Mutation(
+        "an equation chain's members are not checked against its result (verifiers/quantities)",
+        "verifiers/quantities.py",
+        "if v is not None and value is not None and abs(v - value) > t + tol:",
+        "if False:",
+        ("tests/test_gate_claims.py::test_the_judge_reads_what_the_answer_asserts",),
     ),
     Mutation(
         "the first-use probe proof skipped (always passes)",

@@ -4,13 +4,14 @@ its question and the verifier accepts that generated answer against the referenc
 Two runs, both through `generate.answer` with the template and greedy decoding of `ask`: the *fact
 run* grafts the item's solution alone (a scratch artifact, never stored) so that an answer the
 depositor typed cannot be copied back, and the *graft run* grafts the new artifact at its own
-position and records the question and generated token ids that make the verdict replayable. This
-module knows nothing about the catalog: it returns `GateRun`s and the pipelines record them.
+position and records the question and generated token ids that make the verdict replayable. Both runs
+are judged on what the generated answer asserts (verifiers/claims.py), so "a plain saffron with no
+emblem" passes for saffron and "not saffron" does not. This module knows nothing about the catalog: it
+returns `GateRun`s and the pipelines record them.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,8 +26,6 @@ if TYPE_CHECKING:  # the engine (torch) loads at the first gate run, not with th
     from graft_core.model import LoadedModel
 
 GATE_MAX_NEW_TOKENS = 24  # an item's answer is short; the decode stops at the template's newline before this
-# A sentence that negates or hedges ("it is not 212 metres", "no, 300") is judged whole, never by a span.
-_NEGATION = re.compile(r"\b(?:not|no|never|neither|nor|none|cannot|instead|rather)\b|n't\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class GateRun:
     run: str  # "fact" (the solution alone grafted) | "graft" (the new artifact grafted)
     question_ids: tuple[int, ...]
     generated_ids: tuple[int, ...]
-    answer: str  # the generated answer cut at the template's end of answer (fact run: the accepted span)
+    answer: str  # the generated answer cut at the template's end of answer (fact run: the value it asserts)
     ok: bool
     detail: str
     seconds: float
@@ -54,42 +53,27 @@ class GateRun:
 
 
 def judge(answer: str, question: str, solution: str, verifier: str, reference: str) -> verifiers.Verdict:
-    """The item's verifier on a generated answer (an empty generation is refused, not an input error)."""
+    """The item's verifier on what a generated answer asserts (verifiers/claims.py: the value its sentence
+    claims, with negation, hedges and alternatives read in the clause that carries it). An empty generation
+    is refused, not an input error."""
     if not answer.strip():
         return verifiers.Verdict(ok=False, verifier=verifier, detail="the model generated no answer")
     item = verifiers.VerifiedItem(question=question, solution=solution, answer=answer, verifier=verifier, reference=reference)
-    return verifiers.check(item)
+    verifiers.validate(item)
+    return verifiers.judge_claim(answer, verifier, reference, question)
 
 
-def _spans(answer: str, width: int) -> list[str]:
-    """Contiguous runs of at most `width` words of `answer`, shortest first, trailing punctuation dropped."""
-    words = answer.split()
-    out = []
-    for n in range(1, min(width, len(words)) + 1):
-        for i in range(len(words) - n + 1):
-            span = " ".join(words[i : i + n]).strip(".,;:!?\"'()")
-            if span and span not in out:
-                out.append(span)
-    return out
-
-
-def judge_span(answer: str, question: str, solution: str, verifier: str, reference: str) -> tuple[verifiers.Verdict, str]:
-    """The fact run's verdict: the model, given only the solution, tends to answer in a sentence ("The
-    spire is 212 metres tall."), so the verifier is run on the whole answer and, for exact and numeric,
-    on each run of up to len(reference)+2 words of it; the first accepted span is returned (it becomes
-    the deposited answer when none was typed). An answer with a negation or hedge word ("not 212
-    metres", "no, 300") is judged whole only: a span cut out of a denial is not an assertion."""
-    whole = judge(answer, question, solution, verifier, reference)
-    if whole.ok or verifier not in ("exact", "numeric") or _NEGATION.search(answer):
-        return whole, answer.strip()
-    for span in _spans(answer, len(reference.split()) + 2):
-        try:
-            v = judge(span, question, solution, verifier, reference)
-        except InvalidInput:
-            continue
-        if v.ok:
-            return verifiers.Verdict(True, verifier, f"{v.detail} (span of {answer!r})"), span
-    return whole, answer.strip()
+def claimed(answer: str, question: str, verifier: str, reference: str) -> str:
+    """What an accepted answer asserts, as the deposited answer: the answer itself when its kind accepts it
+    as it is ('Osric Pellamy'), else the value read from its sentence ('saffron' from 'The flag ... is a plain
+    saffron with no emblem.'); the answer itself when nothing is read (a test double's verdict)."""
+    kind = verifiers.VERIFIERS[verifier]
+    try:
+        if kind.check(answer, reference).ok or verifier == "attested":
+            return answer.strip()
+        return verifiers.read_claim(answer, verifier, reference, question).value or answer.strip()
+    except InvalidInput:
+        return answer.strip()
 
 
 def _run(lm: LoadedModel, chain: list[KVArtifact], run: str, item: tuple[str, str, str, str], prefill: int) -> GateRun:
@@ -98,10 +82,8 @@ def _run(lm: LoadedModel, chain: list[KVArtifact], run: str, item: tuple[str, st
     question, solution, verifier, reference = item
     t0 = time.perf_counter()
     ans = generate.answer(lm, chain, question, max_new_tokens=GATE_MAX_NEW_TOKENS)
-    if run == "fact":
-        verdict, answer = judge_span(ans.text, question, solution, verifier, reference)
-    else:
-        verdict, answer = judge(ans.text, question, solution, verifier, reference), ans.text
+    verdict = judge(ans.text, question, solution, verifier, reference)
+    answer = claimed(ans.text, question, verifier, reference) if run == "fact" and verdict.ok else ans.text
     return GateRun(
         run=run,
         question_ids=ans.prompt_ids,

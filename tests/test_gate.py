@@ -185,13 +185,13 @@ def test_fsck_deep_checks_every_probe(lib):
         ("It is 300 metres rather than 212 metres.", False),
     ],
 )
-def test_a_span_cut_out_of_a_denial_is_not_accepted(answer, ok):
-    """The fact run reads a sentence by its spans; a negated or hedged sentence is judged whole (and a
-    whole sentence is not a number), so "not 212 metres" cannot pass for 212 metres."""
-    verdict, span = gate.judge_span(answer, "How tall is the spire?", "The spire is 212 metres tall.", "numeric", "212 metres")
+def test_a_value_inside_a_denial_is_not_accepted(answer, ok):
+    """Both gate runs judge what the answer asserts (tests/test_gate_claims.py has the full table): "not 212
+    metres" cannot pass for 212 metres, and a sentence that names 300 metres as well names two values."""
+    verdict = gate.judge(answer, "How tall is the spire?", "The spire is 212 metres tall.", "numeric", "212 metres")
     assert verdict.ok is ok, (answer, verdict.detail)
     if ok:
-        assert span == "212"  # the shortest accepted span (a unitless number matches "212 metres")
+        assert gate.claimed(answer, "How tall is the spire?", "numeric", "212 metres") == "212"
 
 
 # ---- a bundle proves its KV state by recomputation -----------------------------------------------

@@ -46,8 +46,7 @@ def test_a_consistent_solution_is_accepted_and_its_paraphrase_answered_from_the_
     print(f"gate cost: {d.gate_s:.2f} s, {d.gate_tokens} tokens; prefill {d.prefill_s:.2f} s, {d.prefill_tokens} tokens")
     r = lib.answer(PARAPHRASE, max_new_tokens=16)
     assert r.artifact_ids == (d.id,) and r.tier == "exact"
-    verdict, _ = gate.judge_span(r.answer, Q, GOOD, "numeric", "11")
-    assert verdict.ok, r.answer
+    assert gate.judge(r.answer, Q, GOOD, "numeric", "11").ok, r.answer
 
 
 def test_bundles_with_edited_source_text_or_verification_are_refused(store, tmp_path, real_lm):
@@ -122,3 +121,27 @@ def test_an_attested_bundle_arrives_unverified_without_trust(tmp_path, real_lm):
     target = services.Library(home=tmp_path / "target", lm=real_lm)
     rep = services.import_bundle(target, out)
     assert rep.attested_dropped == 1 and [e.verdict for e in target.entries()] == ["unverified"]
+
+
+TZERIN_Q = "What colour is the flag of the free city of Tzerin?"
+TZERIN_S = "The charter of the free city of Tzerin fixes its flag as plain saffron with no emblem."
+
+
+def test_the_tzerin_deposit_is_accepted_for_what_its_answer_asserts(tmp_path, real_lm):
+    """The case a new user tried: the model's sentence carries a "no" that belongs to "emblem", and the span
+    heuristic judged the whole sentence against 'saffron' and refused it. The gate now reads what it asserts."""
+    lib = services.Library(home=tmp_path / "home", lm=real_lm)
+    d = lib.deposit_item(TZERIN_Q, TZERIN_S, None, "exact", "saffron")
+    assert d.created and d.verified and d.provenance == "verified"
+    [v] = lib.show(d.id).verifications
+    said = "The flag of the free city of Tzerin is a plain saffron with no emblem."
+    assert v.detail.startswith(f"with the solution grafted the model answered {said!r}; "), v.detail
+    assert lib._catalog.source(d.id).answer == "saffron"  # the deposited answer is the claimed value
+
+
+def test_a_solution_that_denies_the_reference_is_refused(tmp_path, real_lm):
+    lib = services.Library(home=tmp_path / "home", lm=real_lm)
+    denial = "The charter of the free city of Tzerin fixes its flag as plain crimson, never saffron."
+    with pytest.raises(VerificationFailed, match=r"the reference is 'saffron'; nothing deposited$"):
+        lib.deposit_item(TZERIN_Q, denial, None, "exact", "saffron")
+    assert lib.count() == 0

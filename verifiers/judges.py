@@ -1,7 +1,7 @@
 """The answer verifiers: whether a verified item's answer matches its reference.
 
 It owns the four verifier kinds (exact, numeric, sympy from `symbolic`, attested) and the item's canonical
-hash. It knows nothing about models, storage or who is calling: services enforce that only an admin may use
+hash. Each kind compares one value with its reference; reading that value out of a sentence is `claims`. It knows nothing about models, storage or who is calling: services enforce that only an admin may use
 `attested`, and the deposit gate turns a refused `Verdict` into `VerificationFailed`.
 
 A malformed reference or item raises `InvalidInput`; an answer that cannot be read as its kind
@@ -153,8 +153,8 @@ VERIFIERS: MappingProxyType[str, Verifier] = MappingProxyType(
 )
 
 
-def check(item: VerifiedItem) -> Verdict:
-    """Validates every field, then asks the item's verifier whether its answer matches its reference."""
+def validate(item: VerifiedItem) -> Verifier:
+    """Every field of the item bounded and non-empty, and its verifier's kind; raises InvalidInput."""
     if not isinstance(item, VerifiedItem):
         raise InvalidInput(f"item must be a VerifiedItem, got {type(item).__name__}")
     for field in ("question", "solution", "answer", "verifier", "reference"):
@@ -162,7 +162,12 @@ def check(item: VerifiedItem) -> Verdict:
     verifier = VERIFIERS.get(item.verifier)
     if verifier is None:
         raise InvalidInput(f"unknown verifier {_q(item.verifier)}; valid kinds are: {', '.join(sorted(VERIFIERS))}")
-    return verifier.check(item.answer, item.reference)
+    return verifier
+
+
+def check(item: VerifiedItem) -> Verdict:
+    """Validates every field, then asks the item's verifier whether its answer matches its reference."""
+    return validate(item).check(item.answer, item.reference)
 
 
 def item_sha256(item: VerifiedItem) -> str:

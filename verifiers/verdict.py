@@ -28,6 +28,15 @@ class Verdict:
     detail: str
 
 
+@dataclass(frozen=True)
+class Claim:
+    """What an answer asserts: `value` is the text the kind's verifier is given, or None with `why` it
+    asserts nothing the verifier can judge."""
+
+    value: str | None
+    why: str
+
+
 class Verifier(Protocol):
     name: str
 

@@ -1,0 +1,102 @@
+"""What an answer asserts: the claim the gate hands a verifier, read from the model's answer line.
+
+A model with a fact grafted answers in a sentence ("The flag of the free city of Tzerin is a plain saffron with
+no emblem."); each verifier kind compares one value with its reference. `read` finds the value the sentence
+asserts and `judge` gives it to the kind. The caller hands over the answer line (the gate: the generation cut
+at the template's end of answer); this module knows English answer sentences and the kinds' value shapes, and
+nothing about models, templates or stores.
+
+The contract, per kind:
+- A bare value is judged as it is: an answer the kind accepts whole ('saffron', '212 metres', '2277/361') passes
+  without reading. Everything else is read as below.
+- exact: the mentions are the reference's words in the answer, on word boundaries, after `normalise_text`
+  ('Osric Pellamy' in 'It was built by Osric Pellamy.'). Words around the value are not judged: 'plain saffron'
+  asserts saffron, and so does 'cobalt saffron' (the reader does not know which words narrow a value).
+- numeric: the mentions are the answer's numbers ('31,059', '3/4', '-3', 'eleven') with the unit word after
+  them. A unit the reference has, or a spelling of it ('metres', 'meters', 'm'), is the reference's unit; with a
+  reference without a unit, a unit word the question uses or a counted noun ('31,059 people', '11 times') is the
+  question's unit, and a measurement unit the question does not use ('24 hours' asked in minutes) is another
+  quantity. A currency sign before a number is the question's currency and is dropped. A year after 'in',
+  'since', 'by', 'from', 'until' or 'of' that is not the reference is a date, not a competing value.
+- sympy: read as numeric (the claim is the number or arithmetic expression, unit dropped under the same unit
+  rule), then compared by the sympy verifier.
+- attested: not read (it vouches for the text, not a value).
+
+Reading rules, the same for every kind:
+- Working. In an equation chain ('160 × 70/100 = 112', '2277/361 = 11.5 hours') the claim is the last member;
+  every member the reader can evaluate must equal it (a written decimal stands for its rounding: '22.53' for
+  22.530816), else the answer contradicts itself. Earlier chains in the line are working, not claims.
+- Clauses. A sentence ends at . ! ? ; and a line break; a clause also ends at , : — ( ) and before but,
+  although, though, however, whereas, while, because, so, therefore, thus, hence. A parenthesised aside is a
+  clause of its own.
+- Denial. A mention is denied when its clause has a negation before it (not, no, never, n't, neither, nor,
+  none, without, unlike, except, rather than, instead of, other than), or a verbal negation after it ('is not',
+  'isn't', 'was never') or 'is wrong / incorrect / false'. 'plain saffron with no emblem': 'no' comes after the
+  value and negates 'emblem'. 'saffron, not crimson': the negation opens another clause and denies crimson.
+- Hedge. A mention is hedged when its sentence says probably, perhaps, maybe, possibly, likely, presumably,
+  apparently, might, 'may be', 'could be', 'I think', 'I believe', 'I guess', 'not sure', 'some say' or 'seems';
+  a number is hedged by an approximator beside it (about, around, approximately, roughly, nearly, almost,
+  circa, ~, ≈, 'or so'). Policy: 'about 42' is refused even against a reference with a tolerance: it asserts
+  no value the verifier can check. A range ('40-50', 'between 40 and 50', '40 to 50') is refused the same way.
+- Alternatives. A mention is one of several when its clause has 'or', 'either' or 'whether', when a word is
+  listed with it ('saffron and crimson', 'red, saffron', 'saffron/crimson'), or when it stands only in an aside
+  ('crimson (some say saffron)').
+- Verdict. Refused when any mention of the reference is denied, hedged or one of several; when no mention is
+  asserted; and, for numbers, when the asserted values disagree ('No, 300 metres; 212 metres was the old
+  spire.' names two). Otherwise the asserted value goes to the kind's own check.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from errors import InvalidInput
+from verifiers.judges import VERIFIERS, normalise_text
+from verifiers.quantities import read_number
+from verifiers.sentences import Mention, Tok, problem, text_of, tokens
+from verifiers.verdict import Claim, Verdict, _q
+
+
+def read(answer: str, verifier: str, reference: str, question: str = "") -> Claim:
+    """The value `answer` asserts, read for `verifier` against `reference` (see the module's contract)."""
+    text = unicodedata.normalize("NFKC", answer).replace("\u2212", "-")
+    toks = tokens(text)
+    if verifier == "exact":
+        return _read_exact(toks, reference)
+    if verifier in ("numeric", "sympy"):
+        return read_number(toks, verifier, reference, question)
+    raise InvalidInput(f"the {verifier} verifier does not read claims; it judges the answer as given")
+
+
+def _read_exact(toks: list[Tok], reference: str) -> Claim:
+    ref = [t.low for t in tokens(normalise_text(reference))]
+    n = len(ref)
+    mentions = [
+        Mention(text_of(toks, i, i + n), i, i + n) for i in range(len(toks) - n + 1) if [t.low for t in toks[i : i + n]] == ref
+    ]
+    if not mentions:
+        return Claim(None, f"it does not name the reference {_q(reference)}")
+    for m in mentions:
+        why = problem(toks, m)
+        if why:
+            return Claim(None, f"it {why}")
+    return Claim(mentions[0].text, f"it asserts {_q(mentions[0].text)}")
+
+
+# ---- the judge ---------------------------------------------------------------------------------
+
+
+def judge(answer: str, verifier: str, reference: str, question: str = "") -> Verdict:
+    """The kind's verdict on what `answer` asserts: the answer whole when the kind accepts it as it is, else
+    the claim `read` finds. Raises InvalidInput for an unknown kind or a malformed reference."""
+    kind = VERIFIERS.get(verifier)
+    if kind is None:
+        raise InvalidInput(f"unknown verifier {_q(verifier)}; valid kinds are: {', '.join(sorted(VERIFIERS))}")
+    whole = kind.check(answer, reference)
+    if whole.ok or verifier == "attested":
+        return whole
+    claim = read(answer, verifier, reference, question)
+    if claim.value is None:
+        return Verdict(False, verifier, f"answer {_q(answer)}: {claim.why}; nothing is asserted that {verifier} can accept")
+    v = kind.check(claim.value, reference)
+    return Verdict(v.ok, verifier, f"read from {_q(answer)}: {claim.why}; {v.detail}")

@@ -1,0 +1,352 @@
+"""Numbers in an answer sentence: numerals and number words, units and their spellings, arithmetic chains and
+their working, and the claim a numeric or sympy answer makes (the rules are stated in verifiers/claims.py).
+Exact arithmetic on fractions; no sympy here (the sympy verifier compares what this reads)."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from fractions import Fraction
+
+from verifiers.judges import NumericVerifier
+from verifiers.sentences import (
+    APPROXIMATORS,
+    DATE_PREPOSITIONS,
+    FUNCTION,
+    HEDGES,
+    SMALL,
+    Mention,
+    Tok,
+    clause,
+    denied,
+    number_word,
+    numeral,
+    problem,
+    text_of,
+    tokens,
+)
+from verifiers.verdict import Claim, _q
+
+_UNIT_ALIASES = {
+    "m": ("m", "metre", "metres", "meter", "meters"),
+    "km": ("km", "kilometre", "kilometres", "kilometer", "kilometers"),
+    "cm": ("cm", "centimetre", "centimetres", "centimeter", "centimeters"),
+    "mm": ("mm", "millimetre", "millimetres", "millimeter", "millimeters"),
+    "kg": ("kg", "kilogram", "kilograms", "kilo", "kilos"),
+    "g": ("g", "gram", "grams"),
+    "l": ("l", "litre", "litres", "liter", "liters"),
+    "s": ("s", "sec", "secs", "second", "seconds"),
+    "min": ("min", "mins", "minute", "minutes"),
+    "h": ("h", "hr", "hrs", "hour", "hours"),
+    "day": ("day", "days"),
+    "week": ("week", "weeks"),
+    "month": ("month", "months"),
+    "year": ("year", "years", "yr", "yrs"),
+    "km/h": ("km/h", "kph", "kmh", "kilometres/hour", "kilometers/hour", "kilometres/h", "km/hour"),
+    "mph": ("mph", "miles/hour"),
+    "m/s": ("m/s", "metres/second", "meters/second"),
+    "mile": ("mile", "miles", "mi"),
+    "ft": ("ft", "foot", "feet"),
+    "%": ("%", "percent", "per-cent"),
+    "°c": ("°c", "℃", "celsius", "degrees", "degree", "°"),
+    "$": ("$", "dollar", "dollars", "usd"),
+}
+_CANONICAL = {alias: canon for canon, aliases in _UNIT_ALIASES.items() for alias in aliases}
+_CURRENCY = frozenset("$€£")
+_OPS = {"+", "-", "×", "*", "/", "÷", "^", "·"}
+
+
+def _unit_at(toks: list[Tok], k: int) -> tuple[str | None, int]:
+    """The unit written at token k ('%', 'metres', 'km/h', 'km per hour', '°C'), and the token after it."""
+    if k >= len(toks):
+        return None, k
+    t = toks[k]
+    if t.text == "%":
+        return "%", k + 1
+    if t.text == "°":
+        if k + 1 < len(toks) and toks[k + 1].low in ("c", "f"):
+            return "°" + toks[k + 1].low, k + 2
+        return "°", k + 1
+    if t.kind != "word" or t.low in FUNCTION or t.low in APPROXIMATORS or t.low in HEDGES or t.low in SMALL:
+        return None, k
+    unit, end = t.low, k + 1
+    if end + 1 < len(toks) and toks[end].text == "/" and toks[end + 1].kind == "word":
+        unit, end = f"{unit}/{toks[end + 1].low}", end + 2
+    elif end + 1 < len(toks) and toks[end].low == "per" and toks[end + 1].kind == "word":
+        unit, end = f"{unit}/{toks[end + 1].low}", end + 2
+    return unit, end
+
+
+class _Expr:
+    """A small recursive-descent reader of arithmetic over token values: + - × * · / ÷ ^ ( ), numbers and
+    percentages ('20%' is 20/100). Returns None for anything else, so a member it cannot read is not checked."""
+
+    def __init__(self, toks: list[Tok]):
+        self.toks = [t for t in toks if t.text not in _CURRENCY]
+        self.k = 0
+
+    def value(self) -> Fraction | None:
+        texts = [t.text for t in self.toks]
+        if "%" in texts and ("+" in texts or "-" in texts):
+            return None  # '160 + 20%' adds a share of 160 or 0.2: not read
+        try:
+            v = self._sum()
+        except (ArithmeticError, ValueError, IndexError):
+            return None
+        return v if self.k == len(self.toks) else None
+
+    def _peek(self) -> str:
+        return self.toks[self.k].text if self.k < len(self.toks) else ""
+
+    def _sum(self) -> Fraction:
+        v = self._product()
+        while self._peek() in ("+", "-"):
+            op = self.toks[self.k].text
+            self.k += 1
+            w = self._product()
+            v = v + w if op == "+" else v - w
+        return v
+
+    def _product(self) -> Fraction:
+        v = self._power()
+        while self._peek() in ("×", "*", "·", "/", "÷") or self._peek().casefold() == "x":
+            op = self.toks[self.k].text
+            self.k += 1
+            w = self._power()
+            v = v / w if op in ("/", "÷") else v * w
+        return v
+
+    def _power(self) -> Fraction:
+        v = self._atom()
+        if self._peek() == "^":
+            self.k += 1
+            e = self._atom()
+            if e.denominator != 1 or abs(e) > 64:
+                raise ValueError("exponent")
+            v = v ** int(e)
+        return v
+
+    def _atom(self) -> Fraction:
+        t = self.toks[self.k]
+        if t.text == "-":
+            self.k += 1
+            return -self._atom()
+        if t.text == "(":
+            self.k += 1
+            v = self._sum()
+            if self._peek() != ")":
+                raise ValueError("parenthesis")
+            self.k += 1
+            return v
+        v = numeral(t)
+        if v is None or t.kind != "num":
+            raise ValueError("not a number")
+        self.k += 1
+        if self._peek() == "%":
+            self.k += 1
+            v = v / 100
+        return v
+
+
+def _rounding(member: list[Tok]) -> Fraction:
+    """Half a unit in the last written place of a member that is one decimal ('22.53' -> 0.005), else 0."""
+    nums = [t for t in member if t.kind == "num"]
+    if len(nums) == 1 and "." in nums[0].text and all(t.kind == "num" or t.text in _CURRENCY for t in member):
+        places = len(nums[0].text.split(".")[1])
+        return Fraction(1, 2 * 10**places)
+    return Fraction(0)
+
+
+def _math_runs(toks: list[Tok]) -> list[tuple[int, int]]:
+    """Maximal runs of arithmetic (numbers, operators, =, ≈, parentheses around numbers, currency, %)."""
+    runs, k = [], 0
+    while k < len(toks):
+        if toks[k].kind == "num" or (toks[k].text in _CURRENCY and k + 1 < len(toks) and toks[k + 1].kind == "num"):
+            a = k
+            while k < len(toks) and _mathy(toks, k):
+                k += 1
+            while a > 0 and toks[a - 1].text in ("(", "-"):
+                a -= 1
+            end = k
+            while end > a and toks[end - 1].text in _OPS | {"=", "≈", "(", "~"}:
+                end -= 1
+            runs.append((a, end))
+        else:
+            k += 1
+    return runs
+
+
+def _mathy(toks: list[Tok], k: int) -> bool:
+    t = toks[k]
+    if t.kind == "num" or t.text in _OPS | {"=", "≈", "%", ")"} or t.text in _CURRENCY:
+        return True
+    if t.text == "(":
+        return k + 1 < len(toks) and (toks[k + 1].kind == "num" or toks[k + 1].text in ("(", "-"))
+    if t.low == "x":  # '14 x 1.6'
+        return k > 0 and toks[k - 1].kind == "num" and k + 1 < len(toks) and toks[k + 1].kind == "num"
+    return False
+
+
+def _member(toks: list[Tok], s: int, e: int, sign: str) -> tuple[int, int, Fraction | None, str, Fraction]:
+    """(start, end, value, sign, rounding) of one chain member; a trailing '%' is its unit ('48.25%' is 48.25
+    per cent), left out of [start, end) so that the unit reader finds it."""
+    if e - 1 > s and toks[e - 1].text == "%" and all(t.kind == "num" or t.text in _CURRENCY for t in toks[s : e - 1]):
+        e -= 1
+    return s, e, _Expr(toks[s:e]).value(), sign, _rounding(toks[s:e])
+
+
+def _members(toks: list[Tok], a: int, b: int) -> list[tuple[int, int, str]]:
+    """The run [a, b) split at '=' and '≈': (start, end, the sign before it)."""
+    out, start, sign = [], a, ""
+    for k in range(a, b):
+        if toks[k].text in ("=", "≈"):
+            if k > start:
+                out.append((start, k, sign))
+            start, sign = k + 1, toks[k].text
+    if b > start:
+        out.append((start, b, sign))
+    return out
+
+
+def _number_mentions(toks: list[Tok]) -> tuple[list[Mention], str | None]:
+    """Every claimed number (a chain's last member, a number standing alone), and why the answer contradicts
+    itself if a chain's members disagree."""
+    mentions: list[Mention] = []
+    covered: set[int] = set()
+    for a, b in _math_runs(toks):
+        covered.update(range(a, b))
+        members = [_member(toks, s, e, sign) for s, e, sign in _members(toks, a, b)]
+        # the claim: the last exact member; members after it written with '≈' are its rounding ('= 2277/361 ≈ 6.31')
+        exact = [m for m in members if m[3] != "≈"] or members
+        s, e, value, sign, tol = exact[-1]
+        for ms, me, v, _, t in members:
+            if v is not None and value is not None and abs(v - value) > t + tol:
+                return [], (
+                    f"contradicts itself: {_q(text_of(toks, a, b))} does not hold "
+                    f"({_q(text_of(toks, ms, me))} is not {_q(text_of(toks, s, e))})"
+                )
+        unit, after = _unit_at(toks, e)
+        if unit is None and exact[-1] is not members[-1]:
+            unit, after = _unit_at(toks, members[-1][1])
+        if unit is not None:
+            covered.update(range(e, after))
+        if sign == "≈" or (a > 0 and toks[a - 1].text in ("~", "≈")):
+            mentions.append(Mention(text_of(toks, s, e), s, e, value=None, expression="≈"))
+            continue
+        expr = text_of(toks, s, e).replace("×", "*").replace("÷", "/").replace("·", "*")
+        expr = re.sub(r"(?<=\d) x (?=\d)", " * ", "".join(c for c in expr if c not in _CURRENCY)).strip()
+        end = after if unit is not None else e
+        mentions.append(Mention(text_of(toks, s, end), s, end, value, unit, expr, _is_date(toks, s, e, value)))
+    for k, t in enumerate(toks):  # number words standing alone ('eleven times')
+        if k not in covered and t.kind == "word":
+            n = number_word(t.low)
+            if n is not None:
+                unit, after = _unit_at(toks, k + 1)
+                mentions.append(Mention(text_of(toks, k, after), k, after, Fraction(n), unit, str(n)))
+    return sorted(mentions, key=lambda m: m.start), None
+
+
+def _is_date(toks: list[Tok], s: int, e: int, value: Fraction | None) -> bool:
+    return (
+        e == s + 1
+        and value is not None
+        and value.denominator == 1
+        and 1000 <= value <= 2199
+        and "," not in toks[s].text
+        and s > 0
+        and toks[s - 1].low in DATE_PREPOSITIONS
+    )
+
+
+def read_number(toks: list[Tok], verifier: str, reference: str, question: str) -> Claim:
+    ref_unit = None
+    if verifier == "numeric":
+        _, ref_unit, _, _ = NumericVerifier()._reference(reference)  # raises InvalidInput for a bad reference
+    mentions, contradiction = _number_mentions(toks)
+    if contradiction:
+        return Claim(None, f"it {contradiction}")
+    if not mentions:
+        return Claim(None, "it states no number")
+    q_units = {_CANONICAL.get(t.low, t.low) for t in tokens(unicodedata.normalize("NFKC", question))}
+    q_units |= {"%"} if {"%", "percent"} & q_units else set()
+    asserted, others = [], []
+    for m in mentions:
+        if m.expression == "≈" or _approximate(toks, m):
+            return Claim(None, f"it hedges {_q(m.text)} (an approximate value)")
+        if _ranged(toks, m):
+            return Claim(None, f"it gives a range around {_q(m.text)}")
+        why = problem(toks, m, numeric=True)
+        if why:
+            if why.startswith("denies"):
+                continue  # a denied value is not claimed; a denied reference is refused below
+            return Claim(None, f"it {why}")
+        if not _same_quantity(m.unit, ref_unit, q_units):
+            others.append(m)
+            continue
+        asserted.append(m)
+    ref_value = _reference_value(verifier, reference)
+    for m in mentions:
+        if ref_value is not None and m.value == ref_value and denied(toks, m.start, m.end):
+            return Claim(None, f"it denies {_q(m.text)} ({denied(toks, m.start, m.end)})")
+    claims = [m for m in asserted if not (m.date and m.value != ref_value)]
+    if not claims:
+        if others:
+            return Claim(None, f"it states {_q(others[-1].text)}, not a quantity in the question's unit")
+        return Claim(None, "it asserts no number")
+    values = {m.value for m in claims}
+    if len(values) > 1 or (None in values and len(claims) > 1):
+        return Claim(None, f"it names several values: {', '.join(_q(m.text) for m in claims)}")
+    m = claims[-1]
+    if verifier == "sympy" or m.value is None:
+        return Claim(m.expression, f"it asserts {_q(m.text)}")
+    shown = m.expression if m.value.denominator != 1 and "/" in m.expression else _plain(toks, m)
+    return Claim(shown, f"it asserts {_q(m.text)}")
+
+
+def _plain(toks: list[Tok], m: Mention) -> str:
+    """The number as the numeric verifier reads it: as written when it is one numeral, else the exact value."""
+    nums = [t for t in toks[m.start : m.end] if t.kind == "num"]
+    if len(nums) == 1 and numeral(nums[0]) == m.value:
+        return nums[0].text
+    v = m.value
+    return str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator}"
+
+
+def _reference_value(verifier: str, reference: str) -> Fraction | None:
+    v = _Expr(tokens(unicodedata.normalize("NFKC", reference.split("±")[0].split("+-")[0]))).value()
+    if v is None and verifier == "numeric":
+        nums = [t for t in tokens(reference) if t.kind == "num"]
+        v = numeral(nums[0]) if nums else None
+    return v
+
+
+def _same_quantity(unit: str | None, ref_unit: str | None, q_units: set[str]) -> bool:
+    if unit is None:
+        return True
+    canon = _CANONICAL.get(unit, unit)
+    if ref_unit is not None:
+        return canon == _CANONICAL.get(ref_unit, ref_unit)
+    if canon in q_units:
+        return True
+    return canon not in _UNIT_ALIASES  # a counted noun ('31,059 people', '11 times'), not a measurement unit
+
+
+def _approximate(toks: list[Tok], m: Mention) -> bool:
+    before = toks[m.start - 1].low if m.start > 0 else ""
+    if before in _CURRENCY and m.start > 1:
+        before = toks[m.start - 2].low
+    after = (toks[m.end].low, toks[m.end + 1].low) if m.end + 1 < len(toks) else ()
+    return before in APPROXIMATORS or before in ("~", "≈") or after == ("or", "so")
+
+
+def _ranged(toks: list[Tok], m: Mention) -> bool:
+    if re.fullmatch(r"[\d.,]+[-–][\d.,]+", m.expression):  # '40-45' is a range, not a subtraction
+        return True
+    a, b = clause(toks, m.start, m.end)
+    if any(t.low == "between" for t in toks[a : m.start]):
+        return True
+    nxt = toks[m.end : m.end + 2]
+    if len(nxt) == 2 and (nxt[0].text in ("-", "–", "to") or nxt[0].low == "to") and nxt[1].kind == "num":
+        return True
+    prev = toks[max(0, m.start - 2) : m.start]
+    return len(prev) == 2 and prev[1].low in ("-", "–", "to") and prev[0].kind == "num"
