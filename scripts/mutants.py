@@ -116,7 +116,7 @@ MUTATIONS = (
     Mutation(
         "a nominal negation reaches the whole clause ('no emblem and is saffron' denies saffron)",
         "verifiers/sentences.py",
-        "        if not (t.kind == \"num\" or (t.kind == \"word\" and (t.low not in FUNCTION or t.low in _DETERMINERS))):",
+        '        if not (t.kind == "num" or (t.kind == "word" and (t.low not in FUNCTION or t.low in _DETERMINERS))):',
         "        if False:",
         ("tests/test_gate_claims.py::test_the_judge_reads_what_the_answer_asserts",),
     ),
