@@ -1,5 +1,6 @@
 """Golden-hash self-test: fixed inputs -> SHA-256 of artifact bytes and of grafted and fresh logits,
-compared with the values committed in `golden.json` for this model and kernel path.
+compared with the values committed in `golden.json` for this model and numerical definition (one set per
+model under kvgraft-f32-v2; per model and kernel path under torch's kernels).
 
 `run` is a pure function over a LoadedModel plus the committed data; `python -m graft_core.selftest
 [MODEL ...]` records this machine's sets (a deliberate act, reviewed in the diff). A mismatch, or no

@@ -51,7 +51,7 @@ def test_cli_selftest_json_and_exit_code(tiny_dirs, tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     out = json.loads(ok.stdout)
     assert out["match"] is True and len(out["cases"]) == 10
-    assert set(out["cases"][0]) == {"name", "expected", "got"} and out["numerics"]["aten_capability"]
+    assert set(out["cases"][0]) == {"name", "expected", "got"} and out["numerics"] == {"numerics": "kvgraft-f32-v2"}
     bad = tmp_path / "golden.json"
     bad.write_text(json.dumps({"sets": {}}))
     script = (
