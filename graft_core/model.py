@@ -299,10 +299,12 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=attn_implementation)
     model.to(device).eval()
-    moved = place_weights(model)
+    # Where a weight sits changed the bits of MKL's one-row products: placed (and recorded) only where torch's
+    # products run. fma16 reads each weight row in one fixed order wherever it sits.
+    moved = place_weights(model) if why else 0
     if moved:
         log.info("placed %d weight tensors at the pinned address alignment (copied)", moved)
-    if name != DEFAULT_MODEL and device.startswith("cpu") and not definition:  # place_weights places CPU tensors only
+    if name != DEFAULT_MODEL and device.startswith("cpu") and why:  # place_weights places CPU tensors only
         # The packaged model's file has always put every weight where place_weights puts it, so its bits
         # and record are as before. Any other model may compute other bits since the placement: its
         # record says so, and artifacts made before are refused as incompatible (rebuild them), not
