@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -47,6 +47,7 @@ class SelftestReport:
     key: str  # model fingerprint the golden set is filed under (weights, config, tokenizer, kernel path)
     cases: tuple[Case, ...]
     numerics: dict
+    ran_on: dict = field(default_factory=dict)  # what computed it here (build, ATen capability, threads, CPU): not the record
 
     @property
     def match(self) -> bool:
@@ -58,6 +59,7 @@ class SelftestReport:
             "key": self.key,
             "cases": [{"name": c.name, "expected": c.expected, "got": c.got} for c in self.cases],
             "numerics": self.numerics,
+            "ran_on": self.ran_on,
         }
 
 
@@ -117,7 +119,23 @@ def run(lm: LoadedModel, golden: dict | None = None) -> SelftestReport:
     expected = golden.get("sets", {}).get(lm.fingerprint, {}).get("cases", {})
     got = _on_recorded_threads(lm, compute)
     cases = tuple(Case(name=n, expected=expected.get(n), got=h) for n, h in got.items())
-    return SelftestReport(key=lm.fingerprint, cases=cases, numerics=lm.config.as_dict()["numerics"])
+    return SelftestReport(key=lm.fingerprint, cases=cases, numerics=lm.config.as_dict()["numerics"], ran_on=ran_on(lm))
+
+
+def ran_on(lm: LoadedModel) -> dict:
+    """What computed the cases in this process: fma16's build, ATen's capability, the thread count and the CPU.
+    Under a numerical definition none of it is in the record (the golden set must match whatever it is)."""
+    from . import fma16
+    from .determinism import _cpu_vendor_and_isa
+
+    head = fma16.product_of(lm.model.lm_head) if hasattr(lm.model, "lm_head") else None
+    vendor, isa = _cpu_vendor_and_isa()
+    return {
+        "fma16_build": head.isa if head is not None else None,
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "cpu": f"{vendor} ({isa})",
+    }
 
 
 def golden_entry(lm: LoadedModel) -> dict:
