@@ -1,6 +1,6 @@
 """Golden-hash self-test: fixed inputs -> SHA-256 of artifact bytes and of grafted and fresh logits,
 compared with the values committed in `golden.json` for this model and numerical definition (one set per
-model under kvgraft-f32-v2; per model and kernel path under torch's kernels).
+model under kvgraft-f32-v2; none is committed for torch's kernels, whose sets would be per kernel path).
 
 `run` is a pure function over a LoadedModel plus the committed data; `python -m graft_core.selftest
 [MODEL ...]` records this machine's sets (a deliberate act, reviewed in the diff). A mismatch, or no
@@ -34,7 +34,7 @@ DECODE_STEPS = 3
 @dataclass(frozen=True)
 class Case:
     name: str
-    expected: str | None  # None: no golden value for this model and kernel path
+    expected: str | None  # None: no golden value for this model and definition (or kernel path)
     got: str
 
     @property
@@ -44,7 +44,7 @@ class Case:
 
 @dataclass(frozen=True)
 class SelftestReport:
-    key: str  # model fingerprint the golden set is filed under (weights, config, tokenizer, kernel path)
+    key: str  # model fingerprint the golden set is filed under (weights, config, tokenizer, definition)
     cases: tuple[Case, ...]
     numerics: dict
     ran_on: dict = field(default_factory=dict)  # what computed it here (build, ATen capability, threads, CPU): not the record
@@ -139,7 +139,7 @@ def ran_on(lm: LoadedModel) -> dict:
 
 
 def golden_entry(lm: LoadedModel) -> dict:
-    """A golden set for this model and kernel path (what `golden.json` files under `lm.fingerprint`)."""
+    """A golden set for this model and its definition (what `golden.json` files under `lm.fingerprint`)."""
     return {
         "model": lm.info.name.rsplit("/", 1)[-1],
         "numerics": lm.config.as_dict()["numerics"],
@@ -148,7 +148,7 @@ def golden_entry(lm: LoadedModel) -> dict:
 
 
 def record(lm: LoadedModel, path: Path | None = None) -> dict:
-    """Add (or replace) this model's and kernel path's golden set in `path`; returns the entry."""
+    """Add (or replace) this model's golden set (filed under its fingerprint) in `path`; returns the entry."""
     path = path or GOLDEN_FILE
     golden = load_golden(path)
     entry = golden_entry(lm)
