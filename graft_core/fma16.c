@@ -369,15 +369,51 @@ static const tile_fn TILES1[PANEL_MB + 1] = {0, tile_1_1, tile_2_1, tile_3_1, ti
 static const tile_fn TILESR[PANEL_MB + 1] = {0, tile_1_4, tile_2_4, tile_3_4, tile_4_4};
 #define tile_1_row tile_1_8
 #else
-#define PANEL_MB 3
-#define PANEL_RB 2
-#define ROW_RB 4
-TILE(1, 1) TILE(2, 1) TILE(3, 1)
-TILE(1, 2) TILE(2, 2) TILE(3, 2)
-TILE(1, 4)
-static const tile_fn TILES1[PANEL_MB + 1] = {0, tile_1_1, tile_2_1, tile_3_1};
-static const tile_fn TILESR[PANEL_MB + 1] = {0, tile_1_2, tile_2_2, tile_3_2};
-#define tile_1_row tile_1_4
+/* AVX2: one half of the 16 lanes at a time. Lanes 0-7 of every output of the tile over all of K, then lanes
+   8-15: each lane's fmaf chain is the one a v16 accumulator holds, in the same order, and the two halves
+   meet in reduce16 (s[j] + s[j+8] is lo[j] + hi[j]), so the same bits; but a tile of 8-lane accumulators
+   fits twice the outputs in AVX2's 16 registers (4 x 3 here: 12 accumulators, 3 weights, 1 row of x). */
+#define TILE_HALVES(MB, RB)                                                                                   \
+    static void tile_##MB##_##RB(const float *x, int64_t ldx, const float *w, int64_t Kp, int64_t K, float *y, \
+                                 int64_t ldy) {                                                               \
+        __m256 part[2][MB][RB];                                                                               \
+        for (int h = 0; h < 2; h++) {                                                                         \
+            __m256 acc[MB][RB];                                                                               \
+            for (int m = 0; m < MB; m++)                                                                      \
+                for (int r = 0; r < RB; r++) acc[m][r] = _mm256_setzero_ps();                                 \
+            int64_t k = 0;                                                                                    \
+            for (; k + 16 <= K; k += 16) {                                                                    \
+                __m256 wv[RB];                                                                                \
+                for (int r = 0; r < RB; r++) wv[r] = _mm256_loadu_ps(w + r * Kp + k + 8 * h);                 \
+                for (int m = 0; m < MB; m++) {                                                                \
+                    const __m256 xv = _mm256_loadu_ps(x + m * ldx + k + 8 * h);                               \
+                    for (int r = 0; r < RB; r++) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);           \
+                }                                                                                             \
+            }                                                                                                 \
+            if (k < K) { /* the ragged tail: x read as 0 past K (the panel's rows are zero there) */          \
+                __m256 wv[RB];                                                                                \
+                for (int r = 0; r < RB; r++) wv[r] = _mm256_loadu_ps(w + r * Kp + k + 8 * h);                 \
+                for (int m = 0; m < MB; m++) {                                                                \
+                    const v16 xt = v_load_first(x + m * ldx + k, K - k);                                      \
+                    const __m256 xv = h ? xt.hi : xt.lo;                                                      \
+                    for (int r = 0; r < RB; r++) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);           \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int m = 0; m < MB; m++)                                                                      \
+                for (int r = 0; r < RB; r++) part[h][m][r] = acc[m][r];                                       \
+        }                                                                                                     \
+        for (int m = 0; m < MB; m++)                                                                          \
+            for (int r = 0; r < RB; r++) y[m * ldy + r] = reduce16(v_of(part[0][m][r], part[1][m][r]));      \
+    }
+#define PANEL_MB 4
+#define PANEL_RB 3
+#define ROW_RB 8
+TILE_HALVES(1, 1) TILE_HALVES(2, 1) TILE_HALVES(3, 1) TILE_HALVES(4, 1)
+TILE_HALVES(1, 3) TILE_HALVES(2, 3) TILE_HALVES(3, 3) TILE_HALVES(4, 3)
+TILE_HALVES(1, 4) TILE_HALVES(1, 8)
+static const tile_fn TILES1[PANEL_MB + 1] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1};
+static const tile_fn TILESR[PANEL_MB + 1] = {0, tile_1_3, tile_2_3, tile_3_3, tile_4_3};
+#define tile_1_row tile_1_8
 #endif
 
 
