@@ -873,6 +873,8 @@ int kv_gelu_tanh(const float *x, int64_t n, float *y, int threads) {
    on q, the keys and values and the mask row only: not on the rows computed beside it, the blocks, the
    threads or the build. A left-out key inside R adds fmaf(0, v, acc) to its lane; R starts at a multiple
    of 16, so the keys before f (all left out) come first in their lanes, onto +0, and change nothing.
+   (Another start gives the same bytes too: the trees add lanes 8, 4, 2, 1 apart, so moving every key of
+   a row by the same number of lanes only swaps the operands of additions.)
    `attend_row_ref` is the definition, one operation at a time; the vector builds compute the same
    operations on blocks of rows (kv_attention), and the tests compare them byte for byte. */
 
