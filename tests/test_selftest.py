@@ -97,8 +97,9 @@ def test_cli_selftest_matches_one_golden_set_under_every_build_and_aten_capabili
 
 @pytest.mark.integration
 def test_real_model_matches_one_golden_set_under_every_build():
-    """The packaged Gemma 3 270M, as the tiny model above: every build the CPU has, other ATen capabilities."""
-    for isa, aten, threads in _RUNS:
+    """The packaged Gemma 3 270M, as the tiny model above, under the vector builds the CPU has (portable C
+    computes its golden cases in many minutes: test_fma16's real-model test compares it on a short prompt)."""
+    for isa, aten, threads in [r for r in _RUNS if r[0] != "portable"]:
         out = _selftest_under(None, isa, aten, threads)
         assert out["match"] is True, (isa, aten, [c for c in out["cases"] if c["expected"] != c["got"]])
         assert out["ran_on"]["fma16_build"] == isa
