@@ -1111,7 +1111,8 @@ int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs,
 #endif
     const int64_t blocks = (sq + ATT_PB - 1) / ATT_PB;
     int failed = 0;
-#pragma omp parallel num_threads(threads > 0 ? threads : 1) if ((double)sq * (double)sk * (double)(D * H) >= 64.0 * SPLIT_MIN * 16)
+    const int team = threads < 1 ? 1 : threads > blocks ? (int)blocks : threads; /* no thread without a block */
+#pragma omp parallel num_threads(team) if (team > 1 && (double)sq * (double)sk * (double)(D * H) >= 64.0 * SPLIT_MIN * 16)
     {
         float *t = malloc((size_t)(H * ATT_PB) * (size_t)sk * 4);
         float *lanes = aligned_alloc(64, 16 * 4 * 4 * 16 * 4);
