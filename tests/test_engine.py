@@ -347,11 +347,12 @@ def test_the_record_names_the_definition_and_torch_kernels_their_path(tiny_dirs,
 def test_weights_sit_where_their_bits_depend_only_on_their_values(tiny_gemma, tiny_gemma_torch):
     """MKL's one-row products compute other bits for the same weight at another address mod 16
     (`bench.kernels` measures it), and the fingerprint sees only the values: load() places every weight
-    at 56 mod 64, so the same values give the same row wherever a loader first put them."""
+    at 56 mod 64 where torch's products run, so the same values give the same row wherever a loader first
+    put them. Under the definition (fma16 reads a row in one order wherever it sits) nothing is placed."""
     from graft_core.determinism import WEIGHT_PLACEMENT, copy_at, place_weights
 
     mod, rem = WEIGHT_PLACEMENT
-    assert {p.data_ptr() % mod for p in tiny_gemma.model.parameters()} == {rem}
+    assert {p.data_ptr() % mod for p in tiny_gemma_torch.model.parameters()} == {rem}
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(4096, 640, generator=g), torch.randn(1, 640, generator=g)
     rows = set()
