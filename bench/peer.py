@@ -10,13 +10,18 @@ through `cli.py ask` (a new process per ask, so every ask pays the first-use pro
 question, as the CLI reports it), state bytes, and byte-equality of the served row with a fresh recomputation in the same
 schedule. Medians. Writes docs/bench/peer.json and prints a markdown table.
 
-kvgraft computes its products with fma16 (graft_core/fma16.py) where it runs, as `make run` does; the
-record says which (`products`). MKL's products compute other bits, so an artifact made under one is
-refused under the other: the MKL side is not alternated here but measured by `python -m bench.kernels
---torch-products`, and by this bench under KVGRAFT_LINEAR=torch (the environment is passed on to the
-`cli.py ask` processes).
+kvgraft computes the whole forward on one numerical definition (kvgraft-f32-v2: fma16's products, its
+fused attention and the rest, docs/DETERMINISM.md), which fma16's three builds compute to the same bits.
+Each build asked for (`--isas`, default native,avx2,portable) runs in a process of its own
+(KVGRAFT_ISA) on the same store: the first deposits the prefix, the others serve that artifact as it is
+(an artifact made under one build is exact under every other), and each reports its warm grafted TTFT,
+a 32-token grafted answer (restore + prompt + 32 greedy steps, no stop rule), the served logits' hash
+(equal under every build) and, where asked (`--fresh-isas`, default native,avx2: the portable build's
+2,048-token prefill takes minutes), the fresh TTFT. llama.cpp runs its restore and a 32-token answer on
+the same GGUF. `KVGRAFT_LINEAR=torch` (MKL's products and torch's kernels, another class) is measured by
+`python -m bench.kernels --torch-products`.
 
-    .venv/bin/python -m bench.peer [--repeats 5] [--prefixes 2048,4096] [--peer-python P] [--gguf F]
+    .venv/bin/python -m bench.peer [--repeats 5] [--prefixes 2048,4096] [--isas native,avx2,portable]
 
 Without the peer (build it with `bash bench/peer/build.sh /tmp/peer/venv`, ~15 min on 2 cores) it
 prints how to get it and exits 0, so `make bench` runs everywhere.
@@ -43,6 +48,7 @@ PEER = ROOT / "bench" / "peer"
 QUESTION = "Who was the harbour master of Quenmora?"
 DEFAULT_PEER_PYTHON = str(settings.get("KVGRAFT_PEER_PYTHON"))
 DEFAULT_GGUF = str(settings.get("KVGRAFT_PEER_GGUF"))
+ANSWER_TOKENS = 32  # the grafted answer's length, both engines: greedy, no stop rule
 
 
 def peer_available(python: str) -> str | None:
@@ -64,6 +70,7 @@ def gguf_file(path: str) -> Path:
 
 def run_peer(python: str, gguf: Path, prefix: Path, repeats: int) -> dict:
     cmd = [python, str(PEER / "llama_restore.py"), str(gguf), str(prefix), QUESTION, "--threads", "2"]
+    cmd += ["--answer-tokens", str(ANSWER_TOKENS)]
     r = subprocess.run([*cmd, "--repeats", str(repeats)], capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -74,20 +81,22 @@ def wait_until_settled(lib, content_sha256: str) -> None:
     time.sleep(lib.blob_trusted_after_s(content_sha256) + 0.1)
 
 
-def run_kvgraft(lib, text: str, repeats: int) -> dict:
-    """Deposit `text` (free text), then fresh TTFT, warm grafted TTFT and the byte-equality check."""
+def run_kvgraft(lib, text: str, repeats: int, fresh_ttft: bool = True, answer_repeats: int | None = None) -> dict:
+    """Deposit `text` (free text; an existing artifact costs nothing), then fresh TTFT (if asked), warm
+    grafted TTFT, a 32-token grafted answer and the byte-equality check."""
     import torch
 
     from graft_core import generate
-    from graft_core.forward import forward_chunk, new_cache
+    from graft_core.forward import forward_chunk, new_cache, prompt_and_decode
+    from graft_core.graft import restore
 
     lm = lib.lm
     d = lib.deposit_text(text, title=f"peer prefix {len(text)} chars")
     chain, _ = lib.load_chain(d.id)
     prefix = [t for a in chain for t in a.token_ids.tolist()]
     q = generate.encode_prompt(lm, QUESTION, grafted=True)
-    fresh, warm, proofs = [], [], []
-    for _ in range(repeats):
+    fresh, warm, proofs, answers, answer_tokens = [], [], [], [], set()
+    for _ in range(repeats if fresh_ttft else 0):
         t = time.perf_counter()
         int(torch.argmax(forward_chunk(lm.model, new_cache(lm.model), prefix + q, 0)[-1]))
         fresh.append(time.perf_counter() - t)
@@ -99,22 +108,49 @@ def run_kvgraft(lib, text: str, repeats: int) -> dict:
         warm.append(r.ttft_s)
         served.add(r.logits_sha256)
         proofs.append(bool(r.proof and r.proof.passed and r.proof.kind == "state"))
-    checked = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, check=True, record=False)
+    for _ in range(repeats if answer_repeats is None else answer_repeats):
+        t = time.perf_counter()
+        arts, _ = lib.load_chain(d.id)
+        out = prompt_and_decode(lm.model, restore(lm, arts), q, arts[-1].end, ANSWER_TOKENS)
+        answers.append(time.perf_counter() - t)
+        answer_tokens.add(tuple(out.token_ids))
+    # the full check recomputes the prefix: only where a fresh prefill is measured (the portable build's takes
+    # minutes; its served logits are compared with the other builds' instead)
+    checked = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, check=True, record=False) if fresh_ttft else None
     return {
         "artifact_id": d.id,
+        "content_sha256": d.content_sha256,
         "prefix_tokens": len(prefix),
         "question_tokens": len(q),
-        "ttft_fresh_s": statistics.median(fresh),
+        "ttft_fresh_s": statistics.median(fresh) if fresh else None,
         "ttft_grafted_warm_s": statistics.median(warm),
+        f"answer_{ANSWER_TOKENS}_grafted_s": statistics.median(answers) if answers else None,
+        "answer_token_ids": [list(a) for a in sorted(answer_tokens)],
         "products": lm.products,
+        "numerics": lm.config.as_dict()["numerics"],
         "same_logits_every_answer": len(served) == 1,
         "logits_sha256": next(iter(served)),
         "ttft_grafted_first_use_s": first.ttft_s,
         "first_use_proof": first.proof.kind if first.proof else None,
         "state_bytes": lib.blob_file(d.content_sha256).stat().st_size,
-        "logits_byte_equal": bool(checked.check and checked.check.exact),
+        "logits_byte_equal": None if checked is None else bool(checked.check and checked.check.exact),
         "state_proof_passed": all(proofs),
     }
+
+
+def run_variant(home: Path, isa: str, prefix: Path, repeats: int, fresh_ttft: bool, answer_repeats: int | None) -> dict:
+    """`run_kvgraft` in a process of its own under KVGRAFT_ISA=`isa` ("native": unset), on the store `home`."""
+    env = dict(os.environ)
+    env.pop("KVGRAFT_ISA", None)
+    if isa != "native":
+        env["KVGRAFT_ISA"] = isa
+    cmd = [sys.executable, "-m", "bench.peer", "--child", str(home), "--child-prefix", str(prefix), "--repeats", str(repeats)]
+    cmd += [] if fresh_ttft else ["--no-fresh"]
+    cmd += [] if answer_repeats is None else ["--answer-repeats", str(answer_repeats)]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"bench.peer under KVGRAFT_ISA={isa} failed ({r.returncode}): {r.stderr.strip()[-600:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1]) | {"isa": isa}
 
 
 def run_cli(home: Path, artifact_id: str, repeats: int) -> dict:
@@ -136,36 +172,69 @@ def run_cli(home: Path, artifact_id: str, repeats: int) -> dict:
     }
 
 
+def _yes(v) -> str:
+    return "not checked (slow build)" if v is None else "yes" if v else "no"
+
+
 def table(rows: list[dict]) -> str:
+    n = ANSWER_TOKENS
     lines = [
-        "| prefix tokens (kvgraft / llama.cpp) | fresh TTFT kvgraft / llama.cpp (s) | grafted TTFT kvgraft warm / "
-        "`cli.py ask` / llama.cpp restored (s) | kvgraft warm / cli over llama.cpp | state bytes kvgraft / llama.cpp | "
-        "restored logits byte-equal kvgraft / llama.cpp |",
-        "|---:|---:|---:|---:|---:|---:|",
+        f"| prefix tokens | engine (build) | fresh TTFT (s) | grafted / restored TTFT (s) | over llama.cpp's | {n}-token answer (s) "
+        "| state bytes | restored logits byte-equal to fresh | served logits (sha256) |",
+        "|---:|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
-        k, p = r["kvgraft"], r["llama_cpp"]
+        p = r["llama_cpp"]
         diff = "" if p["logits_byte_equal"] else f" (max abs diff {p['max_abs_diff']:.2f})"
         lines.append(
-            f"| {k['prefix_tokens']:,} / {p['prefix_tokens']:,} | {k['ttft_fresh_s']:.2f} / {p['ttft_fresh_s']:.2f} | "
-            f"{k['ttft_grafted_warm_s']:.3f} / {k.get('ttft_grafted_cli_s', float('nan')):.3f} / "
-            f"{p['ttft_restored_s']:.3f} | {k['ttft_grafted_warm_s'] / p['ttft_restored_s']:.2f}x / "
-            f"{k.get('ttft_grafted_cli_s', float('nan')) / p['ttft_restored_s']:.2f}x | "
-            f"{k['state_bytes'] / 1e6:.1f} MB / {p['state_bytes'] / 1e6:.1f} MB | "
-            f"{'yes' if k['logits_byte_equal'] else 'no'} / {'yes' if p['logits_byte_equal'] else 'no'}{diff} |"
+            f"| {p['prefix_tokens']:,} | llama.cpp | {p['ttft_fresh_s']:.2f} | {p['ttft_restored_s']:.3f} | 1.00x | "
+            f"{p.get(f'answer_{n}_restored_s', float('nan')):.2f} | {p['state_bytes'] / 1e6:.1f} MB | "
+            f"{'yes' if p['logits_byte_equal'] else 'no'}{diff} | |"
         )
+        for k in r["kvgraft"]:
+            fresh = "-" if k["ttft_fresh_s"] is None else f"{k['ttft_fresh_s']:.2f}"
+            answer = k.get(f"answer_{n}_grafted_s")
+            lines.append(
+                f"| {k['prefix_tokens']:,} | kvgraft ({k['isa']}) | {fresh} | {k['ttft_grafted_warm_s']:.3f} | "
+                f"{k['ttft_grafted_warm_s'] / p['ttft_restored_s']:.2f}x | {'-' if answer is None else f'{answer:.2f}'} | "
+                f"{k['state_bytes'] / 1e6:.1f} MB | {_yes(k['logits_byte_equal'])} | `{k['logits_sha256'][:12]}` |"
+            )
+        if "cli" in r:
+            c = r["cli"]
+            lines.append(f"| | kvgraft `cli.py ask` (native, new process) | | {c['ttft_grafted_cli_s']:.3f} | "
+                         f"{c['ttft_grafted_cli_s'] / p['ttft_restored_s']:.2f}x | | | | |")
     return "\n".join(lines)
+
+
+def child(args) -> None:
+    """One build's measurements on an existing store (run_variant's process): one JSON line."""
+    import services
+    from retrieval.embedder import HashEmbedder
+
+    lib = services.Library(home=Path(args.child), embedder=HashEmbedder())
+    text = Path(args.child_prefix).read_text(encoding="utf-8")
+    print(json.dumps(run_kvgraft(lib, text, args.repeats, not args.no_fresh, args.answer_repeats)), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prefixes", default="2048,4096")
+    ap.add_argument("--isas", default="native,avx2,portable", help="fma16 builds to serve under, each in its own process")
+    ap.add_argument("--fresh-isas", default="native,avx2", help="builds that also measure the fresh TTFT")
+    ap.add_argument("--slow-isas", default="portable", help="builds whose 32-token answer is measured once")
     ap.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="python of the venv bench/peer/build.sh made")
     ap.add_argument("--gguf", default=DEFAULT_GGUF)
     ap.add_argument("--no-cli", action="store_true", help="skip the `cli.py ask` measurement")
     ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "peer.json"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-prefix", help=argparse.SUPPRESS)
+    ap.add_argument("--no-fresh", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--answer-repeats", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.child:
+        return child(args)
     why = peer_available(args.peer_python)
     if why:
         print(
@@ -173,35 +242,42 @@ def main() -> None:
             "(~15 min on 2 cores) or point --peer-python / KVGRAFT_PEER_PYTHON at a python with llama-cpp-python"
         )
         return
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import services
-    from retrieval.embedder import HashEmbedder
+    import graft_core.fma16 as fma16
 
     gguf = gguf_file(args.gguf)
+    isas = [i for i in args.isas.split(",") if i == "native" or i in fma16.runnable()]
+    fresh_isas, slow = set(args.fresh_isas.split(",")), set(args.slow_isas.split(","))
     rows = []
     with tempfile.TemporaryDirectory(prefix="kvgraft-peer-") as tmp:
-        lib = services.Library(home=Path(tmp), embedder=HashEmbedder())
         for n in [int(x) for x in args.prefixes.split(",")]:
             prefix = PEER / f"prefix_{n}.txt"
             load = os.getloadavg()
             peer = run_peer(args.peer_python, gguf, prefix, args.repeats)
             print("llama.cpp", json.dumps(peer), flush=True)
-            ours = run_kvgraft(lib, prefix.read_text(encoding="utf-8"), args.repeats)
+            row = {"prefix_file": prefix.name, "load_avg_before": load, "llama_cpp": peer, "kvgraft": []}
+            for isa in isas:  # the first deposits; the others serve its artifact as it is
+                ours = run_variant(Path(tmp), isa, prefix, args.repeats, isa in fresh_isas, 1 if isa in slow else None)
+                print(f"kvgraft ({isa})", json.dumps(ours), flush=True)
+                row["kvgraft"].append(ours)
             if not args.no_cli:
-                ours |= run_cli(Path(tmp), ours["artifact_id"], args.repeats)
-            print("kvgraft", json.dumps(ours), flush=True)
-            rows.append({"prefix_file": prefix.name, "load_avg_before": load, "llama_cpp": peer, "kvgraft": ours})
+                row["cli"] = run_cli(Path(tmp), row["kvgraft"][0]["artifact_id"], args.repeats)
+            row["same_served_logits_every_build"] = len({k["logits_sha256"] for k in row["kvgraft"]}) == 1
+            row["same_answer_every_build"] = len({json.dumps(k["answer_token_ids"]) for k in row["kvgraft"]}) == 1
+            rows.append(row)
     doc = {
         "benchmark": "peer",
-        "command": f".venv/bin/python -m bench.peer --repeats {args.repeats} --prefixes {args.prefixes}",
+        "command": f".venv/bin/python -m bench.peer --repeats {args.repeats} --prefixes {args.prefixes} --isas {args.isas}",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_after": os.getloadavg()},
         "question": QUESTION,
         "gguf": gguf.name,
-        "note": "one engine after the other per prefix, medians of --repeats. kvgraft's grafted TTFT is what an answer "
-        "serves: artifact read + integrity check + restore + state proof (BLAKE3 of the served state) + prompt (one chunk) + "
-        "first token (warm process, answers after the first; the first pays the probe: ttft_grafted_first_use_s), and the ttft_s `cli.py ask --json` reports (new process per ask, timed from the question; the process warms its "
-        "model up at load). llama.cpp's restored TTFT: llama_state_load_file + question eval + first token.",
+        "note": "per prefix llama.cpp, then kvgraft under each fma16 build in a process of its own on the same store, "
+        "medians of --repeats (the slow builds' answers once). kvgraft's grafted TTFT is what an answer serves: artifact "
+        "read + integrity check + restore + state proof (BLAKE3 of the served state) + prompt (one chunk) + first token "
+        "(warm process, answers after the first; the first pays the probe: ttft_grafted_first_use_s). The "
+        f"{ANSWER_TOKENS}-token answer: read + restore + prompt + {ANSWER_TOKENS} greedy tokens (llama.cpp: state load + "
+        "question + the same number of tokens). llama.cpp's restored TTFT: llama_state_load_file + question eval + first "
+        "token.",
         "rows": rows,
     }
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")

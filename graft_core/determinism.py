@@ -1,9 +1,11 @@
 """Pins the deterministic configuration and returns it as a record.
 
 The record is part of every artifact's fingerprint: two artifacts made under different records are
-never grafted into each other's sessions. It includes the CPU kernel path (ATen's capability, the CPU
-vendor and widest vector ISA that MKL dispatches on, the BLAS build and MKL's reproducibility
-setting, oneDNN on/off, the intra-op thread count), because those change the bits of float32 results (docs/DETERMINISM.md).
+never grafted into each other's sessions. Under a numerical definition that fixes every operation of the
+forward (graft_core.numerics, kvgraft-f32-v2) it names that definition and nothing about the machine.
+Under torch's kernels it includes the CPU kernel path (ATen's capability, the CPU vendor and widest
+vector ISA that MKL dispatches on, the BLAS build and MKL's reproducibility setting, oneDNN on/off, the
+intra-op thread count), because those change the bits of float32 results (docs/DETERMINISM.md).
 One more input decides bits and is fixed rather than recorded: where each weight sits in memory
 (`place_weights`).
 This module sets process-wide torch state and reads the machine; nothing else.
@@ -151,8 +153,15 @@ def copy_at(t: torch.Tensor, rem: int, mod: int = 64) -> torch.Tensor:
     return placed
 
 
-def pin(device: str = "cpu", dtype: torch.dtype = torch.float32) -> DeterminismConfig:
-    """Set the process to the deterministic configuration and return its record."""
+def pin(
+    device: str = "cpu", dtype: torch.dtype = torch.float32, definition: str = "", attn_implementation: str = ATTN_IMPLEMENTATION
+) -> DeterminismConfig:
+    """Set the process to the deterministic configuration and return its record.
+
+    `definition` names a numerical definition that fixes every operation of the forward (graft_core.numerics:
+    products, attention, softmax, norms, activations, rotary tables): its record is that name and nothing
+    about the machine, because no CPU vendor, ISA, BLAS build, ATen capability or thread count changes its
+    bits. Without one (torch's kernels) the record is the kernel path those choose (`kernel_path`)."""
     if device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.benchmark = False
@@ -164,10 +173,10 @@ def pin(device: str = "cpu", dtype: torch.dtype = torch.float32) -> DeterminismC
     return DeterminismConfig(
         dtype=str(dtype).removeprefix("torch."),
         device=torch.device(device).type,
-        attn_implementation=ATTN_IMPLEMENTATION,
+        attn_implementation=attn_implementation,
         torch_version=torch.__version__,
         transformers_version=transformers.__version__,
         deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
         cublas_workspace=os.environ.get("CUBLAS_WORKSPACE_CONFIG", "") if device.startswith("cuda") else "",
-        numerics=kernel_path(device),
+        numerics=(("numerics", definition),) if definition else kernel_path(device),
     )

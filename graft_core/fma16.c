@@ -369,15 +369,51 @@ static const tile_fn TILES1[PANEL_MB + 1] = {0, tile_1_1, tile_2_1, tile_3_1, ti
 static const tile_fn TILESR[PANEL_MB + 1] = {0, tile_1_4, tile_2_4, tile_3_4, tile_4_4};
 #define tile_1_row tile_1_8
 #else
-#define PANEL_MB 3
-#define PANEL_RB 2
-#define ROW_RB 4
-TILE(1, 1) TILE(2, 1) TILE(3, 1)
-TILE(1, 2) TILE(2, 2) TILE(3, 2)
-TILE(1, 4)
-static const tile_fn TILES1[PANEL_MB + 1] = {0, tile_1_1, tile_2_1, tile_3_1};
-static const tile_fn TILESR[PANEL_MB + 1] = {0, tile_1_2, tile_2_2, tile_3_2};
-#define tile_1_row tile_1_4
+/* AVX2: one half of the 16 lanes at a time. Lanes 0-7 of every output of the tile over all of K, then lanes
+   8-15: each lane's fmaf chain is the one a v16 accumulator holds, in the same order, and the two halves
+   meet in reduce16 (s[j] + s[j+8] is lo[j] + hi[j]), so the same bits; but a tile of 8-lane accumulators
+   fits twice the outputs in AVX2's 16 registers (4 x 3 here: 12 accumulators, 3 weights, 1 row of x). */
+#define TILE_HALVES(MB, RB)                                                                                   \
+    static void tile_##MB##_##RB(const float *x, int64_t ldx, const float *w, int64_t Kp, int64_t K, float *y, \
+                                 int64_t ldy) {                                                               \
+        __m256 part[2][MB][RB];                                                                               \
+        for (int h = 0; h < 2; h++) {                                                                         \
+            __m256 acc[MB][RB];                                                                               \
+            for (int m = 0; m < MB; m++)                                                                      \
+                for (int r = 0; r < RB; r++) acc[m][r] = _mm256_setzero_ps();                                 \
+            int64_t k = 0;                                                                                    \
+            for (; k + 16 <= K; k += 16) {                                                                    \
+                __m256 wv[RB];                                                                                \
+                for (int r = 0; r < RB; r++) wv[r] = _mm256_loadu_ps(w + r * Kp + k + 8 * h);                 \
+                for (int m = 0; m < MB; m++) {                                                                \
+                    const __m256 xv = _mm256_loadu_ps(x + m * ldx + k + 8 * h);                               \
+                    for (int r = 0; r < RB; r++) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);           \
+                }                                                                                             \
+            }                                                                                                 \
+            if (k < K) { /* the ragged tail: x read as 0 past K (the panel's rows are zero there) */          \
+                __m256 wv[RB];                                                                                \
+                for (int r = 0; r < RB; r++) wv[r] = _mm256_loadu_ps(w + r * Kp + k + 8 * h);                 \
+                for (int m = 0; m < MB; m++) {                                                                \
+                    const v16 xt = v_load_first(x + m * ldx + k, K - k);                                      \
+                    const __m256 xv = h ? xt.hi : xt.lo;                                                      \
+                    for (int r = 0; r < RB; r++) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);           \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int m = 0; m < MB; m++)                                                                      \
+                for (int r = 0; r < RB; r++) part[h][m][r] = acc[m][r];                                       \
+        }                                                                                                     \
+        for (int m = 0; m < MB; m++)                                                                          \
+            for (int r = 0; r < RB; r++) y[m * ldy + r] = reduce16(v_of(part[0][m][r], part[1][m][r]));      \
+    }
+#define PANEL_MB 4
+#define PANEL_RB 3
+#define ROW_RB 8
+TILE_HALVES(1, 1) TILE_HALVES(2, 1) TILE_HALVES(3, 1) TILE_HALVES(4, 1)
+TILE_HALVES(1, 3) TILE_HALVES(2, 3) TILE_HALVES(3, 3) TILE_HALVES(4, 3)
+TILE_HALVES(1, 4) TILE_HALVES(1, 8)
+static const tile_fn TILES1[PANEL_MB + 1] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1};
+static const tile_fn TILESR[PANEL_MB + 1] = {0, tile_1_3, tile_2_3, tile_3_3, tile_4_3};
+#define tile_1_row tile_1_8
 #endif
 
 
@@ -630,4 +666,478 @@ int kv_dequant(const uint8_t *w, int fmt, int64_t N, int64_t K, float *out, int 
     if (rb < 0) return -1;
     for (int64_t n = 0; n < N; n++) (vector ? dequant_row : dequant_row_ref)(fmt, w + n * rb, K, out + n * K);
     return 0;
+}
+
+/* ---- kvgraft-f32-v2: the rest of a forward on one definition (graft_core/numerics.py) ----------------
+
+   Plain C only (no intrinsics), so that every build of this file computes these with the same operations:
+   with -ffp-contract=off and without -ffast-math the compiler may vectorise across independent elements
+   but never reorders, contracts or reassociates, so the bytes do not depend on the vector width.
+   exp, sin and cos are kvgraft's own (below), computed in double and rounded once to float32: no libm
+   entry point whose variant is chosen by the CPU (glibc's ifuncs) decides a bit. floor, ldexp and sqrtf
+   are exact or correctly rounded by IEEE-754 and C99 on every machine. */
+
+
+/* Below this many elements (or multiply-adds / 64) a call runs on the calling thread alone: waking a second
+   thread cost milliseconds on a busy machine, more than the work (ATen's grain size is the same). Rows
+   are independent, so the split never changes a byte. */
+#define SPLIT_MIN 32768
+
+/* e^x in double: x = n ln2 + r (Cody-Waite with fdlibm's two-part ln2), e^r by its Taylor polynomial to
+   degree 13 in Horner form (|r| <= 0.347: truncation < 1e-17), times 2^n (exact). */
+static double kv_exp_d(double x) {
+    if (x != x) return x;
+    if (x > 709.78) return INFINITY;
+    if (x < -745.2) return 0.0;
+    const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+    const double n = floor(x * 1.44269504088896338700e+00 + 0.5);
+    const double r = (x - n * ln2_hi) - n * ln2_lo;
+    double p = 1.0 / 6227020800.0; /* 1/13! */
+    static const double c[13] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+                                 1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,     1.0 / 120.0,
+                                 1.0 / 24.0,        1.0 / 6.0,        1.0 / 2.0,       1.0,
+                                 1.0};
+    for (int i = 0; i < 13; i++) p = p * r + c[i];
+    if (n < -1021.0 || n > 1023.0) return ldexp(p, (int)n); /* near the ends of double's range */
+    /* p * 2^n is exact here (p in [0.7, 1.5), the product a normal double): the bytes ldexp gives, without the call */
+    const uint64_t bits = (uint64_t)((int64_t)n + 1023) << 52;
+    double scale;
+    memcpy(&scale, &bits, 8);
+    return p * scale;
+}
+
+float kv_expf(float x) { return (float)kv_exp_d((double)x); }
+
+/* kv_expf for x <= 0 without branches, so that a loop of it vectorises: the same operations on every x
+   from -104 to 0 (2^n is a normal double there), and 0 below, where kv_expf rounds e^x < 2^-150 to 0
+   as well. The same bytes as kv_expf (tests/test_numerics.py sweeps both). */
+static inline float kv_expf_neg(float xf) {
+    const double x = xf < -104.0f ? -104.0 : (double)xf;
+    const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+    const double n = floor(x * 1.44269504088896338700e+00 + 0.5);
+    const double r = (x - n * ln2_hi) - n * ln2_lo;
+    double p = 1.0 / 6227020800.0;
+    p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 1.0 / 2.0;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    const uint64_t bits = (uint64_t)((int64_t)n + 1023) << 52;
+    double scale;
+    memcpy(&scale, &bits, 8);
+    const float e = (float)(p * scale);
+    return xf < -104.0f ? 0.0f : e;
+}
+
+float kv_expf_neg_ref(float x) { return kv_expf_neg(x); }
+
+/* sin and cos of a float32 argument (|x| < 2^20), in double: x = k pi/2 + r with fdlibm's 33-bit parts of
+   pi/2 (k * part exact), Taylor polynomials on |r| <= pi/4 (sin to r^19, cos to r^20, Horner in r^2),
+   the quadrant from k mod 4. */
+static void kv_sincos_d(float xf, double *s_out, double *c_out) {
+    const double x = (double)xf;
+    const double pio2_1 = 1.57079632673412561417e+00, pio2_2 = 6.07710050630396597660e-11,
+                 pio2_2t = 2.02226624879595063154e-21;
+    const double k = floor(x * 6.36619772367581382433e-01 + 0.5);
+    const double r = ((x - k * pio2_1) - k * pio2_2) - k * pio2_2t, r2 = r * r;
+    static const double sin_c[9] = {1.0 / 355687428096000.0, -1.0 / 1307674368000.0, 1.0 / 6227020800.0,
+                                    -1.0 / 39916800.0,       1.0 / 362880.0,         -1.0 / 5040.0,
+                                    1.0 / 120.0,             -1.0 / 6.0,             1.0};
+    static const double cos_c[10] = {-1.0 / 6402373705728000.0, 1.0 / 20922789888000.0, -1.0 / 87178291200.0,
+                                     1.0 / 479001600.0,         -1.0 / 3628800.0,        1.0 / 40320.0,
+                                     -1.0 / 720.0,              1.0 / 24.0,              -1.0 / 2.0,
+                                     1.0};
+    double ps = -1.0 / 121645100408832000.0, pc = 1.0 / 2432902008176640000.0; /* -1/19!, 1/20! */
+    for (int i = 0; i < 9; i++) ps = ps * r2 + sin_c[i];
+    for (int i = 0; i < 10; i++) pc = pc * r2 + cos_c[i];
+    const double s = r * ps, c = pc;
+    switch ((int64_t)k & 3) {
+    case 0: *s_out = s; *c_out = c; break;
+    case 1: *s_out = c; *c_out = -s; break;
+    case 2: *s_out = -s; *c_out = -c; break;
+    default: *s_out = -c; *c_out = s; break;
+    }
+}
+
+/* Rotary tables: for each position p and frequency f, angle = (float)p * inv_freq[f] (one float32
+   product, as transformers forms it), cos and sin rounded once to float32, each written twice (the
+   halves of head_dim), then times `scaling` (float32). cos, sin: [P][2F]. */
+int kv_rotary(const int64_t *pos, int64_t P, const float *inv_freq, int64_t F, float scaling, float *cos_out,
+              float *sin_out) {
+    if (P < 0 || F <= 0) return -1;
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t f = 0; f < F; f++) {
+            double s, c;
+            kv_sincos_d((float)pos[p] * inv_freq[f], &s, &c);
+            const float cf = (float)c * scaling, sf = (float)s * scaling;
+            cos_out[p * 2 * F + f] = cf;
+            cos_out[p * 2 * F + F + f] = cf;
+            sin_out[p * 2 * F + f] = sf;
+            sin_out[p * 2 * F + F + f] = sf;
+        }
+    return 0;
+}
+
+/* Gemma's RMSNorm of each row: ms = (fma16's dot of the row with itself) / n; r = 1 / sqrtf(ms + eps);
+   y = (x * r) * (1 + w). */
+int kv_rmsnorm(const float *x, int64_t rows, int64_t n, const float *w, float eps, float *y, int threads) {
+    if (rows < 0 || n <= 0) return -1;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (rows * n >= SPLIT_MIN)
+    for (int64_t i = 0; i < rows; i++) {
+        const float *xi = x + i * n;
+        float s[16] = {0};
+        for (int64_t k = 0; k < n; k += 16)
+            for (int j = 0; j < 16; j++) s[j] = fmaf(k + j < n ? xi[k + j] : 0.0f, k + j < n ? xi[k + j] : 0.0f, s[j]);
+        const float r = 1.0f / sqrtf(reduce16_ref(s) / (float)n + eps);
+        for (int64_t k = 0; k < n; k++) y[i * n + k] = (xi[k] * r) * (1.0f + w[k]);
+    }
+    return 0;
+}
+
+/* GELU, tanh form, in double, rounded once: u = sqrt(2/pi) (x + 0.044715 x^3); 0.5 x (1 + tanh u) is
+   written as x / (1 + e^(-2u)), the same function without the cancellation of 1 + tanh u for u < 0. */
+static float gelu_ref(float xf) {
+    const double v = (double)xf;
+    const double u = 7.97884560802865355880e-01 * (v + 4.47150000000000022782e-02 * ((v * v) * v));
+    return (float)(v / (1.0 + kv_exp_d(-2.0 * u)));
+}
+
+float kv_gelu_ref(float x) { return gelu_ref(x); }
+
+/* gelu_ref without branches, so that its loop vectorises: e^z for z = -2u clamped to [-708, 708] (2^n a
+   normal double there, the operations of kv_exp_d), and e = inf above 709.78 as kv_exp_d gives. Outside
+   the clamp both give the same float: z > 708 makes v / (1 + e) round to -0 (or -inf / inf = NaN for
+   v = -inf, kept by the inf), z < -708 makes 1 + e = 1. tests/test_numerics.py sweeps both. */
+static inline float gelu_one(float xf) {
+    const double v = (double)xf;
+    const double u = 7.97884560802865355880e-01 * (v + 4.47150000000000022782e-02 * ((v * v) * v));
+    const double z = -2.0 * u;
+    const double x = z > 708.0 ? 708.0 : (z < -708.0 ? -708.0 : z);
+    const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+    const double n = floor(x * 1.44269504088896338700e+00 + 0.5);
+    const double r = (x - n * ln2_hi) - n * ln2_lo;
+    double p = 1.0 / 6227020800.0;
+    p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 1.0 / 2.0;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    const uint64_t bits = (uint64_t)((int64_t)n + 1023) << 52;
+    double scale;
+    memcpy(&scale, &bits, 8);
+    const double e = z > 709.78 ? INFINITY : p * scale;
+    return (float)(v / (1.0 + e));
+}
+
+float kv_gelu_one(float x) { return gelu_one(x); }
+
+int kv_gelu_tanh(const float *x, int64_t n, float *y, int threads) {
+    if (n < 0) return -1;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (n >= SPLIT_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = gelu_one(x[i]);
+    return 0;
+}
+
+/* ---- attention: one key/value head and the query heads that share it, fused ------------------------
+
+   The definition, for one query row q (head h, position i) over keys k_j and values v_j (j < sk, D values
+   each), and its mask row (keep: 1 attend, 0 left out; or an additive float row, every key kept; or none:
+   every key kept):
+     f, l      = the first and last kept key; nothing kept: y = +0 everywhere;
+     R         = [j0, j1) = [f rounded down to a multiple of 16, l + 1);
+     for j in R: t_j = dot(q, k_j) * scale (+ add_j), dot in fma16's order along D (16 lanes of fmaf,
+                 the tree s[j] + s[j+8], +4, +2, +1: what kv_linear computes for one output);
+     m         = the largest t_j over the kept j in R (m = -inf: y = +0 everywhere);
+     e_j       = kv_expf_neg(t_j - m) for a kept j, +0 for a left-out one;
+     sum       = the e_j of R in 16 lanes (key j in lane j mod 16, increasing j) and the same tree;
+     p_j       = e_j / sum;
+     y[d]      = for each lane L, acc = +0, then acc = fmaf(p_j, v_j[d], acc) for j in R, j mod 16 == L, in
+                 increasing j; y[d] = the tree over the 16 lanes.
+   Every step is one correctly rounded float32 (or, inside kv_expf_neg, double) operation, so y depends
+   on q, the keys and values and the mask row only: not on the rows computed beside it, the blocks, the
+   threads or the build. A left-out key inside R adds fmaf(0, v, acc) to its lane; R starts at a multiple
+   of 16, so the keys before f (all left out) come first in their lanes, onto +0, and change nothing.
+   (Another start gives the same bytes too: the trees add lanes 8, 4, 2, 1 apart, so moving every key of
+   a row by the same number of lanes only swaps the operands of additions.)
+   `attend_row_ref` is the definition, one operation at a time; the vector builds compute the same
+   operations on blocks of rows (kv_attention), and the tests compare them byte for byte. */
+
+/* The kept range of a mask row of sk keys (keep NULL: every key): 1 with [*f, *l] set, 0 when nothing is kept. */
+static int kept_range(const uint8_t *keep, int64_t sk, int64_t *f, int64_t *l) {
+    int64_t a = 0, b = sk - 1;
+    if (keep) {
+        while (a < sk && !keep[a]) a++;
+        while (b >= a && !keep[b]) b--;
+    }
+    *f = a;
+    *l = b;
+    return a <= b;
+}
+
+/* The dot products t[j], j in [j0, j1) (j0 a multiple of 16), to probabilities in place, as the definition
+   above says; returns 0 where the row's output is all +0 (m = -inf), else 1. Plain C, the same in every
+   build: each loop is over independent elements (the compiler may vectorise it, never reorder an operation)
+   but the max, which is exact in any order, and the 16-lane sum, written lane by lane. */
+static int softmax_range(float *t, const float *add, const uint8_t *keep, int64_t j0, int64_t j1, float scale) {
+    for (int64_t j = j0; j < j1; j++) t[j] = t[j] * scale;
+    if (add)
+        for (int64_t j = j0; j < j1; j++) t[j] = t[j] + add[j];
+    float m = -INFINITY;
+    if (keep) {
+        for (int64_t j = j0; j < j1; j++) m = keep[j] && t[j] > m ? t[j] : m;
+    } else {
+        for (int64_t j = j0; j < j1; j++) m = t[j] > m ? t[j] : m;
+    }
+    if (m == -INFINITY) return 0;
+    if (keep) {
+        for (int64_t j = j0; j < j1; j++) t[j] = keep[j] ? t[j] - m : -INFINITY; /* e^-inf: +0 */
+    } else {
+        for (int64_t j = j0; j < j1; j++) t[j] = t[j] - m;
+    }
+    for (int64_t j = j0; j < j1; j++) t[j] = kv_expf_neg(t[j]);
+    float s[16] = {0};
+    int64_t j = j0;
+    for (; j + 16 <= j1; j += 16)
+        for (int L = 0; L < 16; L++) s[L] = s[L] + t[j + L];
+    for (int L = 0; j + L < j1; L++) s[L] = s[L] + t[j + L];
+    const float sum = reduce16_ref(s);
+    for (int64_t j2 = j0; j2 < j1; j2++) t[j2] = t[j2] / sum;
+    return 1;
+}
+
+/* One query row, the definition one operation at a time (t: scratch of sk floats). */
+static void attend_row_ref(const float *q, int64_t D, const float *k, int64_t lk, const float *v, int64_t lv, int64_t sk,
+                           const uint8_t *keep, const float *add, float scale, float *y, float *t) {
+    int64_t f, l;
+    if (!kept_range(keep, sk, &f, &l)) {
+        memset(y, 0, (size_t)D * 4);
+        return;
+    }
+    const int64_t j0 = f / 16 * 16, j1 = l + 1, Dp = pad16(D);
+    for (int64_t j = j0; j < j1; j++) {
+        float s[16] = {0};
+        for (int64_t d0 = 0; d0 < Dp; d0 += 16)
+            for (int L = 0; L < 16; L++) {
+                const int64_t d = d0 + L;
+                s[L] = fmaf(d < D ? q[d] : 0.0f, d < D ? k[j * lk + d] : 0.0f, s[L]);
+            }
+        t[j] = reduce16_ref(s);
+    }
+    if (!softmax_range(t, add, keep, j0, j1, scale)) {
+        memset(y, 0, (size_t)D * 4);
+        return;
+    }
+    for (int64_t d = 0; d < D; d++) {
+        float acc[16] = {0};
+        for (int64_t j = j0; j < j1; j++) acc[(j - j0) & 15] = fmaf(t[j], v[j * lv + d], acc[(j - j0) & 15]);
+        y[d] = reduce16_ref(acc);
+    }
+}
+
+#define ATT_PB 16 /* query positions per block: their heads' rows share the keys' loads */
+
+#ifdef FMA16_VECTOR
+#if defined(FMA16_AVX512)
+static inline v16 v_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
+#define QK_R 4 /* query rows x keys per tile of dot products: 16 accumulators of AVX-512's 32 registers */
+#define QK_C 4
+#define PV_H 4 /* probability rows x 16-value chunks per tile of P.V */
+#define PV_C 4
+#else
+static inline v16 v_add(v16 a, v16 b) { return v_of(_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)); }
+#define QK_R 2 /* AVX2: a v16 takes two of its 16 registers */
+#define QK_C 2
+#define PV_H 2
+#define PV_C 2
+#endif
+
+/* R query rows q[r] against the C keys from k (row stride lk), D a multiple of 16: t[r][j + c]. */
+#define QK(R, C)                                                                                              \
+    static void qk_##R##_##C(const float *const *q, const float *k, int64_t lk, int64_t D, float *const *t,   \
+                             int64_t j) {                                                                     \
+        v16 acc[R][C];                                                                                        \
+        for (int r = 0; r < R; r++)                                                                           \
+            for (int c = 0; c < C; c++) acc[r][c] = v_zero();                                                 \
+        for (int64_t d = 0; d < D; d += 16) {                                                                 \
+            v16 kv[C];                                                                                        \
+            for (int c = 0; c < C; c++) kv[c] = v_load(k + c * lk + d);                                       \
+            for (int r = 0; r < R; r++) {                                                                     \
+                const v16 qv = v_load(q[r] + d);                                                              \
+                for (int c = 0; c < C; c++) acc[r][c] = v_fmadd(qv, kv[c], acc[r][c]);                        \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int r = 0; r < R; r++)                                                                           \
+            for (int c = 0; c < C; c++) t[r][j + c] = reduce16(acc[r][c]);                                    \
+    }
+
+/* H probability rows p[h] (indexed by key) against the values v (row stride lv) over keys [j0, j1), the C
+   chunks of 16 values from d0: y[h][d0 .. d0 + 16C). Lane L holds the keys j0 + L + 16i (j0 a multiple of
+   16: lane j mod 16), each lane's fmaf chain in increasing j, then the tree over lanes, value by value. */
+#define PV(H, C)                                                                                              \
+    static void pv_##H##_##C(const float *const *p, const float *v, int64_t lv, int64_t j0, int64_t j1,       \
+                             int64_t d0, float *lanes, float *const *y) {                                     \
+        for (int L = 0; L < 16; L++) {                                                                        \
+            v16 acc[H][C];                                                                                    \
+            for (int h = 0; h < H; h++)                                                                       \
+                for (int c = 0; c < C; c++) acc[h][c] = v_zero();                                             \
+            for (int64_t j = j0 + L; j < j1; j += 16) {                                                       \
+                v16 vv[C];                                                                                    \
+                for (int c = 0; c < C; c++) vv[c] = v_load(v + j * lv + d0 + 16 * c);                         \
+                for (int h = 0; h < H; h++) {                                                                 \
+                    const v16 pp = v_set1(p[h][j]);                                                           \
+                    for (int c = 0; c < C; c++) acc[h][c] = v_fmadd(pp, vv[c], acc[h][c]);                    \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int h = 0; h < H; h++)                                                                       \
+                for (int c = 0; c < C; c++) v_store(lanes + ((L * H + h) * C + c) * 16, acc[h][c]);           \
+        }                                                                                                     \
+        for (int h = 0; h < H; h++)                                                                           \
+            for (int c = 0; c < C; c++) {                                                                     \
+                v16 x[16];                                                                                    \
+                for (int L = 0; L < 16; L++) x[L] = v_load(lanes + ((L * H + h) * C + c) * 16);               \
+                for (int L = 0; L < 8; L++) x[L] = v_add(x[L], x[L + 8]);                                     \
+                for (int L = 0; L < 4; L++) x[L] = v_add(x[L], x[L + 4]);                                     \
+                for (int L = 0; L < 2; L++) x[L] = v_add(x[L], x[L + 2]);                                     \
+                v_store(y[h] + d0 + 16 * c, v_add(x[0], x[1]));                                               \
+            }                                                                                                 \
+    }
+
+typedef void (*qk_fn)(const float *const *, const float *, int64_t, int64_t, float *const *, int64_t);
+typedef void (*pv_fn)(const float *const *, const float *, int64_t, int64_t, int64_t, int64_t, float *, float *const *);
+#if defined(FMA16_AVX512)
+QK(1, 4) QK(2, 4) QK(3, 4) QK(4, 4) QK(1, 1) QK(2, 1) QK(3, 1) QK(4, 1)
+PV(1, 4) PV(2, 4) PV(3, 4) PV(4, 4) PV(1, 1) PV(2, 1) PV(3, 1) PV(4, 1)
+static const qk_fn QK_WIDE[QK_R + 1] = {0, qk_1_4, qk_2_4, qk_3_4, qk_4_4};
+static const qk_fn QK_ONE[QK_R + 1] = {0, qk_1_1, qk_2_1, qk_3_1, qk_4_1};
+static const pv_fn PV_WIDE[PV_H + 1] = {0, pv_1_4, pv_2_4, pv_3_4, pv_4_4};
+static const pv_fn PV_ONE[PV_H + 1] = {0, pv_1_1, pv_2_1, pv_3_1, pv_4_1};
+#else
+QK(1, 2) QK(2, 2) QK(1, 1) QK(2, 1)
+PV(1, 2) PV(2, 2) PV(1, 1) PV(2, 1)
+static const qk_fn QK_WIDE[QK_R + 1] = {0, qk_1_2, qk_2_2};
+static const qk_fn QK_ONE[QK_R + 1] = {0, qk_1_1, qk_2_1};
+static const pv_fn PV_WIDE[PV_H + 1] = {0, pv_1_2, pv_2_2};
+static const pv_fn PV_ONE[PV_H + 1] = {0, pv_1_1, pv_2_1};
+#endif
+
+/* Query positions [i0, i0 + n) of H heads, D a multiple of 16 (t: H * ATT_PB rows of sk floats; lanes:
+   16 * PV_H * PV_C * 16 floats). The dot products of every row over the union of the rows' ranges R (a
+   score outside a row's own R is never read), then each row's softmax over its own R, then P.V per
+   position over its R, its heads side by side. */
+static void attend_block(const float *q, int64_t H, int64_t i0, int64_t n, int64_t D, int64_t q_hs, int64_t q_ss,
+                         const float *k, int64_t k_ss, const float *v, int64_t v_ss, int64_t sk, const uint8_t *keep,
+                         const float *add, int64_t m_ss, float scale, float *y, int64_t y_hs, int64_t y_ss, float *t,
+                         float *lanes) {
+    int64_t lo[ATT_PB], hi[ATT_PB], bj0 = sk, bj1 = 0, cnt = 0;
+    int has[ATT_PB];
+    const float *qr[ATT_PB * H];
+    float *tr[ATT_PB * H];
+    for (int64_t r = 0; r < n; r++) {
+        int64_t f, l;
+        has[r] = kept_range(keep ? keep + (i0 + r) * m_ss : 0, sk, &f, &l);
+        if (!has[r]) continue;
+        lo[r] = f / 16 * 16;
+        hi[r] = l + 1;
+        bj0 = lo[r] < bj0 ? lo[r] : bj0;
+        bj1 = hi[r] > bj1 ? hi[r] : bj1;
+        for (int64_t h = 0; h < H; h++, cnt++) {
+            qr[cnt] = q + h * q_hs + (i0 + r) * q_ss;
+            tr[cnt] = t + (r * H + h) * sk;
+        }
+    }
+    for (int64_t j = bj0; j < bj1;) {
+        const int wide = bj1 - j >= QK_C;
+        for (int64_t rr = 0; rr < cnt; rr += QK_R) {
+            const int64_t R = cnt - rr < QK_R ? cnt - rr : QK_R;
+            (wide ? QK_WIDE : QK_ONE)[R](qr + rr, k + j * k_ss, k_ss, D, tr + rr, j);
+        }
+        j += wide ? QK_C : 1;
+    }
+    for (int64_t r = 0; r < n; r++) {
+        const float *pr[H];
+        float *yr[H];
+        int64_t live = 0;
+        for (int64_t h = 0; h < H; h++) {
+            float *out = y + h * y_hs + (i0 + r) * y_ss, *row = t + (r * H + h) * sk;
+            if (has[r] && softmax_range(row, add ? add + (i0 + r) * m_ss : 0, keep ? keep + (i0 + r) * m_ss : 0, lo[r],
+                                        hi[r], scale)) {
+                pr[live] = row;
+                yr[live++] = out;
+            } else {
+                memset(out, 0, (size_t)D * 4);
+            }
+        }
+        for (int64_t h = 0; h < live; h += PV_H) {
+            const int64_t Hh = live - h < PV_H ? live - h : PV_H;
+            int64_t d0 = 0;
+            for (; d0 + 16 * PV_C <= D; d0 += 16 * PV_C) PV_WIDE[Hh](pr + h, v, v_ss, lo[r], hi[r], d0, lanes, yr + h);
+            for (; d0 < D; d0 += 16) PV_ONE[Hh](pr + h, v, v_ss, lo[r], hi[r], d0, lanes, yr + h);
+        }
+    }
+}
+#endif
+
+/* Attention of H query heads that share one key/value head: q row (h, i) at q + h q_hs + i q_ss (D values,
+   contiguous), key j at k + j k_ss, value j at v + j v_ss, output row (h, i) at y + h y_hs + i y_ss; the
+   mask row of position i (shared by the heads) at keep + i m_ss (uint8, 1: attend) or add + i m_ss (float,
+   added to the scaled score), or neither (every key). The definition above for every row; `reference` 1
+   computes it one operation at a time (attend_row_ref), as the portable build always does. Blocks of
+   positions are split over `threads`; that never changes a byte. */
+int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs, int64_t q_ss, const float *k,
+                 int64_t k_ss, const float *v, int64_t v_ss, int64_t sk, const uint8_t *keep, const float *add,
+                 int64_t m_ss, float scale, float *y, int64_t y_hs, int64_t y_ss, int threads, int reference) {
+    if (H <= 0 || H > 64 || sq < 0 || D <= 0 || sk <= 0 || (keep && add)) return -1;
+#ifdef FMA16_VECTOR
+    const int vector = !reference && D % 16 == 0;
+#else
+    const int vector = 0;
+    (void)reference;
+#endif
+    const int64_t blocks = (sq + ATT_PB - 1) / ATT_PB;
+    int failed = 0;
+    const int team = threads < 1 ? 1 : threads > blocks ? (int)blocks : threads; /* no thread without a block */
+#pragma omp parallel num_threads(team) if (team > 1 && (double)sq * (double)sk * (double)(D * H) >= 64.0 * SPLIT_MIN * 16)
+    {
+        float *t = malloc((size_t)(H * ATT_PB) * (size_t)sk * 4);
+        float *lanes = aligned_alloc(64, 16 * 4 * 4 * 16 * 4);
+        if (!t || !lanes) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < blocks; b++) {
+            if (!t || !lanes) continue;
+            const int64_t i0 = b * ATT_PB, n = sq - i0 < ATT_PB ? sq - i0 : ATT_PB;
+            if (vector) {
+#ifdef FMA16_VECTOR
+                attend_block(q, H, i0, n, D, q_hs, q_ss, k, k_ss, v, v_ss, sk, keep, add, m_ss, scale, y, y_hs, y_ss, t,
+                             lanes);
+#endif
+                continue;
+            }
+            for (int64_t i = i0; i < i0 + n; i++)
+                for (int64_t h = 0; h < H; h++)
+                    attend_row_ref(q + h * q_hs + i * q_ss, D, k, k_ss, v, v_ss, sk, keep ? keep + i * m_ss : 0,
+                                   add ? add + i * m_ss : 0, scale, y + h * y_hs + i * y_ss, t);
+        }
+        free(t);
+        free(lanes);
+    }
+    return failed ? -2 : 0;
 }

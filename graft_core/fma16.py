@@ -56,6 +56,11 @@ FLAGS = (
     "-O3",
     "-ffp-contract=off",  # no fused or reordered float operations besides the written ones
     "-fno-fast-math",
+    # no trapping math: the compiler may evaluate both arms of a select (if-conversion), which lets the
+    # branch-free loops (exp, GELU, softmax) vectorise; it never reorders, contracts or reassociates an
+    # operation, so no value changes (IEEE exceptions are not observed). A file-wide flag rather than a
+    # pragma: GCC does not inline the vector primitives into functions with other optimisation options.
+    "-fno-trapping-math",
     "-fopenmp",  # the split over output rows; libgomp is the one torch already loaded
     "-shared",
     "-fPIC",
@@ -196,8 +201,20 @@ def lib(isa: str | None = None):
             handle.kv_dequant.argtypes = [ptr, c_int, i64, i64, ptr, c_int]
             handle.kv_row_bytes.argtypes = [c_int, i64]
             handle.kv_row_bytes.restype = i64
+            _declare_rest(handle)
             _libs[name] = handle
         return _libs.get(name)
+
+
+def _declare_rest(handle) -> None:
+    """The argument types of fma16.c's entry points for the rest of a forward (graft_core.numerics)."""
+    i64, ptr, c_int, c_float = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    handle.kv_attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, i64, i64, ptr, ptr, i64, c_float, ptr, i64, i64, c_int, c_int]
+    handle.kv_rmsnorm.argtypes = [ptr, i64, i64, ptr, c_float, ptr, c_int]
+    handle.kv_gelu_tanh.argtypes = [ptr, i64, ptr, c_int]
+    handle.kv_rotary.argtypes = [ptr, i64, ptr, i64, c_float, ptr, ptr]
+    for f in ("kv_expf", "kv_expf_neg_ref", "kv_gelu_one", "kv_gelu_ref"):
+        getattr(handle, f).argtypes, getattr(handle, f).restype = [c_float], c_float
 
 
 def row_bytes(fmt: int, k: int) -> int:

@@ -26,7 +26,7 @@ def check_compatible(lm: LoadedModel, art: KVArtifact) -> None:
     if art.model_fingerprint != lm.fingerprint:
         diffs.append(
             f"model fingerprint {art.model_fingerprint[:12]}... != this model's {lm.fingerprint[:12]}... ({info.name}); "
-            "other weights, configuration or CPU kernel path (`cli.py selftest --json` shows this machine's): "
+            "other weights, configuration or numerical definition (`cli.py selftest --json` shows this machine's): "
             "recompute it here from its source text (`cli.py rebuild`)"
         )
     if art.tokenizer_fingerprint != info.tokenizer_sha256:

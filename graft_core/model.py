@@ -278,24 +278,33 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
     """Load `name` (default: `KVGRAFT_MODEL` or the packaged Gemma 3 270M) deterministically. `linear`
     ("fma16" or "torch") chooses the products as KVGRAFT_LINEAR does, which is read when it is None."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from . import fma16
+    from . import fma16, numerics
     from .determinism import ATTN_IMPLEMENTATION, WEIGHT_PLACEMENT, pin, place_weights
     from .products import speed_up
 
     name = name or settings.get("KVGRAFT_MODEL") or DEFAULT_MODEL
     t0 = time.perf_counter()
     keep_large_buffers()
-    config = pin(device=device, dtype=torch.float32)
     source = resolve_model_dir(name)
+    why = fma16.why_not(linear) if device.startswith("cpu") else f"device {device}"
+    # The whole forward on one definition (numerics.VERSION) where fma16 runs and the model is one it covers;
+    # otherwise torch's kernels (and, for other architectures, fma16's products only), recorded by kernel path.
+    definition = "" if why or numerics.why_not(AutoConfig.from_pretrained(source)) else numerics.VERSION
+    if definition:
+        numerics.register()
+    attn_implementation = numerics.NAME if definition else ATTN_IMPLEMENTATION
+    config = pin(device=device, dtype=torch.float32, definition=definition, attn_implementation=attn_implementation)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=attn_implementation)
     model.to(device).eval()
-    moved = place_weights(model)
+    # Where a weight sits changed the bits of MKL's one-row products: placed (and recorded) only where torch's
+    # products run. fma16 reads each weight row in one fixed order wherever it sits.
+    moved = place_weights(model) if why else 0
     if moved:
         log.info("placed %d weight tensors at the pinned address alignment (copied)", moved)
-    if name != DEFAULT_MODEL and device.startswith("cpu"):  # place_weights places CPU tensors only
+    if name != DEFAULT_MODEL and device.startswith("cpu") and why:  # place_weights places CPU tensors only
         # The packaged model's file has always put every weight where place_weights puts it, so its bits
         # and record are as before. Any other model may compute other bits since the placement: its
         # record says so, and artifacts made before are refused as incompatible (rebuild them), not
@@ -304,13 +313,15 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
         config = replace(config, numerics=tuple(sorted((*config.numerics, ("weights_placement", f"{rem} mod {mod}")))))
     weights, tok, combined = _fingerprints(model, tokenizer, source)
     info = describe(model, name, weights, tok, combined)
-    why = fma16.why_not(linear) if device.startswith("cpu") else f"device {device}"
     if not why:
         blocks = _packaged_blocks(model, source) if name == DEFAULT_MODEL else {}
         model.requires_grad_(False)  # frozen: a forward with autograd on still takes fma16 (its weights need no gradient)
-        products = fma16.take_over(model, blocks).line()
-        # fma16 computes other bits than torch's products: artifacts made with those are refused as incompatible
-        config = replace(config, numerics=tuple(sorted((*config.numerics, ("linear", fma16.VERSION)))))
+        taken = fma16.take_over(model, blocks)
+        products = taken.line()
+        if definition:  # the definition names its products too: nothing else enters the record
+            products += "; " + numerics.take_over(model, taken.isa)
+        else:  # fma16's products under torch's attention: artifacts made with torch's products are refused
+            config = replace(config, numerics=tuple(sorted((*config.numerics, ("linear", fma16.VERSION)))))
     elif settings.get("KVGRAFT_PRODUCTS") == "plain":  # the before side of an A/B, or a doubt
         products = "plain (KVGRAFT_PRODUCTS=plain)"
     else:

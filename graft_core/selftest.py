@@ -1,5 +1,6 @@
 """Golden-hash self-test: fixed inputs -> SHA-256 of artifact bytes and of grafted and fresh logits,
-compared with the values committed in `golden.json` for this model and kernel path.
+compared with the values committed in `golden.json` for this model and numerical definition (one set per
+model under kvgraft-f32-v2; none is committed for torch's kernels, whose sets would be per kernel path).
 
 `run` is a pure function over a LoadedModel plus the committed data; `python -m graft_core.selftest
 [MODEL ...]` records this machine's sets (a deliberate act, reviewed in the diff). A mismatch, or no
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,7 +34,7 @@ DECODE_STEPS = 3
 @dataclass(frozen=True)
 class Case:
     name: str
-    expected: str | None  # None: no golden value for this model and kernel path
+    expected: str | None  # None: no golden value for this model and definition (or kernel path)
     got: str
 
     @property
@@ -43,9 +44,10 @@ class Case:
 
 @dataclass(frozen=True)
 class SelftestReport:
-    key: str  # model fingerprint the golden set is filed under (weights, config, tokenizer, kernel path)
+    key: str  # model fingerprint the golden set is filed under (weights, config, tokenizer, definition)
     cases: tuple[Case, ...]
     numerics: dict
+    ran_on: dict = field(default_factory=dict)  # what computed it here (build, ATen capability, threads, CPU): not the record
 
     @property
     def match(self) -> bool:
@@ -57,6 +59,7 @@ class SelftestReport:
             "key": self.key,
             "cases": [{"name": c.name, "expected": c.expected, "got": c.got} for c in self.cases],
             "numerics": self.numerics,
+            "ran_on": self.ran_on,
         }
 
 
@@ -116,11 +119,27 @@ def run(lm: LoadedModel, golden: dict | None = None) -> SelftestReport:
     expected = golden.get("sets", {}).get(lm.fingerprint, {}).get("cases", {})
     got = _on_recorded_threads(lm, compute)
     cases = tuple(Case(name=n, expected=expected.get(n), got=h) for n, h in got.items())
-    return SelftestReport(key=lm.fingerprint, cases=cases, numerics=lm.config.as_dict()["numerics"])
+    return SelftestReport(key=lm.fingerprint, cases=cases, numerics=lm.config.as_dict()["numerics"], ran_on=ran_on(lm))
+
+
+def ran_on(lm: LoadedModel) -> dict:
+    """What computed the cases in this process: fma16's build, ATen's capability, the thread count and the CPU.
+    Under a numerical definition none of it is in the record (the golden set must match whatever it is)."""
+    from . import fma16
+    from .determinism import _cpu_vendor_and_isa
+
+    head = fma16.product_of(lm.model.lm_head) if hasattr(lm.model, "lm_head") else None
+    vendor, isa = _cpu_vendor_and_isa()
+    return {
+        "fma16_build": head.isa if head is not None else None,
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "cpu": f"{vendor} ({isa})",
+    }
 
 
 def golden_entry(lm: LoadedModel) -> dict:
-    """A golden set for this model and kernel path (what `golden.json` files under `lm.fingerprint`)."""
+    """A golden set for this model and its definition (what `golden.json` files under `lm.fingerprint`)."""
     return {
         "model": lm.info.name.rsplit("/", 1)[-1],
         "numerics": lm.config.as_dict()["numerics"],
@@ -129,7 +148,7 @@ def golden_entry(lm: LoadedModel) -> dict:
 
 
 def record(lm: LoadedModel, path: Path | None = None) -> dict:
-    """Add (or replace) this model's and kernel path's golden set in `path`; returns the entry."""
+    """Add (or replace) this model's golden set (filed under its fingerprint) in `path`; returns the entry."""
     path = path or GOLDEN_FILE
     golden = load_golden(path)
     entry = golden_entry(lm)

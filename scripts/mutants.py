@@ -43,6 +43,7 @@ _MKL_BATCHING = (
 )
 
 
+_ATTENTION = "tests/test_numerics.py::test_attention_is_its_written_definition_in_every_build"
 _PROOF = "tests/test_proof.py::"
 _WRONG_CACHE = _PROOF + "test_an_answer_served_from_a_wrong_cache_fails_the_proof_and_the_full_check"
 _SERVED = _PROOF + "test_a_grafted_answer_carries_a_passing_probe_proof_and_its_served_rows_are_exact"
@@ -227,6 +228,20 @@ MUTATIONS = (
         "count = _mm256_set1_epi32((int)n);",
         "count = _mm256_set1_epi32((int)n + 1);",
         ("tests/test_fma16.py::test_a_ragged_row_reads_none_of_the_values_after_it",),
+    ),
+    Mutation(
+        "attention's P.V tree pairs neighbouring lanes instead of lanes 8 apart (fma16.c PV)",
+        "graft_core/fma16.c",
+        "x[L] = v_add(x[L], x[L + 8]);",
+        "x[L] = v_add(x[2 * L], x[2 * L + 1]);",
+        (_ATTENTION,),
+    ),
+    Mutation(
+        "the softmax's max taken over left-out keys too (fma16.c softmax_range)",
+        "graft_core/fma16.c",
+        "m = keep[j] && t[j] > m ? t[j] : m;",
+        "m = t[j] > m ? t[j] : m;",
+        (_ATTENTION,),
     ),
     Mutation(
         "a batched pass's rows through torch's product under fma16 (batch.Batcher._columns)",

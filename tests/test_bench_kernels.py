@@ -35,6 +35,8 @@ def test_kernels_measure_every_product_and_the_bit_properties(tiny_gemma):
         <= b["mkl_1_row_distinct_results_over_16_addresses_mod_64"]
         <= 16
     )
-    assert b["loaded_weight_address_mod_64"] == 56  # model.load placed it (graft_core.determinism.place_weights)
+    # model.load places weights (graft_core.determinism.place_weights) only for torch's products, whose 1-row
+    # bits follow the address; fma16 (this fixture) reads them where they are
+    assert 0 <= b["loaded_weight_address_mod_64"] < 64
     hp = k["vocab_mkl_huge_pages"]
     assert "skipped" in hp or hp["same_bits"] is True  # same kernel, same placement: same bits

@@ -320,35 +320,39 @@ def test_layer_adapter_round_trips_every_layer_kind(tiny_gemma):
         assert torch.equal(b.keys, want.keys) and torch.equal(b.values, want.values) and b.seen == a.seen
 
 
-def test_kernel_path_is_in_the_record_and_the_fingerprint(tiny_dirs, tiny_gemma):
-    """ATEN_CPU_CAPABILITY=default changes the bits of float32 results (docs/DETERMINISM.md), so a
-    process on that path has another fingerprint and refuses this path's artifacts."""
+def test_the_record_names_the_definition_and_torch_kernels_their_path(tiny_dirs, tiny_gemma):
+    """Under kvgraft-f32-v2 the record is the definition's name and nothing about the machine: a process
+    with ATen pinned to its DEFAULT kernels (other vectorised code, measured equal bits: docs/DETERMINISM.md)
+    has the same fingerprint. Torch's kernels (KVGRAFT_LINEAR=torch) change bits with the capability, so
+    there it is recorded and another capability is another artifact identity."""
     import os
 
     script = (
-        "import json,sys; from graft_core import model; lm=model.load(sys.argv[1]);"
-        "print(json.dumps([lm.fingerprint, lm.info.fingerprint, lm.config.as_dict()['numerics']]))"
+        "import json,sys; from graft_core import model; a=model.load(sys.argv[1]); t=model.load(sys.argv[1], linear='torch');"
+        "print(json.dumps([[m.fingerprint, m.config.as_dict()['numerics']] for m in (a, t)]))"
     )
     env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
     out = subprocess.run(
         [sys.executable, "-c", script, str(tiny_dirs["gemma3"])], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     ).stdout
-    fingerprint, model_only, numerics = json.loads(out.strip().splitlines()[-1])
-    here = tiny_gemma.config.as_dict()["numerics"]
-    assert numerics["aten_capability"] == "DEFAULT" and here["aten_capability"] != "DEFAULT"
-    assert {"cpu_vendor", "cpu_isa", "blas", "mkl_cbwr", "mkldnn"} <= set(here)
-    assert model_only == tiny_gemma.info.fingerprint  # same weights, tokenizer, config
-    assert fingerprint != tiny_gemma.fingerprint  # another kernel path: another artifact identity
+    (fingerprint, numerics), (torch_fingerprint, torch_numerics) = json.loads(out.strip().splitlines()[-1])
+    assert numerics == tiny_gemma.config.as_dict()["numerics"] == {"numerics": "kvgraft-f32-v2"}
+    assert tiny_gemma.config.attn_implementation == "kvgraft"
+    assert fingerprint == tiny_gemma.fingerprint  # another ATen capability, the same definition: the same identity
+    assert torch_numerics["aten_capability"] == "DEFAULT"
+    assert {"cpu_vendor", "cpu_isa", "blas", "mkl_cbwr", "mkldnn", "threads"} <= set(torch_numerics)
+    assert torch_fingerprint != fingerprint
 
 
-def test_weights_sit_where_their_bits_depend_only_on_their_values(tiny_gemma):
+def test_weights_sit_where_their_bits_depend_only_on_their_values(tiny_gemma, tiny_gemma_torch):
     """MKL's one-row products compute other bits for the same weight at another address mod 16
     (`bench.kernels` measures it), and the fingerprint sees only the values: load() places every weight
-    at 56 mod 64, so the same values give the same row wherever a loader first put them."""
+    at 56 mod 64 where torch's products run, so the same values give the same row wherever a loader first
+    put them. Under the definition (fma16 reads a row in one order wherever it sits) nothing is placed."""
     from graft_core.determinism import WEIGHT_PLACEMENT, copy_at, place_weights
 
     mod, rem = WEIGHT_PLACEMENT
-    assert {p.data_ptr() % mod for p in tiny_gemma.model.parameters()} == {rem}
+    assert {p.data_ptr() % mod for p in tiny_gemma_torch.model.parameters()} == {rem}
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(4096, 640, generator=g), torch.randn(1, 640, generator=g)
     rows = set()
@@ -366,7 +370,8 @@ def test_weights_sit_where_their_bits_depend_only_on_their_values(tiny_gemma):
     place_weights(shared)
     assert shared[1].weight.data_ptr() == shared[0].weight.data_ptr() and shared[0].weight.data_ptr() % mod == rem
     # a model other than the packaged one may compute other bits since the placement: its record says so
-    assert dict(tiny_gemma.config.numerics)["weights_placement"] == f"{rem} mod {mod}"
+    assert dict(tiny_gemma_torch.config.numerics)["weights_placement"] == f"{rem} mod {mod}"
+    assert "weights_placement" not in dict(tiny_gemma.config.numerics)  # fma16's rows do not depend on addresses
 
 
 def test_large_buffers_come_from_the_heap_once_the_model_loads():

@@ -254,9 +254,10 @@ def test_the_best_variant_is_the_default_and_a_missing_one_is_named(monkeypatch)
 
 
 def test_the_tiny_model_computes_the_same_bytes_under_every_variant(tiny_dirs, monkeypatch):
-    """Loaded under each KVGRAFT_ISA: the same record, the same artifact bytes (keys, values, probe logits
-    hash, fingerprint) and the same logits bytes; and the products really ran on the variant asked for."""
-    from graft_core import codec, model
+    """Loaded under each KVGRAFT_ISA: the same record (the definition's name), the same artifact bytes
+    (keys, values, probe logits hash, fingerprint) and the same logits bytes; and the products, attention,
+    norms, GELU and rotary tables really ran on the variant asked for."""
+    from graft_core import codec, model, numerics
     from graft_core.capture import capture
 
     seen = {}
@@ -264,12 +265,16 @@ def test_the_tiny_model_computes_the_same_bytes_under_every_variant(tiny_dirs, m
         monkeypatch.setenv("KVGRAFT_ISA", isa)
         lm = model.load(str(tiny_dirs["gemma3"]))
         assert f"({isa})" in lm.products and {fma16.product_of(m).isa for m in _linears(lm.model)} == {isa}
+        rest = [m.__dict__.get("forward") for m in lm.model.modules()]
+        rest = {f.isa for f in rest if isinstance(f, (numerics.Norm, numerics.Gelu, numerics.Rotary))}
+        attention = {m.kvgraft_isa for m in lm.model.modules() if hasattr(m, "kvgraft_isa")}
+        assert rest == attention == {isa}, (rest, attention)
         ids = lm.tokenizer("Fact: the lighthouse keeper was Ada Quill.\nQuestion:")["input_ids"]
         art, _ = capture(lm, ids)
         with torch.inference_mode():
             logits = lm.model(torch.tensor([ids])).logits
         seen[isa] = (lm.config.numerics, hashlib.sha256(codec.dumps(art)).hexdigest(), _sha(logits))
-    assert ("linear", fma16.VERSION) in seen[ISAS[0]][0]
+    assert seen[ISAS[0]][0] == (("numerics", numerics.VERSION),)
     assert all(v == seen[ISAS[0]] for v in seen.values()), seen
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from graft_core import selftest
+from graft_core import fma16, selftest
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [f"{c}.{k}" for c in ("short", "long", "chain") for k in ("artifact", "grafted_logits", "fresh_logits")]
@@ -51,7 +51,8 @@ def test_cli_selftest_json_and_exit_code(tiny_dirs, tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     out = json.loads(ok.stdout)
     assert out["match"] is True and len(out["cases"]) == 10
-    assert set(out["cases"][0]) == {"name", "expected", "got"} and out["numerics"]["aten_capability"]
+    assert set(out["cases"][0]) == {"name", "expected", "got"} and out["numerics"] == {"numerics": "kvgraft-f32-v2"}
+    assert set(out["ran_on"]) == {"fma16_build", "aten_capability", "threads", "cpu"}
     bad = tmp_path / "golden.json"
     bad.write_text(json.dumps({"sets": {}}))
     script = (
@@ -62,6 +63,46 @@ def test_cli_selftest_json_and_exit_code(tiny_dirs, tmp_path):
         [sys.executable, "-c", script, str(bad), str(tiny_dirs["gemma3"])], cwd=ROOT, capture_output=True, text=True
     )
     assert miss.returncode == 1 and json.loads(miss.stdout)["match"] is False, miss.stderr
+
+
+def _selftest_under(model: str | None, isa: str, aten: str | None, threads: int) -> dict:
+    import os
+
+    env = dict(os.environ, KVGRAFT_ISA=isa, KVGRAFT_THREADS=str(threads))
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    if aten:
+        env["ATEN_CPU_CAPABILITY"] = aten
+    cmd = [sys.executable, "cli.py", *(["--model", model] if model else []), "selftest", "--json"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+# Each build this CPU has, each beside another ATen capability and thread count: ATen still computes the
+# elementwise rest of a forward (adds, products, the embedding), whose bits must not follow its vector code.
+_RUNS = list(zip(fma16.runnable(), ("default", "avx2", None), (1, 2, 2)))
+
+
+def test_cli_selftest_matches_one_golden_set_under_every_build_and_aten_capability(tiny_dirs):
+    """One golden set per model, whatever computes it: `cli.py selftest --json` matches under KVGRAFT_ISA=
+    each build the CPU has (all three on an AVX-512 CPU), with ATen forced to its DEFAULT and AVX2 kernels
+    and 1 or 2 threads, and reports what ran."""
+    for isa, aten, threads in _RUNS:
+        out = _selftest_under(str(tiny_dirs["gemma3"]), isa, aten, threads)
+        assert out["match"] is True, (isa, aten, [c for c in out["cases"] if c["expected"] != c["got"]])
+        assert out["ran_on"]["fma16_build"] == isa and out["ran_on"]["threads"] == threads
+        if aten:
+            assert out["ran_on"]["aten_capability"] == aten.upper()
+
+
+@pytest.mark.integration
+def test_real_model_matches_one_golden_set_under_every_build():
+    """The packaged Gemma 3 270M, as the tiny model above, under the vector builds the CPU has (portable C
+    computes its golden cases in many minutes: test_fma16's real-model test compares it on a short prompt)."""
+    for isa, aten, threads in [r for r in _RUNS if r[0] != "portable"]:
+        out = _selftest_under(None, isa, aten, threads)
+        assert out["match"] is True, (isa, aten, [c for c in out["cases"] if c["expected"] != c["got"]])
+        assert out["ran_on"]["fma16_build"] == isa
 
 
 @pytest.mark.integration

@@ -1,0 +1,290 @@
+"""kvgraft-f32-v2: one numerical definition for the whole float32 forward of a Gemma 3 model.
+
+fma16 (fma16.py) fixes the order of the weight products. This module puts the rest of a forward on code
+whose bits do not depend on the CPU's vendor or vector width, so that the definition, not the machine,
+decides every byte:
+- attention (`attention`, registered with transformers as "kvgraft"): one fused C call per key/value head
+  (`kv_attention` in fma16.c, where its definition is written): Q.K^T and P.V in fma16's order (16 lanes
+  of fmaf along the reduced dimension, then the fixed tree), a softmax of scale, mask, max, kvgraft's own
+  exp, a sum in fma16's order and a division; the query heads of a group (GQA) share the keys' loads;
+- the rotary tables (`Rotary`): inverse frequencies correctly rounded to float32 from a 60-digit decimal
+  power, cos and sin by kvgraft's own double-precision code, rounded once (no matmul, no libm);
+- RMSNorm (`Norm`): the mean of squares as fma16's dot of the row with itself, then 1/sqrtf;
+- the tanh GELU (`Gelu`): in double with kvgraft's own exp, rounded once.
+What is left to ATen is elementwise float32 arithmetic (adds, products, negation, concatenation, the
+embedding lookup): one correctly rounded IEEE-754 operation per element on every CPU and vector width.
+
+It knows the module layout of transformers' Gemma 3 and nothing about artifacts or caches; another
+architecture is refused (`why_not`), and keeps torch's attention and its own record.
+"""
+
+from __future__ import annotations
+
+import decimal
+
+import numpy as np
+import torch
+
+from . import fma16
+
+VERSION = "kvgraft-f32-v2"  # the definition's name: change it when any order here or in fma16 (fma16.VERSION) changes
+NAME = "kvgraft"  # the attention implementation's name in transformers' registries
+
+
+def lib(isa: str | None = None):
+    """fma16's library (variant `isa`, default `fma16.variant()`): this module's entry points live in fma16.c
+    and are declared where the library is loaded (fma16.lib)."""
+    handle = fma16.lib(isa)
+    if handle is None:
+        raise RuntimeError(f"kvgraft's kernels are unavailable: {fma16.why_not() or 'fma16.c did not build'}")
+    return handle
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"kvgraft {what} failed ({rc})")
+
+
+def _ours(x: torch.Tensor) -> bool:
+    """Whether a call is the engine's: float32 on the CPU, no gradient wanted."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and not (torch.is_grad_enabled() and x.requires_grad)
+
+
+def expf(x: float) -> float:
+    """kvgraft's exp of one float32 (the softmax's), for tests."""
+    return lib().kv_expf(x)
+
+
+# ---- attention -------------------------------------------------------------------------------------
+
+
+def _mask_rows(mask: torch.Tensor | None, b: int, h: int, sq: int, sk: int):
+    """(keep, add) for batch row b and query head h (any head where the mask is shared): [sq, >= sk] rows
+    whose last dimension is contiguous, bool viewed as uint8 (no copy where it already is)."""
+    if mask is None:
+        if sq == 1:
+            return None, None
+        keep = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)  # causal, the last query sees every key
+        return keep.view(torch.uint8), None
+    m = mask[b if mask.shape[0] > 1 else 0]
+    m = m[h if m.shape[0] > 1 else 0][:, :sk]
+    if m.stride(-1) != 1 or (sq > 1 and m.stride(0) < sk):
+        m = m.contiguous()
+    if m.dtype == torch.bool:
+        return m.view(torch.uint8), None
+    return None, m if m.dtype == torch.float32 else m.to(torch.float32).contiguous()
+
+
+def attend(q, k, v, keep, add, scale: float, out, *, reference: bool = False, isa: str | None = None, _profiled: bool = False) -> None:
+    """One key/value head's attention (kv_attention in fma16.c): q [H, Sq, D] (any head and position
+    strides, D contiguous), k and v [Sk, D] (rows contiguous), `keep` uint8 or `add` float32 [Sq, >= Sk]
+    mask rows (or neither: every key), into out [H, Sq, D] (a strided view). `reference` computes it one
+    operation at a time (the definition; slow); `isa` names the build (default: fma16.variant())."""
+    h, sq, d = q.shape
+    sk = k.shape[0]
+    for t in (q, k, v, out):
+        assert t.dtype == torch.float32 and t.stride(-1) == 1, "kvgraft attention takes float32 rows with contiguous values"
+    mask = keep if keep is not None else add
+    if not _profiled and torch._C._autograd._profiler_enabled():  # a profiled run (bench.kernels) sees the call as one op
+        with torch.profiler.record_function("kvgraft::attention"):
+            return attend(q, k, v, keep, add, scale, out, reference=reference, isa=isa, _profiled=True)
+    rc = lib(isa).kv_attention(
+        q.data_ptr(), h, sq, d, q.stride(0), q.stride(1),
+        k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), sk,
+        keep.data_ptr() if keep is not None else None,
+        add.data_ptr() if add is not None else None,
+        mask.stride(0) if mask is not None else 0,
+        scale, out.data_ptr(), out.stride(0), out.stride(1), torch.get_num_threads(), int(reference),
+    )  # fmt: skip
+    _check(rc, "attention")
+
+
+def attention(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention contract (eager_attention_forward's): query [B, Hq, Sq, D], key and value
+    [B, Hkv, Sk, D], a boolean (True: attend) or additive mask [B or 1, 1 or Hq, Sq, >= Sk]; returns
+    ([B, Sq, Hq, D], None). One fused C call per key/value head over all of its query heads (GQA without
+    copies), per query head where the mask differs by head; the definition is kv_attention's (fma16.c)."""
+    if dropout:
+        raise ValueError("kvgraft attention is for inference: dropout must be 0")
+    if softcap is not None:
+        raise ValueError("kvgraft attention has no logit soft-capping (kvgraft-f32-v2 covers Gemma 3 without it)")
+    if not (_ours(query) and key.dtype == value.dtype == torch.float32):
+        raise TypeError(f"kvgraft attention takes float32 CPU tensors, got {query.dtype} on {query.device}")
+    b_n, hq, sq, d = query.shape
+    hkv, sk = key.shape[1], key.shape[2]
+    group = hq // hkv
+    scale = float(scaling if scaling is not None else d**-0.5)
+    isa = getattr(module, "kvgraft_isa", None)  # the build the model was loaded on (take_over), else the default
+    per_head_mask = attention_mask is not None and attention_mask.shape[1] > 1
+    out = torch.empty((b_n, sq, hq, d), dtype=torch.float32)
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    for b in range(b_n):
+        for g in range(hkv):
+            keys, values = key[b, g], value[b, g]
+            keys = keys if keys.stride(-1) == 1 else keys.contiguous()
+            values = values if values.stride(-1) == 1 else values.contiguous()
+            heads = [(h, 1) for h in range(g * group, (g + 1) * group)] if per_head_mask else [(g * group, group)]
+            for h0, n in heads:
+                keep, add = _mask_rows(attention_mask, b, h0, sq, sk)
+                attend(query[b, h0 : h0 + n], keys, values, keep, add, scale, out[b, :, h0 : h0 + n].transpose(0, 1), isa=isa)
+    return out, None
+
+
+def _mask(*args, **kwargs):
+    """transformers' boolean mask (True: attend), never skipped for a causal shortcut: the attention
+    above takes the mask it is given and nothing else."""
+    from transformers.masking_utils import sdpa_mask
+
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def register() -> None:
+    """Make "kvgraft" an attention implementation (and its mask) transformers' models can load with."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, _mask)
+
+
+# ---- rotary tables, norms, GELU ----------------------------------------------------------------------
+
+
+def _nearest_f32(d: decimal.Decimal) -> np.float32:
+    """The float32 nearest to the decimal `d` (compared exactly, no double rounding)."""
+    c = np.float32(float(d))
+    around = (np.nextafter(c, np.float32(-np.inf)), c, np.nextafter(c, np.float32(np.inf)))
+    return min(around, key=lambda f: abs(decimal.Decimal(float(f)) - d))
+
+
+def inverse_frequencies(base: float, dim: int) -> torch.Tensor:
+    """base^(-e_i), e_i = float32(2i) / float32(dim) as transformers forms it, each correctly rounded to
+    float32 from a 60-digit decimal power (pure software: the same digits on every machine)."""
+    ctx = decimal.Context(prec=60)
+    out = []
+    for i in range(0, dim, 2):
+        e = decimal.Decimal(float(np.float32(i) / np.float32(dim)))
+        out.append(_nearest_f32(ctx.power(decimal.Decimal(base), -e)))
+    return torch.tensor(np.array(out, dtype=np.float32))
+
+
+class Rotary:
+    """The forward of Gemma3RotaryEmbedding: (cos, sin) [B, S, D] for position_ids [B, S] and a layer type."""
+
+    def __init__(self, module, isa: str | None = None):
+        self.module = module
+        self.plain = module.forward
+        self.isa = isa
+        cfg = module.config
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.tables = {}
+        for kind in module.layer_types:
+            params = cfg.rope_parameters[kind]
+            self.tables[kind] = (
+                inverse_frequencies(float(params["rope_theta"]), dim),
+                float(getattr(module, f"{kind}_attention_scaling")),
+            )
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            return self.plain(x, position_ids, layer_type)
+        inv, scaling = self.tables[layer_type]
+        pos = position_ids.to(torch.int64).contiguous()
+        f = inv.numel()
+        cos = torch.empty((*pos.shape, 2 * f), dtype=torch.float32)
+        sin = torch.empty_like(cos)
+        _check(lib(self.isa).kv_rotary(pos.data_ptr(), pos.numel(), inv.data_ptr(), f, scaling, cos.data_ptr(), sin.data_ptr()), "rotary")
+        return cos, sin
+
+
+class Norm:
+    """The forward of Gemma3RMSNorm (y = x / rms(x) * (1 + w)) with kv_rmsnorm's order."""
+
+    def __init__(self, module, isa: str | None = None):
+        self.module = module
+        self.plain = module.forward
+        self.isa = isa  # the build the model was loaded on (None: fma16.variant())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.module.weight
+        if not _ours(x) or w.dtype != torch.float32:
+            return self.plain(x)
+        n = x.shape[-1]
+        flat = x.reshape(-1, n).contiguous()
+        y = torch.empty_like(flat)
+        weight = w.detach().contiguous()
+        rc = lib(self.isa).kv_rmsnorm(
+            flat.data_ptr(), flat.shape[0], n, weight.data_ptr(), float(self.module.eps), y.data_ptr(), torch.get_num_threads()
+        )
+        _check(rc, "RMSNorm")
+        return y.view(x.shape)
+
+
+class Gelu:
+    """The forward of transformers' GELUTanh (gelu_pytorch_tanh) with kv_gelu_tanh."""
+
+    def __init__(self, module, isa: str | None = None):
+        self.module = module
+        self.plain = module.forward
+        self.isa = isa  # the build the model was loaded on (None: fma16.variant())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not _ours(x):
+            return self.plain(x)
+        flat = x.contiguous()
+        y = torch.empty_like(flat)
+        _check(lib(self.isa).kv_gelu_tanh(flat.data_ptr(), flat.numel(), y.data_ptr(), torch.get_num_threads()), "GELU")
+        return y
+
+
+def why_not(config) -> str:
+    """ "" where a model with this (text) config can be computed under this definition, else why not."""
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if getattr(cfg, "model_type", "") not in ("gemma3_text", "gemma3"):
+        return f"{VERSION} covers Gemma 3 only, not {getattr(cfg, 'model_type', '?')}"
+    if getattr(cfg, "attn_logit_softcapping", None) is not None or getattr(cfg, "final_logit_softcapping", None) is not None:
+        return f"{VERSION} has no logit soft-capping"
+    if getattr(cfg, "hidden_activation", None) != "gelu_pytorch_tanh":
+        return f"{VERSION} has no {getattr(cfg, 'hidden_activation', None)} activation"
+    ropes = getattr(cfg, "rope_parameters", None) or {}
+    types = {kind: (p or {}).get("rope_type") for kind, p in ropes.items()} if isinstance(ropes, dict) else {}
+    if not types or any(t != "default" for t in types.values()):
+        return f"{VERSION} has only the default rotary embedding, not {types}"
+    return ""
+
+
+def take_over(model, isa: str | None = None) -> str:
+    """Route a loaded Gemma 3 model's rotary tables, RMSNorms and GELUs through this definition on fma16's
+    build `isa` (default `fma16.variant()`), and tell its attention modules that build (its attention is
+    chosen at load: attn_implementation=NAME, after `register()`); returns a line for the log."""
+    from transformers.activations import GELUTanh
+    from transformers.models.gemma3 import modeling_gemma3 as g3
+
+    why = why_not(model.config)
+    if why:
+        raise ValueError(why)
+    isa = fma16.variant(isa)
+    lib(isa)
+    counts = {"rotary": 0, "norms": 0, "gelu": 0}
+    for m in model.modules():
+        if isinstance(m, g3.Gemma3RotaryEmbedding):
+            m.forward, counts["rotary"] = Rotary(m, isa), counts["rotary"] + 1
+        elif isinstance(m, g3.Gemma3RMSNorm):
+            m.forward, counts["norms"] = Norm(m, isa), counts["norms"] + 1
+        elif isinstance(m, GELUTanh):
+            m.forward, counts["gelu"] = Gelu(m, isa), counts["gelu"] + 1
+        elif isinstance(m, g3.Gemma3Attention):
+            m.kvgraft_isa = isa
+    return f"{VERSION}: attention {model.config._attn_implementation}, " + ", ".join(f"{v} {k}" for k, v in counts.items())
