@@ -201,8 +201,10 @@ def table(rows: list[dict]) -> str:
             )
         if "cli" in r:
             c = r["cli"]
-            lines.append(f"| | kvgraft `cli.py ask` (native, new process) | | {c['ttft_grafted_cli_s']:.3f} | "
-                         f"{c['ttft_grafted_cli_s'] / p['ttft_restored_s']:.2f}x | | | | |")
+            lines.append(
+                f"| | kvgraft `cli.py ask` (native, new process) | | {c['ttft_grafted_cli_s']:.3f} | "
+                f"{c['ttft_grafted_cli_s'] / p['ttft_restored_s']:.2f}x | | | | |"
+            )
     return "\n".join(lines)
 
 

@@ -209,7 +209,28 @@ def lib(isa: str | None = None):
 def _declare_rest(handle) -> None:
     """The argument types of fma16.c's entry points for the rest of a forward (graft_core.numerics)."""
     i64, ptr, c_int, c_float = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    handle.kv_attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, i64, i64, ptr, ptr, i64, c_float, ptr, i64, i64, c_int, c_int]
+    handle.kv_attention.argtypes = [
+        ptr,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        ptr,
+        i64,
+        ptr,
+        i64,
+        i64,
+        ptr,
+        ptr,
+        i64,
+        c_float,
+        ptr,
+        i64,
+        i64,
+        c_int,
+        c_int,
+    ]
     handle.kv_rmsnorm.argtypes = [ptr, i64, i64, ptr, c_float, ptr, c_int]
     handle.kv_gelu_tanh.argtypes = [ptr, i64, ptr, c_int]
     handle.kv_rotary.argtypes = [ptr, i64, ptr, i64, c_float, ptr, ptr]

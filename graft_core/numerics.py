@@ -75,7 +75,9 @@ def _mask_rows(mask: torch.Tensor | None, b: int, h: int, sq: int, sk: int):
     return None, m if m.dtype == torch.float32 else m.to(torch.float32).contiguous()
 
 
-def attend(q, k, v, keep, add, scale: float, out, *, reference: bool = False, isa: str | None = None, _profiled: bool = False) -> None:
+def attend(
+    q, k, v, keep, add, scale: float, out, *, reference: bool = False, isa: str | None = None, _profiled: bool = False
+) -> None:
     """One key/value head's attention (kv_attention in fma16.c): q [H, Sq, D] (any head and position
     strides, D contiguous), k and v [Sk, D] (rows contiguous), `keep` uint8 or `add` float32 [Sq, >= Sk]
     mask rows (or neither: every key), into out [H, Sq, D] (a strided view). `reference` computes it one
@@ -205,7 +207,10 @@ class Rotary:
         f = inv.numel()
         cos = torch.empty((*pos.shape, 2 * f), dtype=torch.float32)
         sin = torch.empty_like(cos)
-        _check(lib(self.isa).kv_rotary(pos.data_ptr(), pos.numel(), inv.data_ptr(), f, scaling, cos.data_ptr(), sin.data_ptr()), "rotary")
+        _check(
+            lib(self.isa).kv_rotary(pos.data_ptr(), pos.numel(), inv.data_ptr(), f, scaling, cos.data_ptr(), sin.data_ptr()),
+            "rotary",
+        )
         return cos, sin
 
 
