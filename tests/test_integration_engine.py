@@ -45,8 +45,12 @@ def test_ten_samples_are_byte_equal(real_lm):
         results.append(c)
         assert c.exact, f"sample {i}: max |diff| {c.max_abs_diff}, KL {c.kl}"
         assert c.fresh_sha256 == c.grafted_sha256 and c.kl == 0.0 and c.argmax_agreement == 1.0
-    # the monolithic schedule is a different computation: reported, and not byte-equal here
-    assert results[0].monolithic_max_abs_diff is not None and results[0].monolithic_max_abs_diff > 0
+    # the monolithic schedule (everything in one forward) is reported beside: under the one definition every
+    # row's value is fixed whatever the chunks (kvgraft-f32-v2: each product and attention row in its own
+    # order), so it is byte-equal too; under MKL's class (KVGRAFT_LINEAR=torch) it differs
+    mono = results[0].monolithic_max_abs_diff
+    one_definition = dict(lm.config.numerics).get("numerics") == "kvgraft-f32-v2"
+    assert mono is not None and (mono == 0.0 if one_definition else mono > 0), (mono, dict(lm.config.numerics))
 
 
 def test_fictional_fact_is_recalled_only_with_its_graft(real_lm):
