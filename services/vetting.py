@@ -88,7 +88,7 @@ def _retokenise(lib: Library, aid: str, text: str, art: KVArtifact) -> None:
         )
 
 
-def _rebuild(lib: Library, aid: str, chain: list[KVArtifact]) -> KVArtifact:
+def _rebuild(lib: Library, chain: list[KVArtifact]) -> KVArtifact:
     """The artifact's own tokens prefilled here after its (already rebuilt) parent chain: this model's bytes
     under this machine's numerical definition, whatever the bundle held."""
     from graft_core.capture import capture
@@ -105,14 +105,10 @@ def _recompute(lib: Library, aid: str, chain: list[KVArtifact], bundled: bytes) 
     The parents are the bundle's own artifacts; each of them is recomputed in its turn, so a chain passes
     only if every link is what its tokens give on this machine."""
     from graft_core import codec
-    from graft_core.capture import capture
 
-    art = chain[-1]
-    with lib._lock:
-        rebuilt, _ = capture(lib.lm, art.token_ids.tolist(), parents=chain[:-1], text_sha256=art.text_sha256)
-    data = codec.dumps(rebuilt)
-    if data != bundled:
-        what = _first_difference(art, rebuilt)
+    rebuilt = _rebuild(lib, chain)
+    if codec.dumps(rebuilt) != bundled:
+        what = _first_difference(chain[-1], rebuilt)
         raise IntegrityError(
             f"artifact {aid}: recomputed here from its own tokens it is not the bundle's artifact ({what}); "
             "its KV state does not come from its tokens, nothing was imported"
@@ -183,7 +179,7 @@ def vet(
             chain = chains[a["id"]]
             _retokenise(lib, a["id"], srcs[a["id"]]["text"], chain[-1])
             if a["id"] in rebuild or parent_of[a["id"]] in made:
-                made[a["id"]] = _rebuild(lib, a["id"], [made.get(x.key, x) for x in chain])
+                made[a["id"]] = _rebuild(lib, [made.get(x.key, x) for x in chain])
             else:
                 _recompute(lib, a["id"], chain, _blob(blobs, a["content_sha256"]))
                 probes += 1
