@@ -15,10 +15,13 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from .layers import growing_cache
+
 
 def new_cache(model) -> DynamicCache:
-    """A fresh cache laid out for this model (sliding layers only when built with the config)."""
-    return DynamicCache(config=model.config)
+    """A fresh cache laid out for this model (sliding layers only when built with the config), whose layers
+    append in place (graft_core.layers.growing_cache)."""
+    return growing_cache(model.config)
 
 
 @torch.inference_mode()

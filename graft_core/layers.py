@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 
 @dataclass(frozen=True)
@@ -89,3 +90,112 @@ def state_digest(cache) -> str:
         for t in (k, v):
             h.update(memoryview(t.detach().contiguous().cpu().numpy()).cast("B"))
     return h.hexdigest()
+
+
+# ---- a cache that appends in place ---------------------------------------------------------------------
+
+
+def _headroom(rows: int) -> int:
+    """Rows a fresh buffer holds beyond `rows`: a quarter more, at least 256 (a regrowth copies the layer)."""
+    return max(256, rows // 4)
+
+
+class _Rows:
+    """A layer's key/value rows [B, H, start:end, D] in buffers this object allocated. Rows are only ever
+    written into these buffers, never into a tensor handed in from outside (an artifact's tensors, which a
+    restore puts in a cache without copying, are shared with the artifact)."""
+
+    def __init__(self):
+        self.k = self.v = None  # the buffers
+        self.start = self.end = 0
+        self.view = None  # the keys view last handed to the layer: anything else there is not ours
+
+    def append(self, keys, values, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[int, int]:
+        """Put the layer's current `keys`/`values` (when they are not already our view) and then the new rows
+        at the end of the buffers; returns (start, end) of every row held. Same rows, same order as
+        torch.cat([keys, k_new], dim=-2)."""
+        new = k_new.shape[-2]
+        if keys is None or keys is not self.view:  # fresh, restored or cropped: adopt by copying
+            held = 0 if keys is None or keys.dim() != k_new.dim() else keys.shape[-2]
+            self._allocate(k_new, held + new)
+            if held:
+                self.k[:, :, :held].copy_(keys)
+                self.v[:, :, :held].copy_(values)
+            self.start, self.end = 0, held
+        elif self.k.shape[-2] - self.end < new:
+            held = self.end - self.start
+            if held + new + _headroom(held + new) // 2 <= self.k.shape[-2]:  # room at the front (a sliding layer)
+                self.k[:, :, :held] = self.k[:, :, self.start : self.end].clone()
+                self.v[:, :, :held] = self.v[:, :, self.start : self.end].clone()
+            else:
+                old_k, old_v = self.k[:, :, self.start : self.end], self.v[:, :, self.start : self.end]
+                self._allocate(k_new, held + new)
+                self.k[:, :, :held].copy_(old_k)
+                self.v[:, :, :held].copy_(old_v)
+            self.start, self.end = 0, held
+        self.k[:, :, self.end : self.end + new].copy_(k_new)
+        self.v[:, :, self.end : self.end + new].copy_(v_new)
+        self.end += new
+        return self.start, self.end
+
+    def _allocate(self, like: torch.Tensor, rows: int) -> None:
+        b, h, _, d = like.shape
+        cap = rows + _headroom(rows)
+        self.k = torch.empty((b, h, cap, d), dtype=like.dtype, device=like.device)
+        self.v = torch.empty_like(self.k)
+
+    def rows(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of rows [start, end) of the buffers; the keys view becomes the one the layer holds."""
+        return self.k[:, :, start:end], self.v[:, :, start:end]
+
+
+class GrowingLayer(DynamicLayer):
+    """transformers' DynamicLayer with `update` appending into buffers with headroom instead of
+    concatenating into a fresh tensor: a decode step writes its one row instead of copying the layer.
+    `keys`/`values` hold the same rows in the same order (views), so every byte read from them is as before."""
+
+    def __init__(self):
+        super().__init__()
+        self._rows = _Rows()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self._rows.append(self.keys, self.values, key_states, value_states)
+        self.keys, self.values = self._rows.rows(start, end)
+        self._rows.view = self.keys
+        return self.keys, self.values
+
+
+class GrowingSlidingLayer(DynamicSlidingWindowLayer):
+    """DynamicSlidingWindowLayer appending in place: returns every row held plus the new ones (the window
+    the step attends over), then holds the last `sliding_window - 1`; rows slide to the buffers' front when
+    their end is reached (one copy of at most a window every few hundred steps)."""
+
+    def __init__(self, sliding_window: int, **kwargs):
+        super().__init__(sliding_window=sliding_window, **kwargs)
+        self._rows = _Rows()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.record_past:  # transformers' assisted decoding: its own bookkeeping
+            return super().update(key_states, value_states, *args, **kwargs)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.cumulative_length += key_states.shape[-2]
+        start, end = self._rows.append(self.keys, self.values, key_states, value_states)
+        full = self._rows.rows(start, end)
+        keep = max(start, end - self.sliding_window + 1)
+        self._rows.start = keep
+        self.keys, self.values = self._rows.rows(keep, end)
+        self._rows.view = self.keys
+        return full
+
+
+def growing_cache(config) -> DynamicCache:
+    """A DynamicCache for `config` whose layers append in place (GrowingLayer, GrowingSlidingLayer)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [
+        GrowingSlidingLayer(sliding_window=layer.sliding_window) if is_sliding(layer) else GrowingLayer()
+        for layer in cache.layers
+    ]
+    return cache

@@ -320,6 +320,42 @@ def test_layer_adapter_round_trips_every_layer_kind(tiny_gemma):
         assert torch.equal(b.keys, want.keys) and torch.equal(b.values, want.values) and b.seen == a.seen
 
 
+@pytest.mark.parametrize("window", [4, 40])
+def test_growing_cache_serves_the_rows_transformers_cache_serves(tiny_dirs, tmp_path, window):
+    """A prefill, a restore and hundreds of one-token steps (past several regrowths of the full layers and
+    slides of the sliding ones): every logits row and every layer's held rows equal, byte for byte, those of
+    transformers' own DynamicCache (torch.cat per step); a restored artifact's tensors are never written."""
+    from transformers import DynamicCache
+
+    from graft_core import layers, model, tiny
+    from graft_core.forward import forward_chunk, new_cache
+
+    lm = model.load(str(tiny.build("gemma3", tmp_path / "m", window=window)))
+    toks = ids(lm, TEXT)
+    ours, theirs = new_cache(lm.model), DynamicCache(config=lm.model.config)
+    assert all(type(layer).__name__.startswith("Growing") for layer in ours.layers)
+    first = forward_chunk(lm.model, theirs, toks, 0)
+    assert torch.equal(forward_chunk(lm.model, ours, toks, 0), first)
+    states = layers.export_cache(ours, 0, len(toks))
+    before = [(s.keys.clone(), s.values.clone()) for s in states]
+    restored = new_cache(lm.model)
+    layers.import_cache(restored, states)  # the states' tensors go in as they are (no copy)
+    row_o = row_t = row_r = first[-1]
+    pos = len(toks)
+    for step in range(700):
+        tok = int(row_t.argmax()) if step % 3 else (step * 7919) % lm.info.vocab_size
+        row_t = forward_chunk(lm.model, theirs, [tok], pos)[-1]
+        row_o = forward_chunk(lm.model, ours, [tok], pos)[-1]
+        row_r = forward_chunk(lm.model, restored, [tok], pos)[-1]
+        assert torch.equal(row_o, row_t) and torch.equal(row_r, row_t), f"step {step}: {(row_o - row_t).abs().max()}"
+        pos += 1
+    for a, b, c in zip(ours.layers, theirs.layers, restored.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) and torch.equal(c.keys, b.keys)
+        assert a.get_seq_length() == b.get_seq_length()
+    assert all(torch.equal(s.keys, k) and torch.equal(s.values, v) for s, (k, v) in zip(states, before))
+    assert layers.state_digest(ours) == layers.state_digest(theirs)
+
+
 def test_the_record_names_the_definition_and_torch_kernels_their_path(tiny_dirs, tiny_gemma):
     """Under kvgraft-f32-v2 the record is the definition's name and nothing about the machine: a process
     with ATen pinned to its DEFAULT kernels (other vectorised code, measured equal bits: docs/DETERMINISM.md)
