@@ -184,6 +184,8 @@ class Batcher:
         """Each session's logits row [vocab] for its token at its position; every cache gains the token."""
         from .forward import forward_chunk
 
+        if self.fma16 and torch.get_num_threads() == self.threads:  # alone too: the lean pass (no masks, no modules' glue)
+            return [row for i in range(0, len(sessions), self.most) for row in self._step(sessions[i : i + self.most])]
         if len(sessions) <= 1 or not self.widths or torch.get_num_threads() != self.threads:
             return [forward_chunk(self.model, s.cache, [s.token], s.pos)[-1] for s in sessions]
         rows: list[torch.Tensor] = []
@@ -298,8 +300,13 @@ class Batcher:
             ids_t = torch.tensor([list(ids)], dtype=torch.long)
             pos = torch.arange(start, start + len(ids), dtype=torch.long).unsqueeze(0)
             emb = m.embed_tokens(ids_t)
-            kw = {"config": cfg, "inputs_embeds": emb, "attention_mask": None, "cache": cache, "position_ids": pos}
-            masks = {"full_attention": create_causal_mask(**kw), "sliding_attention": create_sliding_window_causal_mask(**kw)}
+            masks = None  # a one-token step sees every key its layers return (causal: all before it; sliding: the window)
+            if len(ids) > 1:
+                kw = {"config": cfg, "inputs_embeds": emb, "attention_mask": None, "cache": cache, "position_ids": pos}
+                masks = {
+                    "full_attention": create_causal_mask(**kw),
+                    "sliding_attention": create_sliding_window_causal_mask(**kw),
+                }
             rope = {t: m.rotary_emb(emb, pos, t) for t in set(cfg.layer_types)}
             per.append((cache, pos, masks, rope))
             embs.append(emb)
@@ -352,7 +359,7 @@ class Batcher:
                 q[:, :, a:e],
                 ks,
                 vs,
-                masks[kind],
+                None if masks is None else masks[kind],
                 dropout=0.0,
                 scaling=attn.scaling,
                 sliding_window=attn.sliding_window,
