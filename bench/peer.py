@@ -49,6 +49,8 @@ QUESTION = "Who was the harbour master of Quenmora?"
 DEFAULT_PEER_PYTHON = str(settings.get("KVGRAFT_PEER_PYTHON"))
 DEFAULT_GGUF = str(settings.get("KVGRAFT_PEER_GGUF"))
 ANSWER_TOKENS = 32  # the grafted answer's length, both engines: greedy, no stop rule
+LENGTHS = (32, 128)  # whole answers measured (restore + question + N greedy steps), both engines
+PARALLEL = (1, 4, 8)  # answers at once: kvgraft's batched passes, llama.cpp's sequences in one batch
 
 
 def peer_available(python: str) -> str | None:
@@ -70,7 +72,7 @@ def gguf_file(path: str) -> Path:
 
 def run_peer(python: str, gguf: Path, prefix: Path, repeats: int) -> dict:
     cmd = [python, str(PEER / "llama_restore.py"), str(gguf), str(prefix), QUESTION, "--threads", "2"]
-    cmd += ["--answer-tokens", str(ANSWER_TOKENS)]
+    cmd += ["--answer-tokens", ",".join(str(n) for n in LENGTHS), "--parallel", ",".join(str(p) for p in PARALLEL)]
     r = subprocess.run([*cmd, "--repeats", str(repeats)], capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -81,7 +83,9 @@ def wait_until_settled(lib, content_sha256: str) -> None:
     time.sleep(lib.blob_trusted_after_s(content_sha256) + 0.1)
 
 
-def run_kvgraft(lib, text: str, repeats: int, fresh_ttft: bool = True, answer_repeats: int | None = None) -> dict:
+def run_kvgraft(
+    lib, text: str, repeats: int, fresh_ttft: bool = True, answer_repeats: int | None = None, answers: bool = False
+) -> dict:
     """Deposit `text` (free text; an existing artifact costs nothing), then fresh TTFT (if asked), warm
     grafted TTFT, a 32-token grafted answer and the byte-equality check."""
     import torch
@@ -114,6 +118,8 @@ def run_kvgraft(lib, text: str, repeats: int, fresh_ttft: bool = True, answer_re
         out = prompt_and_decode(lm.model, restore(lm, arts), q, arts[-1].end, ANSWER_TOKENS)
         answers.append(time.perf_counter() - t)
         answer_tokens.add(tuple(out.token_ids))
+    whole = answers_alone(lm, lib, d.id, q, repeats) if answers else None
+    together = answers_together(lm, lib, d.id, q, repeats) if answers else None
     # the full check recomputes the prefix: only where a fresh prefill is measured (the portable build's takes
     # minutes; its served logits are compared with the other builds' instead)
     checked = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, check=True, record=False) if fresh_ttft else None
@@ -135,10 +141,84 @@ def run_kvgraft(lib, text: str, repeats: int, fresh_ttft: bool = True, answer_re
         "state_bytes": lib.blob_file(d.content_sha256).stat().st_size,
         "logits_byte_equal": None if checked is None else bool(checked.check and checked.check.exact),
         "state_proof_passed": all(proofs),
+        "answers": whole,
+        "parallel": together,
     }
 
 
-def run_variant(home: Path, isa: str, prefix: Path, repeats: int, fresh_ttft: bool, answer_repeats: int | None) -> dict:
+def answers_alone(lm, lib, artifact_id: str, q: list[int], repeats: int) -> dict:
+    """Per N in LENGTHS: restore + question + N greedy steps (no stop rule) in this warm process, the way an
+    answer decodes alone; median seconds, the decode rate (the N - 1 tokens after the first over their
+    seconds) and the tokens."""
+    from graft_core.forward import prompt_and_decode
+    from graft_core.graft import restore
+
+    out = {}
+    for n in LENGTHS:
+        whole, steps, tokens = [], [], set()
+        for _ in range(repeats):
+            t = time.perf_counter()
+            arts, _ = lib.load_chain(artifact_id)
+            dec = prompt_and_decode(lm.model, restore(lm, arts), q, arts[-1].end, n)
+            done = time.perf_counter()
+            whole.append(done - t)
+            steps.append(dec.total_s - dec.first_token_s)
+            tokens.add(tuple(dec.token_ids))
+        out[str(n)] = {
+            "answer_s": statistics.median(whole),
+            "decode_tokens_per_s": (n - 1) / statistics.median(steps),
+            "token_ids": [list(t) for t in sorted(tokens)],
+        }
+    return out
+
+
+def answers_together(lm, lib, artifact_id: str, q: list[int], repeats: int) -> dict:
+    """Per S in PARALLEL and N in LENGTHS: S answers at once from the same artifact through the engine's batched
+    passes (graft_core.batch.Batcher: each restores, the S questions in one prefill pass, then one pass of S
+    steps per token), as concurrent answers decode in the app; whole and decode seconds (medians), the aggregate
+    decode tokens/s S (N - 1) / decode seconds, and whether every answer equals the same answer alone."""
+    import torch
+
+    from graft_core.batch import Batcher, Session
+    from graft_core.graft import restore
+
+    batcher = Batcher(lm.model)
+    out = {}
+    with torch.inference_mode():
+        for s in PARALLEL:
+            for n in LENGTHS:
+                runs, ids = [], []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    caches = []
+                    for _ in range(s):
+                        arts, _ = lib.load_chain(artifact_id)
+                        caches.append(restore(lm, arts))
+                    start = arts[-1].end
+                    rows = batcher.prefill([(c, q, start) for c in caches])
+                    ids = [[int(torch.argmax(r))] for r in rows]
+                    t1 = time.perf_counter()
+                    for step in range(n - 1):
+                        rows = batcher.step([Session(c, t[-1], start + len(q) + step) for c, t in zip(caches, ids)])
+                        for t, r in zip(ids, rows):
+                            t.append(int(torch.argmax(r)))
+                    runs.append((time.perf_counter() - t0, time.perf_counter() - t1))
+                dec = statistics.median(r[1] for r in runs)
+                out[f"{s}x{n}"] = {
+                    "sequences": s,
+                    "tokens": n,
+                    "whole_s": statistics.median(r[0] for r in runs),
+                    "decode_s": dec,
+                    "aggregate_decode_tokens_per_s": s * (n - 1) / dec,
+                    "same_tokens_every_sequence": all(i == ids[0] for i in ids),
+                    "token_ids": ids[0],
+                }
+    return out
+
+
+def run_variant(
+    home: Path, isa: str, prefix: Path, repeats: int, fresh_ttft: bool, answer_repeats: int | None, answers: bool = False
+) -> dict:
     """`run_kvgraft` in a process of its own under KVGRAFT_ISA=`isa` ("native": unset), on the store `home`."""
     env = dict(os.environ)
     env.pop("KVGRAFT_ISA", None)
@@ -147,6 +227,7 @@ def run_variant(home: Path, isa: str, prefix: Path, repeats: int, fresh_ttft: bo
     cmd = [sys.executable, "-m", "bench.peer", "--child", str(home), "--child-prefix", str(prefix), "--repeats", str(repeats)]
     cmd += [] if fresh_ttft else ["--no-fresh"]
     cmd += [] if answer_repeats is None else ["--answer-repeats", str(answer_repeats)]
+    cmd += ["--answers"] if answers else []
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"bench.peer under KVGRAFT_ISA={isa} failed ({r.returncode}): {r.stderr.strip()[-600:]}")
@@ -208,6 +289,37 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def answer_table(rows: list[dict]) -> str:
+    """The whole answer, alone and at once: llama.cpp against kvgraft's native build, per prefix."""
+    lines = [
+        "| prefix tokens | answer | llama.cpp (s) | kvgraft (s) | kvgraft / llama.cpp time | decode tok/s llama.cpp | "
+        "decode tok/s kvgraft | kvgraft / llama.cpp rate |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        p, k = r["llama_cpp"], r["kvgraft"][0]
+        for n in LENGTHS:
+            if f"answer_{n}_restored_s" not in p or not k.get("answers"):
+                continue
+            ours, theirs = k["answers"][str(n)], (p[f"answer_{n}_restored_s"], p[f"decode_{n}_tokens_per_s"])
+            lines.append(
+                f"| {p['prefix_tokens']:,} | {n} tokens alone | {theirs[0]:.3f} | {ours['answer_s']:.3f} | "
+                f"{ours['answer_s'] / theirs[0]:.2f}x | {theirs[1]:.1f} | {ours['decode_tokens_per_s']:.1f} | "
+                f"{ours['decode_tokens_per_s'] / theirs[1]:.2f}x |"
+            )
+        for key, ours in (k.get("parallel") or {}).items():
+            theirs = p.get(f"parallel_{key}")
+            if theirs is None:
+                continue
+            lines.append(
+                f"| {p['prefix_tokens']:,} | {ours['sequences']} x {ours['tokens']} tokens at once | {theirs['whole_s']:.3f} | "
+                f"{ours['whole_s']:.3f} | {ours['whole_s'] / theirs['whole_s']:.2f}x | "
+                f"{theirs['aggregate_decode_tokens_per_s']:.1f} | {ours['aggregate_decode_tokens_per_s']:.1f} | "
+                f"{ours['aggregate_decode_tokens_per_s'] / theirs['aggregate_decode_tokens_per_s']:.2f}x |"
+            )
+    return "\n".join(lines)
+
+
 def child(args) -> None:
     """One build's measurements on an existing store (run_variant's process): one JSON line."""
     import services
@@ -215,7 +327,7 @@ def child(args) -> None:
 
     lib = services.Library(home=Path(args.child), embedder=HashEmbedder())
     text = Path(args.child_prefix).read_text(encoding="utf-8")
-    print(json.dumps(run_kvgraft(lib, text, args.repeats, not args.no_fresh, args.answer_repeats)), flush=True)
+    print(json.dumps(run_kvgraft(lib, text, args.repeats, not args.no_fresh, args.answer_repeats, args.answers)), flush=True)
 
 
 def main() -> None:
@@ -233,6 +345,7 @@ def main() -> None:
     ap.add_argument("--child-prefix", help=argparse.SUPPRESS)
     ap.add_argument("--no-fresh", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--answer-repeats", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--answers", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.child:
@@ -258,7 +371,8 @@ def main() -> None:
             print("llama.cpp", json.dumps(peer), flush=True)
             row = {"prefix_file": prefix.name, "load_avg_before": load, "llama_cpp": peer, "kvgraft": []}
             for isa in isas:  # the first deposits; the others serve its artifact as it is
-                ours = run_variant(Path(tmp), isa, prefix, args.repeats, isa in fresh_isas, 1 if isa in slow else None)
+                first = not row["kvgraft"]  # the native build measures whole answers and answers at once too
+                ours = run_variant(Path(tmp), isa, prefix, args.repeats, isa in fresh_isas, 1 if isa in slow else None, first)
                 print(f"kvgraft ({isa})", json.dumps(ours), flush=True)
                 row["kvgraft"].append(ours)
             if not args.no_cli:
@@ -284,6 +398,7 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print("\n" + table(rows))
+    print("\n" + answer_table(rows))
 
 
 if __name__ == "__main__":

@@ -113,6 +113,17 @@ def _fma16_products(model) -> dict:
     return ops if all(ops.values()) else {}
 
 
+def lean(model) -> Batcher | None:
+    """The model's Batcher where its passes are the lean path (fma16 computes every product: a prompt or a
+    step alone goes through `_pass`, the rows `forward_chunk` gives), else None. Built once per model."""
+    found = model.__dict__.get("_kvgraft_lean", False)
+    if found is False:
+        built = Batcher(model)
+        found = built if built.fma16 else None
+        model.__dict__["_kvgraft_lean"] = found
+    return found
+
+
 @dataclass
 class Session:
     """One session's next decode step: its cache (mutated), the token to feed and its position."""
@@ -205,10 +216,10 @@ class Batcher:
 
         rows: list = [None] * len(prompts)
         group: list[int] = []
-        together = len(prompts) > 1 and bool(self.stack_sizes) and torch.get_num_threads() == self.threads
+        together = (len(prompts) > 1 or bool(self.fma16)) and bool(self.stack_sizes) and torch.get_num_threads() == self.threads
 
         def flush() -> None:
-            if len(group) == 1:
+            if len(group) == 1 and not self.fma16:
                 cache, ids, start = prompts[group[0]]
                 rows[group[0]] = forward_chunk(self.model, cache, list(ids), start)[-1]
             elif group:

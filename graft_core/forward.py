@@ -56,6 +56,27 @@ def _greedy(row: torch.Tensor) -> int:
     return int(torch.argmax(row).item())
 
 
+def step_alone(model) -> Callable[[DynamicCache, int, int], torch.Tensor]:
+    """One session's step: the lean pass where the model has one (graft_core.batch.lean), else `forward_chunk`."""
+    from .batch import Session, lean
+
+    b = lean(model)
+    if b is None:
+        return lambda cache, tok, pos: forward_chunk(model, cache, [tok], pos)[-1]
+    return lambda cache, tok, pos: b.step([Session(cache, tok, pos)])[0]
+
+
+def prefill_alone(model, cache: DynamicCache, ids: list[int], start: int) -> torch.Tensor:
+    """The last logits row of `ids` at `start` on `cache` (mutated): the lean pass where the model has one,
+    else `forward_chunk` (the same row). Shape [1, vocab]."""
+    from .batch import lean
+
+    b = lean(model)
+    if b is None:
+        return forward_chunk(model, cache, ids, start)
+    return b.prefill([(cache, list(ids), start)])[0].unsqueeze(0)
+
+
 @torch.inference_mode()
 def decode(
     model,
@@ -72,8 +93,10 @@ def decode(
     """The one decode loop: from the logits `row` of the token before `pos`, choose a token, feed it at
     `pos`, repeat, until EOS, the stop rule or `max_new_tokens`. Returns (tokens, "eos" | "stop" | "length").
     `on_step(token, row)` sees each token with the row that chose it. Greedy and sampled decoding differ
-    only in `choose`. `step(cache, token, pos)` computes a step's row (default: `forward_chunk` alone;
+    only in `choose`. `step(cache, token, pos)` computes a step's row (default: the lean pass alone;
     graft_core.batch.StepGroup.step takes it together with other sessions' steps, same bytes)."""
+    if step is None:
+        step = step_alone(model)
     generated: list[int] = []
     while len(generated) < max_new_tokens:
         tok = choose(row)
@@ -86,7 +109,7 @@ def decode(
             return generated, "stop"
         if len(generated) == max_new_tokens:
             break
-        row = forward_chunk(model, cache, [tok], pos)[-1] if step is None else step(cache, tok, pos)
+        row = step(cache, tok, pos)
         pos += 1
     return generated, "length"
 
@@ -109,8 +132,10 @@ def prompt_and_decode(
     and the steps together with other answers' prompts and steps, which gives the same rows."""
     assert prompt_ids, "the prompt chunk must hold at least one token"
     t0 = time.perf_counter()
-    if steps is None or keep_prompt_rows:
-        logits = forward_chunk(model, cache, prompt_ids, start, all_logits=keep_prompt_rows)
+    if keep_prompt_rows:
+        logits = forward_chunk(model, cache, prompt_ids, start, all_logits=True)
+    elif steps is None:
+        logits = prefill_alone(model, cache, prompt_ids, start)
     else:  # with other answers' prompts where it can (same row)
         logits = steps.prefill(cache, prompt_ids, start).unsqueeze(0)
     prompt_s = time.perf_counter() - t0

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from .forward import decode, forward_chunk
+from .forward import decode, prefill_alone
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def prompt_and_sample(
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int(seed))
     t0 = time.perf_counter()
-    row = forward_chunk(model, cache, prompt_ids, start)[-1] if steps is None else steps.prefill(cache, prompt_ids, start)
+    row = prefill_alone(model, cache, prompt_ids, start)[-1] if steps is None else steps.prefill(cache, prompt_ids, start)
     with nullcontext() if steps is None else steps.session() as step:
         generated, stopped = decode(
             model,

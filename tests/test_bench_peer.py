@@ -38,3 +38,21 @@ def test_kvgraft_side_serves_byte_equal_with_the_probe_proof(kvgraft_home, tiny_
     assert row["prefix_tokens"] == len(tiny_gemma.tokenizer(text.rstrip("\n") + "\n")["input_ids"])
     assert row["state_bytes"] == lib._blobs.path(lib._catalog.get(row["artifact_id"]).content_sha256).stat().st_size
     assert 0 < row["ttft_grafted_warm_s"] and 0 < row["ttft_fresh_s"]
+
+
+def test_answers_at_once_are_the_answer_alone(kvgraft_home, tiny_gemma, monkeypatch):
+    """The whole-answer measurements: each of the S answers decoded together (batched passes) is, token for
+    token, the answer decoded alone, and the rates are what the seconds say."""
+    monkeypatch.setattr(peer, "LENGTHS", (3, 9))
+    monkeypatch.setattr(peer, "PARALLEL", (1, 3))
+    lib = make_lib(kvgraft_home, tiny_gemma)
+    text = (peer.PEER / "prefix_2048.txt").read_text(encoding="utf-8")[:300]
+    row = peer.run_kvgraft(lib, text, repeats=1, fresh_ttft=False, answers=True)
+    for n in (3, 9):
+        alone = row["answers"][str(n)]
+        assert len(alone["token_ids"]) == 1 and len(alone["token_ids"][0]) == n
+        for s in (1, 3):
+            together = row["parallel"][f"{s}x{n}"]
+            assert together["same_tokens_every_sequence"] and together["token_ids"] == alone["token_ids"][0]
+            assert together["aggregate_decode_tokens_per_s"] == s * (n - 1) / together["decode_s"]
+    assert "decode" in peer.answer_table([{"llama_cpp": {"prefix_tokens": 1}, "kvgraft": [row]}])
