@@ -1091,6 +1091,79 @@ static void attend_block(const float *q, int64_t H, int64_t i0, int64_t n, int64
         }
     }
 }
+
+/* One query position (sq == 1, a decode step) of H heads over many keys, split over `threads` where
+   kv_attention's blocks of positions would give one thread all of it: the dot products by tiles of keys,
+   each head's softmax, then P.V by chunks of 16 values. Every t[j] and every y[h][d] is computed by one
+   thread with the operations attend_block uses (the same QK and PV tiles), so the bytes are the same; only
+   which thread computes which is different. Returns -2 when scratch memory is unavailable. */
+static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, const float *k, int64_t k_ss,
+                         const float *v, int64_t v_ss, int64_t sk, const uint8_t *keep, const float *add, float scale,
+                         float *y, int64_t y_hs, int threads) {
+    int64_t f, l;
+    if (!kept_range(keep, sk, &f, &l)) {
+        for (int64_t h = 0; h < H; h++) memset(y + h * y_hs, 0, (size_t)D * 4);
+        return 0;
+    }
+    const int64_t lo = f / 16 * 16, hi = l + 1;
+    float *t = malloc((size_t)H * (size_t)sk * 4);
+    if (!t) return -2;
+    const float *qr[64];
+    float *tr[64], *yr[64];
+    const float *pr[64];
+    int live[64];
+    for (int64_t h = 0; h < H; h++) {
+        qr[h] = q + h * q_hs;
+        tr[h] = t + h * sk;
+        yr[h] = y + h * y_hs;
+    }
+    const int64_t tile = 64; /* keys per share of the dot products (a multiple of QK_C) */
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t j0 = lo; j0 < hi; j0 += tile) {
+        const int64_t j1 = j0 + tile < hi ? j0 + tile : hi;
+        for (int64_t j = j0; j < j1;) {
+            const int wide = j1 - j >= QK_C;
+            for (int64_t rr = 0; rr < H; rr += QK_R) {
+                const int64_t R = H - rr < QK_R ? H - rr : QK_R;
+                (wide ? QK_WIDE : QK_ONE)[R](qr + rr, k + j * k_ss, k_ss, D, tr + rr, j);
+            }
+            j += wide ? QK_C : 1;
+        }
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t h = 0; h < H; h++) live[h] = softmax_range(tr[h], add, keep, lo, hi, scale);
+    int64_t n = 0;
+    for (int64_t h = 0; h < H; h++) {
+        if (live[h]) {
+            pr[n] = tr[h];
+            yr[n++] = y + h * y_hs;
+        } else {
+            memset(y + h * y_hs, 0, (size_t)D * 4);
+        }
+    }
+    const int64_t wide = D / (16 * PV_C), chunks = wide + (D - wide * 16 * PV_C) / 16;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *lanes = aligned_alloc(64, 16 * 4 * 4 * 16 * 4);
+        if (!lanes) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < chunks; c++) {
+            if (!lanes) continue;
+            const int64_t d0 = c < wide ? c * 16 * PV_C : wide * 16 * PV_C + (c - wide) * 16;
+            for (int64_t h = 0; h < n; h += PV_H) {
+                const int64_t Hh = n - h < PV_H ? n - h : PV_H;
+                (c < wide ? PV_WIDE : PV_ONE)[Hh](pr + h, v, v_ss, lo, hi, d0, lanes, yr + h);
+            }
+        }
+        free(lanes);
+    }
+    free(t);
+    return failed ? -2 : 0;
+}
 #endif
 
 /* Attention of H query heads that share one key/value head: q row (h, i) at q + h q_hs + i q_ss (D values,
@@ -1108,6 +1181,10 @@ int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs,
 #else
     const int vector = 0;
     (void)reference;
+#endif
+#ifdef FMA16_VECTOR
+    if (vector && sq == 1 && threads > 1 && (double)sk * (double)(D * H) >= 16.0 * SPLIT_MIN) /* 512 keys of 4 x 256 */
+        return attend_single(q, H, D, q_hs, k, k_ss, v, v_ss, sk, keep, add, scale, y, y_hs, threads);
 #endif
     const int64_t blocks = (sq + ATT_PB - 1) / ATT_PB;
     int failed = 0;
@@ -1140,4 +1217,91 @@ int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs,
         free(lanes);
     }
     return failed ? -2 : 0;
+}
+
+/* ---- a decode step's layers in one call (graft_core/step.py) -----------------------------------------
+
+   The layers of a Gemma 3 decoder for S sessions' one-token rows, each operation the one the model's
+   modules run one call at a time (graft_core.batch.Batcher._pass, itself checked against transformers'
+   forward): kv_rmsnorm, kv_linear, the rotary embedding as ATen computes q * cos + rotate_half(q) * sin
+   (rotate_half(q) = cat(-q2, q1); three float32 operations per element), kv_attention over the session's
+   cached rows and the new one, GELU(gate) * up, and the residual adds. Nothing is reordered or fused, so
+   the rows are the same bytes; what goes is the Python between the calls. The caches are the caller's
+   buffers (graft_core.layers._Rows): the new key/value row is written at `end` and attended with rows
+   [start, end]; the caller made room for it and moves its bookkeeping after. */
+
+typedef struct {
+    const uint8_t *w[7]; /* q, k, v, o, gate, up, down: rows in their formats */
+    int32_t fmt[7];
+    int64_t n[7], k[7];
+    const float *norm[6]; /* input, q, k, post-attention, pre-feedforward, post-feedforward */
+    float eps, scale;
+    int64_t heads, kv_heads, head_dim, hidden, inter;
+} kv_layer;
+
+int kv_layer_size(void) { return (int)sizeof(kv_layer); }
+
+/* out[i] = a[i] * c[i] + rot(a)[i] * s[i] over one head row of D (D even), rot(a) = cat(-a[D/2:], a[:D/2]). */
+static void rotate_row(const float *a, const float *c, const float *s, int64_t D, float *out) {
+    const int64_t h = D / 2;
+    for (int64_t d = 0; d < h; d++) out[d] = a[d] * c[d] + (-a[d + h]) * s[d];
+    for (int64_t d = h; d < D; d++) out[d] = a[d] * c[d] + a[d - h] * s[d];
+}
+
+int kv_decode_layers(const kv_layer *layers, int64_t L, int64_t S, float *x, float *const *kbuf, float *const *vbuf,
+                     const int64_t *cap, const int64_t *start, const int64_t *end, const float *const *cos,
+                     const float *const *sin, int threads) {
+    if (L <= 0 || S <= 0) return -1;
+    int64_t most = 0;
+    for (int64_t l = 0; l < L; l++) {
+        const kv_layer *y = &layers[l];
+        const int64_t sizes[6] = {y->hidden, y->heads * y->head_dim, y->kv_heads * y->head_dim, y->inter, 0, 0};
+        for (int i = 0; i < 4; i++) most = sizes[i] > most ? sizes[i] : most;
+        if (y->head_dim % 2 || y->kv_heads <= 0 || y->heads % y->kv_heads) return -1;
+    }
+    /* scratch: h, q, q', k, k', v, att, o (hidden or heads), gate, up */
+    float *buf = malloc((size_t)S * (size_t)most * 10 * 4);
+    if (!buf) return -2;
+    float *h = buf, *q = h + S * most, *qr = q + S * most, *kk = qr + S * most, *kr = kk + S * most,
+          *vv = kr + S * most, *att = vv + S * most, *o = att + S * most, *g = o + S * most, *u = g + S * most;
+    int rc = 0;
+    for (int64_t l = 0; l < L && !rc; l++) {
+        const kv_layer *y = &layers[l];
+        const int64_t E = y->hidden, D = y->head_dim, H = y->heads, G = y->kv_heads, QD = H * D, KD = G * D, I = y->inter;
+        rc |= kv_rmsnorm(x, S, E, y->norm[0], y->eps, h, threads);
+        rc |= kv_linear(h, S, E, E, y->w[0], y->fmt[0], QD, q, QD, threads);
+        rc |= kv_linear(h, S, E, E, y->w[1], y->fmt[1], KD, kk, KD, threads);
+        rc |= kv_linear(h, S, E, E, y->w[2], y->fmt[2], KD, vv, KD, threads);
+        rc |= kv_rmsnorm(q, S * H, D, y->norm[1], y->eps, qr, threads);
+        rc |= kv_rmsnorm(kk, S * G, D, y->norm[2], y->eps, kr, threads);
+        for (int64_t s = 0; s < S && !rc; s++) {
+            const int64_t c = l * S + s, row = end[c];
+            if (row >= cap[c]) { rc = -3; break; }
+            const float *cs = cos[c], *sn = sin[c];
+            for (int64_t hh = 0; hh < H; hh++) rotate_row(qr + s * QD + hh * D, cs, sn, D, q + s * QD + hh * D);
+            for (int64_t gg = 0; gg < G; gg++) {
+                float *kdst = kbuf[c] + (gg * cap[c] + row) * D, *vdst = vbuf[c] + (gg * cap[c] + row) * D;
+                rotate_row(kr + s * KD + gg * D, cs, sn, D, kdst);
+                memcpy(vdst, vv + s * KD + gg * D, (size_t)D * 4);
+            }
+            const int64_t group = H / G, sk = row + 1 - start[c];
+            for (int64_t gg = 0; gg < G && !rc; gg++)
+                rc |= kv_attention(q + s * QD + gg * group * D, group, 1, D, D, QD, kbuf[c] + (gg * cap[c] + start[c]) * D, D,
+                                   vbuf[c] + (gg * cap[c] + start[c]) * D, D, sk, 0, 0, 0, y->scale, att + s * QD + gg * group * D,
+                                   D, QD, threads, 0);
+        }
+        rc |= kv_linear(att, S, QD, QD, y->w[3], y->fmt[3], E, o, E, threads);
+        rc |= kv_rmsnorm(o, S, E, y->norm[3], y->eps, h, threads);
+        for (int64_t i = 0; i < S * E; i++) x[i] = x[i] + h[i];
+        rc |= kv_rmsnorm(x, S, E, y->norm[4], y->eps, h, threads);
+        rc |= kv_linear(h, S, E, E, y->w[5], y->fmt[5], I, u, I, threads);
+        rc |= kv_linear(h, S, E, E, y->w[4], y->fmt[4], I, g, I, threads);
+        rc |= kv_gelu_tanh(g, S * I, g, threads);
+        for (int64_t i = 0; i < S * I; i++) g[i] = g[i] * u[i];
+        rc |= kv_linear(g, S, I, I, y->w[6], y->fmt[6], E, o, E, threads);
+        rc |= kv_rmsnorm(o, S, E, y->norm[5], y->eps, h, threads);
+        for (int64_t i = 0; i < S * E; i++) x[i] = x[i] + h[i];
+    }
+    free(buf);
+    return rc;
 }

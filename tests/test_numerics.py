@@ -141,7 +141,9 @@ def _attend(q, k, v, keep, add, scale, **kw):
 @pytest.mark.parametrize(
     "h,sq,sk,d,mask",
     [(4, 37, 60, 64, "causal"), (2, 20, 50, 40, "sliding"), (3, 18, 40, 32, "holes"), (1, 5, 33, 16, "additive"),
-     (5, 1, 70, 48, "none"), (4, 17, 17, 256, "causal")],
+     (5, 1, 70, 48, "none"), (4, 17, 17, 256, "causal"),
+     (4, 1, 700, 256, "none"), (4, 1, 700, 256, "sliding"), (3, 1, 2100, 96, "additive"), (4, 1, 600, 272, "holes"),
+     (4, 1, 530, 256, "causal")],
 )  # fmt: skip
 def test_attention_is_its_written_definition_in_every_build(h, sq, sk, d, mask):
     """Every build (the CPU's vector ones, portable) and the plain C reference give, byte for byte, the
@@ -149,7 +151,8 @@ def test_attention_is_its_written_definition_in_every_build(h, sq, sk, d, mask):
     kept one rounded down to 16 to its last, scale, mask, max, kvgraft's exp, a 16-lane sum and its tree,
     a division, P.V with key j in lane j mod 16. Strided queries and outputs, D with and without a ragged
     16, heads that do not fill a tile, blocks of 16 positions and a last short one, holes in the mask, a row
-    with nothing kept, an additive mask, no mask."""
+    with nothing kept, an additive mask, no mask; and a decode step's one position over hundreds of keys,
+    which the vector builds split over threads by keys and by values."""
     q, k, v, keep, add = _case(h, sq, sk, d, mask, seed=sq * sk + d)
     want = _definition(q, k, v, keep, add, 0.125)
     for isa in fma16.runnable():
