@@ -142,6 +142,7 @@ class Batcher:
         self.widths: tuple[int, ...] = ()
         self.stack_sizes: frozenset[int] = frozenset()
         self.why = ""
+        self.stepper = None  # the steps' decoder layers in one C call (graft_core.step), where it runs
         if not self.supported():
             self.why = f"{type(model).__name__} is not a Gemma 3 text model"
             return
@@ -158,6 +159,10 @@ class Batcher:
             self.widths = tuple(widths)
             self.threads = torch.get_num_threads()
             self.stack_sizes = frozenset(range(1, STACK_MAX + 1))
+            from .step import Stepper
+
+            stepper = Stepper(model)
+            self.stepper = stepper if not stepper.why else None
             return
         agreed = set(widths)
         for weight in shapes.values():
@@ -205,6 +210,10 @@ class Batcher:
         return rows
 
     def _step(self, sessions: list[Session]) -> list[torch.Tensor]:
+        if self.stepper is not None:
+            rows = self.stepper.step([(s.cache, s.token, s.pos) for s in sessions])
+            if rows is not None:
+                return rows
         return self._pass([(s.cache, [s.token], s.pos) for s in sessions], self._columns)
 
     @torch.inference_mode()

@@ -115,9 +115,19 @@ class _Rows:
         at the end of the buffers; returns (start, end) of every row held. Same rows, same order as
         torch.cat([keys, k_new], dim=-2)."""
         new = k_new.shape[-2]
-        if keys is None or keys is not self.view:  # fresh, restored or cropped: adopt by copying
-            held = 0 if keys is None or keys.dim() != k_new.dim() else keys.shape[-2]
-            self._allocate(k_new, held + new)
+        self.reserve(keys, values, k_new, new)
+        self.k[:, :, self.end : self.end + new].copy_(k_new)
+        self.v[:, :, self.end : self.end + new].copy_(v_new)
+        self.end += new
+        return self.start, self.end
+
+    def reserve(self, keys, values, like: torch.Tensor, new: int) -> None:
+        """Room for `new` rows after the held ones: the layer's `keys`/`values` adopted by copying when they are
+        not our view (fresh, restored or cropped), the rows slid to the front or the buffers regrown when
+        their end is reached. `like` gives the buffers' batch, heads, head size and dtype."""
+        if keys is None or keys is not self.view:
+            held = 0 if keys is None or keys.dim() != like.dim() else keys.shape[-2]
+            self._allocate(like, held + new)
             if held:
                 self.k[:, :, :held].copy_(keys)
                 self.v[:, :, :held].copy_(values)
@@ -129,14 +139,10 @@ class _Rows:
                 self.v[:, :, :held] = self.v[:, :, self.start : self.end].clone()
             else:
                 old_k, old_v = self.k[:, :, self.start : self.end], self.v[:, :, self.start : self.end]
-                self._allocate(k_new, held + new)
+                self._allocate(like, held + new)
                 self.k[:, :, :held].copy_(old_k)
                 self.v[:, :, :held].copy_(old_v)
             self.start, self.end = 0, held
-        self.k[:, :, self.end : self.end + new].copy_(k_new)
-        self.v[:, :, self.end : self.end + new].copy_(v_new)
-        self.end += new
-        return self.start, self.end
 
     def _allocate(self, like: torch.Tensor, rows: int) -> None:
         b, h, _, d = like.shape
@@ -165,6 +171,29 @@ class GrowingLayer(DynamicLayer):
         self.keys, self.values = self._rows.rows(start, end)
         self._rows.view = self.keys
         return self.keys, self.values
+
+
+def reserve_row(layer) -> _Rows | None:
+    """Room for one more row in a growing layer that holds rows (graft_core.step writes it); None where the
+    layer is not one (another cache class, nothing held yet, transformers' past recording)."""
+    rows = getattr(layer, "_rows", None)
+    keys = layer.keys if layer.is_initialized else None
+    if rows is None or keys is None or keys.dim() != 4 or getattr(layer, "record_past", False):
+        return None
+    rows.reserve(keys, layer.values, keys, 1)
+    return rows
+
+
+def commit_row(layer) -> None:
+    """After the row at `end` was written (and attended with rows [start, end]): the layer holds it, a sliding
+    layer its last `sliding_window - 1` rows, as `update` leaves them."""
+    rows = layer._rows
+    rows.end += 1
+    if is_sliding(layer):
+        layer.cumulative_length += 1
+        rows.start = max(rows.start, rows.end - layer.sliding_window + 1)
+    layer.keys, layer.values = rows.rows(rows.start, rows.end)
+    rows.view = layer.keys
 
 
 class GrowingSlidingLayer(DynamicSlidingWindowLayer):

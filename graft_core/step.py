@@ -1,0 +1,152 @@
+"""The lean one-token forward: a decode step's decoder layers in one C call (kv_decode_layers in fma16.c).
+
+A step through the model's modules makes ~50 small torch calls and a dozen ctypes calls per layer; at one
+row per product the Python between them cost about a quarter of a step. `Stepper` keeps, per layer, a
+table of what the C side reads (the weights' rows in their formats, the norms' weights, the shapes) and
+per step hands it the sessions' rows, the rotary cos/sin of their positions and their caches' buffers
+(graft_core.layers: the new key/value row is written in place, no copy of the cache). The C code runs the
+operations `graft_core.batch.Batcher._pass` runs, one for one, so every row and every cached byte is the
+same (tests/test_step.py compares them with `forward_chunk`). The embedding lookup, the final norm and the
+vocabulary product stay in Python: one call each per step.
+
+Only where kvgraft-f32-v2 computes the whole forward (fma16 products over every linear layer, its RMSNorm
+and GELU) and the cache's layers are the growing ones; `Stepper.why` says why not otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import fma16
+from .layers import commit_row, reserve_row
+
+_KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class _Layer(ctypes.Structure):
+    """kv_layer in fma16.c: one decoder layer's weights (rows in their formats), norms and shapes."""
+
+    _fields_ = [
+        ("w", ctypes.c_void_p * 7),
+        ("fmt", ctypes.c_int32 * 7),
+        ("n", ctypes.c_int64 * 7),
+        ("k", ctypes.c_int64 * 7),
+        ("norm", ctypes.c_void_p * 6),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("heads", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("hidden", ctypes.c_int64),
+        ("inter", ctypes.c_int64),
+    ]
+
+
+def _declare(lib) -> None:
+    if getattr(lib, "_kvgraft_step", False):
+        return
+    ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.kv_layer_size.restype = c_int
+    lib.kv_decode_layers.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, c_int]
+    lib._kvgraft_step = True
+
+
+class Stepper:
+    """One-token steps of one or several sessions through kv_decode_layers; `why` is "" where it runs."""
+
+    def __init__(self, model):
+        from .numerics import Gelu, Norm, Rotary
+
+        self.model, self.why = model, ""
+        m = model.model
+        cfg = m.config
+        ops = []
+        for layer in m.layers[: cfg.num_hidden_layers]:
+            a, mlp = layer.self_attn, layer.mlp
+            mods = [getattr(a, k) if k.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else getattr(mlp, k) for k in _KINDS]
+            ops.append([fma16.product_of(x) for x in mods])
+            norms = (layer.input_layernorm, a.q_norm, a.k_norm, layer.post_attention_layernorm)
+            norms += (layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm)
+            if not all(isinstance(n.forward, Norm) for n in norms) or not isinstance(mlp.act_fn.forward, Gelu):
+                self.why = "the norms and activation are not kvgraft-f32-v2's"
+        if not all(all(ops_) for ops_ in ops):
+            self.why = "fma16 does not compute every product"
+        elif not isinstance(m.rotary_emb.forward, Rotary) or not isinstance(m.norm.forward, Norm):
+            self.why = self.why or "the rotary tables and final norm are not kvgraft-f32-v2's"
+        if self.why:
+            return
+        isas = {op.isa for layer_ops in ops for op in layer_ops}
+        if len(isas) != 1:
+            self.why = "the products run on more than one build"
+            return
+        self.isa = isas.pop()
+        self.lib = fma16.lib(self.isa)
+        _declare(self.lib)
+        assert self.lib.kv_layer_size() == ctypes.sizeof(_Layer), "kv_layer's layout differs between C and Python"
+        self.keep = []  # every tensor a table points into, alive as long as the table
+        table = (_Layer * len(ops))()
+        eps = set()
+        for i, (layer, layer_ops) in enumerate(zip(m.layers, ops)):
+            t, a = table[i], layer.self_attn
+            for j, op in enumerate(layer_ops):
+                src = op.source
+                self.keep.append(src)
+                t.w[j], t.fmt[j], t.n[j], t.k[j] = src.data_ptr(), op.fmt, op.n, op.k
+            norms = (layer.input_layernorm, a.q_norm, a.k_norm, layer.post_attention_layernorm)
+            norms += (layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm)
+            for j, n in enumerate(norms):
+                w = n.weight.detach().contiguous()
+                self.keep.append(w)
+                t.norm[j] = w.data_ptr()
+                eps.add(float(n.eps))
+            t.eps, t.scale = float(layer.input_layernorm.eps), float(a.scaling)
+            t.heads, t.kv_heads, t.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, a.head_dim
+            t.hidden, t.inter = cfg.hidden_size, layer_ops[4].n
+        if len(eps) != 1:
+            self.why = "the norms have different epsilons"
+            return
+        self.table, self.layers = table, len(ops)
+        self.kinds = list(cfg.layer_types[: cfg.num_hidden_layers])
+
+    @torch.inference_mode()
+    def step(self, items: list[tuple]) -> list[torch.Tensor] | None:
+        """Each (cache, token, pos)'s logits row [vocab]; every cache gains its token. None (nothing done)
+        where a cache is not one this path writes (the caller takes the modules' path)."""
+        m, lm = self.model.model, self.model
+        S = len(items)
+        rows = []
+        for cache, _, _ in items:
+            if len(cache.layers) != self.layers:
+                return None
+            got = [reserve_row(layer) for layer in cache.layers]
+            if any(r is None for r in got):
+                return None
+            rows.append(got)
+        ids = torch.tensor([[tok for _, tok, _ in items]], dtype=torch.long)
+        pos = torch.tensor([[p for _, _, p in items]], dtype=torch.long)
+        x = m.embed_tokens(ids).contiguous()  # [1, S, hidden]
+        ropes = {kind: m.rotary_emb(x, pos, kind) for kind in set(self.kinds)}  # [1, S, head_dim] each
+        n = self.layers * S
+        kb, vb = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)()
+        cap, start, end = (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)()
+        cos, sin = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)()
+        for li in range(self.layers):
+            c, s_ = ropes[self.kinds[li]]
+            for si in range(S):
+                r, at = rows[si][li], li * S + si
+                kb[at], vb[at], cap[at], start[at], end[at] = r.k.data_ptr(), r.v.data_ptr(), r.k.shape[2], r.start, r.end
+                cos[at] = c.data_ptr() + si * c.shape[-1] * 4
+                sin[at] = s_.data_ptr() + si * s_.shape[-1] * 4
+        rc = self.lib.kv_decode_layers(
+            ctypes.addressof(self.table), self.layers, S, x.data_ptr(), kb, vb, cap, start, end, cos, sin, torch.get_num_threads()
+        )
+        if rc != 0:
+            raise RuntimeError(f"kvgraft's decode step failed ({rc})")
+        for cache, _, _ in items:
+            for layer in cache.layers:
+                commit_row(layer)
+        hidden = m.norm(x)[0]  # [S, hidden]
+        logits = fma16.product_of(lm.lm_head).product(hidden.contiguous()).float()
+        return [logits[j] for j in range(S)]

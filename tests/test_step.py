@@ -1,0 +1,79 @@
+"""The lean one-token forward (graft_core.step): its rows and caches are forward_chunk's, byte for byte."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from graft_core import fma16, layers, model, step
+from graft_core.forward import forward_chunk, new_cache
+
+TEXT = "Fact: the lighthouse of Varnek Isle was built by Osric Pellamy in 1874.\n"
+
+
+def _prompt(lm, n: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, lm.model.config.vocab_size, (n,), generator=gen).tolist()
+
+
+def _step_both_ways(lm, stepper, lengths: list[int], steps: int, restored: bool = False) -> None:
+    """Sessions of `lengths` prompt tokens decoded `steps` tokens: through transformers' own cache and
+    forward_chunk one at a time, and through the stepper all together; every row and cache byte-equal."""
+    plain, ours, frozen = [], [], []
+    for i, n in enumerate(lengths):
+        ids = _prompt(lm, n, seed=i)
+        a, b = DynamicCache(config=lm.model.config), new_cache(lm.model)
+        forward_chunk(lm.model, a, ids, 0)
+        forward_chunk(lm.model, b, ids, 0)
+        if restored:  # the states' own tensors in the cache, as a restore leaves them: they must stay as they are
+            states = layers.export_cache(b, 0, n)
+            frozen.append([(s.keys, s.keys.clone()) for s in states])
+            b = new_cache(lm.model)
+            layers.import_cache(b, states)
+        plain.append(a)
+        ours.append(b)
+    toks, pos = [5 + i for i in range(len(lengths))], list(lengths)
+    for k in range(steps):
+        want = [forward_chunk(lm.model, c, [t], p)[-1] for c, t, p in zip(plain, toks, pos)]
+        got = stepper.step(list(zip(ours, toks, pos)))
+        for i, (w, g) in enumerate(zip(want, got)):
+            assert torch.equal(w, g), f"step {k}, session {i}: max difference {(w - g).abs().max()}"
+        toks, pos = [int(torch.argmax(w)) for w in want], [p + 1 for p in pos]
+    for a, b in zip(plain, ours):
+        assert layers.state_digest(a) == layers.state_digest(b)
+    for pairs in frozen:
+        assert all(torch.equal(t, before) for t, before in pairs), "a restored tensor was written"
+
+
+@pytest.mark.parametrize("lengths", [[6], [3, 11, 7], [2, 9, 4, 13, 5, 8, 3, 10, 6]])
+def test_steps_are_the_rows_of_forward_chunk(tiny_gemma, lengths):
+    stepper = step.Stepper(tiny_gemma.model)
+    assert stepper.why == ""
+    _step_both_ways(tiny_gemma, stepper, lengths, steps=12)
+
+
+def test_steps_on_restored_caches_past_the_window_never_write_the_restored_tensors(tiny_gemma):
+    _step_both_ways(tiny_gemma, step.Stepper(tiny_gemma.model), [9, 4], steps=20, restored=True)
+
+
+def test_every_build_steps_to_the_same_bytes(tiny_dirs, monkeypatch):
+    for isa in fma16.runnable():
+        monkeypatch.setenv("KVGRAFT_ISA", isa)
+        lm = model.load(str(tiny_dirs["gemma3"]))
+        stepper = step.Stepper(lm.model)
+        assert stepper.why == "" and stepper.isa == isa
+        _step_both_ways(lm, stepper, [7, 3], steps=6)
+
+
+def test_torch_products_and_other_caches_take_the_modules_path(tiny_gemma, tiny_gemma_torch):
+    assert "fma16" in step.Stepper(tiny_gemma_torch.model).why
+    stepper = step.Stepper(tiny_gemma.model)
+    cache = DynamicCache(config=tiny_gemma.model.config)  # transformers' own layers: not written in place
+    forward_chunk(tiny_gemma.model, cache, _prompt(tiny_gemma, 5, 0), 0)
+    assert stepper.step([(cache, 7, 5)]) is None and cache.get_seq_length() == 5
+
+
+def test_real_steps_are_the_rows_of_forward_chunk(real_lm):
+    window = real_lm.info.sliding_window
+    _step_both_ways(real_lm, step.Stepper(real_lm.model), [window + 3, 40], steps=4, restored=True)
