@@ -854,6 +854,86 @@ int kv_gelu_tanh(const float *x, int64_t n, float *y, int threads) {
     return 0;
 }
 
+/* ---- the retrieval embedder's layer norm and erf GELU (retrieval/encoder.py), in the same plain C ----------- */
+
+/* LayerNorm of each row: mean = (the row's sum in fma16's order: 16 lanes, then the fixed tree) / n;
+   d = x - mean; var = (fma16's dot of d with itself) / n; r = 1 / sqrtf(var + eps); y = (d * r) * w + b. */
+int kv_layernorm(const float *x, int64_t rows, int64_t n, const float *w, const float *b, float eps, float *y, int threads) {
+    if (rows < 0 || n <= 0) return -1;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (rows * n >= SPLIT_MIN)
+    for (int64_t i = 0; i < rows; i++) {
+        const float *xi = x + i * n;
+        float *yi = y + i * n;
+        float s[16] = {0};
+        for (int64_t k = 0; k < n; k += 16)
+            for (int j = 0; j < 16; j++) s[j] = fmaf(k + j < n ? xi[k + j] : 0.0f, 1.0f, s[j]);
+        const float mean = reduce16_ref(s) / (float)n;
+        float q[16] = {0};
+        for (int64_t k = 0; k < n; k += 16)
+            for (int j = 0; j < 16; j++) {
+                const float d = k + j < n ? xi[k + j] - mean : 0.0f;
+                q[j] = fmaf(d, d, q[j]);
+            }
+        const float r = 1.0f / sqrtf(reduce16_ref(q) / (float)n + eps);
+        for (int64_t k = 0; k < n; k++) yi[k] = ((xi[k] - mean) * r) * w[k] + b[k];
+    }
+    return 0;
+}
+
+/* GELU, erf form, in double, rounded once: x Phi(x) = 0.5 x (1 + erf(t)), t = x / sqrt 2, with erf by its
+   series of positive terms erf(t) = 2/sqrt(pi) e^(-t^2) t sum_n (2t^2)^n / (3 5 ... (2n+1)), 64 terms in
+   Horner form, p = 1 + (p z) c_m with c_m = 1/(2m+1) rounded to double (truncation < 1e-18 relative for |t| <= 4), e^(-t^2) by kv_exp_d's operations (|t| <= 4: 2^n a
+   normal double, so no branch). For t > 4 the float is x itself (1 - Phi < 8e-9, below half an ulp), for
+   t < -4 it is -0 (|x Phi(x)| < 5e-8 there). No branches, so that the loop vectorises. */
+static inline float gelu_erf_one(float xf) {
+    const double v = (double)xf;
+    const double t0 = v * 7.07106781186547524401e-01;
+    const double t = t0 > 4.0 ? 4.0 : (t0 < -4.0 ? -4.0 : t0);
+    const double z = 2.0 * (t * t);
+    double p = 1.0;
+#pragma GCC unroll 64
+    for (int m = 63; m >= 1; m--) p = 1.0 + (p * z) * (1.0 / (double)(2 * m + 1)); /* 1/(2m+1): a rounded constant */
+    const double x = -(t * t);
+    const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+    const double n = floor(x * 1.44269504088896338700e+00 + 0.5);
+    const double r = (x - n * ln2_hi) - n * ln2_lo;
+    double e = 1.0 / 6227020800.0;
+    e = e * r + 1.0 / 479001600.0;
+    e = e * r + 1.0 / 39916800.0;
+    e = e * r + 1.0 / 3628800.0;
+    e = e * r + 1.0 / 362880.0;
+    e = e * r + 1.0 / 40320.0;
+    e = e * r + 1.0 / 5040.0;
+    e = e * r + 1.0 / 720.0;
+    e = e * r + 1.0 / 120.0;
+    e = e * r + 1.0 / 24.0;
+    e = e * r + 1.0 / 6.0;
+    e = e * r + 1.0 / 2.0;
+    e = e * r + 1.0;
+    e = e * r + 1.0;
+    /* 2^n, n in [-23, 0], without a double -> int64 conversion (AVX2 has none, and the loop would not vectorise
+       there): n + 1.5 2^52 is exact and holds 2^51 + n in its low bits; the exponent field is their low 11 bits
+       + 1023 (2^51 is 0 modulo 2^12). The same 2^n, integer operations only. */
+    const double shifted = n + 6755399441055744.0;
+    uint64_t bits;
+    memcpy(&bits, &shifted, 8);
+    bits = (bits + 1023) << 52;
+    double scale;
+    memcpy(&scale, &bits, 8);
+    const double erf = 1.12837916709551257390e+00 * ((e * scale) * (t * p));
+    const double y = v * (0.5 * (1.0 + erf));
+    return (float)(t0 < -4.0 ? -0.0 : y);
+}
+
+float kv_gelu_erf_one(float x) { return gelu_erf_one(x); }
+
+int kv_gelu_erf(const float *x, int64_t n, float *y, int threads) {
+    if (n < 0) return -1;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (n >= SPLIT_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = gelu_erf_one(x[i]);
+    return 0;
+}
+
 /* ---- attention: one key/value head and the query heads that share it, fused ------------------------
 
    The definition, for one query row q (head h, position i) over keys k_j and values v_j (j < sk, D values
