@@ -1,11 +1,14 @@
 """The retrieval side of a Library: the FAISS index kept in step with the catalog's embeddings.
 
 The index is a cache of the catalog: loaded from `<home>/index`, synced by difference when the catalog
-moved on, rebuilt from the stored embeddings when missing, corrupt or made by another embedder.
+moved on, rebuilt from the stored embeddings when missing, corrupt or made by another embedder. A rebuild
+first embeds, from its source, every artifact the live embedder has no vector for (a store made under an
+earlier embedder id), so a new embedder finds what the old one did.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +18,8 @@ import numpy as np
 from db.catalog import Catalog
 from errors import KvgraftError, StorageError
 from files import write_faults
+
+log = logging.getLogger("kvgraft.index")
 
 if TYPE_CHECKING:  # faiss loads with the first index (the web app's start-up stage), not with the page
     from retrieval import Embedder, VectorIndex
@@ -72,9 +77,30 @@ class IndexPipeline:
             pass
         return idx
 
+    def _embed_missing(self) -> int:
+        """Embed every artifact the live embedder has no vector for (question, else text: as a deposit does)
+        and record them in one transaction; returns how many."""
+        from graft_core.artifact import text_sha256
+
+        eid = self.embedder.embedder_id
+        made = []
+        for aid, text in self._catalog.unembedded(eid):
+            vec = np.asarray(self.embedder.embed(text), dtype="<f4")
+            made.append((aid, (eid, vec.tobytes(), int(vec.shape[0]), text_sha256(text))))
+        if made:
+            log.info("embedding %d artifact(s) with no vector by %s", len(made), eid)
+            self._catalog.add_embeddings(made)
+        return len(made)
+
     def _rebuild(self, version: int, must_save: bool) -> VectorIndex:
         from retrieval import VectorIndex
 
+        try:
+            if self._embed_missing():
+                version = self._catalog.version()
+        except StorageError:
+            if must_save:
+                raise  # a read-only store still answers, from the vectors it has
         idx = VectorIndex(self.embedder.dim, self.embedder.embedder_id)
         pairs = [(aid, np.frombuffer(vec, dtype="<f4")) for aid, vec in self._catalog.embeddings(self.embedder.embedder_id)]
         idx.build(pairs, version)

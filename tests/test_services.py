@@ -122,6 +122,26 @@ def test_verify_samples_reports_byte_equality(lib):
     assert zero.byte_equal == 3 and all(r.check.tier == "relocated" and r.check.exact for r in zero.rows)
 
 
+def test_a_new_embedder_embeds_the_store_again_before_it_searches(lib):
+    """A store made under another embedder id (here a fake of another width): the first index() embeds every
+    artifact from its source (the question where there is one), in one catalog version, and retrieval finds
+    them; the old vectors stay, under their own id."""
+    item = lib.deposit_item(*FACTS[0][:3], "exact", FACTS[0][2]).id
+    text = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.").id
+    old_id, before = lib.embedder.embedder_id, lib._catalog.version()
+    new = services.Library(home=lib.home, lm=lib.lm, embedder=HashEmbedder(dim=32))
+    assert new._catalog.embeddings("hash-32@1") == []
+    assert new.index().ids() == {item, text}
+    assert new._catalog.version() == before + 1
+    vectors = dict(new._catalog.embeddings("hash-32@1"))
+    assert vectors[item] == new.embedder.embed(FACTS[0][0]).astype("<f4").tobytes()
+    assert vectors[text] == new.embedder.embed("Fact sheet: the Brannock Spire is 212 metres tall.").astype("<f4").tobytes()
+    assert [h.id for h in new.retrieve(FACTS[0][0], threshold=0.5)][:1] == [item]
+    assert {a for a, _ in new._catalog.embeddings(old_id)} == {item, text}
+    assert new.index().ids() == {item, text} and new._catalog.version() == before + 1  # nothing left to embed
+    new.close()
+
+
 def test_index_follows_the_catalog_incrementally(lib, tmp_path):
     a = lib.deposit_item(*FACTS[0][:3], "exact", FACTS[0][2]).id
     idx = lib.index()
