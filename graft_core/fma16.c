@@ -882,9 +882,9 @@ int kv_layernorm(const float *x, int64_t rows, int64_t n, const float *w, const 
 
 /* GELU, erf form, in double, rounded once: x Phi(x) = 0.5 x (1 + erf(t)), t = x / sqrt 2, with erf by its
    series of positive terms erf(t) = 2/sqrt(pi) e^(-t^2) t sum_n (2t^2)^n / (3 5 ... (2n+1)), 64 terms in
-   Horner form, p = 1 + (p z) c_m with c_m = 1/(2m+1) rounded to double (truncation < 1e-18 relative for |t| <= 4), e^(-t^2) by kv_exp_d's operations (|t| <= 4: 2^n a
-   normal double, so no branch). For t > 4 the float is x itself (1 - Phi < 8e-9, below half an ulp), for
-   t < -4 it is -0 (|x Phi(x)| < 5e-8 there). No branches, so that the loop vectorises. */
+   Horner form, p = 1 + (p z) c_m with c_m = 1/(2m+1) rounded to double (truncation < 1e-18 relative for
+   |t| <= 4), e^(-t^2) by kv_exp_d's operations (|t| <= 4: 2^n a normal double, so no branch). For t > 4 the float is x itself (1 - Phi < 8e-9, below half an ulp), for
+   t < -4 it is -0 (|x Phi(x)| < 5e-8 there), a NaN is itself. No branches, so that the loop vectorises. */
 static inline float gelu_erf_one(float xf) {
     const double v = (double)xf;
     const double t0 = v * 7.07106781186547524401e-01;
@@ -922,7 +922,9 @@ static inline float gelu_erf_one(float xf) {
     memcpy(&scale, &bits, 8);
     const double erf = 1.12837916709551257390e+00 * ((e * scale) * (t * p));
     const double y = v * (0.5 * (1.0 + erf));
-    return (float)(t0 < -4.0 ? -0.0 : y);
+    /* a NaN is returned as it came: arithmetic on it may give either sign (which operand's NaN an instruction
+       keeps follows the operand order the compiler chose, which may differ between builds) */
+    return v != v ? xf : (float)(t0 < -4.0 ? -0.0 : y);
 }
 
 float kv_gelu_erf_one(float x) { return gelu_erf_one(x); }

@@ -86,17 +86,22 @@ def test_vectors_are_torchs_within_rounding_under_another_id(monkeypatch):
 
 def test_erf_gelu_is_within_one_ulp_of_correctly_rounded():
     """kv_gelu_erf_one against x Phi(x) in double (math.erf) rounded once, on a sweep of float32: at most one
-    ulp apart where the value is not negligible, x itself above 4 sqrt 2, -0 below -4 sqrt 2; and the array
-    call of every variant gives the bytes of the one-element call."""
-    xs = np.concatenate([np.linspace(-8, 8, 40_001, dtype=np.float32), np.float32([0.0, -0.0, 1e-30, -1e-30])])
+    ulp apart where the value is not negligible, x itself above 4 sqrt 2, -0 below -4 sqrt 2, a NaN as it
+    came; and the array call of every variant gives the bytes of the one-element call."""
+    sweep = np.linspace(-8, 8, 40_001, dtype=np.float32)
+    specials = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan])
+    xs = np.concatenate([sweep, specials])
     one = fma16.lib("portable").kv_gelu_erf_one
     ours = np.array([one(float(x)) for x in xs], dtype=np.float32)
-    exact = np.array([x * 0.5 * (1 + math.erf(x / math.sqrt(2))) for x in xs.astype(np.float64)], dtype=np.float32)
-    ulps = np.abs(ours.view(np.int32).astype(np.int64) - exact.view(np.int32).astype(np.int64))
-    core = np.abs(xs) <= 5.5
-    assert ulps[core].max() <= 1, xs[core][ulps[core].argmax()]
-    assert np.array_equal(ours[xs > 4 * math.sqrt(2)], xs[xs > 4 * math.sqrt(2)])
-    assert np.all(ours[xs < -4 * math.sqrt(2)] == 0) and np.all(np.signbit(ours[xs < -4 * math.sqrt(2)]))
+    got, tail = ours[: sweep.size], ours[sweep.size :]
+    exact = np.array([x * 0.5 * (1 + math.erf(x / math.sqrt(2))) for x in sweep.astype(np.float64)], dtype=np.float32)
+    ulps = np.abs(got.view(np.int32).astype(np.int64) - exact.view(np.int32).astype(np.int64))
+    core = np.abs(sweep) <= 5.5
+    assert ulps[core].max() <= 1, sweep[core][ulps[core].argmax()]
+    assert np.array_equal(got[sweep > 4 * math.sqrt(2)], sweep[sweep > 4 * math.sqrt(2)])
+    assert np.all(got[sweep < -4 * math.sqrt(2)] == 0) and np.all(np.signbit(got[sweep < -4 * math.sqrt(2)]))
+    assert tail[:4].tobytes() == np.float32([0.0, -0.0, np.inf, -0.0]).tobytes()
+    assert tail[4:].tobytes() == specials[4:].tobytes()  # sign and payload
     x = torch.from_numpy(xs)
     for isa in fma16.runnable():
         y = torch.empty_like(x)
