@@ -63,17 +63,29 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     if attention_mask is not None and attention_mask.shape[1] != 1:
         raise ValueError(f"{VERSION} takes one mask for every head, got {tuple(attention_mask.shape)}")
     scale = float(scaling if scaling is not None else d**-0.5)
-    isa = getattr(module, "kvgraft_isa", None)
+    kernels = numerics.lib(getattr(module, "kvgraft_isa", None))
     query = query if query.stride(-1) == 1 else query.contiguous()
     key = key if key.stride(-1) == 1 else key.contiguous()
     value = value if value.stride(-1) == 1 else value.contiguous()
     out = torch.empty((b_n, sq, h_n, d), dtype=torch.float32)
+    # numerics.attend's call, one per head, without its per-call checks and lookups (12 heads x 6 layers of a
+    # question cost more in Python than in C): the strides are the checked tensors' own, offsets in bytes
+    qs, ks, vs, outs = query.stride(), key.stride(), value.stride(), out.stride()
+    qp, kp, vp, op = query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr()
+    threads = torch.get_num_threads()
     for b in range(b_n):
         keep, add = (None, None) if attention_mask is None else numerics._mask_rows(attention_mask, b, 0, sq, sk)
+        mask = keep if keep is not None else add
+        keep_p, add_p = (keep.data_ptr() if keep is not None else None), (add.data_ptr() if add is not None else None)
+        mask_stride = mask.stride(0) if mask is not None else 0
         for h in range(h_n):
-            numerics.attend(
-                query[b, h : h + 1], key[b, h], value[b, h], keep, add, scale, out[b, :, h : h + 1].transpose(0, 1), isa=isa
-            )
+            rc = kernels.kv_attention(
+                qp + 4 * (b * qs[0] + h * qs[1]), 1, sq, d, qs[1], qs[2],
+                kp + 4 * (b * ks[0] + h * ks[1]), ks[2], vp + 4 * (b * vs[0] + h * vs[1]), vs[2], sk,
+                keep_p, add_p, mask_stride,
+                scale, op + 4 * (b * outs[0] + h * outs[2]), outs[2], outs[1], threads, 0,
+            )  # fmt: skip
+            numerics._check(rc, "attention")
     return out, None
 
 
