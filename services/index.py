@@ -63,7 +63,9 @@ class IndexPipeline:
 
     def _sync(self, idx: VectorIndex, version: int) -> VectorIndex:
         """Bring a live index up to the catalog by adding and removing only what changed: a deposit
-        made by another process costs one insert here, not a rebuild (HNSW builds take seconds)."""
+        made by another process costs one insert here, not a rebuild (HNSW builds take seconds). An artifact
+        that process recorded under another embedder only (one not yet upgraded) is embedded here first."""
+        version = self._caught_up(version, must_save=False)
         pairs = dict(self._catalog.embeddings(self.embedder.embedder_id))
         have = idx.ids()
         for gone in have - pairs.keys():
@@ -92,15 +94,20 @@ class IndexPipeline:
             self._catalog.add_embeddings(made)
         return len(made)
 
+    def _caught_up(self, version: int, must_save: bool) -> int:
+        """The catalog version once `_embed_missing` has run: `version` where nothing was missing, or where
+        the store refused the write and `must_save` is False (a read-only store answers from what it has)."""
+        try:
+            return self._catalog.version() if self._embed_missing() else version
+        except StorageError:
+            if must_save:
+                raise
+            return version
+
     def _rebuild(self, version: int, must_save: bool) -> VectorIndex:
         from retrieval import VectorIndex
 
-        try:
-            if self._embed_missing():
-                version = self._catalog.version()
-        except StorageError:
-            if must_save:
-                raise  # a read-only store still answers, from the vectors it has
+        version = self._caught_up(version, must_save)
         idx = VectorIndex(self.embedder.dim, self.embedder.embedder_id)
         pairs = [(aid, np.frombuffer(vec, dtype="<f4")) for aid, vec in self._catalog.embeddings(self.embedder.embedder_id)]
         idx.build(pairs, version)

@@ -139,6 +139,10 @@ def test_a_new_embedder_embeds_the_store_again_before_it_searches(lib):
     assert [h.id for h in new.retrieve(FACTS[0][0], threshold=0.5)][:1] == [item]
     assert {a for a, _ in new._catalog.embeddings(old_id)} == {item, text}
     assert new.index().ids() == {item, text} and new._catalog.version() == before + 1  # nothing left to embed
+    late = lib.deposit_item(*FACTS[1][:3], "exact", FACTS[1][2]).id  # a replica still on the old embedder
+    idx = new.index()
+    assert idx.ids() == {item, text, late} and idx is new.index()  # synced in place, the late one embedded
+    assert dict(new._catalog.embeddings("hash-32@1"))[late] == new.embedder.embed(FACTS[1][0]).astype("<f4").tobytes()
     new.close()
 
 
