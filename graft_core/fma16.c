@@ -880,19 +880,31 @@ int kv_layernorm(const float *x, int64_t rows, int64_t n, const float *w, const 
     return 0;
 }
 
-/* GELU, erf form, in double, rounded once: x Phi(x) = 0.5 x (1 + erf(t)), t = x / sqrt 2, with erf by its
-   series of positive terms erf(t) = 2/sqrt(pi) e^(-t^2) t sum_n (2t^2)^n / (3 5 ... (2n+1)), 64 terms in
-   Horner form, p = 1 + (p z) c_m with c_m = 1/(2m+1) rounded to double (truncation < 1e-18 relative for
-   |t| <= 4), e^(-t^2) by kv_exp_d's operations (|t| <= 4: 2^n a normal double, so no branch). For t > 4 the float is x itself (1 - Phi < 8e-9, below half an ulp), for
-   t < -4 it is -0 (|x Phi(x)| < 5e-8 there), a NaN is itself. No branches, so that the loop vectorises. */
+/* GELU, erf form, in double, rounded once: x Phi(x) = 0.5 x (1 + erf(t)), t = x / sqrt 2, a = |t| clamped to 4,
+   from two polynomials in the power basis of s in [-1, 1] (scripts/erf_coefficients.py: Chebyshev fits,
+   Horner form here):
+     a <= 1:  erf(t) = t A(s), s = 2 t^2 - 1                  (A: degree 11, error 7e-16)
+     a > 1:   erfc(a) = e^(-a^2) B(s), s = (2a - 5) / 3       (B: degree 20, error 7e-15 relative)
+   so 1 + erf(t) is 1 + t A for a <= 1, erfc(a) for t < -1 (no cancellation) and 2 - erfc(a) for t > 1;
+   e^(-a^2) by kv_exp_d's operations (a <= 4: 2^n a normal double, so no branch). For t > 4 the float is x
+   itself (erfc(4) / 2 < 8e-9, below half an ulp), for t < -4 it is -0 (|x Phi(x)| < 5e-8 there), a NaN is
+   itself. Both pieces are computed for every element and one is selected, so that the loop vectorises. */
+static const double erf_a[12] = { /* s^0 first */
+    0.9654687386698675, -0.1405360890227172, 0.019852496688986938, -0.0022854855611357766, 0.00021751715601743752, -1.7537169499810805e-05, 1.2233828096782525e-06, -7.511554574867454e-08, 4.1157025426899375e-09, -2.0367876290755983e-10, 9.229999679960241e-12, -3.212644014366387e-13};
+static const double erfc_b[21] = { /* s^0 first */
+    0.21080636406114375, -0.11152102018467623, 0.05611049344494688, -0.027005296665753575, 0.012489373880645686, -0.005570706153870793, 0.0024036476681092837, -0.001005831697800622, 0.00040908498082991776, -0.00016201036568824504, 6.257873971725217e-05, -2.3614027325730628e-05, 8.713113123174969e-06, -3.1382621219530745e-06, 1.1106605397144171e-06, -3.9789094240983456e-07, 1.3606223764843504e-07, -3.593362252960036e-08, 1.1665995495712414e-08, -8.083569808585693e-09, 2.613145362554512e-09};
+
 static inline float gelu_erf_one(float xf) {
     const double v = (double)xf;
     const double t0 = v * 7.07106781186547524401e-01;
     const double t = t0 > 4.0 ? 4.0 : (t0 < -4.0 ? -4.0 : t0);
-    const double z = 2.0 * (t * t);
-    double p = 1.0;
-#pragma GCC unroll 64
-    for (int m = 63; m >= 1; m--) p = 1.0 + (p * z) * (1.0 / (double)(2 * m + 1)); /* 1/(2m+1): a rounded constant */
+    const double a = t < 0.0 ? -t : t;
+    const double sa = 2.0 * (t * t) - 1.0, sb = (2.0 * a - 5.0) / 3.0;
+    double pa = erf_a[11], pb = erfc_b[20];
+#pragma GCC unroll 11
+    for (int k = 10; k >= 0; k--) pa = pa * sa + erf_a[k];
+#pragma GCC unroll 20
+    for (int k = 19; k >= 0; k--) pb = pb * sb + erfc_b[k];
     const double x = -(t * t);
     const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
     const double n = floor(x * 1.44269504088896338700e+00 + 0.5);
@@ -920,8 +932,9 @@ static inline float gelu_erf_one(float xf) {
     bits = (bits + 1023) << 52;
     double scale;
     memcpy(&scale, &bits, 8);
-    const double erf = 1.12837916709551257390e+00 * ((e * scale) * (t * p));
-    const double y = v * (0.5 * (1.0 + erf));
+    const double erfc = (e * scale) * pb;
+    const double one_plus_erf = a <= 1.0 ? 1.0 + t * pa : (t < 0.0 ? erfc : 2.0 - erfc);
+    const double y = v * (0.5 * one_plus_erf);
     /* a NaN is returned as it came: arithmetic on it may give either sign (which operand's NaN an instruction
        keeps follows the operand order the compiler chose, which may differ between builds) */
     return v != v ? xf : (float)(t0 < -4.0 ? -0.0 : y);
