@@ -9,7 +9,7 @@ products. It knows nothing about indexes, artifacts or the language model.
 What is fixed: every reduction's order (fma16's 16 lanes, then the fixed tree) and every non-elementwise
 function (exp and erf are kvgraft's own, in double, rounded once), so a text's vector is the same bytes
 for every fma16 variant (avx512, avx2, portable), thread count and ATen vector width (the tests compare
-the variants). What is not: the tokenizer (the `tokenizers` package's version) and ATen's elementwise
+each of them). What is not: the tokenizer (the `tokenizers` package's version) and ATen's elementwise
 float32 adds and products, one correctly rounded operation each, the same bits on any IEEE-754 CPU. The
 vectors are not MiniLM's reference numbers (they differ from torch's in the last bits: cosine > 0.99999),
 which is why the embedder's id names this definition (`VERSION`).
@@ -160,7 +160,7 @@ def take_over(model, isa: str | None = None) -> str:
             m.forward, counts["norms"] = LayerNorm(m, isa), counts["norms"] + 1
         elif isinstance(m, GELUActivation):
             m.forward, counts["gelu"] = Gelu(m, isa), counts["gelu"] + 1
-        elif isinstance(m, BertSelfAttention):  # numerics.attention reads the build from its module
+        elif isinstance(m, BertSelfAttention):  # `attention` reads the build from its module
             m.kvgraft_isa, counts["attention"] = isa, counts["attention"] + 1
     return f"{VERSION}: {taken.line()}, " + ", ".join(f"{v} {k}" for k, v in counts.items())
 

@@ -2,6 +2,7 @@
 embedding, depositing or answering; the same vector bytes on every fma16 variant and thread count; vectors
 within rounding of torch's, under an id that tells the two apart; the erf GELU against its definition."""
 
+import hashlib
 import json
 import math
 import os
@@ -25,18 +26,21 @@ TEXTS = [
 
 
 def test_no_mkl_or_onednn_call_when_embedding_depositing_or_answering(tiny_dirs, tmp_path):
-    """In a subprocess under MKL_VERBOSE and ONEDNN_VERBOSE: the real embedder embeds texts, and a Library on
-    the tiny Gemma with the real embedder deposits a text and answers a question that retrieves it (the
-    embedder's forward on both paths). Nothing from MKL or oneDNN is printed, load included."""
+    """In a subprocess under MKL_VERBOSE and ONEDNN_VERBOSE, with ATen on its DEFAULT kernels and one thread:
+    the real embedder embeds texts, and a Library on the tiny Gemma with the real embedder deposits a text and
+    answers a question that retrieves it (the embedder's forward on both paths). Nothing from MKL or oneDNN
+    is printed, load included, and the vectors are this process's bytes (native ATen, its thread count)."""
     script = (
-        "import json,sys; from retrieval import SentenceEmbedder; import services; from graft_core import model;"
-        "e=SentenceEmbedder(); e.embed_batch(json.loads(sys.argv[3]));"
+        "import hashlib,json,sys,torch; from retrieval import SentenceEmbedder; import services;"
+        "from graft_core import model; torch.set_num_threads(1); e=SentenceEmbedder();"
+        "v=hashlib.sha256(e.embed_batch(json.loads(sys.argv[3])).tobytes()).hexdigest();"
         "lib=services.Library(home=sys.argv[2], lm=model.load(sys.argv[1]), embedder=e);"
         "d=lib.deposit_text('The town of Velmora was founded in 1342 by the river merchant Aldric Venn.');"
         "r=lib.answer('Who founded the town of Velmora?', max_new_tokens=2);"
-        "print(json.dumps([e.embedder_id, d.id, [h.id for h in r.retrieved]])); lib.close()"
+        "print(json.dumps([torch.backends.cpu.get_cpu_capability(), v, e.embedder_id, d.id, [h.id for h in r.retrieved]]));"
+        "lib.close()"
     )
-    env = dict(os.environ, MKL_VERBOSE="1", ONEDNN_VERBOSE="1")
+    env = dict(os.environ, MKL_VERBOSE="1", ONEDNN_VERBOSE="1", ATEN_CPU_CAPABILITY="default")
     done = subprocess.run(
         [sys.executable, "-c", script, str(tiny_dirs["gemma3"]), str(tmp_path / "home"), json.dumps(TEXTS)],
         cwd=Path(__file__).resolve().parents[1],
@@ -48,8 +52,10 @@ def test_no_mkl_or_onednn_call_when_embedding_depositing_or_answering(tiny_dirs,
     assert done.returncode == 0, printed[-3000:]
     vendor = [line for line in printed.splitlines() if "MKL_VERBOSE" in line or "onednn_verbose" in line.lower()]
     assert not vendor, f"{len(vendor)} MKL/oneDNN calls, first: {vendor[:3]}"
-    embedder_id, deposited, retrieved = json.loads(done.stdout.strip().splitlines()[-1])
+    capability, vectors, embedder_id, deposited, retrieved = json.loads(done.stdout.strip().splitlines()[-1])
     assert embedder_id.endswith("+kvgraft-enc-v1") and retrieved == [deposited]
+    assert capability == "DEFAULT" and torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+    assert vectors == hashlib.sha256(SentenceEmbedder().embed_batch(TEXTS).tobytes()).hexdigest()
 
 
 def test_vectors_are_the_same_bytes_on_every_variant_and_thread_count(monkeypatch):
