@@ -1,9 +1,10 @@
 """The retrieval side of a Library: the FAISS index kept in step with the catalog's embeddings.
 
 The index is a cache of the catalog: loaded from `<home>/index`, synced by difference when the catalog
-moved on, rebuilt from the stored embeddings when missing, corrupt or made by another embedder. A rebuild
-first embeds, from its source, every artifact the live embedder has no vector for (a store made under an
-earlier embedder id), so a new embedder finds what the old one did.
+moved on, rebuilt from the stored embeddings when missing, corrupt or made by another embedder. Both a
+rebuild and a sync first embed, from its source, every artifact the live embedder has no vector for (a
+store made under an earlier embedder id, a deposit by a replica not yet upgraded), so a new embedder finds
+what the old one did.
 """
 
 from __future__ import annotations
