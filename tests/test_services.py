@@ -146,6 +146,25 @@ def test_a_new_embedder_embeds_the_store_again_before_it_searches(lib):
     new.close()
 
 
+def test_a_store_that_refuses_the_new_vectors_still_answers_and_rebuild_says_why(lib, monkeypatch):
+    """The catch-up's write fails (a read-only disk): the index is built from the vectors the store has
+    and an answer goes on without a graft; `rebuild_index`, which must save, raises the store's error."""
+    from errors import StorageError, storage_error
+
+    lib.deposit_item(*FACTS[0][:3], "exact", FACTS[0][2])
+    new = services.Library(home=lib.home, lm=lib.lm, embedder=HashEmbedder(dim=32))
+
+    def refused(made):
+        raise storage_error(30, lib.home)
+
+    monkeypatch.setattr(new._catalog, "add_embeddings", refused)
+    assert new.index().ids() == set()
+    assert new.answer(FACTS[0][0], max_new_tokens=2).grafted_tokens == 0
+    with pytest.raises(StorageError, match="read-only file system"):
+        new.rebuild_index()
+    new.close()
+
+
 def test_index_follows_the_catalog_incrementally(lib, tmp_path):
     a = lib.deposit_item(*FACTS[0][:3], "exact", FACTS[0][2]).id
     idx = lib.index()
