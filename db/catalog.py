@@ -389,6 +389,29 @@ class Catalog:
             )
             return [(a, bytes(v)) for a, v in rows]
 
+    def unembedded(self, embedder_id: str) -> list[tuple[str, str]]:
+        """(artifact id, the text its embedding is made from: the source's question, else its text) for every
+        artifact with no embedding by `embedder_id` (a store made under another embedder), by id."""
+        have = select(embeddings.c.artifact_id).where(embeddings.c.embedder_id == embedder_id)
+        with dbconn.read(self._engine) as conn:
+            rows = conn.execute(
+                select(sources.c.artifact_id, sources.c.question, sources.c.text)
+                .where(sources.c.artifact_id.not_in(have))
+                .order_by(sources.c.artifact_id)
+            )
+            return [(a, q or t) for a, q, t in rows]
+
+    def add_embeddings(self, made: list[tuple[str, Embedding]]) -> None:
+        """Add or replace (artifact id, embedding) pairs in one transaction (bumps the version once)."""
+        for _, embedding in made:
+            _check_embedding(embedding)
+        with dbconn.write(self._engine) as conn:
+            for artifact_id, embedding in made:
+                key = self._resolve(conn, artifact_id)
+                conn.execute(delete(embeddings).where(embeddings.c.artifact_id == key, embeddings.c.embedder_id == embedding[0]))
+                self._insert_embedding(conn, key, embedding)
+            self._bump(conn)
+
     def set_embedding(self, artifact_id: str, embedder_id: str, vector: bytes, dim: int, text_sha256: str) -> None:
         """Add or replace the artifact's embedding by `embedder_id` (bumps the version)."""
         embedding = (embedder_id, vector, dim, text_sha256)

@@ -854,6 +854,101 @@ int kv_gelu_tanh(const float *x, int64_t n, float *y, int threads) {
     return 0;
 }
 
+/* ---- the retrieval embedder's layer norm and erf GELU (retrieval/encoder.py), in the same plain C ----------- */
+
+/* LayerNorm of each row: mean = (the row's sum in fma16's order: 16 lanes, then the fixed tree) / n;
+   d = x - mean; var = (fma16's dot of d with itself) / n; r = 1 / sqrtf(var + eps); y = (d * r) * w + b. */
+int kv_layernorm(const float *x, int64_t rows, int64_t n, const float *w, const float *b, float eps, float *y, int threads) {
+    if (rows < 0 || n <= 0) return -1;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (rows * n >= SPLIT_MIN)
+    for (int64_t i = 0; i < rows; i++) {
+        const float *xi = x + i * n;
+        float *yi = y + i * n;
+        float s[16] = {0};
+        for (int64_t k = 0; k < n; k += 16)
+            for (int j = 0; j < 16; j++) s[j] = fmaf(k + j < n ? xi[k + j] : 0.0f, 1.0f, s[j]);
+        const float mean = reduce16_ref(s) / (float)n;
+        float q[16] = {0};
+        for (int64_t k = 0; k < n; k += 16)
+            for (int j = 0; j < 16; j++) {
+                const float d = k + j < n ? xi[k + j] - mean : 0.0f;
+                q[j] = fmaf(d, d, q[j]);
+            }
+        const float r = 1.0f / sqrtf(reduce16_ref(q) / (float)n + eps);
+        for (int64_t k = 0; k < n; k++) yi[k] = ((xi[k] - mean) * r) * w[k] + b[k];
+    }
+    return 0;
+}
+
+/* GELU, erf form, in double, rounded once: x Phi(x) = 0.5 x (1 + erf(t)), t = x / sqrt 2, a = |t| clamped to 4,
+   from two polynomials in the power basis of s in [-1, 1] (scripts/erf_coefficients.py: Chebyshev fits,
+   Horner form here):
+     a <= 1:  erf(t) = t A(s), s = 2 t^2 - 1                  (A: degree 11, error 7e-16)
+     a > 1:   erfc(a) = e^(-a^2) B(s), s = (2a - 5) / 3       (B: degree 20, error 7e-15 relative)
+   so 1 + erf(t) is 1 + t A for a <= 1, erfc(a) for t < -1 (no cancellation) and 2 - erfc(a) for t > 1;
+   e^(-a^2) by kv_exp_d's operations (a <= 4: 2^n a normal double, so no branch). For t > 4 the float is x
+   itself (erfc(4) / 2 < 8e-9, below half an ulp), for t < -4 it is -0 (|x Phi(x)| < 5e-8 there), a NaN is
+   itself. Both pieces are computed for every element and one is selected, so that the loop vectorises. */
+static const double erf_a[12] = { /* s^0 first */
+    0.9654687386698675, -0.1405360890227172, 0.019852496688986938, -0.0022854855611357766, 0.00021751715601743752, -1.7537169499810805e-05, 1.2233828096782525e-06, -7.511554574867454e-08, 4.1157025426899375e-09, -2.0367876290755983e-10, 9.229999679960241e-12, -3.212644014366387e-13};
+static const double erfc_b[21] = { /* s^0 first */
+    0.21080636406114375, -0.11152102018467623, 0.05611049344494688, -0.027005296665753575, 0.012489373880645686, -0.005570706153870793, 0.0024036476681092837, -0.001005831697800622, 0.00040908498082991776, -0.00016201036568824504, 6.257873971725217e-05, -2.3614027325730628e-05, 8.713113123174969e-06, -3.1382621219530745e-06, 1.1106605397144171e-06, -3.9789094240983456e-07, 1.3606223764843504e-07, -3.593362252960036e-08, 1.1665995495712414e-08, -8.083569808585693e-09, 2.613145362554512e-09};
+
+static inline float gelu_erf_one(float xf) {
+    const double v = (double)xf;
+    const double t0 = v * 7.07106781186547524401e-01;
+    const double t = t0 > 4.0 ? 4.0 : (t0 < -4.0 ? -4.0 : t0);
+    const double a = t < 0.0 ? -t : t;
+    const double sa = 2.0 * (t * t) - 1.0, sb = (2.0 * a - 5.0) / 3.0;
+    double pa = erf_a[11], pb = erfc_b[20];
+#pragma GCC unroll 11
+    for (int k = 10; k >= 0; k--) pa = pa * sa + erf_a[k];
+#pragma GCC unroll 20
+    for (int k = 19; k >= 0; k--) pb = pb * sb + erfc_b[k];
+    const double x = -(t * t);
+    const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+    const double n = floor(x * 1.44269504088896338700e+00 + 0.5);
+    const double r = (x - n * ln2_hi) - n * ln2_lo;
+    double e = 1.0 / 6227020800.0;
+    e = e * r + 1.0 / 479001600.0;
+    e = e * r + 1.0 / 39916800.0;
+    e = e * r + 1.0 / 3628800.0;
+    e = e * r + 1.0 / 362880.0;
+    e = e * r + 1.0 / 40320.0;
+    e = e * r + 1.0 / 5040.0;
+    e = e * r + 1.0 / 720.0;
+    e = e * r + 1.0 / 120.0;
+    e = e * r + 1.0 / 24.0;
+    e = e * r + 1.0 / 6.0;
+    e = e * r + 1.0 / 2.0;
+    e = e * r + 1.0;
+    e = e * r + 1.0;
+    /* 2^n, n in [-23, 0], without a double -> int64 conversion (AVX2 has none, and the loop would not vectorise
+       there): n + 1.5 2^52 is exact and holds 2^51 + n in its low bits; the exponent field is their low 11 bits
+       + 1023 (2^51 is 0 modulo 2^12). The same 2^n, integer operations only. */
+    const double shifted = n + 6755399441055744.0;
+    uint64_t bits;
+    memcpy(&bits, &shifted, 8);
+    bits = (bits + 1023) << 52;
+    double scale;
+    memcpy(&scale, &bits, 8);
+    const double erfc = (e * scale) * pb;
+    const double one_plus_erf = a <= 1.0 ? 1.0 + t * pa : (t < 0.0 ? erfc : 2.0 - erfc);
+    const double y = v * (0.5 * one_plus_erf);
+    /* a NaN is returned as it came: arithmetic on it may give either sign (which operand's NaN an instruction
+       keeps follows the operand order the compiler chose, which may differ between builds) */
+    return v != v ? xf : (float)(t0 < -4.0 ? -0.0 : y);
+}
+
+float kv_gelu_erf_one(float x) { return gelu_erf_one(x); }
+
+int kv_gelu_erf(const float *x, int64_t n, float *y, int threads) {
+    if (n < 0) return -1;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (n >= SPLIT_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = gelu_erf_one(x[i]);
+    return 0;
+}
+
 /* ---- attention: one key/value head and the query heads that share it, fused ------------------------
 
    The definition, for one query row q (head h, position i) over keys k_j and values v_j (j < sk, D values

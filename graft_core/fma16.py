@@ -233,8 +233,10 @@ def _declare_rest(handle) -> None:
     ]
     handle.kv_rmsnorm.argtypes = [ptr, i64, i64, ptr, c_float, ptr, c_int]
     handle.kv_gelu_tanh.argtypes = [ptr, i64, ptr, c_int]
+    handle.kv_layernorm.argtypes = [ptr, i64, i64, ptr, ptr, c_float, ptr, c_int]  # the retrieval embedder's
+    handle.kv_gelu_erf.argtypes = [ptr, i64, ptr, c_int]
     handle.kv_rotary.argtypes = [ptr, i64, ptr, i64, c_float, ptr, ptr]
-    for f in ("kv_expf", "kv_expf_neg_ref", "kv_gelu_one", "kv_gelu_ref"):
+    for f in ("kv_expf", "kv_expf_neg_ref", "kv_gelu_one", "kv_gelu_ref", "kv_gelu_erf_one"):
         getattr(handle, f).argtypes, getattr(handle, f).restype = [c_float], c_float
 
 
@@ -243,11 +245,18 @@ def row_bytes(fmt: int, k: int) -> int:
 
 
 def linear(
-    x: torch.Tensor, w: torch.Tensor, fmt: int, n: int, *, reference: bool = False, isa: str | None = None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    fmt: int,
+    n: int,
+    *,
+    reference: bool = False,
+    isa: str | None = None,
+    threads: int | None = None,
 ) -> torch.Tensor:
     """x [M, K] float32 (contiguous) @ W^T -> [M, N], W as `n` rows of `fmt` in the uint8 (or float32) tensor `w`,
-    on variant `isa` (default `variant()`). `reference` runs the plain C definition instead (one output at a
-    time; slow)."""
+    on variant `isa` (default `variant()`), split over `threads` (default torch's count; never a bit's
+    difference). `reference` runs the plain C definition instead (one output at a time; slow)."""
     m, k = x.shape
     kernels = lib(isa)
     need = kernels.kv_row_bytes(fmt, k)
@@ -261,7 +270,8 @@ def linear(
     if reference:
         rc = kernels.kv_linear_ref(x.data_ptr(), m, k, k, w.data_ptr(), fmt, n, y.data_ptr(), n)
     else:
-        rc = kernels.kv_linear(x.data_ptr(), m, k, k, w.data_ptr(), fmt, n, y.data_ptr(), n, torch.get_num_threads())
+        team = torch.get_num_threads() if threads is None else threads
+        rc = kernels.kv_linear(x.data_ptr(), m, k, k, w.data_ptr(), fmt, n, y.data_ptr(), n, team)
     if rc != 0:
         raise RuntimeError(f"fma16 product failed ({rc}) for x {tuple(x.shape)}, {n} rows of format {fmt}")
     return y
@@ -289,6 +299,9 @@ class Fma16Linear:
         self.plain = module.forward
         self.n, self.k = module.weight.shape
         self.blocks, self.fmt = (blocks, fmt) if blocks is not None else (None, FORMATS["F32"])
+        # products of fewer multiply-adds than this run on the calling thread alone (0: always torch's thread
+        # count): waking a second thread can cost more than a small product, milliseconds on a busy machine
+        self.solo_below = 0
 
     @property
     def source(self) -> torch.Tensor:
@@ -308,7 +321,8 @@ class Fma16Linear:
         # a profiled run (bench.kernels) sees the products as one op; otherwise nothing is recorded
         profiled = torch._C._autograd._profiler_enabled()
         with torch.profiler.record_function("fma16::linear") if profiled else contextlib.nullcontext():
-            return linear(flat, self.source, self.fmt, self.n, isa=self.isa).reshape(*x.shape[:-1], self.n)
+            threads = 1 if flat.shape[0] * self.k * self.n < self.solo_below else None
+            return linear(flat, self.source, self.fmt, self.n, isa=self.isa, threads=threads).reshape(*x.shape[:-1], self.n)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.module.weight

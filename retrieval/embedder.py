@@ -10,6 +10,7 @@ with another: `VectorIndex.is_stale` compares the id it was built with against t
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import threading
 from abc import ABC, abstractmethod
@@ -19,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from errors import InvalidInput
+
+log = logging.getLogger("kvgraft.embedder")
 
 DEFAULT_NAME = "all-MiniLM-L6-v2"
 WEIGHTS_FILE = "model.safetensors"
@@ -70,8 +73,11 @@ class SentenceEmbedder(Embedder):
     """A sentence-transformers model folder, by default the packaged all-MiniLM-L6-v2 (384-d).
 
     Loaded on first use, once, under a lock (concurrent first callers wait for one load), from local
-    files only: it never touches the network. `embedder_id` is `<name>@<first 16 hex of the SHA-256
-    of model.safetensors>`.
+    files only: it never touches the network. Its forward runs on kvgraft's kernels (retrieval/encoder.py:
+    no MKL or oneDNN call, the same bytes on every fma16 variant), and `embedder_id` is `<name>@<first 16
+    hex of the SHA-256 of model.safetensors>+<encoder.VERSION>`. Where fma16 cannot run (no C compiler,
+    KVGRAFT_LINEAR=torch) or the folder is not a mean-pooled BERT, torch computes it (`encode`) and the
+    id has no `+` part: the two give vectors that differ in the last bits, so they never share an index.
 
     Inputs are bounded: each text is cut to MAX_CHARS characters, then the model's own tokenizer
     truncates it to `max_seq_length` word pieces (256 for all-MiniLM-L6-v2); text beyond that does
@@ -95,6 +101,7 @@ class SentenceEmbedder(Embedder):
         self._lock = threading.Lock()
         self._model: Any = None
         self._id: str | None = None
+        self._encoder: Any = None  # retrieval.encoder where the forward is kvgraft's, else None (torch's)
 
     def _loaded(self) -> Any:
         if self._model is None:
@@ -105,11 +112,25 @@ class SentenceEmbedder(Embedder):
                         raise InvalidInput(
                             f"{self.model_dir} has no {WEIGHTS_FILE}; pass a sentence-transformers folder saved with safetensors"
                         )
-                    self._id = f"{self.name}@{_sha256_file(weights)[:16]}"
+                    digest = _sha256_file(weights)[:16]
                     from sentence_transformers import SentenceTransformer
 
-                    self._model = SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
+                    model = SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
+                    self._id = f"{self.name}@{digest}{self._take_over(model)}"
+                    self._model = model
         return self._model
+
+    def _take_over(self, model) -> str:
+        """Put the model's forward on kvgraft's kernels where it can run; the suffix of the id that says so."""
+        from retrieval import encoder
+
+        why = encoder.why_not(model) if self.device == "cpu" else f"device {self.device}"
+        if why:
+            log.warning("the embedder computes with torch (MKL and oneDNN calls on every text): %s", why)
+            return ""
+        log.info("embedder: %s", encoder.take_over(model))
+        self._encoder = encoder
+        return f"+{encoder.VERSION}"
 
     @property
     def dim(self) -> int:
@@ -130,6 +151,8 @@ class SentenceEmbedder(Embedder):
         model = self._loaded()
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if self._encoder is not None:
+            return np.stack([self._encoder.embed(model, text[:MAX_CHARS]) for text in texts])
         vectors = model.encode(
             [text[:MAX_CHARS] for text in texts],
             batch_size=1,

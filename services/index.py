@@ -1,11 +1,15 @@
 """The retrieval side of a Library: the FAISS index kept in step with the catalog's embeddings.
 
 The index is a cache of the catalog: loaded from `<home>/index`, synced by difference when the catalog
-moved on, rebuilt from the stored embeddings when missing, corrupt or made by another embedder.
+moved on, rebuilt from the stored embeddings when missing, corrupt or made by another embedder. Both a
+rebuild and a sync first embed, from its source, every artifact the live embedder has no vector for (a
+store made under an earlier embedder id, a deposit by a replica not yet upgraded), so a new embedder finds
+what the old one did.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +19,8 @@ import numpy as np
 from db.catalog import Catalog
 from errors import KvgraftError, StorageError
 from files import write_faults
+
+log = logging.getLogger("kvgraft.index")
 
 if TYPE_CHECKING:  # faiss loads with the first index (the web app's start-up stage), not with the page
     from retrieval import Embedder, VectorIndex
@@ -58,7 +64,9 @@ class IndexPipeline:
 
     def _sync(self, idx: VectorIndex, version: int) -> VectorIndex:
         """Bring a live index up to the catalog by adding and removing only what changed: a deposit
-        made by another process costs one insert here, not a rebuild (HNSW builds take seconds)."""
+        made by another process costs one insert here, not a rebuild (HNSW builds take seconds). An artifact
+        that process recorded under another embedder only (one not yet upgraded) is embedded here first."""
+        version = self._caught_up(version, must_save=False)
         pairs = dict(self._catalog.embeddings(self.embedder.embedder_id))
         have = idx.ids()
         for gone in have - pairs.keys():
@@ -72,9 +80,35 @@ class IndexPipeline:
             pass
         return idx
 
+    def _embed_missing(self) -> int:
+        """Embed every artifact the live embedder has no vector for (question, else text: as a deposit does)
+        and record them in one transaction; returns how many."""
+        from graft_core.artifact import text_sha256
+
+        eid = self.embedder.embedder_id
+        made = []
+        for aid, text in self._catalog.unembedded(eid):
+            vec = np.asarray(self.embedder.embed(text), dtype="<f4")
+            made.append((aid, (eid, vec.tobytes(), int(vec.shape[0]), text_sha256(text))))
+        if made:
+            log.info("embedding %d artifact(s) with no vector by %s", len(made), eid)
+            self._catalog.add_embeddings(made)
+        return len(made)
+
+    def _caught_up(self, version: int, must_save: bool) -> int:
+        """The catalog version once `_embed_missing` has run: `version` where nothing was missing, or where
+        the store refused the write and `must_save` is False (a read-only store answers from what it has)."""
+        try:
+            return self._catalog.version() if self._embed_missing() else version
+        except StorageError:
+            if must_save:
+                raise
+            return version
+
     def _rebuild(self, version: int, must_save: bool) -> VectorIndex:
         from retrieval import VectorIndex
 
+        version = self._caught_up(version, must_save)
         idx = VectorIndex(self.embedder.dim, self.embedder.embedder_id)
         pairs = [(aid, np.frombuffer(vec, dtype="<f4")) for aid, vec in self._catalog.embeddings(self.embedder.embedder_id)]
         idx.build(pairs, version)

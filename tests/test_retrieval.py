@@ -96,8 +96,9 @@ def small_index(n=50, dim=32, hnsw_threshold=20_000, version=1):
 def test_embedder_identity_and_shape(embedder):
     assert embedder.dim == 384
     assert embedder.max_seq_length == 256
-    name, digest = embedder.embedder_id.split("@")
-    assert name == "all-MiniLM-L6-v2" and len(digest) == 16 and int(digest, 16) >= 0
+    name, rest = embedder.embedder_id.split("@")
+    digest, numerics = rest.split("+")
+    assert name == "all-MiniLM-L6-v2" and len(digest) == 16 and int(digest, 16) >= 0 and numerics == "kvgraft-enc-v1"
     assert embedder.embed_batch([]).shape == (0, 384)
 
 

@@ -122,6 +122,49 @@ def test_verify_samples_reports_byte_equality(lib):
     assert zero.byte_equal == 3 and all(r.check.tier == "relocated" and r.check.exact for r in zero.rows)
 
 
+def test_a_new_embedder_embeds_the_store_again_before_it_searches(lib):
+    """A store made under another embedder id (here a fake of another width): the first index() embeds every
+    artifact from its source (the question where there is one), in one catalog version, and retrieval finds
+    them; the old vectors stay, under their own id."""
+    item = lib.deposit_item(*FACTS[0][:3], "exact", FACTS[0][2]).id
+    text = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.").id
+    old_id, before = lib.embedder.embedder_id, lib._catalog.version()
+    new = services.Library(home=lib.home, lm=lib.lm, embedder=HashEmbedder(dim=32))
+    assert new._catalog.embeddings("hash-32@1") == []
+    assert new.index().ids() == {item, text}
+    assert new._catalog.version() == before + 1
+    vectors = dict(new._catalog.embeddings("hash-32@1"))
+    assert vectors[item] == new.embedder.embed(FACTS[0][0]).astype("<f4").tobytes()
+    assert vectors[text] == new.embedder.embed("Fact sheet: the Brannock Spire is 212 metres tall.").astype("<f4").tobytes()
+    assert [h.id for h in new.retrieve(FACTS[0][0], threshold=0.5)][:1] == [item]
+    assert {a for a, _ in new._catalog.embeddings(old_id)} == {item, text}
+    assert new.index().ids() == {item, text} and new._catalog.version() == before + 1  # nothing left to embed
+    late = lib.deposit_item(*FACTS[1][:3], "exact", FACTS[1][2]).id  # a replica still on the old embedder
+    idx = new.index()
+    assert idx.ids() == {item, text, late} and idx is new.index()  # synced in place, the late one embedded
+    assert dict(new._catalog.embeddings("hash-32@1"))[late] == new.embedder.embed(FACTS[1][0]).astype("<f4").tobytes()
+    new.close()
+
+
+def test_a_store_that_refuses_the_new_vectors_still_answers_and_rebuild_says_why(lib, monkeypatch):
+    """The catch-up's write fails (a read-only disk): the index is built from the vectors the store has
+    and an answer goes on without a graft; `rebuild_index`, which must save, raises the store's error."""
+    from errors import StorageError, storage_error
+
+    lib.deposit_item(*FACTS[0][:3], "exact", FACTS[0][2])
+    new = services.Library(home=lib.home, lm=lib.lm, embedder=HashEmbedder(dim=32))
+
+    def refused(made):
+        raise storage_error(30, lib.home)
+
+    monkeypatch.setattr(new._catalog, "add_embeddings", refused)
+    assert new.index().ids() == set()
+    assert new.answer(FACTS[0][0], max_new_tokens=2).grafted_tokens == 0
+    with pytest.raises(StorageError, match="read-only file system"):
+        new.rebuild_index()
+    new.close()
+
+
 def test_index_follows_the_catalog_incrementally(lib, tmp_path):
     a = lib.deposit_item(*FACTS[0][:3], "exact", FACTS[0][2]).id
     idx = lib.index()
