@@ -1281,10 +1281,13 @@ int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs,
     if (vector && sq == 1 && threads > 1 && (double)sk * (double)(D * H) >= 16.0 * SPLIT_MIN) /* 512 keys of 4 x 256 */
         return attend_single(q, H, D, q_hs, k, k_ss, v, v_ss, sk, keep, add, scale, y, y_hs, threads);
 #endif
-    const int64_t blocks = (sq + ATT_PB - 1) / ATT_PB;
+    /* A short prompt (a question after a restore) in blocks of equal size, one per thread, rather than 16
+       positions and a remainder: 17 positions were 16 on one thread and 1 on the other. */
+    const int64_t pb = threads > 1 && sq <= ATT_PB * threads ? (sq + threads - 1) / threads : ATT_PB;
+    const int64_t blocks = (sq + pb - 1) / pb;
     int failed = 0;
     const int team = threads < 1 ? 1 : threads > blocks ? (int)blocks : threads; /* no thread without a block */
-#pragma omp parallel num_threads(team) if (team > 1 && (double)sq * (double)sk * (double)(D * H) >= 64.0 * SPLIT_MIN * 16)
+#pragma omp parallel num_threads(team) if (team > 1 && (double)sq * (double)sk * (double)(D * H) >= 4.0 * SPLIT_MIN * 16)
     {
         float *t = malloc((size_t)(H * ATT_PB) * (size_t)sk * 4);
         float *lanes = aligned_alloc(64, 16 * 4 * 4 * 16 * 4);
@@ -1295,7 +1298,7 @@ int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs,
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < blocks; b++) {
             if (!t || !lanes) continue;
-            const int64_t i0 = b * ATT_PB, n = sq - i0 < ATT_PB ? sq - i0 : ATT_PB;
+            const int64_t i0 = b * pb, n = sq - i0 < pb ? sq - i0 : pb;
             if (vector) {
 #ifdef FMA16_VECTOR
                 attend_block(q, H, i0, n, D, q_hs, q_ss, k, k_ss, v, v_ss, sk, keep, add, m_ss, scale, y, y_hs, y_ss, t,

@@ -164,20 +164,25 @@ def test_attention_is_its_written_definition_in_every_build(h, sq, sk, d, mask):
 def test_attention_bytes_do_not_depend_on_the_build_or_the_threads():
     """Gemma 3 270M's shape (4 query heads on 1 key/value head of 256) over 600 keys, sliding window and
     causal: every build the CPU has, on 1 and 2 threads, the same bytes as the plain C reference."""
-    q, k, v, keep, _ = _case(4, 100, 600, 256, "causal", seed=3)
-    i = torch.arange(100)[:, None] + 500
-    sliding = keep & (torch.arange(600)[None, :] > i - 512)
     before = torch.get_num_threads()
     try:
-        for mask in (keep, sliding):
-            want = _attend(q, k, v, mask, None, 0.0625, reference=True)
-            for threads in (1, 2):
-                torch.set_num_threads(threads)
-                for isa in fma16.runnable():
-                    got = _attend(q, k, v, mask, None, 0.0625, isa=isa)
-                    assert torch.equal(got, want), f"{isa}, {threads} threads: {(got - want).abs().max()}"
+        for sq in (100, 17):  # 17: a question after a restore, in two blocks of 9 and 8 positions on 2 threads
+            _same_over_builds_and_threads(sq)
     finally:
         torch.set_num_threads(before)
+
+
+def _same_over_builds_and_threads(sq: int) -> None:
+    q, k, v, keep, _ = _case(4, sq, 600, 256, "causal", seed=3)
+    i = torch.arange(sq)[:, None] + 600 - sq
+    sliding = keep & (torch.arange(600)[None, :] > i - 512)
+    for mask in (keep, sliding):
+        want = _attend(q, k, v, mask, None, 0.0625, reference=True)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for isa in fma16.runnable():
+                got = _attend(q, k, v, mask, None, 0.0625, isa=isa)
+                assert torch.equal(got, want), f"{isa}, {threads} threads: {(got - want).abs().max()}"
 
 
 def test_exp_is_correctly_rounded_on_a_sweep():
