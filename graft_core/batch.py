@@ -210,10 +210,6 @@ class Batcher:
         return rows
 
     def _step(self, sessions: list[Session]) -> list[torch.Tensor]:
-        if self.stepper is not None:
-            rows = self.stepper.step([(s.cache, s.token, s.pos) for s in sessions])
-            if rows is not None:
-                return rows
         return self._pass([(s.cache, [s.token], s.pos) for s in sessions], self._columns)
 
     @torch.inference_mode()
@@ -306,11 +302,21 @@ class Batcher:
 
         return product
 
+    def _lean(self, items: list[tuple]) -> list[torch.Tensor] | None:
+        """The items' last rows through the stepper's one C call per pass (graft_core.step), or None where it
+        does not take them (no stepper, or a cache it does not write)."""
+        if self.stepper is None:
+            return None
+        return self.stepper.run([(cache, list(ids), start) for cache, ids, start in items])
+
     def _pass(self, items: list[tuple], product) -> list[torch.Tensor]:
         """One pass over sessions' (cache, ids, start): per session, what Gemma3TextModel.forward prepares
         (embedding, masks, rotary embeddings) and Gemma3Attention's steps around its products; across
         sessions every matrix product through `product` (padded columns for 1-row steps, stacked rows for
         prompts) and each session's last row's vocabulary projection as a padded column product."""
+        rows = self._lean(items)
+        if rows is not None:
+            return rows
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         m, lm = self.model.model, self.model

@@ -1319,14 +1319,18 @@ int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs,
 
 /* ---- a decode step's layers in one call (graft_core/step.py) -----------------------------------------
 
-   The layers of a Gemma 3 decoder for S sessions' one-token rows, each operation the one the model's
+   The layers of a Gemma 3 decoder for S sessions' new rows (one each for a decode step, a prompt's for a
+   prefill), each operation the one the model's
    modules run one call at a time (graft_core.batch.Batcher._pass, itself checked against transformers'
    forward): kv_rmsnorm, kv_linear, the rotary embedding as ATen computes q * cos + rotate_half(q) * sin
    (rotate_half(q) = cat(-q2, q1); three float32 operations per element), kv_attention over the session's
    cached rows and the new one, GELU(gate) * up, and the residual adds. Nothing is reordered or fused, so
    the rows are the same bytes; what goes is the Python between the calls. The caches are the caller's
-   buffers (graft_core.layers._Rows): the new key/value row is written at `end` and attended with rows
-   [start, end]; the caller made room for it and moves its bookkeeping after. */
+   buffers (graft_core.layers._Rows): a session's new key/value rows are written from `end` on, and its new
+   row r attends the buffer's rows from `start` (or, in a sliding layer, from the first less than `window`
+   positions back) to end + r, without a mask: a contiguous range of keys gives the bytes of the same keys
+   kept by a mask (kv_attention's definition: moving every key by the same number of lanes only swaps
+   operands of additions). The caller made room and moves its bookkeeping after. */
 
 typedef struct {
     const uint8_t *w[7]; /* q, k, v, o, gate, up, down: rows in their formats */
@@ -1346,59 +1350,72 @@ static void rotate_row(const float *a, const float *c, const float *s, int64_t D
     for (int64_t d = h; d < D; d++) out[d] = a[d] * c[d] + a[d - h] * s[d];
 }
 
-int kv_decode_layers(const kv_layer *layers, int64_t L, int64_t S, float *x, float *const *kbuf, float *const *vbuf,
-                     const int64_t *cap, const int64_t *start, const int64_t *end, const float *const *cos,
-                     const float *const *sin, int threads) {
+int kv_decode_layers(const kv_layer *layers, int64_t L, int64_t S, const int64_t *rows, float *x, float *const *kbuf,
+                     float *const *vbuf, const int64_t *cap, const int64_t *start, const int64_t *end, const int64_t *window,
+                     const float *const *cos, const float *const *sin, int threads) {
     if (L <= 0 || S <= 0) return -1;
-    int64_t most = 0;
+    int64_t most = 0, M = 0;
+    for (int64_t s = 0; s < S; s++) {
+        if (rows[s] <= 0) return -1;
+        M += rows[s];
+    }
     for (int64_t l = 0; l < L; l++) {
         const kv_layer *y = &layers[l];
-        const int64_t sizes[6] = {y->hidden, y->heads * y->head_dim, y->kv_heads * y->head_dim, y->inter, 0, 0};
+        const int64_t sizes[4] = {y->hidden, y->heads * y->head_dim, y->kv_heads * y->head_dim, y->inter};
         for (int i = 0; i < 4; i++) most = sizes[i] > most ? sizes[i] : most;
         if (y->head_dim % 2 || y->kv_heads <= 0 || y->heads % y->kv_heads) return -1;
     }
     /* scratch: h, q, q', k, k', v, att, o (hidden or heads), gate, up */
-    float *buf = malloc((size_t)S * (size_t)most * 10 * 4);
+    float *buf = malloc((size_t)M * (size_t)most * 10 * 4);
     if (!buf) return -2;
-    float *h = buf, *q = h + S * most, *qr = q + S * most, *kk = qr + S * most, *kr = kk + S * most,
-          *vv = kr + S * most, *att = vv + S * most, *o = att + S * most, *g = o + S * most, *u = g + S * most;
+    float *h = buf, *q = h + M * most, *qr = q + M * most, *kk = qr + M * most, *kr = kk + M * most,
+          *vv = kr + M * most, *att = vv + M * most, *o = att + M * most, *g = o + M * most, *u = g + M * most;
     int rc = 0;
     for (int64_t l = 0; l < L && !rc; l++) {
         const kv_layer *y = &layers[l];
         const int64_t E = y->hidden, D = y->head_dim, H = y->heads, G = y->kv_heads, QD = H * D, KD = G * D, I = y->inter;
-        rc |= kv_rmsnorm(x, S, E, y->norm[0], y->eps, h, threads);
-        rc |= kv_linear(h, S, E, E, y->w[0], y->fmt[0], QD, q, QD, threads);
-        rc |= kv_linear(h, S, E, E, y->w[1], y->fmt[1], KD, kk, KD, threads);
-        rc |= kv_linear(h, S, E, E, y->w[2], y->fmt[2], KD, vv, KD, threads);
-        rc |= kv_rmsnorm(q, S * H, D, y->norm[1], y->eps, qr, threads);
-        rc |= kv_rmsnorm(kk, S * G, D, y->norm[2], y->eps, kr, threads);
-        for (int64_t s = 0; s < S && !rc; s++) {
-            const int64_t c = l * S + s, row = end[c];
-            if (row >= cap[c]) { rc = -3; break; }
-            const float *cs = cos[c], *sn = sin[c];
-            for (int64_t hh = 0; hh < H; hh++) rotate_row(qr + s * QD + hh * D, cs, sn, D, q + s * QD + hh * D);
-            for (int64_t gg = 0; gg < G; gg++) {
-                float *kdst = kbuf[c] + (gg * cap[c] + row) * D, *vdst = vbuf[c] + (gg * cap[c] + row) * D;
-                rotate_row(kr + s * KD + gg * D, cs, sn, D, kdst);
-                memcpy(vdst, vv + s * KD + gg * D, (size_t)D * 4);
+        rc |= kv_rmsnorm(x, M, E, y->norm[0], y->eps, h, threads);
+        rc |= kv_linear(h, M, E, E, y->w[0], y->fmt[0], QD, q, QD, threads);
+        rc |= kv_linear(h, M, E, E, y->w[1], y->fmt[1], KD, kk, KD, threads);
+        rc |= kv_linear(h, M, E, E, y->w[2], y->fmt[2], KD, vv, KD, threads);
+        rc |= kv_rmsnorm(q, M * H, D, y->norm[1], y->eps, qr, threads);
+        rc |= kv_rmsnorm(kk, M * G, D, y->norm[2], y->eps, kr, threads);
+        const int64_t group = H / G;
+        for (int64_t s = 0, m0 = 0; s < S && !rc; m0 += rows[s], s++) {
+            const int64_t c = l * S + s, T = rows[s];
+            if (end[c] + T > cap[c]) { rc = -3; break; }
+            for (int64_t r = 0; r < T; r++) { /* every new key/value row first: row r attends rows up to end + r */
+                const float *cs = cos[c] + r * D, *sn = sin[c] + r * D;
+                for (int64_t hh = 0; hh < H; hh++)
+                    rotate_row(qr + (m0 + r) * QD + hh * D, cs, sn, D, q + (m0 + r) * QD + hh * D);
+                for (int64_t gg = 0; gg < G; gg++) {
+                    const int64_t at = (gg * cap[c] + end[c] + r) * D;
+                    rotate_row(kr + (m0 + r) * KD + gg * D, cs, sn, D, kbuf[c] + at);
+                    memcpy(vbuf[c] + at, vv + (m0 + r) * KD + gg * D, (size_t)D * 4);
+                }
             }
-            const int64_t group = H / G, sk = row + 1 - start[c];
-            for (int64_t gg = 0; gg < G && !rc; gg++)
-                rc |= kv_attention(q + s * QD + gg * group * D, group, 1, D, D, QD, kbuf[c] + (gg * cap[c] + start[c]) * D, D,
-                                   vbuf[c] + (gg * cap[c] + start[c]) * D, D, sk, 0, 0, 0, y->scale, att + s * QD + gg * group * D,
-                                   D, QD, threads, 0);
+            for (int64_t r = 0; r < T && !rc; r++) {
+                /* the keys row r sees, contiguous in the buffer: all held ones and the new ones up to it, or
+                   within a sliding window those less than `window` positions back */
+                const int64_t hi = end[c] + r, w = window[l];
+                const int64_t lo = w > 0 && hi - w + 1 > start[c] ? hi - w + 1 : start[c];
+                for (int64_t gg = 0; gg < G && !rc; gg++)
+                    rc |= kv_attention(q + (m0 + r) * QD + gg * group * D, group, 1, D, D, QD, kbuf[c] + (gg * cap[c] + lo) * D,
+                                       D, vbuf[c] + (gg * cap[c] + lo) * D, D, hi - lo + 1, 0, 0, 0, y->scale,
+                                       att + (m0 + r) * QD + gg * group * D, D, QD, threads, 0);
+            }
         }
-        rc |= kv_linear(att, S, QD, QD, y->w[3], y->fmt[3], E, o, E, threads);
-        rc |= kv_rmsnorm(o, S, E, y->norm[3], y->eps, h, threads);
-        for (int64_t i = 0; i < S * E; i++) x[i] = x[i] + h[i];
-        rc |= kv_rmsnorm(x, S, E, y->norm[4], y->eps, h, threads);
-        rc |= kv_linear(h, S, E, E, y->w[5], y->fmt[5], I, u, I, threads);
-        rc |= kv_linear(h, S, E, E, y->w[4], y->fmt[4], I, g, I, threads);
-        rc |= kv_gelu_tanh(g, S * I, g, threads);
-        for (int64_t i = 0; i < S * I; i++) g[i] = g[i] * u[i];
-        rc |= kv_linear(g, S, I, I, y->w[6], y->fmt[6], E, o, E, threads);
-        rc |= kv_rmsnorm(o, S, E, y->norm[5], y->eps, h, threads);
-        for (int64_t i = 0; i < S * E; i++) x[i] = x[i] + h[i];
+        rc |= kv_linear(att, M, QD, QD, y->w[3], y->fmt[3], E, o, E, threads);
+        rc |= kv_rmsnorm(o, M, E, y->norm[3], y->eps, h, threads);
+        for (int64_t i = 0; i < M * E; i++) x[i] = x[i] + h[i];
+        rc |= kv_rmsnorm(x, M, E, y->norm[4], y->eps, h, threads);
+        rc |= kv_linear(h, M, E, E, y->w[5], y->fmt[5], I, u, I, threads);
+        rc |= kv_linear(h, M, E, E, y->w[4], y->fmt[4], I, g, I, threads);
+        rc |= kv_gelu_tanh(g, M * I, g, threads);
+        for (int64_t i = 0; i < M * I; i++) g[i] = g[i] * u[i];
+        rc |= kv_linear(g, M, I, I, y->w[6], y->fmt[6], E, o, E, threads);
+        rc |= kv_rmsnorm(o, M, E, y->norm[5], y->eps, h, threads);
+        for (int64_t i = 0; i < M * E; i++) x[i] = x[i] + h[i];
     }
     free(buf);
     return rc;

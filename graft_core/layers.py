@@ -173,24 +173,26 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def reserve_row(layer) -> _Rows | None:
-    """Room for one more row in a growing layer that holds rows (graft_core.step writes it); None where the
+def reserve_rows(layer, n: int) -> _Rows | None:
+    """Room for `n` more rows in a growing layer that holds rows (graft_core.step writes them); None where the
     layer is not one (another cache class, nothing held yet, transformers' past recording)."""
     rows = getattr(layer, "_rows", None)
     keys = layer.keys if layer.is_initialized else None
     if rows is None or keys is None or keys.dim() != 4 or getattr(layer, "record_past", False):
         return None
-    rows.reserve(keys, layer.values, keys, 1)
+    rows.reserve(keys, layer.values, keys, n)
+    layer.keys, layer.values = rows.rows(rows.start, rows.end)  # the same rows, wherever the reserve put them
+    rows.view = layer.keys
     return rows
 
 
-def commit_row(layer) -> None:
-    """After the row at `end` was written (and attended with rows [start, end]): the layer holds it, a sliding
-    layer its last `sliding_window - 1` rows, as `update` leaves them."""
+def commit_rows(layer, n: int) -> None:
+    """After `n` rows were written from `end` on (and attended): the layer holds them, a sliding layer its
+    last `sliding_window - 1` rows, as `update` leaves them."""
     rows = layer._rows
-    rows.end += 1
+    rows.end += n
     if is_sliding(layer):
-        layer.cumulative_length += 1
+        layer.cumulative_length += n
         rows.start = max(rows.start, rows.end - layer.sliding_window + 1)
     layer.keys, layer.values = rows.rows(rows.start, rows.end)
     rows.view = layer.keys

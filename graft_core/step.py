@@ -20,7 +20,7 @@ import ctypes
 import torch
 
 from . import fma16
-from .layers import commit_row, reserve_row
+from .layers import commit_rows, is_sliding, reserve_rows
 
 _KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -49,7 +49,7 @@ def _declare(lib) -> None:
         return
     ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.kv_layer_size.restype = c_int
-    lib.kv_decode_layers.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, c_int]
+    lib.kv_decode_layers.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, c_int]
     lib._kvgraft_step = True
 
 
@@ -110,43 +110,59 @@ class Stepper:
         self.table, self.layers = table, len(ops)
         self.kinds = list(cfg.layer_types[: cfg.num_hidden_layers])
 
-    @torch.inference_mode()
     def step(self, items: list[tuple]) -> list[torch.Tensor] | None:
         """Each (cache, token, pos)'s logits row [vocab]; every cache gains its token. None (nothing done)
         where a cache is not one this path writes (the caller takes the modules' path)."""
+        return self.run([(cache, [tok], pos) for cache, tok, pos in items])
+
+    @torch.inference_mode()
+    def run(self, items: list[tuple]) -> list[torch.Tensor] | None:
+        """Each (cache, ids, start)'s last logits row [vocab] (a decode step: one id; a prompt after a restore:
+        its ids), every cache gaining its ids. None (nothing done) where a cache is not one this path writes:
+        another cache class, or one that holds nothing yet (a first prefill takes the modules' path)."""
         m, lm = self.model.model, self.model
         S = len(items)
-        rows = []
-        for cache, _, _ in items:
-            if len(cache.layers) != self.layers:
+        held = []
+        for cache, ids, _ in items:
+            if len(cache.layers) != self.layers or not ids:
                 return None
-            got = [reserve_row(layer) for layer in cache.layers]
+            got = [reserve_rows(layer, len(ids)) for layer in cache.layers]
             if any(r is None for r in got):
                 return None
-            rows.append(got)
-        ids = torch.tensor([[tok for _, tok, _ in items]], dtype=torch.long)
-        pos = torch.tensor([[p for _, _, p in items]], dtype=torch.long)
-        x = m.embed_tokens(ids).contiguous()  # [1, S, hidden]
-        ropes = {kind: m.rotary_emb(x, pos, kind) for kind in set(self.kinds)}  # [1, S, head_dim] each
+            held.append(got)
+        counts = [len(ids) for _, ids, _ in items]
+        ids_t = torch.tensor([[t for _, ids, _ in items for t in ids]], dtype=torch.long)
+        pos = torch.tensor([[start + i for _, ids, start in items for i in range(len(ids))]], dtype=torch.long)
+        x = m.embed_tokens(ids_t).contiguous()  # [1, rows, hidden]
+        ropes = {kind: m.rotary_emb(x, pos, kind) for kind in set(self.kinds)}  # [1, rows, head_dim] each
         n = self.layers * S
         kb, vb = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)()
         cap, start, end = (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)()
         cos, sin = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)()
+        window = (ctypes.c_int64 * self.layers)()
+        first = items[0][0].layers
         for li in range(self.layers):
+            window[li] = first[li].sliding_window if is_sliding(first[li]) else 0
             c, s_ = ropes[self.kinds[li]]
+            row = 0
             for si in range(S):
-                r, at = rows[si][li], li * S + si
+                r, at = held[si][li], li * S + si
+                if is_sliding(items[si][0].layers[li]) != bool(window[li]):
+                    return None
                 kb[at], vb[at], cap[at], start[at], end[at] = r.k.data_ptr(), r.v.data_ptr(), r.k.shape[2], r.start, r.end
-                cos[at] = c.data_ptr() + si * c.shape[-1] * 4
-                sin[at] = s_.data_ptr() + si * s_.shape[-1] * 4
+                cos[at] = c.data_ptr() + row * c.shape[-1] * 4
+                sin[at] = s_.data_ptr() + row * s_.shape[-1] * 4
+                row += counts[si]
         rc = self.lib.kv_decode_layers(
-            ctypes.addressof(self.table), self.layers, S, x.data_ptr(), kb, vb, cap, start, end, cos, sin, torch.get_num_threads()
-        )
+            ctypes.addressof(self.table), self.layers, S, (ctypes.c_int64 * S)(*counts), x.data_ptr(), kb, vb, cap, start, end,
+            window, cos, sin, torch.get_num_threads(),
+        )  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"kvgraft's decode step failed ({rc})")
-        for cache, _, _ in items:
+        for (cache, _ids, _), count in zip(items, counts):
             for layer in cache.layers:
-                commit_row(layer)
-        hidden = m.norm(x)[0]  # [S, hidden]
-        logits = fma16.product_of(lm.lm_head).product(hidden.contiguous()).float()
+                commit_rows(layer, count)
+        last = torch.tensor([sum(counts[: i + 1]) - 1 for i in range(S)], dtype=torch.long)
+        hidden = m.norm(x)[0].index_select(0, last).contiguous()  # each item's last row [S, hidden]
+        logits = fma16.product_of(lm.lm_head).product(hidden).float()
         return [logits[j] for j in range(S)]

@@ -74,6 +74,33 @@ def test_torch_products_and_other_caches_take_the_modules_path(tiny_gemma, tiny_
     assert stepper.step([(cache, 7, 5)]) is None and cache.get_seq_length() == 5
 
 
+@pytest.mark.parametrize("prompts", [[17], [1, 5, 9], [3, 12, 1, 7]])
+def test_prompts_after_a_prefix_are_the_rows_of_forward_chunk(tiny_gemma, prompts):
+    """Prompts of several lengths (longer than the tiny model's window of 4, so a sliding layer's window
+    moves inside the prompt) and steps, on prefilled and restored caches, in one run: each last row and
+    each cache byte-equal to forward_chunk on transformers' own cache."""
+    lm, stepper = tiny_gemma, step.Stepper(tiny_gemma.model)
+    plain, ours, items = [], [], []
+    for i, t in enumerate(prompts):
+        prefix, ids = _prompt(lm, 6 + 3 * i, seed=i), _prompt(lm, t, seed=100 + i)
+        a, b = DynamicCache(config=lm.model.config), new_cache(lm.model)
+        forward_chunk(lm.model, a, prefix, 0)
+        forward_chunk(lm.model, b, prefix, 0)
+        if i % 2:
+            restored = new_cache(lm.model)
+            layers.import_cache(restored, layers.export_cache(b, 0, len(prefix)))
+            b = restored
+        plain.append((a, ids, len(prefix)))
+        ours.append(b)
+        items.append((b, ids, len(prefix)))
+    got = stepper.run(items)
+    for i, ((a, ids, start), g) in enumerate(zip(plain, got)):
+        w = forward_chunk(lm.model, a, ids, start)[-1]
+        assert torch.equal(w, g), f"prompt {i}: max difference {(w - g).abs().max()}"
+    for (a, _, _), b in zip(plain, ours):
+        assert layers.state_digest(a) == layers.state_digest(b)
+
+
 def test_real_steps_are_the_rows_of_forward_chunk(real_lm):
     window = real_lm.info.sliding_window
     _step_both_ways(real_lm, step.Stepper(real_lm.model), [window + 3, 40], steps=4, restored=True)
