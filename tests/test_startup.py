@@ -213,7 +213,7 @@ def test_run_records_each_stage_and_seeds_only_an_empty_store(monkeypatch, tmp_p
     startup.run(lib, tr, seed=seed, remember_in=tmp_path / "cache")
     states = {s.key: (s.state, s.detail) for s in tr.snapshot().stages}
     assert states == {
-        "convert": ("skipped", "already converted (model cache)"),
+        "convert": ("skipped", "not needed (read from the GGUF, or converted in the model cache)"),
         "load": ("done", "fake, 2 layers"),
         "seed": ("done", "3 artifacts (3 new)"),
         "index": ("done", "2 vectors"),

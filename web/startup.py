@@ -268,11 +268,11 @@ def _model_stages(library: LibraryDoor, tracker: Startup) -> bool:
     if library.model_loaded:
         tracker.skip("convert", "model given by the caller")
     elif model_mod.needs_conversion(library.model_name):
-        tracker.begin("convert", "GGUF from PyPI -> float32 safetensors, once per model cache")
+        tracker.begin("convert", "GGUF from PyPI -> float32 safetensors, once per model cache (products without fma16)")
         _convert_in_child()
         tracker.finish("convert", f"saved in {model_mod.model_cache_dir()}")
     else:
-        tracker.skip("convert", "already converted (model cache)")
+        tracker.skip("convert", "not needed (read from the GGUF, or converted in the model cache)")
     tracker.begin("load")
     slow = settings.get(SLOW_LOAD_ENV)
     if slow > 0:  # test-only hook: a model load that takes `slow` seconds
