@@ -105,7 +105,8 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: b
             checkout, where = Path(tmp) / "clone", f"fresh git clone of {checkout} at {commit[:12]}"
         port = _free_port()
         env = dict(os.environ, KVGRAFT_HOME=str(Path(tmp) / "home"), GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port))
-        env["KVGRAFT_MODEL_CACHE"] = str(model_cache or Path(tmp) / "models")
+        models = model_cache or Path(tmp) / "models"
+        env["KVGRAFT_MODEL_CACHE"] = str(models)
         for var in ("SYSTEM", "SPACE_ID", "KVGRAFT_MODEL", "KVGRAFT_DB_URL"):
             env.pop(var, None)
         url = f"http://127.0.0.1:{port}/"
@@ -148,7 +149,7 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: b
                     time.sleep(1.0)
             first_answer = time.perf_counter() - t0
             app_cpu = _process_cpu(proc.pid)
-            stages = _stage_seconds(Path(env["KVGRAFT_MODEL_CACHE"]), proc, t0, timeout_s)
+            stages = _stage_seconds(models, proc, t0, timeout_s)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -170,7 +171,7 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: b
             "client_timeouts_while_starting": timeouts,
             "gradio_import": floor,
             "load": [round(load_before, 1), round(os.getloadavg()[0], 1)],
-            "model_cache": "given: " + str(model_cache) if model_cache else "empty temp folder (model converted)",
+            "model_cache": "given: " + str(model_cache) if model_cache else "empty temp folder",
             "checkout": where,
             "python": sys.executable,
         }
