@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run serve test test-fast mutants lint bench bench-verify eval demo screenshots install install-dev install-bench system-deps clean
+.PHONY: run serve test test-fast mutants lint bench bench-verify eval demo seed-library screenshots install install-dev install-bench system-deps clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -48,6 +48,10 @@ serve: install
 
 demo: install
 	$(BIN)/python -m scripts.demo
+
+# library_seed/library.json from library_seed/ through the gate, in a throwaway store (a test compares the two).
+seed-library: install
+	rm -rf .seed-store && $(BIN)/python cli.py --home .seed-store seed --write-bundle && rm -rf .seed-store
 
 lint: install-dev
 	$(BIN)/ruff check .

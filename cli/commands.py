@@ -117,9 +117,9 @@ def cmd_ask(args) -> int:
 def cmd_verify(args) -> int:
     lib = _library(args)
     if lib.count() == 0:  # a fresh store: the README's re-check commands run as written
-        from services.seed import seed_library
+        from services.seed import bring_in
 
-        n = seed_library(lib)
+        n = bring_in(lib)
         print(f"empty store: seeded the built-in library first ({n} artifacts)", file=sys.stderr)
     rep = lib.verify_samples(args.samples, relocate=args.relocate, seed=args.seed)
     payload = rep.to_json(every_field=args.rows)
@@ -136,10 +136,19 @@ def cmd_verify(args) -> int:
 
 
 def cmd_seed(args) -> int:
-    from services.seed import seed_library
+    from services import seed
 
     lib = _library(args)
-    n = seed_library(lib)
+    if args.write_bundle is not None:
+        out = Path(args.write_bundle) if args.write_bundle else seed.BUNDLE
+        rep = seed.write_bundle(lib, out)
+        _emit(
+            args,
+            rep,
+            f"built-in library written: {out} ({rep['artifacts']} artifacts, {rep['bytes']:,} bytes, sha256 {rep['sha256']})",
+        )
+        return 0
+    n = seed.seed_library(lib) if args.through_gate else seed.bring_in(lib)
     _emit(
         args, {"created": n, "artifacts": lib.count()}, f"built-in library seeded: {n} new, {lib.count()} artifacts in the store"
     )
@@ -244,8 +253,20 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--json", action="store_true")
     so.set_defaults(func=cmd_solve)
 
-    sd = sub.add_parser("seed", help="deposit the built-in library (library_seed/) through the verification gate")
+    sd = sub.add_parser(
+        "seed",
+        help="bring in the built-in library (library_seed/): its bundle, each artifact recomputed here, or through the gate",
+    )
     sd.add_argument("--json", action="store_true")
+    sd.add_argument("--through-gate", action="store_true", help="deposit every item through the gate (its generations)")
+    sd.add_argument(
+        "--write-bundle",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="seed this (empty) store through the gate and write the built-in library (default library_seed/library.json)",
+    )
     sd.set_defaults(func=cmd_seed)
 
     s = sub.add_parser("selftest", help="recompute the golden hashes and compare with the committed ones")

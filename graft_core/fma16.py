@@ -376,7 +376,8 @@ def check_shape(op: Fma16Linear, rows: int = 9, seed: int = 0) -> str:
 def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, isa: str | None = None) -> Taken:
     """Route every float32 CPU linear layer of `model` through fma16 (module doc) on variant `isa` (default
     `variant()`). `blocks` maps parameter names to (uint8 rows, format); each is used only where it expands to
-    that parameter's bytes. Raises RuntimeError if a check fails (nothing is taken over then)."""
+    that parameter's bytes, or where the parameter has no bytes (the meta device: the caller proves the
+    blocks, as graft_core.packaged does). Raises RuntimeError if a check fails (nothing is taken over then)."""
     isa = variant(isa)
     params = dict(model.named_parameters(remove_duplicate=False))
     by_param: dict[int, tuple[torch.Tensor, int]] = {}
@@ -389,6 +390,9 @@ def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, 
         if rows.shape != (n, row_bytes(fmt, k)):
             refused += 1
             continue
+        if p.device.type == "meta":  # no float32 weight to compare: the blocks are the weight (graft_core.packaged
+            by_param[id(p)] = (rows, fmt)  # proves their expansion by the float32 weights' hash)
+            continue
         if not torch.equal(dequantize(rows, fmt, n, k, isa=isa).view(torch.int32), p.detach().contiguous().view(torch.int32)):
             refused += 1
             log.warning("GGUF blocks of %s expand to other bytes than its float32 weight; reading the float32 weight", name)
@@ -398,7 +402,7 @@ def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, 
     checked: dict[tuple, str] = {}
     with torch.inference_mode():
         for _, m in model.named_modules():
-            if not _f32_cpu_linear(m):
+            if not (_f32_cpu_linear(m) or (isinstance(m, torch.nn.Linear) and id(m.weight) in by_param)):
                 continue
             found = by_param.get(id(m.weight))
             op = Fma16Linear(m, *found, isa=isa) if found else Fma16Linear(m, isa=isa)

@@ -24,11 +24,18 @@ def new_cache(model) -> DynamicCache:
     return growing_cache(model.config)
 
 
+def device_of(model) -> torch.device:
+    """Where the model computes: its first parameter that has bytes (the packaged model's layer weights are
+    GGUF blocks beside parameters on the meta device, graft_core.packaged)."""
+    return next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+
+
 @torch.inference_mode()
 def forward_chunk(model, cache: DynamicCache, ids: list[int], start: int, all_logits: bool = False) -> torch.Tensor:
     """Run `ids` at positions [start, start+len) on `cache` (mutated). Returns logits [n or 1, vocab]."""
-    input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)
-    position_ids = torch.arange(start, start + len(ids), dtype=torch.long, device=model.device).unsqueeze(0)
+    device = device_of(model)
+    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+    position_ids = torch.arange(start, start + len(ids), dtype=torch.long, device=device).unsqueeze(0)
     out = model(
         input_ids=input_ids,
         position_ids=position_ids,

@@ -1,7 +1,8 @@
 """Loads the model and tokenizer under the pinned configuration and fingerprints them.
 
-Owns the one-time GGUF -> safetensors conversion of the packaged default model and the model cache
-(`KVGRAFT_MODEL_CACHE`). It knows nothing about artifacts, SQL or embeddings.
+Owns the model cache (`KVGRAFT_MODEL_CACHE`): where fma16 runs, the packaged default model is read straight
+from its GGUF (graft_core.packaged); elsewhere (KVGRAFT_LINEAR=torch, no C compiler) it is converted once to
+a float32 safetensors folder. It knows nothing about artifacts, SQL or embeddings.
 """
 
 from __future__ import annotations
@@ -122,9 +123,13 @@ def _packaged_dir() -> Path:
 
 
 def needs_conversion(name: str | None = None) -> bool:
-    """Whether loading `name` (default as in `load`) first converts the packaged GGUF (about a minute)."""
+    """Whether loading `name` (default as in `load`) first converts the packaged GGUF (about a minute): only
+    where fma16 cannot read its blocks (KVGRAFT_LINEAR=torch, or no C compiler) and no conversion is cached."""
     name = name or settings.get("KVGRAFT_MODEL") or DEFAULT_MODEL
-    return name == DEFAULT_MODEL and not (_packaged_dir() / "config.json").exists()
+    if name != DEFAULT_MODEL or (_packaged_dir() / "config.json").exists():
+        return False
+    compiler = any(cc and shutil.which(cc) for cc in (os.environ.get("CC", ""), "gcc", "cc"))  # as fma16 builds (no torch here)
+    return settings.get("KVGRAFT_LINEAR") == "torch" or not compiler
 
 
 def resolve_model_dir(name: str) -> Path | str:
@@ -287,8 +292,15 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
     name = name or settings.get("KVGRAFT_MODEL") or DEFAULT_MODEL
     t0 = time.perf_counter()
     keep_large_buffers()
-    source = resolve_model_dir(name)
     why = fma16.why_not(linear) if device.startswith("cpu") else f"device {device}"
+    if name == DEFAULT_MODEL and not why:  # the products read the GGUF's blocks: no float32 copy needed
+        from .packaged import Mismatch
+
+        try:
+            return _load_packaged(t0)
+        except Mismatch as e:
+            log.warning("the packaged GGUF cannot stand for the float32 weights here (%s); converting it to float32", e)
+    source = resolve_model_dir(name)
     # The whole forward on one definition (numerics.VERSION) where fma16 runs and the model is one it covers;
     # otherwise torch's kernels (and, for other architectures, fma16's products only), recorded by kernel path.
     definition = "" if why or numerics.why_not(AutoConfig.from_pretrained(source)) else numerics.VERSION
@@ -331,6 +343,83 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
     return LoadedModel(
         model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
     )
+
+
+def _packaged_gguf_dir() -> Path:
+    return model_cache_dir() / "gemma-3-270m-gguf"
+
+
+def _load_packaged(t0: float) -> LoadedModel:
+    """The packaged model straight from its GGUF, every product on fma16 over its blocks (graft_core.packaged):
+    the same weights, fingerprint and bytes as the float32 conversion, without it. Raises packaged.Mismatch
+    where the blocks do not expand to the conversion's weights here (the caller converts then)."""
+    import torch
+    from transformers import AutoConfig
+
+    from . import fma16, numerics, packaged
+    from .determinism import ATTN_IMPLEMENTATION, pin
+
+    folder = _packaged_gguf_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = packaged.gguf_file(folder)
+    hf_config = AutoConfig.from_pretrained(packaged.CONFIG_DIR)
+    definition = "" if numerics.why_not(hf_config) else numerics.VERSION
+    if definition:
+        numerics.register()
+    attn_implementation = numerics.NAME if definition else ATTN_IMPLEMENTATION
+    config = pin(device="cpu", dtype=torch.float32, definition=definition, attn_implementation=attn_implementation)
+    tokenizer = packaged.tokenizer(path)
+    model = packaged.skeleton(hf_config, attn_implementation)
+    blocks = packaged.fill(model, path)
+    model.requires_grad_(False)
+    taken = fma16.take_over(model, blocks)
+    packaged.take_embedding(model, blocks, taken.isa)
+    weights, tok, combined = _packaged_fingerprints(model, tokenizer, blocks, taken.isa, folder)
+    if weights != packaged.WEIGHTS_SHA256:
+        raise packaged.Mismatch(
+            f"the blocks expand to weights {weights[:12]} on {taken.isa}, the conversion's are {packaged.WEIGHTS_SHA256[:12]}"
+        )
+    info = describe(model, DEFAULT_MODEL, weights, tok, combined)
+    products = f"{taken.line()}, embedding rows expanded from their blocks"
+    if definition:
+        products += "; " + numerics.take_over(model, taken.isa)
+    else:
+        config = replace(config, numerics=tuple(sorted((*config.numerics, ("linear", fma16.VERSION)))))
+    log.info("products: %s", products)
+    warm_up(model)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
+    )
+
+
+def _packaged_fingerprints(model, tokenizer, blocks: dict, isa: str, folder: Path) -> tuple[str, str, str]:
+    """(weights, tokenizer, combined) of the packaged model loaded from its GGUF; cached in `folder` under a
+    stamp of everything they are computed from (the GGUF's SHA-256, the expansion, the config, transformers)."""
+    import transformers
+
+    from . import fma16, packaged
+
+    cfg = config_sha256(model.config.to_dict())
+    stamp = [packaged.GGUF_SHA256, fma16.VERSION, isa, cfg, transformers.__version__]
+    cache_file = folder / FINGERPRINT_FILE
+    try:
+        cached = json.loads(cache_file.read_text())
+        if cached.get("version") == _FINGERPRINT_VERSION and cached.get("stamp") == stamp:
+            return cached["weights"], cached["tokenizer"], cached["combined"]
+    except (OSError, ValueError, KeyError):
+        pass
+    weights = packaged.weights_sha256(model, blocks, isa)
+    tok = _hash_tokenizer(tokenizer)
+    combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
+    if weights == packaged.WEIGHTS_SHA256:  # only a proven expansion is remembered
+        payload = {"version": _FINGERPRINT_VERSION, "stamp": stamp, "weights": weights, "tokenizer": tok, "combined": combined}
+        try:
+            tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(payload))
+            os.replace(tmp, cache_file)
+        except OSError:
+            pass  # read-only model cache: recompute next time
+    return weights, tok, combined
 
 
 def _packaged_blocks(model, source: Path) -> dict:

