@@ -146,14 +146,8 @@ class Batcher:
         if not self.supported():
             self.why = f"{type(model).__name__} is not a Gemma 3 text model"
             return
-        shapes = {}
-        for lin in _linears(model):
-            shapes.setdefault((tuple(lin.weight.shape), lin.weight.data_ptr() % 64), lin.weight)
-        if any(w.dtype != torch.float32 or w.device.type != "cpu" for w in shapes.values()):
-            self.why = "only float32 on the CPU is checked"
-            return
         self.fma16 = _fma16_products(model)
-        if self.fma16:
+        if self.fma16:  # fma16 reads its own copy of every weight (GGUF blocks or float32): nothing else is checked
             # fma16 computes each row from that row and the weight alone (checked per shape when it took the
             # products over): any number of rows, no padding, gives each row's own bytes.
             self.widths = tuple(widths)
@@ -163,6 +157,12 @@ class Batcher:
 
             stepper = Stepper(model)
             self.stepper = stepper if not stepper.why else None
+            return
+        shapes = {}
+        for lin in _linears(model):
+            shapes.setdefault((tuple(lin.weight.shape), lin.weight.data_ptr() % 64), lin.weight)
+        if any(w.dtype != torch.float32 or w.device.type != "cpu" for w in shapes.values()):
+            self.why = "only float32 on the CPU is checked"
             return
         agreed = set(widths)
         for weight in shapes.values():

@@ -102,5 +102,9 @@ def test_prompts_after_a_prefix_are_the_rows_of_forward_chunk(tiny_gemma, prompt
 
 
 def test_real_steps_are_the_rows_of_forward_chunk(real_lm):
+    from graft_core import batch
+
+    lean = batch.lean(real_lm.model)  # the model as the app loads it (from its GGUF blocks) takes the lean path
+    assert lean is not None and lean.stepper is not None, lean and lean.why
     window = real_lm.info.sliding_window
     _step_both_ways(real_lm, step.Stepper(real_lm.model), [window + 3, 40], steps=4, restored=True)
