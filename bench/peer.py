@@ -84,7 +84,7 @@ def wait_until_settled(lib, content_sha256: str) -> None:
 
 
 def run_kvgraft(
-    lib, text: str, repeats: int, fresh_ttft: bool = True, answer_repeats: int | None = None, answers: bool = False
+    lib, text: str, repeats: int, fresh_ttft: bool = True, answer_repeats: int | None = None, whole_answers: bool = False
 ) -> dict:
     """Deposit `text` (free text; an existing artifact costs nothing), then fresh TTFT (if asked), warm
     grafted TTFT, a 32-token grafted answer and the byte-equality check."""
@@ -118,8 +118,8 @@ def run_kvgraft(
         out = prompt_and_decode(lm.model, restore(lm, arts), q, arts[-1].end, ANSWER_TOKENS)
         answers.append(time.perf_counter() - t)
         answer_tokens.add(tuple(out.token_ids))
-    whole = answers_alone(lm, lib, d.id, q, repeats) if answers else None
-    together = answers_together(lm, lib, d.id, q, repeats) if answers else None
+    whole = answers_alone(lm, lib, d.id, q, repeats) if whole_answers else None
+    together = answers_together(lm, lib, d.id, q, repeats) if whole_answers else None
     # the full check recomputes the prefix: only where a fresh prefill is measured (the portable build's takes
     # minutes; its served logits are compared with the other builds' instead)
     checked = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, check=True, record=False) if fresh_ttft else None

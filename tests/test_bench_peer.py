@@ -47,7 +47,8 @@ def test_answers_at_once_are_the_answer_alone(kvgraft_home, tiny_gemma, monkeypa
     monkeypatch.setattr(peer, "PARALLEL", (1, 3))
     lib = make_lib(kvgraft_home, tiny_gemma)
     text = (peer.PEER / "prefix_2048.txt").read_text(encoding="utf-8")[:300]
-    row = peer.run_kvgraft(lib, text, repeats=1, fresh_ttft=False, answers=True)
+    row = peer.run_kvgraft(lib, text, repeats=1, fresh_ttft=False, whole_answers=True)
+    assert peer.run_kvgraft(lib, text, repeats=1, fresh_ttft=False)["answers"] is None  # only where asked
     for n in (3, 9):
         alone = row["answers"][str(n)]
         assert len(alone["token_ids"]) == 1 and len(alone["token_ids"][0]) == n
