@@ -183,6 +183,30 @@ def config_sha256(config: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _cached_fingerprints(cache_file: Path, stamp: list) -> tuple[str, str, str] | None:
+    """(weights, tokenizer, combined) remembered in `cache_file` under this `stamp`, or None."""
+    try:
+        cached = json.loads(cache_file.read_text())
+        if cached.get("version") == _FINGERPRINT_VERSION and cached.get("stamp") == stamp:
+            return cached["weights"], cached["tokenizer"], cached["combined"]
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
+
+
+def _remember_fingerprints(cache_file: Path, stamp: list, hashes: tuple[str, str, str]) -> None:
+    """Write (weights, tokenizer, combined) under `stamp` to `cache_file` atomically; a read-only folder
+    keeps nothing (they are recomputed next time)."""
+    weights, tok, combined = hashes
+    payload = {"version": _FINGERPRINT_VERSION, "stamp": stamp, "weights": weights, "tokenizer": tok, "combined": combined}
+    try:
+        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, cache_file)
+    except OSError:
+        pass
+
+
 def _fingerprints(model, tokenizer, source: Path | str) -> tuple[str, str, str]:
     """(weights, tokenizer, combined) hashes; cached beside a local model folder."""
     cache_file = Path(source) / FINGERPRINT_FILE if isinstance(source, Path) else None
@@ -192,28 +216,15 @@ def _fingerprints(model, tokenizer, source: Path | str) -> tuple[str, str, str]:
             p for p in sorted(Path(source).glob("*.safetensors")) + sorted(Path(source).glob("*.bin")) if p.name != BLOCKS_FILE
         ]
         stamp = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in weight_files]
-        try:
-            cached = json.loads(cache_file.read_text())
-            if cached.get("version") == _FINGERPRINT_VERSION and cached.get("stamp") == stamp:
-                return cached["weights"], cached["tokenizer"], cached["combined"]
-        except (OSError, ValueError, KeyError):
-            pass
+        cached = _cached_fingerprints(cache_file, stamp)
+        if cached is not None:
+            return cached
     weights = _hash_weights(model)
     tok = _hash_tokenizer(tokenizer)
     cfg = config_sha256(model.config.to_dict())
     combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
     if cache_file is not None:
-        try:
-            payload = {
-                "version": _FINGERPRINT_VERSION,
-                "stamp": stamp,
-                "weights": weights,
-                "tokenizer": tok,
-                "combined": combined,
-            }
-            cache_file.write_text(json.dumps(payload))
-        except OSError:
-            pass  # read-only model folder: recompute next time
+        _remember_fingerprints(cache_file, stamp, (weights, tok, combined))
     return weights, tok, combined
 
 
@@ -402,23 +413,14 @@ def _packaged_fingerprints(model, tokenizer, blocks: dict, isa: str, folder: Pat
     cfg = config_sha256(model.config.to_dict())
     stamp = [packaged.GGUF_SHA256, fma16.VERSION, isa, cfg, transformers.__version__]
     cache_file = folder / FINGERPRINT_FILE
-    try:
-        cached = json.loads(cache_file.read_text())
-        if cached.get("version") == _FINGERPRINT_VERSION and cached.get("stamp") == stamp:
-            return cached["weights"], cached["tokenizer"], cached["combined"]
-    except (OSError, ValueError, KeyError):
-        pass
+    cached = _cached_fingerprints(cache_file, stamp)
+    if cached is not None:
+        return cached
     weights = packaged.weights_sha256(model, blocks, isa)
     tok = _hash_tokenizer(tokenizer)
     combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
     if weights == packaged.WEIGHTS_SHA256:  # only a proven expansion is remembered
-        payload = {"version": _FINGERPRINT_VERSION, "stamp": stamp, "weights": weights, "tokenizer": tok, "combined": combined}
-        try:
-            tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(payload))
-            os.replace(tmp, cache_file)
-        except OSError:
-            pass  # read-only model cache: recompute next time
+        _remember_fingerprints(cache_file, stamp, (weights, tok, combined))
     return weights, tok, combined
 
 
