@@ -248,7 +248,7 @@ MUTATIONS = (
         "graft_core/batch.py",
         "        if self.fma16:\n            return self.fma16[id(weight)].product(x)\n        return column_product",
         "        if self.fma16:\n            return F.linear(x, weight)\n        return column_product",
-        ("tests/test_batch.py::test_tiny_sessions_decoded_together_match_each_alone",),
+        ("tests/test_batch.py::test_tiny_first_prompts_into_empty_caches_match_each_alone",),
     ),
     Mutation(
         "gate that skips the graft (services/gate.graft_run)",

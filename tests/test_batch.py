@@ -243,6 +243,21 @@ def test_tiny_prompts_stacked_in_one_pass_match_each_alone(request, which):
         assert 70 not in b.stack_sizes and b.passes_run == 1
 
 
+@BOTH
+def test_tiny_first_prompts_into_empty_caches_match_each_alone(request, which):
+    # a cache that holds nothing yet takes the modules' path (the lean step writes only caches it grows):
+    # its products, the vocabulary's included, must still be the ones a prompt alone gets
+    lm = request.getfixturevalue(which)
+    b = batch.Batcher(lm.model)
+    gen = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(3, lm.model.config.vocab_size, (n,), generator=gen).tolist() for n in (16, 13, 12)]
+    alone, together = [new_cache(lm.model) for _ in prompts], [new_cache(lm.model) for _ in prompts]
+    rows_a = [forward_chunk(lm.model, alone[i], p, 0)[-1] for i, p in enumerate(prompts)]
+    rows_t = b.prefill([(together[i], p, 0) for i, p in enumerate(prompts)])
+    assert all(x.numpy().tobytes() == y.numpy().tobytes() for x, y in zip(rows_a, rows_t, strict=True))
+    assert all(_same_cache(x, y) for x, y in zip(alone, together, strict=True))
+
+
 def test_real_prompts_stacked_in_one_pass_match_each_alone(real_lm):
     window = real_lm.info.sliding_window
     same, _ = _prefill_both_ways(real_lm, [window + 90, 40, window - 1, 300], [16, 13, 20, 33])
