@@ -730,7 +730,8 @@ static inline float kv_expf_neg(float xf) {
     p = p * r + 1.0 / 2.0;
     p = p * r + 1.0;
     p = p * r + 1.0;
-    const uint64_t bits = (uint64_t)((int64_t)n + 1023) << 52;
+    /* n + 1023 is in [1, 2046]: through int32, whose conversion vectorises on AVX2 (int64's needs AVX-512DQ) */
+    const uint64_t bits = (uint64_t)(uint32_t)((int32_t)n + 1023) << 52;;
     double scale;
     memcpy(&scale, &bits, 8);
     const float e = (float)(p * scale);
@@ -838,7 +839,8 @@ static inline float gelu_one(float xf) {
     p = p * r + 1.0 / 2.0;
     p = p * r + 1.0;
     p = p * r + 1.0;
-    const uint64_t bits = (uint64_t)((int64_t)n + 1023) << 52;
+    /* n + 1023 is in [1, 2046]: through int32, whose conversion vectorises on AVX2 (int64's needs AVX-512DQ) */
+    const uint64_t bits = (uint64_t)(uint32_t)((int32_t)n + 1023) << 52;;
     double scale;
     memcpy(&scale, &bits, 8);
     const double e = z > 709.78 ? INFINITY : p * scale;
@@ -1394,16 +1396,31 @@ int kv_decode_layers(const kv_layer *layers, int64_t L, int64_t S, const int64_t
                     memcpy(vbuf[c] + at, vv + (m0 + r) * KD + gg * D, (size_t)D * 4);
                 }
             }
-            for (int64_t r = 0; r < T && !rc; r++) {
-                /* the keys row r sees, contiguous in the buffer: all held ones and the new ones up to it, or
-                   within a sliding window those less than `window` positions back */
-                const int64_t hi = end[c] + r, w = window[l];
-                const int64_t lo = w > 0 && hi - w + 1 > start[c] ? hi - w + 1 : start[c];
+            /* the keys row r sees, contiguous in the buffer: all held ones and the new ones up to it, or within
+               a sliding window those less than `window` positions back */
+            const int64_t w = window[l];
+#define ROW_LO(r) (w > 0 && end[c] + (r) - w + 1 > start[c] ? end[c] + (r) - w + 1 : start[c])
+            if (T == 1) {
+                const int64_t hi = end[c], lo = ROW_LO(0);
                 for (int64_t gg = 0; gg < G && !rc; gg++)
-                    rc |= kv_attention(q + (m0 + r) * QD + gg * group * D, group, 1, D, D, QD, kbuf[c] + (gg * cap[c] + lo) * D,
+                    rc |= kv_attention(q + m0 * QD + gg * group * D, group, 1, D, D, QD, kbuf[c] + (gg * cap[c] + lo) * D,
                                        D, vbuf[c] + (gg * cap[c] + lo) * D, D, hi - lo + 1, 0, 0, 0, y->scale,
-                                       att + (m0 + r) * QD + gg * group * D, D, QD, threads, 0);
+                                       att + m0 * QD + gg * group * D, D, QD, threads, 0);
+                continue;
             }
+            /* a prompt's rows in one call over the union of their ranges, each row's own range kept by a mask
+               (the definition gives a row the same bytes from a masked union as from its contiguous range):
+               the rows' dot products share the keys' loads */
+            const int64_t lo0 = ROW_LO(0), n = end[c] + T - lo0;
+            uint8_t *keep = calloc((size_t)(T * n), 1);
+            if (!keep) { rc = -2; break; }
+            for (int64_t r = 0; r < T; r++) memset(keep + r * n + (ROW_LO(r) - lo0), 1, (size_t)(end[c] + r - ROW_LO(r) + 1));
+#undef ROW_LO
+            for (int64_t gg = 0; gg < G && !rc; gg++)
+                rc |= kv_attention(q + m0 * QD + gg * group * D, group, T, D, D, QD, kbuf[c] + (gg * cap[c] + lo0) * D, D,
+                                   vbuf[c] + (gg * cap[c] + lo0) * D, D, n, keep, 0, n, y->scale, att + m0 * QD + gg * group * D,
+                                   D, QD, threads, 0);
+            free(keep);
         }
         rc |= kv_linear(att, M, QD, QD, y->w[3], y->fmt[3], E, o, E, threads);
         rc |= kv_rmsnorm(o, M, E, y->norm[3], y->eps, h, threads);
