@@ -55,11 +55,95 @@ def gguf_file(folder: Path) -> Path:
     return target
 
 
+TOKENIZER_FILE = "kvgraft-tokenizer.json"  # tokenizers' own file of the tokenizer built from the GGUF, beside it
+TOKENIZER_RECORD = "kvgraft-tokenizer-record.json"  # what that file was made from, and its SHA-256
+_TOKENIZER_KWARGS = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token", "add_bos_token", "add_eos_token")
+
+
 def tokenizer(path: Path):
-    """Gemma's tokenizer from the GGUF's vocabulary (the same tokenizer the conversion saves)."""
+    """Gemma's tokenizer from the GGUF's vocabulary (the same tokenizer the conversion saves).
+
+    Building it takes ~2.6 s of a start (transformers' converter walks the 262,144-token vocabulary in
+    Python, then deep-copies the result). The first build is saved beside the GGUF as tokenizers' own file
+    and kept only where the tokenizer read back from that file is the built one (`model._hash_tokenizer`:
+    the vocabulary, the special tokens, a probe's ids); its record names the GGUF, the library versions and
+    the file's SHA-256. A later start reads the file (~1 s) when the record matches and the file's bytes
+    hash to it; anything else (no record, another GGUF or version, a changed byte) builds afresh."""
     from transformers import GemmaTokenizer
 
-    return GemmaTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    folder = path.parent
+    cached = _saved_tokenizer(folder)
+    if cached is not None:
+        return cached
+    built = GemmaTokenizer.from_pretrained(folder, gguf_file=path.name)
+    try:
+        _save_tokenizer(built, folder)
+    except OSError:  # a read-only cache: build at every start, as before
+        pass
+    return built
+
+
+def _tokenizer_versions() -> dict:
+    import tokenizers
+    import transformers
+
+    return {"gguf_sha256": GGUF_SHA256, "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+
+
+def _saved_tokenizer(folder: Path):
+    """The tokenizer saved by `_save_tokenizer` in `folder`, or None where its record does not match this GGUF
+    and these library versions, or where what was read does not hash to the record: the check is on the
+    loaded tokenizer's own serialisation (the same bytes as the file, ~0.35 s), so what is used is what was
+    checked."""
+    import json
+
+    from transformers import GemmaTokenizer
+
+    try:
+        record = json.loads((folder / TOKENIZER_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    if (
+        not isinstance(record, dict)
+        or record.get("made_from") != _tokenizer_versions()
+        or not (folder / TOKENIZER_FILE).is_file()
+    ):
+        return None
+    kwargs = {k: v for k, v in record.get("kwargs", {}).items() if k in _TOKENIZER_KWARGS}
+    try:  # `tokenizer_file`: tokenizers reads the file itself, without transformers' deep copy of an object
+        out = GemmaTokenizer(tokenizer_file=str(folder / TOKENIZER_FILE), **kwargs)
+    except Exception:  # a damaged file: build afresh
+        return None
+    if hashlib.sha256(out.backend_tokenizer.to_str().encode()).hexdigest() != record.get("sha256"):
+        return None
+    return out
+
+
+def _save_tokenizer(built, folder: Path) -> None:
+    """`built`'s file and record in `folder`, written beside and renamed; kept only where the tokenizer read
+    back from the file hashes as `built` does."""
+    import json
+    import os
+
+    from .model import _hash_tokenizer
+
+    data = built.backend_tokenizer.to_str().encode()
+    kwargs = {k: getattr(built, k) for k in _TOKENIZER_KWARGS if isinstance(getattr(built, k, None), (str, bool))}
+    record = {"made_from": _tokenizer_versions(), "sha256": hashlib.sha256(data).hexdigest(), "kwargs": kwargs}
+    tmp = folder / f".{TOKENIZER_FILE}.{os.getpid()}.tmp"
+    tmp.write_bytes(data)
+    try:
+        from transformers import GemmaTokenizer
+
+        back = GemmaTokenizer(tokenizer_file=str(tmp), **kwargs)
+        if _hash_tokenizer(back) != _hash_tokenizer(built):
+            return
+        os.replace(tmp, folder / TOKENIZER_FILE)
+        rec_tmp = folder / f".{TOKENIZER_RECORD}.{os.getpid()}.tmp"
+        rec_tmp.write_text(json.dumps(record))
+        os.replace(rec_tmp, folder / TOKENIZER_RECORD)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def skeleton(config, attn_implementation: str) -> torch.nn.Module:

@@ -116,3 +116,46 @@ def test_the_packaged_model_loads_from_its_gguf_with_the_conversions_identity(tm
     assert model._hash_weights(f32.model) == packaged.WEIGHTS_SHA256
     assert (lm.info.fingerprint, lm.info.tokenizer_sha256) == (f32.info.fingerprint, f32.info.tokenizer_sha256)
     assert model.config_sha256(lm.model.config.to_dict()) == model.config_sha256(f32.model.config.to_dict())
+
+
+@pytest.mark.integration
+def test_the_tokenizer_built_from_the_gguf_is_saved_checked_and_read_back(tmp_path, monkeypatch):
+    """The first start builds the tokenizer from the GGUF's vocabulary and saves it beside the file; the next
+    reads that file (the builder is not called) and gets the same tokenizer; a changed byte of the file or a
+    record made from another GGUF is not used: the tokenizer is built afresh and the file rewritten."""
+    import json
+
+    from transformers import GemmaTokenizer
+
+    from graft_core import model
+
+    path = packaged.gguf_file(tmp_path)
+    built = packaged.tokenizer(path)
+    record = json.loads((tmp_path / packaged.TOKENIZER_RECORD).read_text())
+    assert (tmp_path / packaged.TOKENIZER_FILE).is_file() and record["made_from"]["gguf_sha256"] == packaged.GGUF_SHA256
+    builds = []
+    real = GemmaTokenizer.from_pretrained.__func__
+
+    def counting(cls, *a, **k):
+        builds.append(k.get("gguf_file"))
+        return real(cls, *a, **k)
+
+    monkeypatch.setattr(GemmaTokenizer, "from_pretrained", classmethod(counting))
+    read = packaged.tokenizer(path)
+    assert builds == []
+    assert model._hash_tokenizer(read) == model._hash_tokenizer(built)
+    text = "<start_of_turn>user\nWho was the harbour master of Quenmora? 3.14 Zürich<end_of_turn>\n"
+    assert read(text)["input_ids"] == built(text)["input_ids"]
+    # one vocabulary piece changed in the saved file: not used, built again, the file rewritten
+    saved = (tmp_path / packaged.TOKENIZER_FILE).read_text()
+    (tmp_path / packaged.TOKENIZER_FILE).write_text(
+        saved.replace('"Quen"', '"Qxen"', 1) if '"Quen"' in saved else saved.replace('"the"', '"thx"', 1)
+    )
+    again = packaged.tokenizer(path)
+    assert builds == [path.name] and model._hash_tokenizer(again) == model._hash_tokenizer(built)
+    assert (tmp_path / packaged.TOKENIZER_FILE).read_text() == saved
+    # a record made from another GGUF: built again
+    record["made_from"]["gguf_sha256"] = "0" * 64
+    (tmp_path / packaged.TOKENIZER_RECORD).write_text(json.dumps(record))
+    packaged.tokenizer(path)
+    assert builds == [path.name, path.name]
