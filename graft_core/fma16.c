@@ -1058,8 +1058,8 @@ static inline v16 v_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
 #define PV_C 4
 #else
 static inline v16 v_add(v16 a, v16 b) { return v_of(_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)); }
-#define QK_R 2 /* AVX2: a v16 takes two of its 16 registers */
-#define QK_C 2
+#define QK_R 4 /* AVX2: one half of the lanes at a time (QK_HALVES): 12 accumulators of its 16 registers */
+#define QK_C 3
 #define PV_H 2
 #define PV_C 2
 #endif
@@ -1125,10 +1125,36 @@ static const qk_fn QK_ONE[QK_R + 1] = {0, qk_1_1, qk_2_1, qk_3_1, qk_4_1};
 static const pv_fn PV_WIDE[PV_H + 1] = {0, pv_1_4, pv_2_4, pv_3_4, pv_4_4};
 static const pv_fn PV_ONE[PV_H + 1] = {0, pv_1_1, pv_2_1, pv_3_1, pv_4_1};
 #else
-QK(1, 2) QK(2, 2) QK(1, 1) QK(2, 1)
+QK(1, 1) QK(2, 1) QK(3, 1) QK(4, 1)
 PV(1, 2) PV(2, 2) PV(1, 1) PV(2, 1)
-static const qk_fn QK_WIDE[QK_R + 1] = {0, qk_1_2, qk_2_2};
-static const qk_fn QK_ONE[QK_R + 1] = {0, qk_1_1, qk_2_1};
+/* AVX2: lanes 0-7 of the tile's dot products over all of D, then lanes 8-15 (as TILE_HALVES does for the
+   products): each lane's fmaf chain is the one a v16 accumulator holds, in the same order, and the halves
+   meet in reduce16, so the same bits; 8-lane accumulators fit a 4 x 3 tile in 16 registers instead of 2 x 2. */
+#define QK_HALVES(R, C)                                                                                       \
+    static void qk_##R##_##C(const float *const *q, const float *k, int64_t lk, int64_t D, float *const *t,   \
+                             int64_t j) {                                                                     \
+        __m256 part[2][R][C];                                                                                 \
+        for (int h = 0; h < 2; h++) {                                                                         \
+            __m256 acc[R][C];                                                                                 \
+            for (int r = 0; r < R; r++)                                                                       \
+                for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();                                  \
+            for (int64_t d = 8 * h; d < D; d += 16) {                                                         \
+                __m256 kv[C];                                                                                 \
+                for (int c = 0; c < C; c++) kv[c] = _mm256_loadu_ps(k + c * lk + d);                          \
+                for (int r = 0; r < R; r++) {                                                                 \
+                    const __m256 qv = _mm256_loadu_ps(q[r] + d);                                              \
+                    for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(qv, kv[c], acc[r][c]);            \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int r = 0; r < R; r++)                                                                       \
+                for (int c = 0; c < C; c++) part[h][r][c] = acc[r][c];                                        \
+        }                                                                                                     \
+        for (int r = 0; r < R; r++)                                                                           \
+            for (int c = 0; c < C; c++) t[r][j + c] = reduce16(v_of(part[0][r][c], part[1][r][c]));           \
+    }
+QK_HALVES(1, 3) QK_HALVES(2, 3) QK_HALVES(3, 3) QK_HALVES(4, 3)
+static const qk_fn QK_WIDE[QK_R + 1] = {0, qk_1_3, qk_2_3, qk_3_3, qk_4_3};
+static const qk_fn QK_ONE[QK_R + 1] = {0, qk_1_1, qk_2_1, qk_3_1, qk_4_1};
 static const pv_fn PV_WIDE[PV_H + 1] = {0, pv_1_2, pv_2_2};
 static const pv_fn PV_ONE[PV_H + 1] = {0, pv_1_1, pv_2_1};
 #endif
