@@ -1056,12 +1056,14 @@ static inline v16 v_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
 #define QK_C 4
 #define PV_H 4 /* probability rows x 16-value chunks per tile of P.V */
 #define PV_C 4
+#define PV_WIDE_VALUES 64 /* values of a wide P.V call (PV_C chunks of 16); a narrow one takes 16 */
 #else
 static inline v16 v_add(v16 a, v16 b) { return v_of(_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)); }
 #define QK_R 4 /* AVX2: one half of the lanes at a time (QK_HALVES): 12 accumulators of its 16 registers */
 #define QK_C 3
-#define PV_H 2
-#define PV_C 2
+#define PV_H 4 /* AVX2: P.V by halves of 16 values (PV_HALVES): 4 rows x 3 chunks of 8 values */
+#define PV_C 2 /* (unused by AVX2's P.V: PV_WIDE_VALUES says how many values a wide call takes) */
+#define PV_WIDE_VALUES 24 /* three chunks of 8 values; a narrow call takes 16 (two) */
 #endif
 
 /* R query rows q[r] against the C keys from k (row stride lk), D a multiple of 16: t[r][j + c]. */
@@ -1126,7 +1128,6 @@ static const pv_fn PV_WIDE[PV_H + 1] = {0, pv_1_4, pv_2_4, pv_3_4, pv_4_4};
 static const pv_fn PV_ONE[PV_H + 1] = {0, pv_1_1, pv_2_1, pv_3_1, pv_4_1};
 #else
 QK(1, 1) QK(2, 1) QK(3, 1) QK(4, 1)
-PV(1, 2) PV(2, 2) PV(1, 1) PV(2, 1)
 /* AVX2: lanes 0-7 of the tile's dot products over all of D, then lanes 8-15 (as TILE_HALVES does for the
    products): each lane's fmaf chain is the one a v16 accumulator holds, in the same order, and the halves
    meet in reduce16, so the same bits; 8-lane accumulators fit a 4 x 3 tile in 16 registers instead of 2 x 2. */
@@ -1155,9 +1156,50 @@ PV(1, 2) PV(2, 2) PV(1, 1) PV(2, 1)
 QK_HALVES(1, 3) QK_HALVES(2, 3) QK_HALVES(3, 3) QK_HALVES(4, 3)
 static const qk_fn QK_WIDE[QK_R + 1] = {0, qk_1_3, qk_2_3, qk_3_3, qk_4_3};
 static const qk_fn QK_ONE[QK_R + 1] = {0, qk_1_1, qk_2_1, qk_3_1, qk_4_1};
-static const pv_fn PV_WIDE[PV_H + 1] = {0, pv_1_2, pv_2_2};
-static const pv_fn PV_ONE[PV_H + 1] = {0, pv_1_1, pv_2_1};
+/* AVX2's P.V by chunks of 8 values: each value's lane chains (lane L: keys j0 + L + 16i, fmaf in increasing
+   j) and its tree over the lanes are the ones PV computes for it in a 16-value chunk, so the same bits;
+   8-value accumulators fit 4 probability rows x 3 chunks in AVX2's 16 registers instead of 2 x 2 v16. */
+#define PV_HALVES(H, C)                                                                                       \
+    static void pvh_##H##_##C(const float *const *p, const float *v, int64_t lv, int64_t j0, int64_t j1,      \
+                              int64_t d0, float *lanes, float *const *y) {                                    \
+        for (int L = 0; L < 16; L++) {                                                                        \
+            __m256 acc[H][C];                                                                                 \
+            for (int h = 0; h < H; h++)                                                                       \
+                for (int c = 0; c < C; c++) acc[h][c] = _mm256_setzero_ps();                                  \
+            for (int64_t j = j0 + L; j < j1; j += 16) {                                                       \
+                __m256 vv[C];                                                                                 \
+                for (int c = 0; c < C; c++) vv[c] = _mm256_loadu_ps(v + j * lv + d0 + 8 * c);                \
+                for (int h = 0; h < H; h++) {                                                                 \
+                    const __m256 pp = _mm256_set1_ps(p[h][j]);                                                \
+                    for (int c = 0; c < C; c++) acc[h][c] = _mm256_fmadd_ps(pp, vv[c], acc[h][c]);            \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int h = 0; h < H; h++)                                                                       \
+                for (int c = 0; c < C; c++) _mm256_storeu_ps(lanes + ((L * H + h) * C + c) * 8, acc[h][c]);  \
+        }                                                                                                     \
+        for (int h = 0; h < H; h++)                                                                           \
+            for (int c = 0; c < C; c++) {                                                                     \
+                __m256 x[16];                                                                                 \
+                for (int L = 0; L < 16; L++) x[L] = _mm256_loadu_ps(lanes + ((L * H + h) * C + c) * 8);       \
+                for (int L = 0; L < 8; L++) x[L] = _mm256_add_ps(x[L], x[L + 8]);                             \
+                for (int L = 0; L < 4; L++) x[L] = _mm256_add_ps(x[L], x[L + 4]);                             \
+                for (int L = 0; L < 2; L++) x[L] = _mm256_add_ps(x[L], x[L + 2]);                             \
+                _mm256_storeu_ps(y[h] + d0 + 8 * c, _mm256_add_ps(x[0], x[1]));                               \
+            }                                                                                                 \
+    }
+PV_HALVES(1, 3) PV_HALVES(2, 3) PV_HALVES(3, 3) PV_HALVES(4, 3)
+PV_HALVES(1, 2) PV_HALVES(2, 2) PV_HALVES(3, 2) PV_HALVES(4, 2)
+static const pv_fn PV_WIDE[PV_H + 1] = {0, pvh_1_3, pvh_2_3, pvh_3_3, pvh_4_3};
+static const pv_fn PV_ONE[PV_H + 1] = {0, pvh_1_2, pvh_2_2, pvh_3_2, pvh_4_2};
 #endif
+
+/* How many wide P.V calls (PV_WIDE_VALUES values each) cover the start of D values (D a multiple of 16), the
+   rest going in narrow calls of 16: the most that leave a multiple of 16. */
+static inline int64_t pv_wide_calls(int64_t D) {
+    int64_t a = D / PV_WIDE_VALUES;
+    while (a > 0 && (D - a * PV_WIDE_VALUES) % 16) a--;
+    return a;
+}
 
 /* Query positions [i0, i0 + n) of H heads, D a multiple of 16 (t: H * ATT_PB rows of sk floats; lanes:
    16 * PV_H * PV_C * 16 floats). The dot products of every row over the union of the rows' ranges R (a
@@ -1208,8 +1250,9 @@ static void attend_block(const float *q, int64_t H, int64_t i0, int64_t n, int64
         }
         for (int64_t h = 0; h < live; h += PV_H) {
             const int64_t Hh = live - h < PV_H ? live - h : PV_H;
+            const int64_t nw = pv_wide_calls(D);
             int64_t d0 = 0;
-            for (; d0 + 16 * PV_C <= D; d0 += 16 * PV_C) PV_WIDE[Hh](pr + h, v, v_ss, lo[r], hi[r], d0, lanes, yr + h);
+            for (int64_t c = 0; c < nw; c++, d0 += PV_WIDE_VALUES) PV_WIDE[Hh](pr + h, v, v_ss, lo[r], hi[r], d0, lanes, yr + h);
             for (; d0 < D; d0 += 16) PV_ONE[Hh](pr + h, v, v_ss, lo[r], hi[r], d0, lanes, yr + h);
         }
     }
@@ -1264,7 +1307,7 @@ static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, con
             memset(y + h * y_hs, 0, (size_t)D * 4);
         }
     }
-    const int64_t wide = D / (16 * PV_C), chunks = wide + (D - wide * 16 * PV_C) / 16;
+    const int64_t wide = pv_wide_calls(D), chunks = wide + (D - wide * PV_WIDE_VALUES) / 16;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -1276,7 +1319,7 @@ static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, con
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < chunks; c++) {
             if (!lanes) continue;
-            const int64_t d0 = c < wide ? c * 16 * PV_C : wide * 16 * PV_C + (c - wide) * 16;
+            const int64_t d0 = c < wide ? c * PV_WIDE_VALUES : wide * PV_WIDE_VALUES + (c - wide) * 16;
             for (int64_t h = 0; h < n; h += PV_H) {
                 const int64_t Hh = n - h < PV_H ? n - h : PV_H;
                 (c < wide ? PV_WIDE : PV_ONE)[Hh](pr + h, v, v_ss, lo, hi, d0, lanes, yr + h);
