@@ -67,8 +67,9 @@ def tokenizer(path: Path):
     Python, then deep-copies the result). The first build is saved beside the GGUF as tokenizers' own file
     and kept only where the tokenizer read back from that file is the built one (`model._hash_tokenizer`:
     the vocabulary, the special tokens, a probe's ids); its record names the GGUF, the library versions and
-    the file's SHA-256. A later start reads the file (~1 s) when the record matches and the file's bytes
-    hash to it; anything else (no record, another GGUF or version, a changed byte) builds afresh."""
+    the file's SHA-256. A later start reads the file (~1 s) when the record matches, and uses what it read
+    only where its serialisation hashes to the record; anything else (no record, another GGUF or version, a
+    changed byte) builds afresh."""
     from transformers import GemmaTokenizer
 
     folder = path.parent
@@ -78,8 +79,12 @@ def tokenizer(path: Path):
     built = GemmaTokenizer.from_pretrained(folder, gguf_file=path.name)
     try:
         _save_tokenizer(built, folder)
-    except OSError:  # a read-only cache: build at every start, as before
-        pass
+    except Exception:  # a read-only cache, a full disk: build at every start, as before
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "the tokenizer could not be saved beside %s; it is built at every start", path, exc_info=True
+        )
     return built
 
 
