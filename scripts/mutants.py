@@ -43,6 +43,8 @@ _MKL_BATCHING = (
 )
 
 
+# A build's own kernels run only where the CPU has its instructions (measured in the copy).
+_BUILD = "from graft_core import fma16; print('' if '{isa}' in fma16.runnable() else 'no {isa} on this CPU')"
 _ATTENTION = "tests/test_numerics.py::test_attention_is_its_written_definition_in_every_build"
 _PROOF = "tests/test_proof.py::"
 _WRONG_CACHE = _PROOF + "test_an_answer_served_from_a_wrong_cache_fails_the_proof_and_the_full_check"
@@ -230,11 +232,20 @@ MUTATIONS = (
         ("tests/test_fma16.py::test_a_ragged_row_reads_none_of_the_values_after_it",),
     ),
     Mutation(
-        "attention's P.V tree pairs neighbouring lanes instead of lanes 8 apart (fma16.c PV)",
+        "attention's P.V tree pairs neighbouring lanes instead of lanes 8 apart (fma16.c PV, AVX-512)",
         "graft_core/fma16.c",
         "x[L] = v_add(x[L], x[L + 8]);",
         "x[L] = v_add(x[2 * L], x[2 * L + 1]);",
         (_ATTENTION,),
+        _BUILD.format(isa="avx512"),
+    ),
+    Mutation(
+        "AVX2's P.V tree by 8-value chunks pairs neighbouring lanes (fma16.c PV_HALVES)",
+        "graft_core/fma16.c",
+        "x[L] = _mm256_add_ps(x[L], x[L + 8]);",
+        "x[L] = _mm256_add_ps(x[2 * L], x[2 * L + 1]);",
+        (_ATTENTION,),
+        _BUILD.format(isa="avx2"),
     ),
     Mutation(
         "the softmax's max taken over left-out keys too (fma16.c softmax_range)",
