@@ -46,8 +46,9 @@ def items() -> list[dict]:
     for r in sample.deposited:
         out.append(_offer("problems", r, "worked solution", r["solution"], r["reference"]))
     by_id = {p["id"]: p for p in problems}
-    offered = json.loads(RECURRING_IDS.read_text(encoding="utf-8"))["recurring"]["failed"]
-    for rec in offered:
+    case = json.loads(RECURRING_IDS.read_text(encoding="utf-8"))["recurring"]
+    offered = [r for r in [*case["failed"], *case["solved_by_sampling"], *case.get("gate_refused", [])] if "deposit_tries" in r]
+    for rec in sorted(offered, key=lambda r: r["id"]):
         r = by_id[rec["id"]]
         out.append(_offer("recurring", r, "worked solution", r["solution"], r["reference"]))
         line = recurring.concluding_line(r["solution"])
@@ -81,8 +82,9 @@ def _generate(lm, chain, question: str) -> dict:
 
 
 def collect(limit: int | None = None, log=print) -> dict:
-    """The gate's two generations for every item: the solution alone grafted (`Fact: ...`, the fact run) and
-    the deposited item text grafted at its own position (the graft run), greedy, as services/gate.py runs them."""
+    """The gate's two generations for every item: the question and solution grafted (`templates.fact_run_text`, no
+    answer: the fact run) and the deposited item text grafted at its own position (the graft run), greedy, as
+    services/gate.py runs them."""
     from graft_core import model, templates
     from graft_core.capture import capture
 
@@ -90,7 +92,7 @@ def collect(limit: int | None = None, log=print) -> dict:
     rows = items()[:limit]
     t0 = time.perf_counter()
     for i, row in enumerate(rows):
-        fact_ids = lm.tokenizer(templates.fact_text(row["solution"]))["input_ids"]
+        fact_ids = lm.tokenizer(templates.fact_run_text(row["question"], row["solution"]))["input_ids"]
         fact_art, _ = capture(lm, list(fact_ids))
         row["fact_run"] = _generate(lm, [fact_art], row["question"])
         item_ids = lm.tokenizer(templates.item_text(row["question"], row["solution"], row["answer"]))["input_ids"]

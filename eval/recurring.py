@@ -32,6 +32,8 @@ class RecurringConfig:
     max_new_tokens: int = 16  # per attempt: one answer line
     batched: bool = False  # sample in rounds through the batched decode passes (eval/sampling.py), not via solve
     together: int = 8  # batched: attempts per round (one prompt computation, their steps in one pass)
+    gate_first: bool = False  # offer each candidate's verified solution to the gate before sampling it: a refused
+    # one is never sampled (the gate costs about a second, the paper's budget many minutes)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -165,8 +167,8 @@ def reusable(previous: dict | None, cfg: RecurringConfig) -> dict[str, dict]:
     defaults = {"batched": False, "together": 8}  # records from before batching was a setting
     if not previous or any(previous.get("config", {}).get(k, defaults.get(k)) != getattr(cfg, k) for k in same):
         return {}
-    return {
-        rec["id"]: {k: rec[k] for k in BASELINE_KEYS}
+    return {  # with the wall time the sampling took then, where recorded (not part of the hashed records)
+        rec["id"]: {k: rec[k] for k in (*BASELINE_KEYS, "baseline_s") if k in rec}
         for rec in [*previous["failed"], *previous["solved_by_sampling"]]
         if not baseline_problems(rec, cfg.budget)
     }
@@ -215,35 +217,57 @@ def run_case(
     """Baseline each candidate with nothing grafted (records in `reuse` are taken instead of recomputed);
     offer each failed one's verified solution to the deposit gate, until `cfg.problems` failed problems
     have an accepted solution (the refused ones are kept and counted: the acceptance rate); then recall
-    every accepted one from the library, and the ones the model solved by sampling too."""
-    failed, solved, reused = [], [], []
+    every accepted one from the library, and the ones the model solved by sampling too. With `cfg.gate_first`
+    the gate comes first: a candidate whose solution it refuses is recorded in `gate_refused` and not sampled."""
+    import time
+
+    failed, solved, reused, refused = [], [], [], []
     batcher = None
     if cfg.batched:
-        from graft_core.batch import Batcher
+        from graft_core.batch import WIDTHS, Batcher
 
-        batcher = Batcher(lib.lm.model)
+        # Batcher keeps only the widths it checks (under fma16 every row is its own: any width)
+        batcher = Batcher(lib.lm.model, widths=tuple(sorted({*WIDTHS, cfg.together})))
     for row in candidates(problems, cfg):
         if sum(1 for r in failed if r["deposit"] == "accepted") >= cfg.problems:
             break
+        tries = None
+        if cfg.gate_first:
+            tries, ok = deposit_verified(lib, row)
+            if not ok:
+                refused.append(
+                    {k: row[k] for k in ("id", "template", "reference", "verifier")}
+                    | {"deposit_tries": tries, "deposit": f"refused: {tries[-1]['detail']}"}
+                )
+                log(f"recurring: {row['id']} gate refused its verified solution; not sampled")
+                continue
+        t0 = time.perf_counter()
         rec = (reuse or {}).get(row["id"])
         if rec is not None:
             reused.append(row["id"])
         else:
             rec = _baseline(lib, row, cfg, batcher)
+        seconds = rec["baseline_s"] if row["id"] in reused and "baseline_s" in rec else time.perf_counter() - t0
+        rec["baseline_s"] = round(seconds, 1)
         (solved if rec["baseline_solved"] else failed).append(rec)
-        if not rec["baseline_solved"]:
+        if tries is not None:
+            rec["deposit_tries"], rec["deposit"] = tries, "accepted"
+        elif not rec["baseline_solved"]:
             rec["deposit_tries"], ok = deposit_verified(lib, row)
             rec["deposit"] = "accepted" if ok else f"refused: {rec['deposit_tries'][-1]['detail']}"
         log(
             f"recurring: {row['id']} {'solved' if rec['baseline_solved'] else 'failed'} after {rec['baseline_attempts']} "
-            f"attempts, {rec['baseline_tokens']} tokens{' (reused, hash-checked)' if rec['id'] in reused else ''}"
+            f"attempts, {rec['baseline_tokens']} tokens{' (reused, hash-checked)' if rec['id'] in reused else ''}, "
+            f"{seconds:.0f} s ({rec['baseline_tokens'] / max(seconds, 1e-9):.0f} tok/s); "
+            f"{sum(1 for r in failed if r['deposit'] == 'accepted')}/{cfg.problems} problems"
         )
     for rec in failed:  # recalled once the whole library is deposited: the recurring questions come later
         if rec["deposit"] == "accepted":
             rec["grafted"] = _recall(lib, _row(problems, rec["id"]))
     for rec in solved:
         row = _row(problems, rec["id"])
-        if rec["id"] in reused or cfg.batched:  # `solve` deposited the passing answer; these records do it here
+        if "deposit_tries" not in rec and (rec["id"] in reused or cfg.batched):
+            # `solve` deposited the passing answer; these records do it here (gate first: the verified solution is in)
             passing = next(a for a in rec["attempts"] if a["passed"])
             try:
                 lib.deposit_item(row["question"], passing["answer"], passing["answer"], row["verifier"], row["reference"])
@@ -255,7 +279,9 @@ def run_case(
         "baseline_reused": reused,
         "failed": failed,
         "solved_by_sampling": solved,
-        **summarise_case(failed, solved, cfg.budget),
+        "gate_refused": refused,
+        "sampling_s": round(sum(r.get("baseline_s", 0.0) for r in [*failed, *solved]), 1),
+        **summarise_case(failed, solved, cfg.budget, refused),
     }
 
 
@@ -263,7 +289,7 @@ def _row(problems: list[dict], pid: str) -> dict:
     return next(p for p in problems if p["id"] == pid)
 
 
-def summarise_case(failed: list[dict], solved: list[dict], budget: int) -> dict:
+def summarise_case(failed: list[dict], solved: list[dict], budget: int, refused: list[dict] = ()) -> dict:
     """The `recurring_case` object and the payback rows, from the per-problem records alone."""
     # The case's problems: failed within the budget, verified solution accepted by the gate, asked again.
     # The failures whose solution the gate refused are counted in `failed_offered` and the acceptance.
@@ -293,15 +319,18 @@ def summarise_case(failed: list[dict], solved: list[dict], budget: int) -> dict:
         for r in solved
         if "grafted" in r
     ]
-    accepted = sum(1 for r in failed if r.get("deposit") == "accepted")
-    first = sum(1 for r in failed if r.get("deposit_tries", [{}])[0].get("verdict") == "accepted")
+    # Offered: every problem whose verified solution went to the gate (the failures; with the gate first, every
+    # candidate: the refused ones were never sampled, the accepted ones solved by sampling count too).
+    offered = [r for r in [*failed, *solved, *refused] if "deposit_tries" in r]
+    accepted = sum(1 for r in offered if r.get("deposit") == "accepted")
+    first = sum(1 for r in offered if r["deposit_tries"][0].get("verdict") == "accepted")
     return {
         "recurring_case": case,
         "payback": payback,
         "acceptance": {
             "accepted": accepted,
-            "offered": len(failed),
-            "rate": round(accepted / len(failed), 4) if failed else None,
+            "offered": len(offered),
+            "rate": round(accepted / len(offered), 4) if offered else None,
             "accepted_as_worked_solution": first,
         },
     }
@@ -332,7 +361,7 @@ def check_case(case: dict, rows: dict[str, dict]) -> tuple[list[str], int]:
             bad.append(f"{where}: grafted output token ids do not match their hash or decode count")
         if judge(row["verifier"], g["answer"], row["reference"])[0] != g["correct"]:
             bad.append(f"{where}: grafted answer {g['answer']!r} re-scores differently")
-    again = summarise_case(case["failed"], case["solved_by_sampling"], case["config"]["budget"])
+    again = summarise_case(case["failed"], case["solved_by_sampling"], case["config"]["budget"], case.get("gate_refused", []))
     for k in ("recurring_case", "payback", "acceptance"):
         if json.dumps(again[k], sort_keys=True) != json.dumps(case[k], sort_keys=True):
             bad.append(f"recurring case: {k} recomputed from the rows differs from the recorded one")

@@ -188,14 +188,40 @@ def recurring_lines(case: dict | None) -> list[str]:
         f"| {rc['problems']} | {rc['budget_tokens_per_problem']:,} | {rc['baseline_tokens_total']:,} | {rc['baseline_solved']} | "
         f"{rc['grafted_decode_tokens_total']} | {rc['grafted_solved']} | {_fmt(rc['ratio'], 1)}x |",
         "",
-        f"The problems: failed within the budget, their verified solution accepted by the deposit gate, asked again. "
-        f"Failures offered to the gate: {rc.get('failed_offered', rc['problems'])}; accepted {acc['accepted']} "
+        "The problems: failed within the budget, their verified solution accepted by the deposit gate, asked again. "
+        + (
+            f"The gate came first (`gate_first`): each candidate's verified solution was offered before any sampling and "
+            f"a refused one was never sampled ({len(case.get('gate_refused', []))} refused). "
+            if cfg.get("gate_first")
+            else f"Failures offered to the gate: {rc.get('failed_offered', rc['problems'])}. "
+        )
+        + f"Offered {acc['offered']}, accepted {acc['accepted']} "
         f"(acceptance rate {_fmt(acc['rate'])}; {acc.get('accepted_as_worked_solution', acc['accepted'])} as the dataset's "
         "worked solution, the rest as its concluding line: the 270M model often answers with an intermediate line of a "
         "multi-line solution, which the gate refuses). A refused solution is not deposited, so that problem is not recalled; "
         "every try is in `results.json`.",
         "",
     ]
+    if cfg.get("batched"):
+        tokens = sum(r["baseline_tokens"] for r in [*case["failed"], *case["solved_by_sampling"]])
+        seconds = case.get("sampling_s")
+        rates = [
+            r["baseline_tokens"] / r["baseline_s"]
+            for r in [*case["failed"], *case["solved_by_sampling"]]
+            if r.get("baseline_s") and r["id"] not in case.get("baseline_reused", [])
+        ]
+        lines += [
+            f"Sampled {cfg.get('together', 8)} attempts at a time (`eval/sampling.py`: one prompt computation per round, "
+            f"the attempts' decode steps in one batched pass, each attempt the bytes it draws alone): {tokens:,} tokens "
+            + (f"in {seconds:,.0f} s ({tokens / seconds:.0f} tokens/s) on 2 cores" if seconds else "sampled")
+            + (
+                f"; per problem {min(rates):.0f} to {max(rates):.0f} tokens/s (the wall time counts every second, those the "
+                "run shared the cores with other jobs or was paused included)."
+                if rates
+                else "."
+            ),
+            "",
+        ]
     if case.get("baseline_reused"):
         lines += [
             f"Baseline records of {len(case['baseline_reused'])} problems were taken from an earlier run of the same configuration, "

@@ -68,6 +68,18 @@ def main(argv: list[str] | None = None) -> int:
         help="sample the recurring case in rounds decoded together (eval/sampling.py): the paper's budgets fit in one run",
     )
     p.add_argument(
+        "--recurring-together",
+        type=int,
+        default=8,
+        help="batched: attempts decoded together per round (one prompt computation; under fma16 any width gives each "
+        "attempt's own bytes, under KVGRAFT_LINEAR=torch only the widths the Batcher checks are used)",
+    )
+    p.add_argument(
+        "--recurring-gate-first",
+        action="store_true",
+        help="offer each candidate's verified solution to the gate before sampling it; a refused one is never sampled",
+    )
+    p.add_argument(
         "--reuse-baseline",
         type=Path,
         default=None,
@@ -126,7 +138,13 @@ def _recurring_only(args, cfg: harness.EvalConfig) -> int:
     from eval import recurring
 
     budget = args.recurring_budget or settings.get("KVGRAFT_RECURRING_BUDGET")
-    rc = recurring.RecurringConfig(seed=args.seed, budget=budget, batched=args.recurring_batched)
+    rc = recurring.RecurringConfig(
+        seed=args.seed,
+        budget=budget,
+        batched=args.recurring_batched,
+        together=args.recurring_together,
+        gate_first=args.recurring_gate_first,
+    )
     problems = harness.read_jsonl(harness.PROBLEMS)
     reuse = {}
     if args.reuse_baseline is not None:

@@ -31,6 +31,23 @@ def test_attempts_decoded_together_are_each_attempt_alone(tiny_gemma, batcher):
     assert len({a.token_ids for a in got.attempts}) > 1  # the seeds draw different attempts
 
 
+def test_thirty_two_attempts_in_one_pass_are_each_attempt_alone(tiny_gemma):
+    """The recurring case samples 32 at a time (eval/run.py --recurring-together 32): a Batcher asked for width
+    32 keeps it only where each row is its own (fma16), and every attempt is then the one drawn alone."""
+    from graft_core import sample
+    from graft_core.batch import Batcher
+
+    wide = Batcher(tiny_gemma.model, widths=(4, 8, 16, 32))
+    got = sampling.sample_many(tiny_gemma, Q, 10_000, lambda t: False, together=32, max_new_tokens=5, seed=7, batcher=wide)
+    first = got.rounds[0].attempts
+    assert [a.seed for a in first] == list(range(7, 39))
+    for a in first:
+        alone = sample.attempt(tiny_gemma, Q, 5, temperature=0.8, seed=a.seed)
+        assert (a.token_ids, a.text) == (alone.token_ids, alone.text), a.seed
+    if wide.fma16:
+        assert wide.most == 32
+
+
 def test_every_computed_token_is_counted_and_the_budget_holds(tiny_gemma, batcher):
     from graft_core import sample
 
@@ -98,3 +115,40 @@ def test_the_recurring_case_batched_counts_every_token_within_a_small_budget_and
 
 def _row(rows: list[dict], pid: str) -> dict:
     return next(r for r in rows if r["id"] == pid)
+
+
+def test_with_the_gate_first_a_refused_solution_is_never_sampled(tiny_gemma, tmp_path, monkeypatch):
+    """`gate_first`: each candidate's verified solution goes to the gate before any sampling; a refused one is
+    recorded in `gate_refused` with its tries, never sampled, and counted in the acceptance; the records replay."""
+    import services
+    import verifiers
+    from eval import recurring
+    from retrieval.embedder import HashEmbedder
+    from services import gate
+
+    rows = [
+        {"id": f"p95{i:02d}", "template": "ages", "verifier": "numeric", "split": "heldout", "answer": str(i + 1)}
+        | {"question": f"How old is Ada if she is {i} + 1?", "solution": f"{i} + 1 = {i + 1}.", "reference": str(i + 1)}
+        for i in (11, 22, 33)
+    ]
+    refuse = rows[1]["question"]
+    real = gate.judge
+
+    def judge(answer, q, s, v, r):
+        return verifiers.Verdict(False, v, "test double refused") if q == refuse else real(answer, q, s, v, r)
+
+    monkeypatch.setattr(gate, "judge", judge)
+    sampled = []
+    real_baseline = recurring._baseline
+    monkeypatch.setattr(recurring, "_baseline", lambda lib, row, *a: sampled.append(row["id"]) or real_baseline(lib, row, *a))
+    cfg = recurring.RecurringConfig(
+        problems=3, budget=200, max_candidates=3, max_new_tokens=4, batched=True, together=4, gate_first=True
+    )
+    lib = services.Library(home=tmp_path / "store", embedder=HashEmbedder(), lm=tiny_gemma)
+    case = recurring.run_case(lib, rows, cfg, log=lambda m: None)
+    lib.close()
+    assert [r["id"] for r in case["gate_refused"]] == [rows[1]["id"]] and rows[1]["id"] not in sampled
+    assert sorted(sampled) == sorted(r["id"] for r in rows if r["question"] != refuse)
+    acc = case["acceptance"]
+    assert (acc["offered"], acc["accepted"]) == (3, 2)
+    assert recurring.check_case(case, {r["id"]: r for r in rows})[0] == []
