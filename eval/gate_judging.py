@@ -46,9 +46,8 @@ def items() -> list[dict]:
     for r in sample.deposited:
         out.append(_offer("problems", r, "worked solution", r["solution"], r["reference"]))
     by_id = {p["id"]: p for p in problems}
-    case = json.loads(RECURRING_IDS.read_text(encoding="utf-8"))["recurring"]
-    offered = [r for r in [*case["failed"], *case["solved_by_sampling"], *case.get("gate_refused", [])] if "deposit_tries" in r]
-    for rec in sorted(offered, key=lambda r: r["id"]):
+    offered = json.loads(RECURRING_IDS.read_text(encoding="utf-8"))["recurring"]["failed"]
+    for rec in offered:
         r = by_id[rec["id"]]
         out.append(_offer("recurring", r, "worked solution", r["solution"], r["reference"]))
         line = recurring.concluding_line(r["solution"])
@@ -92,7 +91,7 @@ def collect(limit: int | None = None, log=print) -> dict:
     rows = items()[:limit]
     t0 = time.perf_counter()
     for i, row in enumerate(rows):
-        fact_ids = lm.tokenizer(templates.fact_run_text(row["question"], row["solution"]))["input_ids"]
+        fact_ids = lm.tokenizer(templates.fact_text(row["solution"]))["input_ids"]
         fact_art, _ = capture(lm, list(fact_ids))
         row["fact_run"] = _generate(lm, [fact_art], row["question"])
         item_ids = lm.tokenizer(templates.item_text(row["question"], row["solution"], row["answer"]))["input_ids"]

@@ -205,21 +205,10 @@ def recurring_lines(case: dict | None) -> list[str]:
     if cfg.get("batched"):
         tokens = sum(r["baseline_tokens"] for r in [*case["failed"], *case["solved_by_sampling"]])
         seconds = case.get("sampling_s")
-        rates = [
-            r["baseline_tokens"] / r["baseline_s"]
-            for r in [*case["failed"], *case["solved_by_sampling"]]
-            if r.get("baseline_s") and r["id"] not in case.get("baseline_reused", [])
-        ]
         lines += [
             f"Sampled {cfg.get('together', 8)} attempts at a time (`eval/sampling.py`: one prompt computation per round, "
             f"the attempts' decode steps in one batched pass, each attempt the bytes it draws alone): {tokens:,} tokens "
-            + (f"in {seconds:,.0f} s ({tokens / seconds:.0f} tokens/s) on 2 cores" if seconds else "sampled")
-            + (
-                f"; per problem {min(rates):.0f} to {max(rates):.0f} tokens/s (the wall time counts every second, those the "
-                "run shared the cores with other jobs or was paused included)."
-                if rates
-                else "."
-            ),
+            + (f"in {seconds:,.0f} s ({tokens / seconds:.0f} tokens/s) on 2 cores." if seconds else "sampled."),
             "",
         ]
     if case.get("baseline_reused"):

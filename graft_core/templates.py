@@ -16,14 +16,6 @@ def fact_text(solution: str) -> str:
     return f"Fact: {solution.strip()}\n"
 
 
-def fact_run_text(question: str, solution: str) -> str:
-    """What the deposit gate's fact run grafts (a scratch artifact, never stored): the question beside its
-    solution, never the answer a depositor typed. With the solution alone grafted, the 270M model met the
-    question as a new problem and started computing; with the question it was asked just before the solution,
-    it reads the result the solution states (docs/bench/gate-judging.json measures both)."""
-    return f"Question: {question.strip()}\n{fact_text(solution)}"
-
-
 def item_text(question: str, solution: str, answer: str) -> str:
     """Deposit text for a verified item."""
     return f"{fact_text(solution)}Question: {question.strip()}\nAnswer: {answer.strip()}\n"
