@@ -81,9 +81,8 @@ def _generate(lm, chain, question: str) -> dict:
 
 
 def collect(limit: int | None = None, log=print) -> dict:
-    """The gate's two generations for every item: the question and solution grafted (`templates.fact_run_text`, no
-    answer: the fact run) and the deposited item text grafted at its own position (the graft run), greedy, as
-    services/gate.py runs them."""
+    """The gate's two generations for every item: the solution alone grafted (`Fact: ...`, the fact run) and
+    the deposited item text grafted at its own position (the graft run), greedy, as services/gate.py runs them."""
     from graft_core import model, templates
     from graft_core.capture import capture
 
