@@ -186,7 +186,10 @@ MUTATIONS = (
         "graft_core/batch.py",
         "return torch.cat([self._columns(weight, x[:n]), self._stacked(weight, x[n:].clone())])",
         "return torch.cat([F.linear(x[:n], weight), self._stacked(weight, x[n:].clone())])",
-        ("tests/test_batch.py::test_tiny_steps_and_prompts_in_one_pass_match_each_alone",),
+        (
+            "tests/test_batch.py::test_tiny_steps_and_prompts_in_one_pass_match_each_alone",
+            "tests/test_batch.py::test_tiny_steps_beside_first_prompts_into_empty_caches_match_each_alone",
+        ),
     ),
     Mutation(
         "prompts joined to decode passes whatever their length (batch.Batcher.run)",

@@ -23,7 +23,9 @@ def _sessions(lm, lengths: list[int], seed: int = 0) -> list:
     caches = []
     for n in lengths:
         cache = new_cache(lm.model)
-        forward_chunk(lm.model, cache, torch.randint(3, lm.model.config.vocab_size, (n,), generator=gen).tolist(), 0)
+        ids = torch.randint(3, lm.model.config.vocab_size, (n,), generator=gen).tolist()
+        if ids:  # 0: an empty cache (a first prompt goes into it)
+            forward_chunk(lm.model, cache, ids, 0)
         caches.append(cache)
     return caches
 
@@ -301,6 +303,16 @@ def test_tiny_steps_and_prompts_in_one_pass_match_each_alone(request, which):
         assert sorted(passes) == [6]  # all of them in one pass
     elif {13, 16} <= b.stack_sizes and 70 not in b.stack_sizes:
         assert sorted(passes) == [5]  # 3 steps and 2 prompts in one pass; the 70-row prompt alone, no pass
+
+
+@BOTH
+def test_tiny_steps_beside_first_prompts_into_empty_caches_match_each_alone(request, which):
+    # a prompt into an empty cache keeps its pass on the modules' path (the lean step writes only caches that
+    # hold rows), so the steps beside it go through the pass's own products: each still its own bytes
+    same, passes, b = _steps_and_prompts_both_ways(request.getfixturevalue(which), [5, 9, 12], [0, 7], [16, 13])
+    assert same
+    if b.fma16:
+        assert passes == [5]  # the three steps and both prompts in one pass
 
 
 @BOTH
