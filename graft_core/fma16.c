@@ -1283,7 +1283,7 @@ static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, con
         tr[h] = t + h * sk;
         yr[h] = y + h * y_hs;
     }
-    const int64_t tile = 64; /* keys per share of the dot products (a multiple of QK_C) */
+    const int64_t tile = 64 / QK_C * QK_C; /* keys per share of the dot products: a multiple of QK_C (64 or 63) */
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t j0 = lo; j0 < hi; j0 += tile) {
         const int64_t j1 = j0 + tile < hi ? j0 + tile : hi;
