@@ -731,7 +731,7 @@ static inline float kv_expf_neg(float xf) {
     p = p * r + 1.0;
     p = p * r + 1.0;
     /* n + 1023 is in [1, 2046]: through int32, whose conversion vectorises on AVX2 (int64's needs AVX-512DQ) */
-    const uint64_t bits = (uint64_t)(uint32_t)((int32_t)n + 1023) << 52;;
+    const uint64_t bits = (uint64_t)(uint32_t)((int32_t)n + 1023) << 52;
     double scale;
     memcpy(&scale, &bits, 8);
     const float e = (float)(p * scale);
@@ -840,7 +840,7 @@ static inline float gelu_one(float xf) {
     p = p * r + 1.0;
     p = p * r + 1.0;
     /* n + 1023 is in [1, 2046]: through int32, whose conversion vectorises on AVX2 (int64's needs AVX-512DQ) */
-    const uint64_t bits = (uint64_t)(uint32_t)((int32_t)n + 1023) << 52;;
+    const uint64_t bits = (uint64_t)(uint32_t)((int32_t)n + 1023) << 52;
     double scale;
     memcpy(&scale, &bits, 8);
     const double e = z > 709.78 ? INFINITY : p * scale;
@@ -1062,7 +1062,6 @@ static inline v16 v_add(v16 a, v16 b) { return v_of(_mm256_add_ps(a.lo, b.lo), _
 #define QK_R 4 /* AVX2: one half of the lanes at a time (QK_HALVES): 12 accumulators of its 16 registers */
 #define QK_C 3
 #define PV_H 4 /* AVX2: P.V by halves of 16 values (PV_HALVES): 4 rows x 3 chunks of 8 values */
-#define PV_C 2 /* (unused by AVX2's P.V: PV_WIDE_VALUES says how many values a wide call takes) */
 #define PV_WIDE_VALUES 24 /* three chunks of 8 values; a narrow call takes 16 (two) */
 #endif
 
@@ -1202,7 +1201,7 @@ static inline int64_t pv_wide_calls(int64_t D) {
 }
 
 /* Query positions [i0, i0 + n) of H heads, D a multiple of 16 (t: H * ATT_PB rows of sk floats; lanes:
-   16 * PV_H * PV_C * 16 floats). The dot products of every row over the union of the rows' ranges R (a
+   16 * 4 * 4 * 16 floats, the widest P.V tile of either build). The dot products of every row over the union of the rows' ranges R (a
    score outside a row's own R is never read), then each row's softmax over its own R, then P.V per
    position over its R, its heads side by side. */
 static void attend_block(const float *q, int64_t H, int64_t i0, int64_t n, int64_t D, int64_t q_hs, int64_t q_ss,
@@ -1210,6 +1209,7 @@ static void attend_block(const float *q, int64_t H, int64_t i0, int64_t n, int64
                          const float *add, int64_t m_ss, float scale, float *y, int64_t y_hs, int64_t y_ss, float *t,
                          float *lanes) {
     int64_t lo[ATT_PB], hi[ATT_PB], bj0 = sk, bj1 = 0, cnt = 0;
+    const int64_t nw = pv_wide_calls(D); /* P.V's wide calls per row, the same for every row */
     int has[ATT_PB];
     const float *qr[ATT_PB * H];
     float *tr[ATT_PB * H];
@@ -1250,7 +1250,6 @@ static void attend_block(const float *q, int64_t H, int64_t i0, int64_t n, int64
         }
         for (int64_t h = 0; h < live; h += PV_H) {
             const int64_t Hh = live - h < PV_H ? live - h : PV_H;
-            const int64_t nw = pv_wide_calls(D);
             int64_t d0 = 0;
             for (int64_t c = 0; c < nw; c++, d0 += PV_WIDE_VALUES) PV_WIDE[Hh](pr + h, v, v_ss, lo[r], hi[r], d0, lanes, yr + h);
             for (; d0 < D; d0 += 16) PV_ONE[Hh](pr + h, v, v_ss, lo[r], hi[r], d0, lanes, yr + h);
