@@ -1018,8 +1018,28 @@ static int softmax_range(float *t, const float *add, const uint8_t *keep, int64_
     return 1;
 }
 
+/* Keys and values in one or two segments: key j < split at k0 + j ks, key j >= split at k1 + (j - split) ks,
+   values alike (stride vs); one segment: split = INT64_MAX. A restored artifact's rows are one segment shared
+   by every session that grafts it, the session's own rows the other (graft_core/layers.py). Which segment a
+   row is read from changes no operation of the definition, so no byte. */
+typedef struct {
+    const float *k0, *v0, *k1, *v1;
+    int64_t ks, vs, split;
+} kv_rows;
+
+static inline const float *key_row(const kv_rows *s, int64_t j) {
+    return j < s->split ? s->k0 + j * s->ks : s->k1 + (j - s->split) * s->ks;
+}
+static inline const float *value_row(const kv_rows *s, int64_t j) {
+    return j < s->split ? s->v0 + j * s->vs : s->v1 + (j - s->split) * s->vs;
+}
+/* How many keys from j on lie in j's segment, up to j1 (a tile of dot products reads consecutive rows). */
+static inline int64_t segment_left(const kv_rows *s, int64_t j, int64_t j1) {
+    return (j < s->split && s->split < j1 ? s->split : j1) - j;
+}
+
 /* One query row, the definition one operation at a time (t: scratch of sk floats). */
-static void attend_row_ref(const float *q, int64_t D, const float *k, int64_t lk, const float *v, int64_t lv, int64_t sk,
+static void attend_row_ref(const float *q, int64_t D, const kv_rows *kv, int64_t sk,
                            const uint8_t *keep, const float *add, float scale, float *y, float *t) {
     int64_t f, l;
     if (!kept_range(keep, sk, &f, &l)) {
@@ -1032,7 +1052,7 @@ static void attend_row_ref(const float *q, int64_t D, const float *k, int64_t lk
         for (int64_t d0 = 0; d0 < Dp; d0 += 16)
             for (int L = 0; L < 16; L++) {
                 const int64_t d = d0 + L;
-                s[L] = fmaf(d < D ? q[d] : 0.0f, d < D ? k[j * lk + d] : 0.0f, s[L]);
+                s[L] = fmaf(d < D ? q[d] : 0.0f, d < D ? key_row(kv, j)[d] : 0.0f, s[L]);
             }
         t[j] = reduce16_ref(s);
     }
@@ -1042,7 +1062,7 @@ static void attend_row_ref(const float *q, int64_t D, const float *k, int64_t lk
     }
     for (int64_t d = 0; d < D; d++) {
         float acc[16] = {0};
-        for (int64_t j = j0; j < j1; j++) acc[(j - j0) & 15] = fmaf(t[j], v[j * lv + d], acc[(j - j0) & 15]);
+        for (int64_t j = j0; j < j1; j++) acc[(j - j0) & 15] = fmaf(t[j], value_row(kv, j)[d], acc[(j - j0) & 15]);
         y[d] = reduce16_ref(acc);
     }
 }
@@ -1088,15 +1108,16 @@ static inline v16 v_add(v16 a, v16 b) { return v_of(_mm256_add_ps(a.lo, b.lo), _
    chunks of 16 values from d0: y[h][d0 .. d0 + 16C). Lane L holds the keys j0 + L + 16i (j0 a multiple of
    16: lane j mod 16), each lane's fmaf chain in increasing j, then the tree over lanes, value by value. */
 #define PV(H, C)                                                                                              \
-    static void pv_##H##_##C(const float *const *p, const float *v, int64_t lv, int64_t j0, int64_t j1,       \
-                             int64_t d0, float *lanes, float *const *y) {                                     \
+    static void pv_##H##_##C(const float *const *p, const kv_rows *kv, int64_t j0, int64_t j1, int64_t d0,    \
+                             float *lanes, float *const *y) {                                                 \
         for (int L = 0; L < 16; L++) {                                                                        \
             v16 acc[H][C];                                                                                    \
             for (int h = 0; h < H; h++)                                                                       \
                 for (int c = 0; c < C; c++) acc[h][c] = v_zero();                                             \
             for (int64_t j = j0 + L; j < j1; j += 16) {                                                       \
                 v16 vv[C];                                                                                    \
-                for (int c = 0; c < C; c++) vv[c] = v_load(v + j * lv + d0 + 16 * c);                         \
+                const float *vr = value_row(kv, j) + d0;                                                      \
+                for (int c = 0; c < C; c++) vv[c] = v_load(vr + 16 * c);                                      \
                 for (int h = 0; h < H; h++) {                                                                 \
                     const v16 pp = v_set1(p[h][j]);                                                           \
                     for (int c = 0; c < C; c++) acc[h][c] = v_fmadd(pp, vv[c], acc[h][c]);                    \
@@ -1117,7 +1138,7 @@ static inline v16 v_add(v16 a, v16 b) { return v_of(_mm256_add_ps(a.lo, b.lo), _
     }
 
 typedef void (*qk_fn)(const float *const *, const float *, int64_t, int64_t, float *const *, int64_t);
-typedef void (*pv_fn)(const float *const *, const float *, int64_t, int64_t, int64_t, int64_t, float *, float *const *);
+typedef void (*pv_fn)(const float *const *, const kv_rows *, int64_t, int64_t, int64_t, float *, float *const *);
 #if defined(FMA16_AVX512)
 QK(1, 4) QK(2, 4) QK(3, 4) QK(4, 4) QK(1, 1) QK(2, 1) QK(3, 1) QK(4, 1)
 PV(1, 4) PV(2, 4) PV(3, 4) PV(4, 4) PV(1, 1) PV(2, 1) PV(3, 1) PV(4, 1)
@@ -1159,15 +1180,16 @@ static const qk_fn QK_ONE[QK_R + 1] = {0, qk_1_1, qk_2_1, qk_3_1, qk_4_1};
    j) and its tree over the lanes are the ones PV computes for it in a 16-value chunk, so the same bits;
    8-value accumulators fit 4 probability rows x 3 chunks in AVX2's 16 registers instead of 2 x 2 v16. */
 #define PV_HALVES(H, C)                                                                                       \
-    static void pvh_##H##_##C(const float *const *p, const float *v, int64_t lv, int64_t j0, int64_t j1,      \
-                              int64_t d0, float *lanes, float *const *y) {                                    \
+    static void pvh_##H##_##C(const float *const *p, const kv_rows *kv, int64_t j0, int64_t j1, int64_t d0,   \
+                              float *lanes, float *const *y) {                                                \
         for (int L = 0; L < 16; L++) {                                                                        \
             __m256 acc[H][C];                                                                                 \
             for (int h = 0; h < H; h++)                                                                       \
                 for (int c = 0; c < C; c++) acc[h][c] = _mm256_setzero_ps();                                  \
             for (int64_t j = j0 + L; j < j1; j += 16) {                                                       \
                 __m256 vv[C];                                                                                 \
-                for (int c = 0; c < C; c++) vv[c] = _mm256_loadu_ps(v + j * lv + d0 + 8 * c);                \
+                const float *vr = value_row(kv, j) + d0;                                                      \
+                for (int c = 0; c < C; c++) vv[c] = _mm256_loadu_ps(vr + 8 * c);                              \
                 for (int h = 0; h < H; h++) {                                                                 \
                     const __m256 pp = _mm256_set1_ps(p[h][j]);                                                \
                     for (int c = 0; c < C; c++) acc[h][c] = _mm256_fmadd_ps(pp, vv[c], acc[h][c]);            \
@@ -1205,9 +1227,8 @@ static inline int64_t pv_wide_calls(int64_t D) {
    score outside a row's own R is never read), then each row's softmax over its own R, then P.V per
    position over its R, its heads side by side. */
 static void attend_block(const float *q, int64_t H, int64_t i0, int64_t n, int64_t D, int64_t q_hs, int64_t q_ss,
-                         const float *k, int64_t k_ss, const float *v, int64_t v_ss, int64_t sk, const uint8_t *keep,
-                         const float *add, int64_t m_ss, float scale, float *y, int64_t y_hs, int64_t y_ss, float *t,
-                         float *lanes) {
+                         const kv_rows *kv, int64_t sk, const uint8_t *keep, const float *add, int64_t m_ss, float scale,
+                         float *y, int64_t y_hs, int64_t y_ss, float *t, float *lanes) {
     int64_t lo[ATT_PB], hi[ATT_PB], bj0 = sk, bj1 = 0, cnt = 0;
     const int64_t nw = pv_wide_calls(D); /* P.V's wide calls per row, the same for every row */
     int has[ATT_PB];
@@ -1227,10 +1248,10 @@ static void attend_block(const float *q, int64_t H, int64_t i0, int64_t n, int64
         }
     }
     for (int64_t j = bj0; j < bj1;) {
-        const int wide = bj1 - j >= QK_C;
+        const int wide = segment_left(kv, j, bj1) >= QK_C;
         for (int64_t rr = 0; rr < cnt; rr += QK_R) {
             const int64_t R = cnt - rr < QK_R ? cnt - rr : QK_R;
-            (wide ? QK_WIDE : QK_ONE)[R](qr + rr, k + j * k_ss, k_ss, D, tr + rr, j);
+            (wide ? QK_WIDE : QK_ONE)[R](qr + rr, key_row(kv, j), kv->ks, D, tr + rr, j);
         }
         j += wide ? QK_C : 1;
     }
@@ -1251,8 +1272,8 @@ static void attend_block(const float *q, int64_t H, int64_t i0, int64_t n, int64
         for (int64_t h = 0; h < live; h += PV_H) {
             const int64_t Hh = live - h < PV_H ? live - h : PV_H;
             int64_t d0 = 0;
-            for (int64_t c = 0; c < nw; c++, d0 += PV_WIDE_VALUES) PV_WIDE[Hh](pr + h, v, v_ss, lo[r], hi[r], d0, lanes, yr + h);
-            for (; d0 < D; d0 += 16) PV_ONE[Hh](pr + h, v, v_ss, lo[r], hi[r], d0, lanes, yr + h);
+            for (int64_t c = 0; c < nw; c++, d0 += PV_WIDE_VALUES) PV_WIDE[Hh](pr + h, kv, lo[r], hi[r], d0, lanes, yr + h);
+            for (; d0 < D; d0 += 16) PV_ONE[Hh](pr + h, kv, lo[r], hi[r], d0, lanes, yr + h);
         }
     }
 }
@@ -1262,9 +1283,8 @@ static void attend_block(const float *q, int64_t H, int64_t i0, int64_t n, int64
    each head's softmax, then P.V by chunks of 16 values. Every t[j] and every y[h][d] is computed by one
    thread with the operations attend_block uses (the same QK and PV tiles), so the bytes are the same; only
    which thread computes which is different. Returns -2 when scratch memory is unavailable. */
-static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, const float *k, int64_t k_ss,
-                         const float *v, int64_t v_ss, int64_t sk, const uint8_t *keep, const float *add, float scale,
-                         float *y, int64_t y_hs, int threads) {
+static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, const kv_rows *kv, int64_t sk,
+                         const uint8_t *keep, const float *add, float scale, float *y, int64_t y_hs, int threads) {
     int64_t f, l;
     if (!kept_range(keep, sk, &f, &l)) {
         for (int64_t h = 0; h < H; h++) memset(y + h * y_hs, 0, (size_t)D * 4);
@@ -1287,10 +1307,10 @@ static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, con
     for (int64_t j0 = lo; j0 < hi; j0 += tile) {
         const int64_t j1 = j0 + tile < hi ? j0 + tile : hi;
         for (int64_t j = j0; j < j1;) {
-            const int wide = j1 - j >= QK_C;
+            const int wide = segment_left(kv, j, j1) >= QK_C;
             for (int64_t rr = 0; rr < H; rr += QK_R) {
                 const int64_t R = H - rr < QK_R ? H - rr : QK_R;
-                (wide ? QK_WIDE : QK_ONE)[R](qr + rr, k + j * k_ss, k_ss, D, tr + rr, j);
+                (wide ? QK_WIDE : QK_ONE)[R](qr + rr, key_row(kv, j), kv->ks, D, tr + rr, j);
             }
             j += wide ? QK_C : 1;
         }
@@ -1321,7 +1341,7 @@ static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, con
             const int64_t d0 = c < wide ? c * PV_WIDE_VALUES : wide * PV_WIDE_VALUES + (c - wide) * 16;
             for (int64_t h = 0; h < n; h += PV_H) {
                 const int64_t Hh = n - h < PV_H ? n - h : PV_H;
-                (c < wide ? PV_WIDE : PV_ONE)[Hh](pr + h, v, v_ss, lo, hi, d0, lanes, yr + h);
+                (c < wide ? PV_WIDE : PV_ONE)[Hh](pr + h, kv, lo, hi, d0, lanes, yr + h);
             }
         }
         free(lanes);
@@ -1336,10 +1356,11 @@ static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, con
    mask row of position i (shared by the heads) at keep + i m_ss (uint8, 1: attend) or add + i m_ss (float,
    added to the scaled score), or neither (every key). The definition above for every row; `reference` 1
    computes it one operation at a time (attend_row_ref), as the portable build always does. Blocks of
-   positions are split over `threads`; that never changes a byte. */
-int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs, int64_t q_ss, const float *k,
-                 int64_t k_ss, const float *v, int64_t v_ss, int64_t sk, const uint8_t *keep, const float *add,
-                 int64_t m_ss, float scale, float *y, int64_t y_hs, int64_t y_ss, int threads, int reference) {
+   positions are split over `threads`; that never changes a byte. `attention` takes the keys and values in
+   segments (kv_rows), kv_attention in one. */
+static int attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs, int64_t q_ss, const kv_rows *kv,
+                     int64_t sk, const uint8_t *keep, const float *add, int64_t m_ss, float scale, float *y, int64_t y_hs,
+                     int64_t y_ss, int threads, int reference) {
     if (H <= 0 || H > 64 || sq < 0 || D <= 0 || sk <= 0 || (keep && add)) return -1;
 #ifdef FMA16_VECTOR
     const int vector = !reference && D % 16 == 0;
@@ -1349,7 +1370,7 @@ int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs,
 #endif
 #ifdef FMA16_VECTOR
     if (vector && sq == 1 && threads > 1 && (double)sk * (double)(D * H) >= 16.0 * SPLIT_MIN) /* 512 keys of 4 x 256 */
-        return attend_single(q, H, D, q_hs, k, k_ss, v, v_ss, sk, keep, add, scale, y, y_hs, threads);
+        return attend_single(q, H, D, q_hs, kv, sk, keep, add, scale, y, y_hs, threads);
 #endif
     /* A short prompt (a question after a restore) in blocks of equal size, one per thread, rather than 16
        positions and a remainder: 17 positions were 16 on one thread and 1 on the other. */
@@ -1371,20 +1392,26 @@ int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs,
             const int64_t i0 = b * pb, n = sq - i0 < pb ? sq - i0 : pb;
             if (vector) {
 #ifdef FMA16_VECTOR
-                attend_block(q, H, i0, n, D, q_hs, q_ss, k, k_ss, v, v_ss, sk, keep, add, m_ss, scale, y, y_hs, y_ss, t,
-                             lanes);
+                attend_block(q, H, i0, n, D, q_hs, q_ss, kv, sk, keep, add, m_ss, scale, y, y_hs, y_ss, t, lanes);
 #endif
                 continue;
             }
             for (int64_t i = i0; i < i0 + n; i++)
                 for (int64_t h = 0; h < H; h++)
-                    attend_row_ref(q + h * q_hs + i * q_ss, D, k, k_ss, v, v_ss, sk, keep ? keep + i * m_ss : 0,
+                    attend_row_ref(q + h * q_hs + i * q_ss, D, kv, sk, keep ? keep + i * m_ss : 0,
                                    add ? add + i * m_ss : 0, scale, y + h * y_hs + i * y_ss, t);
         }
         free(t);
         free(lanes);
     }
     return failed ? -2 : 0;
+}
+
+int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs, int64_t q_ss, const float *k,
+                 int64_t k_ss, const float *v, int64_t v_ss, int64_t sk, const uint8_t *keep, const float *add,
+                 int64_t m_ss, float scale, float *y, int64_t y_hs, int64_t y_ss, int threads, int reference) {
+    const kv_rows kv = {k, v, k, v, k_ss, v_ss, INT64_MAX};
+    return attention(q, H, sq, D, q_hs, q_ss, &kv, sk, keep, add, m_ss, scale, y, y_hs, y_ss, threads, reference);
 }
 
 /* ---- a decode step's layers in one call (graft_core/step.py) -----------------------------------------
@@ -1400,7 +1427,11 @@ int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs,
    row r attends the buffer's rows from `start` (or, in a sliding layer, from the first less than `window`
    positions back) to end + r, without a mask: a contiguous range of keys gives the bytes of the same keys
    kept by a mask (kv_attention's definition: moving every key by the same number of lanes only swaps
-   operands of additions). The caller made room and moves its bookkeeping after. */
+   operands of additions). The caller made room and moves its bookkeeping after.
+   A session's held rows may start with a restored artifact's, read in place and shared with every session
+   that grafts it (graft_core.layers: never written): bn[c] rows from bk[c] / bv[c] (its kv head g at
+   + g bcap[c] D), then the buffer's rows [start, end). The rows a new row attends are counted in that order;
+   attention reads them in two segments (kv_rows), the same operations as over one copy. */
 
 typedef struct {
     const uint8_t *w[7]; /* q, k, v, o, gate, up, down: rows in their formats */
@@ -1420,9 +1451,22 @@ static void rotate_row(const float *a, const float *c, const float *s, int64_t D
     for (int64_t d = h; d < D; d++) out[d] = a[d] * c[d] + a[d - h] * s[d];
 }
 
+/* The rows from the `lo`-th one a session holds (its shared rows first, then its buffer's from `start`), kv head g. */
+static kv_rows held_rows(const float *bk, const float *bv, int64_t bcap, int64_t bn, const float *kb, const float *vb,
+                         int64_t cap, int64_t start, int64_t g, int64_t D, int64_t lo) {
+    const float *k1 = kb + (g * cap + start) * D, *v1 = vb + (g * cap + start) * D;
+    if (lo < bn) {
+        const kv_rows r = {bk + (g * bcap + lo) * D, bv + (g * bcap + lo) * D, k1, v1, D, D, bn - lo};
+        return r;
+    }
+    const kv_rows r = {k1 + (lo - bn) * D, v1 + (lo - bn) * D, k1, v1, D, D, INT64_MAX};
+    return r;
+}
+
 int kv_decode_layers(const kv_layer *layers, int64_t L, int64_t S, const int64_t *rows, float *x, float *const *kbuf,
-                     float *const *vbuf, const int64_t *cap, const int64_t *start, const int64_t *end, const int64_t *window,
-                     const float *const *cos, const float *const *sin, int threads) {
+                     float *const *vbuf, const int64_t *cap, const int64_t *start, const int64_t *end,
+                     const float *const *bk, const float *const *bv, const int64_t *bcap, const int64_t *bn,
+                     const int64_t *window, const float *const *cos, const float *const *sin, int threads) {
     if (L <= 0 || S <= 0) return -1;
     int64_t most = 0, M = 0;
     for (int64_t s = 0; s < S; s++) {
@@ -1464,30 +1508,35 @@ int kv_decode_layers(const kv_layer *layers, int64_t L, int64_t S, const int64_t
                     memcpy(vbuf[c] + at, vv + (m0 + r) * KD + gg * D, (size_t)D * 4);
                 }
             }
-            /* the keys row r sees, contiguous in the buffer: all held ones and the new ones up to it, or within
-               a sliding window those less than `window` positions back */
-            const int64_t w = window[l];
-#define ROW_LO(r) (w > 0 && end[c] + (r) - w + 1 > start[c] ? end[c] + (r) - w + 1 : start[c])
+            /* the rows row r sees, counted from the first one held (shared rows, then the buffer's from `start`):
+               every held one and the new ones up to it, or within a sliding window those less than `window`
+               positions back */
+            const int64_t w = window[l], held = bn[c] + end[c] - start[c];
+#define ROW_LO(r) (w > 0 && held + (r) - w + 1 > 0 ? held + (r) - w + 1 : 0)
+#define ROWS_FROM(lo, gg) held_rows(bk[c], bv[c], bcap[c], bn[c], kbuf[c], vbuf[c], cap[c], start[c], gg, D, lo)
             if (T == 1) {
-                const int64_t hi = end[c], lo = ROW_LO(0);
-                for (int64_t gg = 0; gg < G && !rc; gg++)
-                    rc |= kv_attention(q + m0 * QD + gg * group * D, group, 1, D, D, QD, kbuf[c] + (gg * cap[c] + lo) * D,
-                                       D, vbuf[c] + (gg * cap[c] + lo) * D, D, hi - lo + 1, 0, 0, 0, y->scale,
-                                       att + m0 * QD + gg * group * D, D, QD, threads, 0);
+                const int64_t lo = ROW_LO(0);
+                for (int64_t gg = 0; gg < G && !rc; gg++) {
+                    const kv_rows kv = ROWS_FROM(lo, gg);
+                    rc |= attention(q + m0 * QD + gg * group * D, group, 1, D, D, QD, &kv, held - lo + 1, 0, 0, 0, y->scale,
+                                    att + m0 * QD + gg * group * D, D, QD, threads, 0);
+                }
                 continue;
             }
             /* a prompt's rows in one call over the union of their ranges, each row's own range kept by a mask
                (the definition gives a row the same bytes from a masked union as from its contiguous range):
                the rows' dot products share the keys' loads */
-            const int64_t lo0 = ROW_LO(0), n = end[c] + T - lo0;
+            const int64_t lo0 = ROW_LO(0), n = held + T - lo0;
             uint8_t *keep = calloc((size_t)(T * n), 1);
             if (!keep) { rc = -2; break; }
-            for (int64_t r = 0; r < T; r++) memset(keep + r * n + (ROW_LO(r) - lo0), 1, (size_t)(end[c] + r - ROW_LO(r) + 1));
+            for (int64_t r = 0; r < T; r++) memset(keep + r * n + (ROW_LO(r) - lo0), 1, (size_t)(held + r - ROW_LO(r) + 1));
 #undef ROW_LO
-            for (int64_t gg = 0; gg < G && !rc; gg++)
-                rc |= kv_attention(q + m0 * QD + gg * group * D, group, T, D, D, QD, kbuf[c] + (gg * cap[c] + lo0) * D, D,
-                                   vbuf[c] + (gg * cap[c] + lo0) * D, D, n, keep, 0, n, y->scale, att + m0 * QD + gg * group * D,
-                                   D, QD, threads, 0);
+            for (int64_t gg = 0; gg < G && !rc; gg++) {
+                const kv_rows kv = ROWS_FROM(lo0, gg);
+                rc |= attention(q + m0 * QD + gg * group * D, group, T, D, D, QD, &kv, n, keep, 0, n, y->scale,
+                                att + m0 * QD + gg * group * D, D, QD, threads, 0);
+            }
+#undef ROWS_FROM
             free(keep);
         }
         rc |= kv_linear(att, M, QD, QD, y->w[3], y->fmt[3], E, o, E, threads);

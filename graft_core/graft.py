@@ -79,6 +79,7 @@ def restore(lm: LoadedModel, chain: list[KVArtifact]):
     cache = new_cache(lm.model)
     assert len(cache.layers) == len(chain[0].layer_types), "cache layout differs from the artifact's layer list"
     import_cache(cache, _chain_states(chain, sliding_flags(cache)))
+    cache.grafted = tuple(chain)  # what its rows come from, alive as long as the cache (services.library shares it)
     return cache
 
 

@@ -114,15 +114,67 @@ def _unfilled(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         deterministic.fill_uninitialized_memory = was
 
 
+def _shareable(keys: torch.Tensor, values: torch.Tensor, like: torch.Tensor) -> bool:
+    """Can the lean step read these held rows in place (contiguous, the buffers' dtype, batch, heads, head size)?"""
+    return (
+        keys.dim() == like.dim() == 4
+        and keys.shape == values.shape
+        and keys.dtype == values.dtype == like.dtype
+        and keys.device == like.device
+        and keys.shape[:2] == like.shape[:2]
+        and keys.shape[3] == like.shape[3]
+        and keys.is_contiguous()
+        and values.is_contiguous()
+    )
+
+
 class _Rows:
-    """A layer's key/value rows [B, H, start:end, D] in buffers this object allocated. Rows are only ever
-    written into these buffers, never into a tensor handed in from outside (an artifact's tensors, which a
-    restore puts in a cache without copying, are shared with the artifact)."""
+    """A layer's key/value rows [B, H, start:end, D] in buffers this object allocated, after (on the lean
+    step's path) rows it shares: a restored artifact's tensors, read in place by every session that grafts
+    that artifact and never written (`base_k`/`base_v`, rows from `bstart` on). Rows are only ever written
+    into this object's buffers, never into a tensor handed in from outside (an artifact's tensors, which a
+    restore puts in a cache without copying, are shared with the artifact and with other sessions)."""
 
     def __init__(self):
         self.k = self.v = None  # the buffers
         self.start = self.end = 0
         self.view = None  # the keys view last handed to the layer: anything else there is not ours
+        self.base_k = self.base_v = None  # shared rows held before the buffers' (None: none)
+        self.bstart = 0
+
+    @property
+    def shared(self) -> int:
+        """How many shared rows are held (they come before the buffers' rows)."""
+        return 0 if self.base_k is None else self.base_k.shape[-2] - self.bstart
+
+    def drop_front(self, n: int) -> None:
+        """Stop holding the first `n` rows (a sliding window moving on): shared ones first."""
+        take = min(n, self.shared)
+        self.bstart += take
+        if self.base_k is not None and self.shared == 0:
+            self.base_k = self.base_v = None
+            self.bstart = 0
+        self.start += n - take
+
+    def join(self) -> None:
+        """Copy the shared rows and the buffers' rows into fresh buffers, in order: a reader that wants one
+        tensor of every row (transformers' modules, capture, a state digest) gets it; nothing is shared after."""
+        if self.base_k is None:
+            return
+        parts = [(self.base_k[:, :, self.bstart :], self.base_v[:, :, self.bstart :])]
+        if self.end > self.start:
+            parts.append(self.rows(self.start, self.end))
+        like, held = parts[0][0], sum(k.shape[-2] for k, _ in parts)
+        self.base_k = self.base_v = None
+        self.bstart = 0
+        self._allocate(like, held)
+        at = 0
+        for k, v in parts:
+            n = k.shape[-2]
+            self.k[:, :, at : at + n].copy_(k)
+            self.v[:, :, at : at + n].copy_(v)
+            at += n
+        self.start, self.end = 0, held
 
     def append(self, keys, values, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[int, int]:
         """Put the layer's current `keys`/`values` (when they are not already our view) and then the new rows
@@ -135,12 +187,17 @@ class _Rows:
         self.end += new
         return self.start, self.end
 
-    def reserve(self, keys, values, like: torch.Tensor, new: int) -> None:
-        """Room for `new` rows after the held ones: the layer's `keys`/`values` adopted by copying when they are
-        not our view (fresh, restored or cropped), the rows slid to the front or the buffers regrown when
-        their end is reached. `like` gives the buffers' batch, heads, head size and dtype."""
+    def reserve(self, keys, values, like: torch.Tensor, new: int, share: bool = False) -> None:
+        """Room for `new` rows after the held ones: the layer's `keys`/`values` adopted when they are not our
+        view (fresh, restored or cropped): with `share` (the lean step, which reads two segments) held in
+        place as shared rows, else copied; the rows slid to the front or the buffers regrown when their end
+        is reached. `like` gives the buffers' batch, heads, head size and dtype."""
         if keys is None or keys is not self.view:
             held = 0 if keys is None or keys.dim() != like.dim() else keys.shape[-2]
+            self.base_k = self.base_v = None
+            self.bstart = 0
+            if share and held and _shareable(keys, values, like):
+                self.base_k, self.base_v, held = keys, values, 0
             self._allocate(like, held + new)
             if held:
                 self.k[:, :, :held].copy_(keys)
@@ -169,7 +226,44 @@ class _Rows:
         return self.k[:, :, start:end], self.v[:, :, start:end]
 
 
-class GrowingLayer(DynamicLayer):
+class _Held:
+    """`keys`/`values` of a growing layer: what the layer holds, as one tensor each. While the lean step reads
+    shared rows in place (_Rows.base_k) there is no such tensor: reading `keys` or `values` then joins the
+    rows into the layer's own buffers first (once), so transformers' modules, capture and digests see every
+    row. The lean step reads and writes through `_rows` and `raw`/`set_raw`, which never join."""
+
+    @property
+    def keys(self):
+        rows = self.__dict__.get("_rows")
+        if rows is not None and rows.base_k is not None:
+            rows.join()
+            self.set_raw(*rows.rows(rows.start, rows.end))
+            rows.view = self.__dict__["_held_keys"]
+        return self.__dict__.get("_held_keys")
+
+    @keys.setter
+    def keys(self, value):
+        self.__dict__["_held_keys"] = value
+
+    @property
+    def values(self):
+        if self.__dict__.get("_rows") is not None and self._rows.base_k is not None:
+            self.keys  # noqa: B018 (joins)
+        return self.__dict__.get("_held_values")
+
+    @values.setter
+    def values(self, value):
+        self.__dict__["_held_values"] = value
+
+    def raw(self):
+        """The keys and values tensors as set, without joining shared rows (the lean step's view)."""
+        return self.__dict__.get("_held_keys"), self.__dict__.get("_held_values")
+
+    def set_raw(self, keys, values) -> None:
+        self.__dict__["_held_keys"], self.__dict__["_held_values"] = keys, values
+
+
+class GrowingLayer(_Held, DynamicLayer):
     """transformers' DynamicLayer with `update` appending into buffers with headroom instead of
     concatenating into a fresh tensor: a decode step writes its one row instead of copying the layer.
     `keys`/`values` hold the same rows in the same order (views), so every byte read from them is as before."""
@@ -189,30 +283,34 @@ class GrowingLayer(DynamicLayer):
 
 def reserve_rows(layer, n: int) -> _Rows | None:
     """Room for `n` more rows in a growing layer that holds rows (graft_core.step writes them); None where the
-    layer is not one (another cache class, nothing held yet, transformers' past recording)."""
+    layer is not one (another cache class, nothing held yet, transformers' past recording). Restored rows
+    stay where they are, shared (the step reads them in place); only the new rows go into the buffers."""
     rows = getattr(layer, "_rows", None)
-    keys = layer.keys if layer.is_initialized else None
-    if rows is None or keys is None or keys.dim() != 4 or getattr(layer, "record_past", False):
+    if rows is None or not isinstance(layer, _Held) or getattr(layer, "record_past", False):
         return None
-    rows.reserve(keys, layer.values, keys, n)
-    layer.keys, layer.values = rows.rows(rows.start, rows.end)  # the same rows, wherever the reserve put them
-    rows.view = layer.keys
+    keys, values = layer.raw() if layer.is_initialized else (None, None)
+    if keys is None or keys.dim() != 4:
+        return None
+    like = keys if rows.base_k is None else rows.base_k
+    rows.reserve(keys, values, like, n, share=True)
+    layer.set_raw(*rows.rows(rows.start, rows.end))  # the buffers' rows, wherever the reserve put them
+    rows.view = layer.raw()[0]
     return rows
 
 
 def commit_rows(layer, n: int) -> None:
     """After `n` rows were written from `end` on (and attended): the layer holds them, a sliding layer its
-    last `sliding_window - 1` rows, as `update` leaves them."""
+    last `sliding_window - 1` rows (shared ones leave first), as `update` leaves them."""
     rows = layer._rows
     rows.end += n
     if is_sliding(layer):
         layer.cumulative_length += n
-        rows.start = max(rows.start, rows.end - layer.sliding_window + 1)
-    layer.keys, layer.values = rows.rows(rows.start, rows.end)
-    rows.view = layer.keys
+        rows.drop_front(max(0, rows.shared + rows.end - rows.start - layer.sliding_window + 1))
+    layer.set_raw(*rows.rows(rows.start, rows.end))
+    rows.view = layer.raw()[0]
 
 
-class GrowingSlidingLayer(DynamicSlidingWindowLayer):
+class GrowingSlidingLayer(_Held, DynamicSlidingWindowLayer):
     """DynamicSlidingWindowLayer appending in place: returns every row held plus the new ones (the window
     the step attends over), then holds the last `sliding_window - 1`; rows slide to the buffers' front when
     their end is reached (one copy of at most a window every few hundred steps)."""

@@ -4,7 +4,8 @@ A step through the model's modules makes ~50 small torch calls and a dozen ctype
 row per product the Python between them cost about a quarter of a step. `Stepper` keeps, per layer, a
 table of what the C side reads (the weights' rows in their formats, the norms' weights, the shapes) and
 per step hands it the sessions' rows, the rotary cos/sin of their positions and their caches' buffers
-(graft_core.layers: the new key/value row is written in place, no copy of the cache). The C code runs the
+(graft_core.layers: the new key/value row is written in place, no copy of the cache; a restored artifact's
+rows are read where the restore put them, one copy for every session that grafts it). The C code runs the
 operations `graft_core.batch.Batcher._pass` runs, one for one, so every row and every cached byte is the
 same (tests/test_step.py compares them with `forward_chunk`). The embedding lookup, the final norm and the
 vocabulary product stay in Python: one call each per step.
@@ -49,7 +50,7 @@ def _declare(lib) -> None:
         return
     ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.kv_layer_size.restype = c_int
-    lib.kv_decode_layers.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, c_int]
+    lib.kv_decode_layers.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, c_int]
     lib._kvgraft_step = True
 
 
@@ -139,6 +140,7 @@ class Stepper:
         kb, vb = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)()
         cap, start, end = (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)()
         cos, sin = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)()
+        bk, bv, bcap, bn = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)(), (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)()
         window = (ctypes.c_int64 * self.layers)()
         first = items[0][0].layers
         for li in range(self.layers):
@@ -150,12 +152,16 @@ class Stepper:
                 if is_sliding(items[si][0].layers[li]) != bool(window[li]):
                     return None
                 kb[at], vb[at], cap[at], start[at], end[at] = r.k.data_ptr(), r.v.data_ptr(), r.k.shape[2], r.start, r.end
+                if r.base_k is not None:  # restored rows read in place, shared with the other sessions that graft them
+                    skip = r.bstart * r.base_k.shape[-1] * r.base_k.element_size()
+                    bk[at], bv[at] = r.base_k.data_ptr() + skip, r.base_v.data_ptr() + skip
+                    bcap[at], bn[at] = r.base_k.shape[2], r.shared
                 cos[at] = c.data_ptr() + row * c.shape[-1] * 4
                 sin[at] = s_.data_ptr() + row * s_.shape[-1] * 4
                 row += counts[si]
         rc = self.lib.kv_decode_layers(
             ctypes.addressof(self.table), self.layers, S, (ctypes.c_int64 * S)(*counts), x.data_ptr(), kb, vb, cap, start, end,
-            window, cos, sin, torch.get_num_threads(),
+            bk, bv, bcap, bn, window, cos, sin, torch.get_num_threads(),
         )  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"kvgraft's decode step failed ({rc})")

@@ -12,6 +12,7 @@ import contextlib
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,6 +71,10 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         self._lock = threading.RLock()
         self._index_lock = threading.Lock()
         self._probed: dict[str, ProvenState] = {}  # content hash -> its restored state, probe-proved in this process
+        # content hash -> the artifact as decoded, while a restored cache still holds it (graft_core.graft.restore
+        # keeps its chain on the cache): concurrent answers from one artifact read one copy of its rows
+        self._live: weakref.WeakValueDictionary[str, KVArtifact] = weakref.WeakValueDictionary()
+        self._live_lock = threading.Lock()
         self._steps = None  # graft_core.batch.StepGroup once an answer needs it; False where none applies
         self._fill_flywheel()
 
@@ -119,13 +124,21 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
 
     def load_artifact(self, artifact_id: str, quarantined_too: bool = False) -> KVArtifact:
         """Read, hash-check and decode one artifact (IntegrityError on any mismatch, and on a quarantined
-        artifact unless `quarantined_too`: only the probe check reads those)."""
+        artifact unless `quarantined_too`: only the probe check reads those). While an answer's cache holds
+        the same content (read, hash-checked and decoded by that answer), that object is returned instead of
+        a second copy: the answers grafting it then read one copy of its rows (graft_core.layers), and each
+        answer's state proof still hashes the state it serves."""
         row = self._catalog.get(artifact_id)
         if row.quarantine and not quarantined_too:
             raise IntegrityError(quarantine_message(row.id, row.quarantine))
         from graft_core import codec
 
-        art = codec.loads(self._blobs.get(row.content_sha256))
+        with self._live_lock:
+            art = self._live.get(row.content_sha256)
+        if art is None:
+            art = codec.loads(self._blobs.get(row.content_sha256))
+            with self._live_lock:
+                art = self._live.setdefault(row.content_sha256, art)
         if art.key != row.id:
             raise KvgraftError(f"artifact file for {row.id} holds {art.key}: the catalog and the blob store disagree; run fsck")
         return art

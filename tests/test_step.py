@@ -108,3 +108,47 @@ def test_real_steps_are_the_rows_of_forward_chunk(real_lm):
     assert lean is not None and lean.stepper is not None, lean and lean.why
     window = real_lm.info.sliding_window
     _step_both_ways(real_lm, step.Stepper(real_lm.model), [window + 3, 40], steps=4, restored=True)
+
+
+def test_sessions_grafting_one_state_share_its_rows_and_each_steps_as_alone(tiny_gemma):
+    """Three caches restored from the same states (one artifact grafted by three answers): the lean step reads
+    the restored rows in place, one copy for all three (never written), while each session's own rows go into
+    its buffers; every row equals forward_chunk's on a cache of its own, past the sliding window (the shared
+    rows leave it first), and reading `keys` mid-way (transformers' modules, capture) joins the rows into the
+    session's own buffers without changing a byte of what follows."""
+    lm, stepper = tiny_gemma, step.Stepper(tiny_gemma.model)
+    prefix = _prompt(lm, 11, seed=3)
+    src = new_cache(lm.model)
+    forward_chunk(lm.model, src, prefix, 0)
+    states = layers.export_cache(src, 0, len(prefix))
+    before = [(s.keys.clone(), s.values.clone()) for s in states]
+    plain, ours = [], []
+    for _ in range(3):
+        a = DynamicCache(config=lm.model.config)
+        forward_chunk(lm.model, a, prefix, 0)
+        b = new_cache(lm.model)
+        layers.import_cache(b, states)
+        plain.append(a)
+        ours.append(b)
+    toks, pos = [5, 9, 14], [len(prefix)] * 3
+    sliding = layers.sliding_flags(ours[0])
+    for k in range(9):
+        want = [forward_chunk(lm.model, c, [t], p)[-1] for c, t, p in zip(plain, toks, pos)]
+        got = stepper.step(list(zip(ours, toks, pos)))
+        for i, (w, g) in enumerate(zip(want, got)):
+            assert torch.equal(w, g), f"step {k}, session {i}: max difference {(w - g).abs().max()}"
+        if k == 0:  # after the first step every full layer reads the states' own tensors, the same for all three
+            for li, slides in enumerate(sliding):
+                if not slides:
+                    assert all(c.layers[li]._rows.base_k is states[li].keys for c in ours)
+                    assert all(c.layers[li]._rows.end - c.layers[li]._rows.start == 1 for c in ours)  # its own row only
+        if k == 3:  # a reader of `keys` joins one session's rows; it steps on to the same bytes
+            assert torch.equal(ours[1].layers[2].keys, plain[1].layers[2].keys)
+            assert ours[1].layers[2]._rows.base_k is None and ours[0].layers[2]._rows.base_k is not None
+        toks, pos = [int(torch.argmax(w)) for w in want], [p + 1 for p in pos]
+    for li, slides in enumerate(sliding):  # past the window of 4 every sliding layer holds only its own rows
+        assert not slides or all(c.layers[li]._rows.base_k is None for c in ours)
+    for a, b in zip(plain, ours):
+        assert layers.state_digest(a) == layers.state_digest(b)
+    for s, (k, v) in zip(states, before):
+        assert torch.equal(s.keys, k) and torch.equal(s.values, v), "a shared tensor was written"
