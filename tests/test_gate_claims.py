@@ -298,6 +298,23 @@ ROWS = [
     ("$160 + 20% = $176.", "numeric", "94.976", "What is the final price in dollars?", False, "it asserts '$176'"),
     ("1/6 + 1/8 − 1/16 = 11/48", "sympy", "1/(1/6 + 1/8 - 1/16)", "how many hours?", False, "it asserts '11/48'"),
     ("24 minutes", "numeric", "96", "How many minutes?", False, "it asserts '24 minutes'"),
+    # a compound unit in the question is read as a claim's is ('in km/h' asks for km/h; p0249's answer)
+    (
+        "42 km/h.",
+        "sympy",
+        "2*127/(127/30 + 127/70)",
+        "A courier drives 127 km at 30 km/h and returns at 70 km/h. What is the average speed, in km/h?",
+        True,
+        "it asserts '42 km/h'",
+    ),
+    (
+        "42 minutes.",
+        "sympy",
+        "2*127/(127/30 + 127/70)",
+        "A courier drives 127 km at 30 km/h and returns at 70 km/h. What is the average speed, in km/h?",
+        False,
+        "it states '42 minutes', not a quantity in the question's unit",
+    ),
 ]
 
 

@@ -267,8 +267,7 @@ def read_number(toks: list[Tok], verifier: str, reference: str, question: str) -
         return Claim(None, f"it {contradiction}")
     if not mentions:
         return Claim(None, "it states no number")
-    q_units = {_CANONICAL.get(t.low, t.low) for t in tokens(unicodedata.normalize("NFKC", question))}
-    q_units |= {"%"} if {"%", "percent"} & q_units else set()
+    q_units = _question_units(question)
     asserted, others = [], []
     for m in mentions:
         if m.expression == "≈" or _approximate(toks, m):
@@ -318,6 +317,18 @@ def _reference_value(verifier: str, reference: str) -> Fraction | None:
         nums = [t for t in tokens(reference) if t.kind == "num"]
         v = numeral(nums[0]) if nums else None
     return v
+
+
+def _question_units(question: str) -> set[str]:
+    """The units a question writes, canonical: each word, and each unit as a claim's is read ('km/h', 'km per
+    hour': 'in km/h' asks for km/h, not for km and h)."""
+    toks = tokens(unicodedata.normalize("NFKC", question))
+    units = {_CANONICAL.get(t.low, t.low) for t in toks}
+    for k in range(len(toks)):
+        unit, _ = _unit_at(toks, k)
+        if unit is not None:
+            units.add(_CANONICAL.get(unit, unit))
+    return units | ({"%"} if {"%", "percent"} & units else set())
 
 
 def _same_quantity(unit: str | None, ref_unit: str | None, q_units: set[str]) -> bool:
