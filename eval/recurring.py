@@ -212,13 +212,19 @@ def deposit_verified(lib, row: dict) -> tuple[list[dict], bool]:
 
 
 def run_case(
-    lib, problems: list[dict], cfg: RecurringConfig, log: Callable[[str], None] = print, reuse: dict[str, dict] | None = None
+    lib,
+    problems: list[dict],
+    cfg: RecurringConfig,
+    log: Callable[[str], None] = print,
+    reuse: dict[str, dict] | None = None,
+    progress: Callable[[dict], None] | None = None,
 ) -> dict:
     """Baseline each candidate with nothing grafted (records in `reuse` are taken instead of recomputed);
     offer each failed one's verified solution to the deposit gate, until `cfg.problems` failed problems
     have an accepted solution (the refused ones are kept and counted: the acceptance rate); then recall
     every accepted one from the library, and the ones the model solved by sampling too. With `cfg.gate_first`
-    the gate comes first: a candidate whose solution it refuses is recorded in `gate_refused` and not sampled."""
+    the gate comes first: a candidate whose solution it refuses is recorded in `gate_refused` and not sampled.
+    `progress` gets the baseline records so far after each one (`reusable` reads them: a long run resumes)."""
     import time
 
     failed, solved, reused, refused = [], [], [], []
@@ -250,6 +256,8 @@ def run_case(
         seconds = rec["baseline_s"] if row["id"] in reused and "baseline_s" in rec else time.perf_counter() - t0
         rec["baseline_s"] = round(seconds, 1)
         (solved if rec["baseline_solved"] else failed).append(rec)
+        if progress is not None:
+            progress({"config": cfg.as_dict(), "failed": failed, "solved_by_sampling": solved})
         if tries is not None:
             rec["deposit_tries"], rec["deposit"] = tries, "accepted"
         elif not rec["baseline_solved"]:

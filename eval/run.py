@@ -86,6 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         help="take the no-graft baseline records of the recurring case from this results file where they hash-check "
         "and the configuration matches (the sampling is seeded: recomputing gives the same records)",
     )
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="recurring case: write the baseline records here after each problem, and take the ones already there "
+        "(hash-checked, same configuration, model and problems) instead of sampling them again: a run that stops "
+        "resumes where it stopped",
+    )
     p.add_argument("--report-only", action="store_true", help="rewrite the plots and README from --out; run nothing")
     args = p.parse_args(argv)
     if args.report_only:
@@ -146,18 +154,37 @@ def _recurring_only(args, cfg: harness.EvalConfig) -> int:
         gate_first=args.recurring_gate_first,
     )
     problems = harness.read_jsonl(harness.PROBLEMS)
-    reuse = {}
+    problems_sha256 = harness.file_sha256(harness.PROBLEMS)
+    earlier = []  # (where, the earlier run's case): records reusable where they hash-check and everything matches
     if args.reuse_baseline is not None:
-        previous = json.loads(args.reuse_baseline.read_text(encoding="utf-8")).get("recurring")
-        if previous and previous.get("problems_sha256") == harness.file_sha256(harness.PROBLEMS):
-            reuse = recurring.reusable(previous, rc)
-        print(f"recurring: {len(reuse)} baseline records reusable from {args.reuse_baseline}", flush=True)
+        earlier.append((args.reuse_baseline, json.loads(args.reuse_baseline.read_text(encoding="utf-8")).get("recurring")))
+    if args.checkpoint is not None and args.checkpoint.exists():
+        earlier.append((args.checkpoint, json.loads(args.checkpoint.read_text(encoding="utf-8"))))
     with tempfile.TemporaryDirectory(prefix="kvgraft-recurring-") as home:
         lib = services.Library(home=home, model_name=args.model)
-        if reuse and previous.get("model_fingerprint") != lib.lm.fingerprint:
-            print("recurring: the earlier run's model fingerprint differs; recomputing every baseline", flush=True)
-            reuse = {}
-        case = recurring.run_case(lib, problems, rc, log=lambda m: print(m, flush=True), reuse=reuse)
+        reuse = {}
+        for where, previous in earlier:
+            if not previous or previous.get("problems_sha256") != problems_sha256:
+                print(f"recurring: {where} is of other problems; nothing reused from it", flush=True)
+            elif previous.get("model_fingerprint") != lib.lm.fingerprint:
+                print(f"recurring: {where} was sampled by another model fingerprint; nothing reused from it", flush=True)
+            else:
+                found = recurring.reusable(previous, rc)
+                print(f"recurring: {len(found)} baseline records reusable from {where}", flush=True)
+                reuse |= found
+        stamp = {"model_fingerprint": lib.lm.fingerprint, "problems_sha256": problems_sha256}
+
+        def checkpoint(partial: dict) -> None:
+            write_results({**partial, **stamp}, args.checkpoint)
+
+        case = recurring.run_case(
+            lib,
+            problems,
+            rc,
+            log=lambda m: print(m, flush=True),
+            reuse=reuse,
+            progress=checkpoint if args.checkpoint is not None else None,
+        )
         fingerprint = lib.lm.fingerprint
         lib.close()
     case["model_fingerprint"] = fingerprint

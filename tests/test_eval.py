@@ -224,6 +224,39 @@ def test_recurring_concluding_line_and_reuse_of_hash_checked_baselines(tiny_gemm
     assert again["recurring_case"] == first["recurring_case"]
 
 
+def test_recurring_run_that_stops_resumes_from_its_checkpoint(tiny_gemma, tmp_path):
+    """`progress` gets the records after each problem (eval.run --checkpoint writes them): a run stopped after its
+    first problem resumes from what it saved, samples only the rest, and ends with the uninterrupted run's case."""
+    import services
+    from eval import recurring
+
+    rows = _recurring_rows()
+    cfg = recurring.RecurringConfig(problems=2, budget=240, max_candidates=3, max_new_tokens=4)
+
+    def library(name):
+        return services.Library(home=tmp_path / name, embedder=HashEmbedder(), lm=tiny_gemma)
+
+    whole = recurring.run_case(library("whole"), rows, cfg, log=lambda m: None)
+    saved = []
+
+    class Stopped(Exception):
+        pass
+
+    def progress(partial):
+        saved.append(json.loads(json.dumps(partial)))  # as the checkpoint file holds it
+        raise Stopped
+
+    with pytest.raises(Stopped):
+        recurring.run_case(library("stopped"), rows, cfg, log=lambda m: None, progress=progress)
+    reuse = recurring.reusable(saved[-1], cfg)
+    first = (whole["failed"] + whole["solved_by_sampling"])[0]["id"]
+    assert set(reuse) == {first}
+    again = recurring.run_case(library("resumed"), rows, cfg, log=lambda m: None, reuse=reuse)
+    assert again["baseline_reused"] == [first]
+    assert [r["attempts_sha256"] for r in again["failed"]] == [r["attempts_sha256"] for r in whole["failed"]]
+    assert again["recurring_case"] == whole["recurring_case"]
+
+
 def test_recurring_problems_are_the_failures_with_an_accepted_solution(tiny_gemma, tmp_path, monkeypatch):
     """A failure whose verified solution the gate refuses is offered and counted, never a case problem;
     the case goes on to further candidates until it has its problems or runs out of candidates."""
