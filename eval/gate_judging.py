@@ -81,8 +81,9 @@ def _generate(lm, chain, question: str) -> dict:
 
 
 def collect(limit: int | None = None, log=print) -> dict:
-    """The gate's two generations for every item: the solution alone grafted (`Fact: ...`, the fact run) and
-    the deposited item text grafted at its own position (the graft run), greedy, as services/gate.py runs them."""
+    """The gate's two generations for every item: the solution grafted as the fact run grafts it
+    (templates.fact_run_text) and the deposited item text grafted at its own position (the graft run), greedy,
+    as services/gate.py runs them."""
     from graft_core import model, templates
     from graft_core.capture import capture
 
@@ -90,7 +91,7 @@ def collect(limit: int | None = None, log=print) -> dict:
     rows = items()[:limit]
     t0 = time.perf_counter()
     for i, row in enumerate(rows):
-        fact_ids = lm.tokenizer(templates.fact_text(row["solution"]))["input_ids"]
+        fact_ids = lm.tokenizer(templates.fact_run_text(row["question"], row["solution"]))["input_ids"]
         fact_art, _ = capture(lm, list(fact_ids))
         row["fact_run"] = _generate(lm, [fact_art], row["question"])
         item_ids = lm.tokenizer(templates.item_text(row["question"], row["solution"], row["answer"]))["input_ids"]

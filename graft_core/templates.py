@@ -12,8 +12,25 @@ ANSWER_END = "\n"
 
 
 def fact_text(solution: str) -> str:
-    """The first line of an item's deposit text: the solution alone (what the deposit gate grafts)."""
+    """The first line of an item's deposit text: the solution (the gate's fact run grafts a one-line fact as this alone)."""
     return f"Fact: {solution.strip()}\n"
+
+
+def is_worked_solution(solution: str) -> bool:
+    """A solution of more than one line (steps, then the result): a derivation, read with its question."""
+    return len([line for line in solution.strip().splitlines() if line.strip()]) > 1
+
+
+def fact_run_text(question: str, solution: str) -> str:
+    """What the deposit gate's fact run grafts (a scratch artifact, never stored; never the answer a depositor
+    typed). A one-line fact alone (`Fact: <solution>`): it states its value in a sentence the model reads back
+    ("...fixes its flag as plain saffron with no emblem."). A worked solution with its question above it: alone,
+    its steps ("After the 10% discount the price is 215 x 90/100 = 193.5. ...") read to the 270M model as a new
+    problem and it computed again; asked after the question they answer, it reads the result they reach. The
+    same form for every solution of a shape, chosen by the shape, not by trying both."""
+    if not is_worked_solution(solution):
+        return fact_text(solution)
+    return f"Question: {question.strip()}\n{fact_text(solution)}"
 
 
 def item_text(question: str, solution: str, answer: str) -> str:

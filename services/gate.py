@@ -2,8 +2,9 @@
 its question and the verifier accepts that generated answer against the reference.
 
 Two runs, both through `generate.answer` with the template and greedy decoding of `ask`: the *fact
-run* grafts the item's solution alone (a scratch artifact, never stored) so that an answer the
-depositor typed cannot be copied back, and the *graft run* grafts the new artifact at its own
+run* grafts the item's solution (a one-line fact alone, a worked solution below its question:
+templates.fact_run_text; a scratch artifact, never stored) and never the answer the depositor typed, so
+that answer cannot be copied back, and the *graft run* grafts the new artifact at its own
 position and records the question and generated token ids that make the verdict replayable. Both runs
 are judged on what the generated answer asserts (verifiers/claims.py), so "a plain saffron with no
 emblem" passes for saffron and "not saffron" does not. This module knows nothing about the catalog: it
@@ -32,7 +33,7 @@ GATE_MAX_NEW_TOKENS = 24  # an item's answer is short; the decode stops at the t
 class GateRun:
     """One gate run: what was asked and generated with the graft, and the verifier's verdict on it."""
 
-    run: str  # "fact" (the solution alone grafted) | "graft" (the new artifact grafted)
+    run: str  # "fact" (the solution grafted, never the typed answer) | "graft" (the new artifact grafted)
     question_ids: tuple[int, ...]
     generated_ids: tuple[int, ...]
     answer: str  # the generated answer cut at the template's end of answer (fact run: the value it asserts)
@@ -98,11 +99,12 @@ def _run(lm: LoadedModel, chain: list[KVArtifact], run: str, item: tuple[str, st
 
 
 def fact_run(lm: LoadedModel, question: str, solution: str, verifier: str, reference: str) -> GateRun:
-    """Graft the solution alone (`Fact: <solution>`, a scratch artifact) and judge the model's answer."""
+    """Graft the solution (templates.fact_run_text: a one-line fact alone, a worked solution below its question;
+    never the typed answer; a scratch artifact) and judge the model's answer to the question."""
     from graft_core.capture import capture
 
     t0 = time.perf_counter()
-    ids = lm.tokenizer(templates.fact_text(solution))["input_ids"]
+    ids = lm.tokenizer(templates.fact_run_text(question, solution))["input_ids"]
     if len(ids) + 64 > lm.info.max_positions:
         raise InvalidInput("the solution is too long for the model's context; shorten it")
     art, _ = capture(lm, list(ids))

@@ -400,3 +400,14 @@ def test_an_import_of_this_machines_bytes_is_labelled_imported(lib, tmp_path, ti
     row = target._catalog.get(d.id)
     assert row.origin == "imported" and row.content_sha256 == lib._catalog.get(d.id).content_sha256
     assert lib._catalog.get(d.id).origin is None  # deposited there
+
+
+def test_the_fact_run_grafts_a_one_line_fact_alone_and_a_worked_solution_below_its_question():
+    """The shape decides the form, never the typed answer: a one-line fact (every knowledge and library item) as
+    `Fact: <solution>`, as before; a worked solution of several lines with its question above it."""
+    q, fact = "What colour is the flag of Tzerin?", "The charter of Tzerin fixes its flag as plain saffron."
+    assert templates.fact_run_text(q, fact) == templates.fact_text(fact) == f"Fact: {fact}\n"
+    assert templates.fact_run_text(q, f"\n  {fact}  \n\n") == f"Fact: {fact}\n"  # blank lines are not steps
+    worked = "After the discount the price is 215 × 90/100 = 193.5.\nAdding 5% tax gives 203.175.\nAnswer: 203.175"
+    assert templates.fact_run_text(q, worked) == f"Question: {q}\nFact: {worked}\n"
+    assert templates.is_worked_solution(worked) and not templates.is_worked_solution(fact)
