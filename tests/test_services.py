@@ -177,3 +177,27 @@ def test_index_follows_the_catalog_incrementally(lib, tmp_path):
     other._catalog.delete(b)
     assert lib.index().ids() == {a}
     other.close()
+
+
+def test_answers_from_one_artifact_share_its_decoded_rows_only_while_a_cache_holds_them(lib, monkeypatch):
+    """While a restored cache holds an artifact, another load of it is that object (one read, one copy of its
+    rows for every answer grafting it); once no cache holds it, a load reads and hash-checks the blob again."""
+    import gc
+
+    from graft_core.graft import restore
+
+    d = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.")
+    reads = []
+    get = lib._blobs.get
+    monkeypatch.setattr(lib._blobs, "get", lambda h: reads.append(h) or get(h))
+    first, _ = lib.load_chain(d.id)
+    cache = restore(lib.lm, first)
+    del first
+    again, _ = lib.load_chain(d.id)
+    assert again[0] is cache.grafted[0] and len(reads) == 1
+    assert cache.layers[0].keys.data_ptr() == restore(lib.lm, again).layers[0].keys.data_ptr()  # the same tensor
+    del again, cache
+    gc.collect()
+    fresh, _ = lib.load_chain(d.id)
+    assert len(reads) == 2 and reads[0] == reads[1] == lib._catalog.get(d.id).content_sha256
+    assert fresh[0].key == d.id
