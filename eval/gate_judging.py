@@ -194,6 +194,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "p0117/concluding line/fact_run": ("Priya is 4 × 11 = 44 years old.", "asserts"),
     "p0125/concluding line/fact_run": ("Wen is 4 × 3 = 12 years old.", "asserts"),
     "p0130/concluding line/fact_run": ("72 years old", "asserts"),
+    "p0249/worked solution/fact_run": ("42 km/h", "asserts"),  # 2*127/(127/30 + 127/70) = 42, in the unit asked
+    "p0249/concluding line/fact_run": ("42 km/h", "asserts"),
 }
 
 

@@ -13,10 +13,14 @@ pytestmark = pytest.mark.skipif(memory._TRIM is None or not memory.rss_bytes(), 
 MB = 2**20
 
 
-def _churn(keep: list) -> None:
+def _churn(keep: list, together: threading.Barrier | None = None) -> None:
     """In a thread's own arena: 64 MB in 64 KB blocks (below mmap's threshold), all freed but the last,
-    which pins the arena's top so that free() alone returns nothing."""
+    which pins the arena's top so that free() alone returns nothing. With `together`, every thread holds its
+    64 MB before any frees: on a loaded machine the threads otherwise ran one after another and each reused
+    the memory the one before had freed (one arena's worth resident instead of four)."""
     blocks = [bytearray(64 * 1024) for _ in range(1024)]
+    if together is not None:
+        together.wait(timeout=60)
     keep.append(blocks.pop())
     del blocks
 
@@ -26,7 +30,8 @@ def test_the_trimmer_returns_what_threads_freed():
     trimmer = memory.Trimmer(period_s=3600, grow_bytes=32 * MB)
     before = memory.rss_bytes()
     keep: list = []
-    threads = [threading.Thread(target=_churn, args=(keep,)) for _ in range(4)]
+    together = threading.Barrier(4)
+    threads = [threading.Thread(target=_churn, args=(keep, together)) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
