@@ -2,8 +2,8 @@
 runs, judged by the gate's judge now and by the span-and-negation heuristic it replaced.
 
 `collect` (needs the real model) runs the gate's two generations for every item the eval offers to the gate
-(the sampled facts and deposited problems of eval/harness.py, and the recurring case's failed problems in both
-forms eval/recurring.py offers) and stores the generated texts with their token-id hashes. The generations do
+(the sampled facts and deposited problems of eval/harness.py, and the recurring case's offered problems: failed,
+or refused before sampling; in both forms eval/recurring.py offers) and stores the generated texts with their token-id hashes. The generations do
 not depend on the judge: the eval types the dataset's answer, so the deposited text is fixed before any verdict.
 `judge` (offline, the default) re-judges the stored texts with both judges and writes the acceptance figures and
 every verdict into docs/bench/gate-judging.json; tests/test_gate_judging.py re-derives the committed figures.
@@ -46,8 +46,8 @@ def items() -> list[dict]:
     for r in sample.deposited:
         out.append(_offer("problems", r, "worked solution", r["solution"], r["reference"]))
     by_id = {p["id"]: p for p in problems}
-    offered = json.loads(RECURRING_IDS.read_text(encoding="utf-8"))["recurring"]["failed"]
-    for rec in offered:
+    case = json.loads(RECURRING_IDS.read_text(encoding="utf-8"))["recurring"]
+    for rec in [*case["failed"], *case.get("gate_refused", [])]:  # gate first: a refused one was never sampled
         r = by_id[rec["id"]]
         out.append(_offer("recurring", r, "worked solution", r["solution"], r["reference"]))
         line = recurring.concluding_line(r["solution"])
@@ -187,7 +187,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "p0110/concluding line/fact_run": ("Dario is 4 × 10 = 40 years old.", "asserts"),
     "p0117/worked solution/fact_run": ("Priya is 4 × 11 = 44 years old.", "asserts"),
     "p0106/concluding line/fact_run": ("Priya is 3 × 16 = 48 years old.", "asserts"),
-    "p0106/worked solution/fact_run": ("Priya is 3 × 16 = 48 years old.", "asserts"),
+    "p0106/worked solution/fact_run": ("3 × 16 = 48 years old", "asserts"),
     "p0109/concluding line/fact_run": ("Kofi is 3 × 17 = 51 years old.", "asserts"),
     "p0113/concluding line/fact_run": ("Ilse is 3 × 5 = 15 years old.", "asserts"),
     "p0116/concluding line/fact_run": ("Dario is 4 × 4 = 16 years old.", "asserts"),
@@ -196,6 +196,11 @@ LABELS: dict[str, tuple[str, str]] = {
     "p0130/concluding line/fact_run": ("72 years old", "asserts"),
     "p0249/worked solution/fact_run": ("42 km/h", "asserts"),  # 2*127/(127/30 + 127/70) = 42, in the unit asked
     "p0249/concluding line/fact_run": ("42 km/h", "asserts"),
+    # the fact run with a worked solution below its question (templates.fact_run_text), read 2026-12-02
+    "p0112/worked solution/fact_run": ("3 × 7 = 21", "asserts"),  # the chain holds; its last member is 21
+    "p0127/worked solution/fact_run": ("4 × 14 = 56 years old", "asserts"),
+    "p0124/concluding line/fact_run": ("Priya is 6 × 3 = 18 years old.", "asserts"),
+    "p0110/worked solution/fact_run": ("4 × 10 = 40 years old", "asserts"),  # refused all the same: its graft run says 30
 }
 
 

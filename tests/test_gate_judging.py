@@ -47,11 +47,6 @@ def test_an_edited_generation_or_label_is_caught(committed):
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/bench/gate-judging.json was recorded under the engine before kvgraft-f32-v2 (another fingerprint); "
-    "re-record it on this engine with `python -m eval.gate_judging collect` (the eval re-run on this engine), then drop this mark",
-)
 def test_the_first_generations_replay_on_the_real_model(committed):
     data = gate_judging.collect(limit=2, log=lambda m: None)
     assert data["model_fingerprint"] == committed["model_fingerprint"]
