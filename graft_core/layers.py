@@ -291,8 +291,7 @@ def reserve_rows(layer, n: int) -> _Rows | None:
     keys, values = layer.raw() if layer.is_initialized else (None, None)
     if keys is None or keys.dim() != 4:
         return None
-    like = keys if rows.base_k is None else rows.base_k
-    rows.reserve(keys, values, like, n, share=True)
+    rows.reserve(keys, values, keys, n, share=True)  # keys: restored, or the buffers' view (4-d either way)
     layer.set_raw(*rows.rows(rows.start, rows.end))  # the buffers' rows, wherever the reserve put them
     rows.view = layer.raw()[0]
     return rows
