@@ -183,7 +183,7 @@ def cmd_selftest(args) -> int:
     rep = selftest.run(model.load(args.model))
     bad = [c.name for c in rep.cases if not c.match]
     human = f"selftest: all {len(rep.cases)} golden hashes match" if rep.match else f"selftest: MISMATCH in {', '.join(bad)}"
-    _emit(args, rep.to_json(), human + f" (kernel path {rep.numerics})")
+    _emit(args, rep.to_json(), human + f" (kernel path {rep.numerics}; sessions batch {rep.ran_on.get('batching')})")
     return 0 if rep.match else 1
 
 

@@ -96,6 +96,19 @@ def stack_sizes(weights, sizes=STACK_SIZES, seed: int = 1) -> frozenset[int]:
     return frozenset(agreed)
 
 
+# The whole-pass checks (torch's products): seeded caches of these lengths, and (steps, prompt lengths) passes.
+CHECK_LENGTHS = (3, 5, 7, 9, 11, 13, 15, 17)
+CHECK_PROMPTS = ((0, (16, 13, 12)), (0, (4, 64, 96)), (3, (16, 13)), (1, (33,)))
+
+
+def _same_layers(a, b) -> bool:
+    """Two caches hold the same bytes in every layer's keys and values."""
+    return all(
+        x.keys.numpy().tobytes() == y.keys.numpy().tobytes() and x.values.numpy().tobytes() == y.values.numpy().tobytes()
+        for x, y in zip(a.layers, b.layers, strict=True)
+    )
+
+
 def _linears(model) -> list:
     """Every linear layer a pass multiplies by: each layer's MLP three and q/k/v/o, then the vocabulary head."""
     out = []
@@ -173,6 +186,91 @@ class Batcher:
         self.stack_sizes = stack_sizes(layer_shapes) if self.widths else frozenset()
         if not self.widths:
             self.why = f"no padded width in {widths} gave the 1-row products' bytes for every shape here"
+            return
+        # The products agreeing is not the pass agreeing: the norms, activations, attention and adds run on
+        # the stacked rows or on views of them, and their kernels may treat a row by where it sits (a tail,
+        # another kernel for another row count or stride). Whole passes are measured on this model first.
+        steps_differ = self._steps_differ()
+        if steps_differ:
+            self.widths, self.stack_sizes = (), frozenset()
+            self.why = f"a batched decode pass differed from stepping alone on this machine ({steps_differ})"
+            return
+        prompts_differ = self._prompts_differ()
+        if prompts_differ:
+            self.stack_sizes = frozenset()
+            self.why = f"prompts run alone: a stacked pass differed from each prompt alone on this machine ({prompts_differ})"
+
+    def _check_caches(self, lengths, seed: int) -> list:
+        """Seeded caches of `lengths` tokens (0: an empty cache) for the whole-pass checks."""
+        from .forward import forward_chunk, new_cache
+
+        gen = torch.Generator().manual_seed(seed)
+        out = []
+        for n in lengths:
+            cache = new_cache(self.model)
+            if n:
+                forward_chunk(self.model, cache, torch.randint(3, self.model.config.vocab_size, (n,), generator=gen).tolist(), 0)
+            out.append(cache)
+        return out
+
+    def _pass_differs(self, lengths, items_of, product) -> bool:
+        """Whether one pass over items built on seeded caches of `lengths` (`items_of(caches)` -> the pass's
+        (cache, ids, start) items) differs, in any logits row or any cache row, from each item alone."""
+        import copy
+
+        from .forward import forward_chunk
+
+        caches = self._check_caches(lengths, seed=len(lengths))
+        alone, together = [copy.deepcopy(c) for c in caches], [copy.deepcopy(c) for c in caches]
+        rows_a = [forward_chunk(self.model, c, list(ids), s)[-1] for c, ids, s in items_of(alone)]
+        with torch.inference_mode():
+            rows_t = self._pass(items_of(together), product)
+        if any(a.numpy().tobytes() != t.numpy().tobytes() for a, t in zip(rows_a, rows_t, strict=True)):
+            return True
+        return not all(_same_layers(x, y) for x, y in zip(alone, together, strict=True))
+
+    def _steps_differ(self) -> str:
+        """'' where one decode pass of every session count 2..most gives each session's own rows and cache
+        rows; else the first count that did not (measured on this model, seeded caches and tokens)."""
+        for n in range(2, self.most + 1):
+            lengths = CHECK_LENGTHS[:n]
+
+            def items(caches, lengths=lengths):
+                return [(c, [7 + j], lengths[j]) for j, c in enumerate(caches)]
+
+            if self._pass_differs(lengths, items, self._columns):
+                return f"{n} sessions"
+        return ""
+
+    def _prompts_differ(self) -> str:
+        """'' where passes of stacked prompts, and of steps beside prompts, give each its own rows here."""
+        gen = torch.Generator().manual_seed(3)
+        vocab = self.model.config.vocab_size
+        for steps, prompts in CHECK_PROMPTS:
+            prompts = [p for p in prompts if p in self.stack_sizes]
+            if not prompts:
+                continue
+            ids = [torch.randint(3, vocab, (t,), generator=gen).tolist() for t in prompts]
+            lengths = CHECK_LENGTHS[: steps + len(prompts)]
+
+            def items(caches, n=steps, ids=ids, lengths=lengths):
+                return [(c, [7 + j], lengths[j]) for j, c in enumerate(caches[:n])] + [
+                    (c, ids[j], lengths[n + j]) for j, c in enumerate(caches[n:])
+                ]
+
+            product = self._mixed(steps) if steps else self._stacked
+            if self._pass_differs(lengths, items, product):
+                return f"{steps} steps beside prompts of {prompts} tokens"
+        return ""
+
+    def describe(self) -> str:
+        """How this machine's passes batch, for the record a process prints (selftest, start-up)."""
+        if self.fma16:
+            return f"together, up to {self.most} sessions a pass (fma16 computes each row from that row alone)"
+        if not self.widths:
+            return f"one by one: {self.why}"
+        prompts = "prompts stacked" if self.stack_sizes else "prompts alone"
+        return f"together, up to {self.most} sessions a pass, {prompts} (whole passes measured equal to alone here)"
 
     def supported(self) -> bool:
         m = self.model
@@ -326,13 +424,13 @@ class Batcher:
             ids_t = torch.tensor([list(ids)], dtype=torch.long)
             pos = torch.arange(start, start + len(ids), dtype=torch.long).unsqueeze(0)
             emb = m.embed_tokens(ids_t)
-            masks = None  # a one-token step sees every key its layers return (causal: all before it; sliding: the window)
-            if len(ids) > 1:
-                kw = {"config": cfg, "inputs_embeds": emb, "attention_mask": None, "cache": cache, "position_ids": pos}
-                masks = {
-                    "full_attention": create_causal_mask(**kw),
-                    "sliding_attention": create_sliding_window_causal_mask(**kw),
-                }
+            # the masks Gemma3TextModel.forward builds for these ids alone, a one-token step's too: attention
+            # given no mask where the model's forward gives it one takes another kernel path (other bits)
+            kw = {"config": cfg, "inputs_embeds": emb, "attention_mask": None, "cache": cache, "position_ids": pos}
+            masks = {
+                "full_attention": create_causal_mask(**kw),
+                "sliding_attention": create_sliding_window_causal_mask(**kw),
+            }
             rope = {t: m.rotary_emb(emb, pos, t) for t in set(cfg.layer_types)}
             per.append((cache, pos, masks, rope))
             embs.append(emb)
@@ -385,7 +483,7 @@ class Batcher:
                 q[:, :, a:e],
                 ks,
                 vs,
-                None if masks is None else masks[kind],
+                masks[kind],
                 dropout=0.0,
                 scaling=attn.scaling,
                 sliding_window=attn.sliding_window,

@@ -123,15 +123,18 @@ def run(lm: LoadedModel, golden: dict | None = None) -> SelftestReport:
 
 
 def ran_on(lm: LoadedModel) -> dict:
-    """What computed the cases in this process: fma16's build, ATen's capability, the thread count and the CPU.
+    """What computed the cases in this process: fma16's build, how sessions batch here (measured where torch's
+    products run), ATen's capability, the thread count and the CPU.
     Under a numerical definition none of it is in the record (the golden set must match whatever it is)."""
     from . import fma16
+    from .batch import Batcher
     from .determinism import _cpu_vendor_and_isa
 
     head = fma16.product_of(lm.model.lm_head) if hasattr(lm.model, "lm_head") else None
     vendor, isa = _cpu_vendor_and_isa()
     return {
         "fma16_build": head.isa if head is not None else None,
+        "batching": Batcher(lm.model).describe(),
         "aten_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
         "cpu": f"{vendor} ({isa})",

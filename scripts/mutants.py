@@ -165,13 +165,21 @@ MUTATIONS = (
         "if True:",
         ("tests/test_products.py::test_row_counts_whose_transposed_bytes_differ_are_left_plain",),
     ),
+    # A wrong product in a torch pass is found by the whole-pass measurement at build, which then steps
+    # sessions alone (the served bytes stay right): the bug that would break the claim is skipping it.
     Mutation(
-        "sessions stepped together through multi-row products (batch.Batcher._columns)",
+        "sessions batched without measuring a whole pass against stepping alone (batch.Batcher)",
         "graft_core/batch.py",
-        "return column_product(weight, x, min(w for w in self.widths if w >= x.shape[0]))",
-        "return F.linear(x, weight)",
-        ("tests/test_batch.py::test_tiny_sessions_decoded_together_match_each_alone",),
-        _MKL_BATCHING,
+        "steps_differ = self._steps_differ()",
+        'steps_differ = ""',
+        ("tests/test_batch.py::test_a_pass_whose_rows_differ_from_alone_is_not_used",),
+    ),
+    Mutation(
+        "prompts stacked without measuring a stacked pass against each prompt alone (batch.Batcher)",
+        "graft_core/batch.py",
+        "prompts_differ = self._prompts_differ()",
+        'prompts_differ = ""',
+        ("tests/test_batch.py::test_stacked_prompts_whose_rows_differ_run_alone_and_steps_still_batch",),
     ),
     Mutation(
         "prompts stacked whatever their length (batch.Batcher.prefill)",

@@ -218,11 +218,7 @@ class AnswerPipeline:
                 else:
                     batcher = Batcher(self.lm.model)
                     self._steps = StepGroup(batcher, lock=self._lock) if batcher.widths else False
-                    line = (
-                        f"answers decode together, up to {batcher.most} per pass (widths {batcher.widths} checked)"
-                        if batcher.widths
-                        else f"answers decode one at a time: {batcher.why}"
-                    )
+                    line = f"answers decode {batcher.describe()}"
                 log.info("%s", line)
                 return line
             return "answers decode together" if self._steps else "answers decode one at a time"

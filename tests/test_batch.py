@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from graft_core import batch, fma16
 from graft_core.forward import forward_chunk, new_cache
@@ -92,6 +93,70 @@ def test_a_width_whose_columns_differ_is_not_used(tiny_gemma_torch, monkeypatch)
     monkeypatch.setattr(batch.torch, "mm", mm)
     b = batch.Batcher(tiny_gemma_torch.model)
     assert 8 not in b.widths
+
+
+def _row_by_row_products(monkeypatch, lm):
+    """Every torch product computed one row at a time (each row the 1-row product's bytes; the model's linears
+    too, which load() may have given other products for some row counts), so the products' width and stacking
+    checks pass on any CPU and what is left to measure is the rest of the pass."""
+    real = F.linear
+
+    def linear(x, w, b=None):
+        rows = x.reshape(-1, x.shape[-1])
+        out = torch.cat([real(rows[i : i + 1], w, b) for i in range(rows.shape[0])]) if rows.shape[0] else real(rows, w, b)
+        return out.reshape(*x.shape[:-1], w.shape[0])
+
+    monkeypatch.setattr(F, "linear", linear)
+    monkeypatch.setattr(batch, "column_product", lambda w, x, width: linear(x, w))
+    for lin in batch._linears(lm.model):
+        monkeypatch.setattr(lin, "forward", lambda x, lin=lin: linear(x, lin.weight, lin.bias))
+
+
+def _nudge_rows(monkeypatch, lm, at: int):
+    """Make one layer's last norm compute other bits in its row `at` of a stacked input: a row-position
+    dependence in the elementwise rest of a pass (vector code that treats a tail, or another row count,
+    otherwise), which the products' width checks cannot see."""
+    norm = lm.model.model.layers[0].post_feedforward_layernorm
+    real = norm.forward
+
+    def forward(x):
+        out = real(x)
+        if x.dim() == 3 and x.shape[1] > at:
+            out = out.clone()
+            out[0, at] *= 1.001
+        return out
+
+    monkeypatch.setattr(norm, "forward", forward)
+
+
+def test_a_pass_whose_rows_differ_from_alone_is_not_used(tiny_gemma_torch, monkeypatch):
+    """The Batcher measures whole passes before it batches: where a pass of 3 sessions changes a bit that
+    stepping alone does not, decoding together is off (and says why), and every session still gets its own bytes."""
+    _row_by_row_products(monkeypatch, tiny_gemma_torch)
+    assert batch.Batcher(tiny_gemma_torch.model).widths == (4, 8)  # unfaulted, the whole passes agree
+    _nudge_rows(monkeypatch, tiny_gemma_torch, at=2)
+    b = batch.Batcher(tiny_gemma_torch.model)
+    assert b.widths == () and b.most == 1 and b.stack_sizes == frozenset()
+    assert b.why == "a batched decode pass differed from stepping alone on this machine (3 sessions)"
+    assert b.describe().startswith("one by one: a batched decode pass differed")
+    equal, passes = _decode_both_ways(tiny_gemma_torch, b, [5, 9, 12, 4], steps=2)
+    assert equal and passes == 0
+    # the fault is real: a Batcher that skipped the measurement would have served other bytes
+    forced = batch.Batcher.__new__(batch.Batcher)
+    forced.__dict__.update({k: v for k, v in b.__dict__.items() if k != "_step"}, widths=(4, 8))
+    assert not _decode_both_ways(tiny_gemma_torch, forced, [5, 9, 12, 4], steps=2)[0]
+
+
+def test_stacked_prompts_whose_rows_differ_run_alone_and_steps_still_batch(tiny_gemma_torch, monkeypatch):
+    _row_by_row_products(monkeypatch, tiny_gemma_torch)
+    assert batch.Batcher(tiny_gemma_torch.model).stack_sizes  # unfaulted, stacked passes agree
+    _nudge_rows(monkeypatch, tiny_gemma_torch, at=20)  # no decode pass has 21 rows; stacked prompts do
+    b = batch.Batcher(tiny_gemma_torch.model)
+    assert b.widths and b.stack_sizes == frozenset()
+    assert b.why.startswith("prompts run alone: a stacked pass differed from each prompt alone on this machine (0 steps")
+    assert "prompts alone" in b.describe()
+    same, passes, _ = _steps_and_prompts_both_ways(tiny_gemma_torch, [5, 9, 12], [4, 7], [16, 13], batcher=b)
+    assert same and 5 not in passes  # no pass took steps and prompts together
 
 
 def test_models_other_than_gemma3_step_one_by_one(tiny_llama):
@@ -266,10 +331,10 @@ def test_real_prompts_stacked_in_one_pass_match_each_alone(real_lm):
     assert same
 
 
-def _steps_and_prompts_both_ways(lm, step_lengths: list[int], prompt_at: list[int], prompt_lengths: list[int]):
+def _steps_and_prompts_both_ways(lm, step_lengths: list[int], prompt_at: list[int], prompt_lengths: list[int], batcher=None):
     """Decode steps of sessions and prompts of others, each alone and through one `Batcher.run`:
     (rows and caches byte-equal, passes the run took)."""
-    b = batch.Batcher(lm.model)
+    b = batcher or batch.Batcher(lm.model)
     caches = _sessions(lm, step_lengths + prompt_at, seed=5)
     gen = torch.Generator().manual_seed(6)
     prompts = [torch.randint(3, lm.model.config.vocab_size, (n,), generator=gen).tolist() for n in prompt_lengths]

@@ -286,10 +286,21 @@ def _sha(t: torch.Tensor) -> str:
     return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
 
 
+# The short prompt's artifact and logits SHA-256 as the three builds computed them on an Intel Xeon (AVX-512:
+# avx512, avx2 and portable gave these same two hashes): a CPU without some build compares the builds it has
+# with these, so the bytes of the builds it cannot run still take part.
+REAL_PROMPT = "Fact: the lighthouse keeper was Ada Quill.\nQuestion: who kept the lighthouse?"
+REAL_PROMPT_SHA256 = (
+    "863249bb3259c8c21656606e7176cc59edb5c8cfcc37727cfaf96571a8d2b0e2",  # the artifact's bytes
+    "d09a99d349181310601d2a2920b43d71b428d9c24ba6aeefffbce241c1bf67b5",  # the logits of every position
+)
+
+
 @pytest.mark.integration
 def test_the_real_model_computes_the_same_bytes_under_every_variant(monkeypatch):
-    """The packaged Gemma 3 270M (its GGUF blocks: Q8_0, Q5_0, Q4_K, Q6_K) under avx512, avx2 and portable:
-    the same artifact and logits hashes for a short prompt."""
+    """The packaged Gemma 3 270M (its GGUF blocks: Q8_0, Q5_0, Q4_K, Q6_K) under every build this CPU runs
+    (avx512, avx2 and portable where it has AVX-512): each gives the committed artifact and logits hashes for a
+    short prompt, which the three builds gave where all three ran."""
     from graft_core import codec, model
     from graft_core.capture import capture
 
@@ -298,11 +309,11 @@ def test_the_real_model_computes_the_same_bytes_under_every_variant(monkeypatch)
         monkeypatch.setenv("KVGRAFT_ISA", isa)
         lm = model.load()
         assert f"({isa})" in lm.products
-        ids = lm.tokenizer("Fact: the lighthouse keeper was Ada Quill.\nQuestion: who kept the lighthouse?")["input_ids"]
+        ids = lm.tokenizer(REAL_PROMPT)["input_ids"]
         art, _ = capture(lm, ids)
         with torch.inference_mode():
             logits = lm.model(torch.tensor([ids])).logits
         seen[isa] = (hashlib.sha256(codec.dumps(art)).hexdigest(), _sha(logits))
         del lm
-    assert len(seen) == 3, f"this CPU runs only {ISAS}: the test needs all three"
-    assert all(v == seen[ISAS[0]] for v in seen.values()), seen
+    assert set(seen) == set(ISAS) and "portable" in seen
+    assert all(v == REAL_PROMPT_SHA256 for v in seen.values()), seen
