@@ -335,10 +335,10 @@ def _library_tab(library: services.LibraryDoor, guard: Guard, reads: dict, writa
                 exp_btn = gr.Button("Export bundle (selected id, or all when empty)")
                 exp_file = gr.File(label="bundle")
             with gr.Row():
-                imp_file = gr.File(label="bundle to import", type="filepath")
+                imp_file = gr.File(label="bundle to import", type="filepath", elem_id="kv-import-file")
                 imp_btn = gr.Button("Import")
                 del_btn = gr.Button("Delete selected", variant="stop")
-            lout = gr.Markdown()
+            lout = gr.Markdown(elem_id="kv-library-out")
         table = lambda search="": _table(library, search)  # noqa: E731
         refresh.click(table, search, tbl, **reads)
         search.submit(table, search, tbl, **reads)
