@@ -321,3 +321,33 @@ def test_sessions_unit():
     v, exp, nonce, sig = value.split(".")
     assert not s.valid(f"{v}.{int(exp) + 30}.{nonce}.{sig}")  # a signature covers the expiry
     assert not s.valid(f"{v}.{exp}.{nonce}x.{sig}") and not s.valid(value + "x")
+
+
+def test_the_rate_limiter_counts_uploads_and_session_attempts(tiny_gemma, tmp_path, monkeypatch):
+    """At one request a second (a burst of 2) per address, an address's third upload in a row is answered 429
+    (the admin's too), and so is its third session attempt; another address is not held back."""
+    from retrieval import HashEmbedder
+    from services import Library
+    from web import app
+    from web.admission import RATE_REFUSAL
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    demo = app.build_app(Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder()), admin_token=TOKEN)
+    serve(demo, joins=(1.0, 2))
+    try:
+        codes = [_admin_upload(demo, f"r{i}.bin", b"r" * 100, address="10.9.7.1").status_code for i in range(3)]
+        assert codes[:2] == [200, 200] and codes[2] == 429
+        anonymous = [
+            httpx.post(_url(demo, "/gradio_api/upload"), files={"files": ("a", b"a")}, headers={"X-Forwarded-For": "10.9.7.2"})
+            for _ in range(3)
+        ]
+        assert [r.status_code for r in anonymous] == [403, 403, 429]
+        assert anonymous[2].json()["detail"].startswith(RATE_REFUSAL.split("{")[0])
+        sessions = [
+            httpx.post(_url(demo, uploads.SESSION_PATH), json={"token": TOKEN}, headers={"X-Forwarded-For": "10.9.7.3"})
+            for _ in range(3)
+        ]
+        assert [r.status_code for r in sessions] == [200, 200, 429]
+        assert _admin_upload(demo, "other.bin", b"o" * 100, address="10.9.7.4").status_code == 200
+    finally:
+        demo.close()

@@ -151,6 +151,7 @@ _LIMITED = (
     "/gradio_api/process_recording",
     "/kvgraft/admin-session",  # token guesses
 )
+_NOT_LIMITED = ("/gradio_api/upload_progress",)  # an upload's progress stream (it writes nothing)
 
 
 class JoinLimiter:
@@ -197,7 +198,8 @@ class JoinLimiter:
         return (1 - tokens) / self.rate
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not any(p in scope.get("path", "") for p in _LIMITED):
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if not any(p in path for p in _LIMITED) or any(p in path for p in _NOT_LIMITED):
             return await self.app(scope, receive, send)
         if len(self._buckets) > self.most:  # bounded memory: forget the addresses, never refuse for the size
             self._buckets.clear()
