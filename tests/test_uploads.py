@@ -321,6 +321,7 @@ def test_sessions_unit():
     v, exp, nonce, sig = value.split(".")
     assert not s.valid(f"{v}.{int(exp) + 30}.{nonce}.{sig}")  # a signature covers the expiry
     assert not s.valid(f"{v}.{exp}.{nonce}x.{sig}") and not s.valid(value + "x")
+    assert not s.valid(f"{v}.\u00b2.{nonce}.{sig}") and not s.valid("v1.1.2.3.4")  # odd digits, odd shapes: False
 
 
 def test_the_rate_limiter_counts_uploads_and_session_attempts(tiny_gemma, tmp_path, monkeypatch):
@@ -351,3 +352,30 @@ def test_the_rate_limiter_counts_uploads_and_session_attempts(tiny_gemma, tmp_pa
         assert _admin_upload(demo, "other.bin", b"o" * 100, address="10.9.7.4").status_code == 200
     finally:
         demo.close()
+
+
+def test_the_uploads_attack_writes_nothing_and_the_user_sees_no_error(tiny_gemma, tmp_path, monkeypatch):
+    """bench.abuse's uploads attack on the tiny model (seconds, not figures: the p95 ratio is the bench's to
+    report): every anonymous upload of 8 sessions of one address is refused, the temp folders' bytes do not grow,
+    and the chatting user sees no error."""
+    from bench import abuse
+    from retrieval import HashEmbedder
+    from services import Library
+    from web import app
+
+    watch = (tmp_path / "gradio", tmp_path / "tmp")
+    for folder in watch:
+        folder.mkdir()
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(watch[0]))
+    monkeypatch.setattr(tempfile, "tempdir", str(watch[1]))
+    lib = Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
+    abuse.seed_tiny(lib)
+    demo = app.build_app(lib, admin_token=TOKEN, guard=Guard(TOKEN))
+    serve(demo, joins=(4.0, 8))  # the app's default rate: uploads are counted by it
+    try:
+        rep = abuse.run(demo.local_url, chats=6, attackers=8, watch=watch, deadline_s=300, attack="uploads")
+    finally:
+        demo.close()
+    assert rep.user_errors == () and rep.attacker_errors == ()
+    assert rep.attacker_calls >= 8 and rep.attacker_refusals == rep.attacker_calls
+    assert rep.temp_bytes == (0, 0) and rep.bytes_written == 0 and rep.outside_files == ()

@@ -5,6 +5,7 @@ function and formats its result (HTML, tables, matplotlib figures); it knows not
 model handler checks its caller's authority and bounds first and then holds the model through
 `web.guard` (one request at a time, fairly between sessions and addresses; reads of the catalog run
 beside it). Named API endpoints for `gradio_client`: `/answer`, `/deposit`, `/verify`, `/export`, `/import`, `/delete`.
+Uploads (the import's bundle) are the admin's only, decided at the edge before a byte is read (`web.uploads`).
 
 Run `python app.py` (host/port from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, store from
 KVGRAFT_HOME, deposits enabled by KVGRAFT_ADMIN_TOKEN; on a Hugging Face Space see `hosting`). The page

@@ -103,7 +103,7 @@ class Sessions:
         if self._key is None or not value or len(value) > 200:
             return False
         parts = value.split(".")
-        if len(parts) != 4 or parts[0] != "v1" or not parts[1].isdigit():
+        if len(parts) != 4 or parts[0] != "v1" or not (parts[1].isascii() and parts[1].isdigit()):
             return False
         body = ".".join(parts[:3])
         if not hmac.compare_digest(parts[3].encode(), self._sign(body).encode()):
