@@ -170,8 +170,9 @@ class UploadBudget:
 
     @classmethod
     def from_settings(cls, folder: Path) -> UploadBudget:
-        get = lambda name: settings.size_bytes(settings.get(name))  # noqa: E731
-        return cls(folder, get("KVGRAFT_UPLOAD_BUDGET"), get("KVGRAFT_UPLOAD_TOTAL"), get("KVGRAFT_UPLOAD_FREE_FLOOR"))
+        per_caller = settings.size_bytes(settings.get("KVGRAFT_UPLOAD_BUDGET"))
+        total = settings.size_bytes(settings.get("KVGRAFT_UPLOAD_TOTAL"))
+        return cls(folder, per_caller, total, settings.size_bytes(settings.get("KVGRAFT_UPLOAD_FREE_FLOOR")))
 
     def free(self) -> int:
         here = self.folder
