@@ -140,7 +140,7 @@ class OverBudget(MultiPartException):
 
     def __init__(self, message: str, status: int):
         super().__init__(message)
-        self.status = status
+        self.message, self.status = message, status
 
 
 @dataclass
