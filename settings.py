@@ -206,7 +206,10 @@ _DECLARED = (
     Setting(
         "KVGRAFT_ADMIN_TOKEN", "token", "", "the secret that deposits, imports and deletes need", shown="unset (deposits off)"
     ),
-    Setting("KVGRAFT_MAX_UPLOAD", "size", "256mb", "largest file the web app accepts"),
+    Setting("KVGRAFT_MAX_UPLOAD", "size", "256mb", "largest file the web app accepts (uploads are the admin's only)"),
+    Setting("KVGRAFT_UPLOAD_BUDGET", "size", "1gb", "bytes one caller's uploads may hold in the upload folder at once"),
+    Setting("KVGRAFT_UPLOAD_TOTAL", "size", "2gb", "bytes the upload folder may hold at once, every caller together"),
+    Setting("KVGRAFT_UPLOAD_FREE_FLOOR", "size", "2gb", "free disk under the upload folder below which no upload is written"),
     Setting("KVGRAFT_PER_ADDRESS", "int", 1, "model slots one address holds at once (at most the slots less one)", low=1),
     Setting("KVGRAFT_ADDRESS_DEPTH", "int", 4, "model requests one address may have queued or running; more are refused", low=1),
     Setting("KVGRAFT_JOINS_PER_S", "float", 4.0, "requests that queue or run work one address may start per second", low=0.1),
@@ -300,6 +303,16 @@ def get(name: str, environ: Mapping[str, str] | None = None, *, default: object 
     if not raw:
         return setting.default_value() if default is _UNSET else default
     return setting.parse(raw)
+
+
+_UNITS = {"b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30, "tb": 2**40}
+
+
+def size_bytes(size: str) -> int:
+    """A `size` setting's value (like "256mb", as Gradio's max_file_size reads it: 1 kb = 1,024 bytes) in bytes."""
+    m = _SIZE.fullmatch(size.replace(" ", "").lower())
+    assert m, f"not a size: {size!r}"
+    return int(size.replace(" ", "").lower()[: -len(m.group(1))]) * _UNITS[m.group(1)]
 
 
 def table() -> str:

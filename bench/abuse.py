@@ -9,13 +9,15 @@ through `/chat`. The attacks (`--attack`, one or several, comma-separated):
 - `singles`: four addresses, one request at a time each: a verify, a 4,000-character question, a solve, a
   refused check and compare;
 - `reads`: N sessions of one address render the dashboard and search the library back to back (the private
-  handlers, by fn_index, as the page's timer and search box call them).
+  handlers, by fn_index, as the page's timer and search box call them);
+- `uploads`: N sessions of one address post 16 MiB files of random bytes to Gradio's upload route back to back,
+  without the admin token (the issue's attack: every one was written, 401 MB in seconds).
 
 Reports, per attack, the user's chat latency idle and under attack (p50/p95), the errors each side saw, the
 attackers' calls and refusals (a refused attacker waits 0.1 s, as a client told to wait would), the server's
 resident memory before and after each attack and for the whole run (at its start, its end and once idle for
 SETTLE_S, after the heap trimmer ran), and every file that appeared outside the store meanwhile (the temp folder,
-Gradio's cache). Bounded: a fixed number of user chats, attackers stop when the user is done, a deadline on all.
+Gradio's cache) with those folders' bytes before and after the attack. Bounded: a fixed number of user chats, attackers stop when the user is done, a deadline on all.
 
 Usage: .venv/bin/python -m bench.abuse [--tiny] [--chats 20] [--attackers 8] [--attack heavy,long,solves]
 [--home DIR]   (real model by default, the built-in seed library, seeded into a scratch store unless --home
@@ -50,8 +52,10 @@ REFUSED = (
     "prompt tokens; the limit without the admin token",
     "Too many requests from your address",  # the rate limiter's 429, as the raw join reports it
     "429 Too Many Requests",  # the same, as gradio_client reports it
+    "Uploads need the admin",  # the upload door's 403
 )
-ATTACKS = ("heavy", "refused", "long", "solves", "singles", "reads")
+ATTACKS = ("heavy", "refused", "long", "solves", "singles", "reads", "uploads")
+UPLOAD_BYTES = 16 * 2**20
 SINGLES = ("verify", "long", "solve", "refused")  # one address each
 REFUSED_WAIT_S = 0.1
 SETTLE_S = 25.0  # after the last run, idle this long (the trimmer looks every 10 s) before the settled RSS
@@ -81,6 +85,17 @@ def files_under(folders: list[Path]) -> set[str]:
     return {str(p) for f in folders if f.exists() for p in f.rglob("*") if p.is_file()}
 
 
+def bytes_under(folders: list[Path]) -> int:
+    """What the files under `folders` hold, measured (a file removed meanwhile counts nothing)."""
+    total = 0
+    for p in files_under(folders):
+        try:
+            total += os.stat(p).st_size
+        except OSError:
+            pass
+    return total
+
+
 @dataclass(frozen=True)
 class AbuseReport:
     chats: int
@@ -94,6 +109,12 @@ class AbuseReport:
     outside_files: tuple[str, ...]  # new files outside the store while the attack ran
     attack: str = "heavy"
     rss_mb: tuple[float, float] = (float("nan"), float("nan"))  # the server's resident memory before / after
+    temp_bytes: tuple[int, int] = (0, 0)  # the watched folders' bytes before / after the attack
+
+    @property
+    def bytes_written(self) -> int:
+        """What the attack left in the temp folders: their growth while it ran (0 when they shrank)."""
+        return max(0, self.temp_bytes[1] - self.temp_bytes[0])
 
     @property
     def idle_p95(self) -> float:
@@ -115,6 +136,7 @@ class AbuseReport:
             loaded_p50=pct(list(self.loaded_s), 0.5),
             loaded_p95=self.loaded_p95,
             ratio_p95=self.ratio,
+            bytes_written=self.bytes_written,
         )
         return out
 
@@ -172,6 +194,20 @@ def _raw(url: str, fn_index: int, data: list, address: str) -> None:
                     return
 
 
+def _upload(url: str, address: str, data: bytes) -> None:
+    """One anonymous upload of `data` to Gradio's upload route; RuntimeError with the answer unless it was kept."""
+    import httpx
+
+    r = httpx.post(
+        url.rstrip("/") + "/gradio_api/upload",
+        files={"files": ("attack.bin", data)},
+        headers={"X-Forwarded-For": address},
+        timeout=120,
+    )
+    if r.status_code != 200:
+        raise RuntimeError(f"upload answered {r.status_code}: {r.text[:200]}")
+
+
 def _calls(c, url: str, kind: str, i: int, address: str, solve: tuple[int, str] | None, reads=None) -> Callable[[], object]:
     """The request one attacker of `kind` sends back to back."""
     if kind == "heavy":
@@ -195,6 +231,9 @@ def _calls(c, url: str, kind: str, i: int, address: str, solve: tuple[int, str] 
         assert reads is not None, "a reads attack needs the dashboard's and the library search's fn_index"
         dashboard, search = reads
         return [lambda: _raw(url, dashboard, [], address), lambda: _raw(url, search, ["the"], address)][i % 2]
+    if kind == "uploads":
+        data = os.urandom(UPLOAD_BYTES)  # one file per session, random (no deduplication by content helps)
+        return lambda: _upload(url, address, data)
     raise ValueError(f"unknown attack {kind!r}; valid: {', '.join(ATTACKS)}")
 
 
@@ -257,7 +296,7 @@ def run(
     if idle is None:
         _user(url, 2, QUESTION, user_errors)  # warm-up, not counted
         idle = _user(url, chats, QUESTION, user_errors)
-    before, rss_before = files_under(list(watch)), rss_mb()
+    before, rss_before, bytes_before = files_under(list(watch)), rss_mb(), bytes_under(list(watch))
     ctx = multiprocessing.get_context("spawn")
     ready, stop, results = ctx.Event(), ctx.Event(), ctx.Queue()
     args = (url, attackers, ready, stop, deadline, results, attack, solve, reads)
@@ -271,7 +310,7 @@ def run(
         stop.set()
         outs = results.get(timeout=max(5.0, deadline - time.monotonic()))
         host.join(timeout=30)
-    after = files_under(list(watch))
+    after, bytes_after = files_under(list(watch)), bytes_under(list(watch))
     return AbuseReport(
         chats=chats,
         attackers=attackers,
@@ -284,6 +323,7 @@ def run(
         outside_files=tuple(sorted(after - before)),
         attack=attack,
         rss_mb=(round(rss_before, 1), round(rss_mb(), 1)),
+        temp_bytes=(bytes_before, bytes_after),
     )
 
 
@@ -390,6 +430,7 @@ def main() -> None:
                                 "user_errors",
                                 "attacker_calls",
                                 "attacker_refusals",
+                                "bytes_written",
                                 "rss_mb",
                             )
                         }

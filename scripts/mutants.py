@@ -314,6 +314,34 @@ MUTATIONS = (
         'return IndexStatus("corrupt", str(e), version)',
         ("tests/test_faults.py::test_an_index_save_cut_between_its_two_files_is_a_cache_state_not_damage",),
     ),
+    Mutation(
+        "an upload without the admin's token or session is let through (anonymous bytes reach the disk)",
+        "web/uploads.py",
+        "        return 403, ANONYMOUS",
+        "        return None",
+        ("tests/test_uploads.py::test_anonymous_uploads_are_refused_on_every_route_and_write_nothing",),
+    ),
+    Mutation(
+        "an upload session cookie is believed without its signature",
+        "web/uploads.py",
+        "        if not hmac.compare_digest(parts[3].encode(), self._sign(body).encode()):",
+        "        if False:",
+        ("tests/test_uploads.py::test_a_forged_or_expired_session_cookie_and_a_wrong_token_are_refused",),
+    ),
+    Mutation(
+        "an upload's bytes are not counted as they stream (a body that declares nothing passes every budget)",
+        "web/uploads.py",
+        '                    budget.add(ticket, len(message.get("body", b"")))',
+        "                    pass",
+        ("tests/test_uploads.py::test_the_per_caller_budget_refuses_with_its_message_declared_or_streamed",),
+    ),
+    Mutation(
+        "an upload cut off past its budget leaves its partial file (Gradio's parser cleans up only its own exception)",
+        "web/uploads.py",
+        "class OverBudget(MultiPartException):",
+        "class OverBudget(Exception):",
+        ("tests/test_uploads.py::test_the_per_caller_budget_refuses_with_its_message_declared_or_streamed",),
+    ),
 )
 
 

@@ -466,9 +466,10 @@ def test_uploads_are_bounded_and_an_imported_upload_is_removed(served, library, 
 
     assert app.launch_kwargs()["max_file_size"] == "256mb"
     url = served.local_url.rstrip("/") + "/gradio_api/upload"
-    r = httpx.post(url, files={"files": ("big.tar", b"\0" * (65 * 1024))}, timeout=30)
+    admin = {"X-Kvgraft-Admin-Token": TOKEN}  # uploads are the admin's (tests/test_uploads.py)
+    r = httpx.post(url, files={"files": ("big.tar", b"\0" * (65 * 1024))}, headers=admin, timeout=30)
     assert r.status_code == 413  # the launch's max_file_size (64 KB in this test)
-    c = _client(served, "10.0.9.1")
+    c = gradio_client.Client(served.local_url, verbose=False, headers={"X-Forwarded-For": "10.0.9.1", **admin})
     path, _ = c.predict(TOKEN, library.artifact_ids()[0], api_name="/export")
     upload_dir = Path(served.app.uploaded_file_dir)
     before = set(upload_dir.rglob("*.tar"))

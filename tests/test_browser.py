@@ -1,5 +1,7 @@
 """The web app in a real browser (Debian's chromium through Playwright): first start seeds the
-built-in library, a question is answered with its evidence and EXACT badge, the dashboard plots.
+built-in library, a question is answered with its evidence and EXACT badge, the dashboard plots, the admin
+imports a bundle through the Library tab (the token opens an upload session; a browser without one is
+refused and nothing is written). Served through `web.app.serve`, the product's launch with its edge gates.
 Saves chat.png and dashboard.png into $KVGRAFT_SCREENSHOTS (`make screenshots` points it at
 docs/screenshots), else into a temp folder, so a test run never rewrites committed files.
 
@@ -10,11 +12,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
+import uuid
 import warnings
 from pathlib import Path
 
 import pytest
+
+from tests.served import serve
 
 pytestmark = pytest.mark.browser
 playwright = pytest.importorskip("playwright.sync_api")
@@ -48,32 +52,38 @@ def served(request, tmp_path_factory):
             stacklevel=2,
         )
         lm, embedder, real = request.getfixturevalue("tiny_gemma"), HashEmbedder(), False
+    uploads = tmp_path_factory.mktemp("browser-uploads")
+    env = pytest.MonkeyPatch()
+    env.setenv("GRADIO_TEMP_DIR", str(uploads))  # Gradio's upload folder, this module's own: measured below
     library = services.Library(home=tmp_path_factory.mktemp("browser-home"), lm=lm, embedder=embedder)
     status = startup.Startup()
     demo = app.build_app(library, admin_token="t", startup=status)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     seeding = startup.start(library, status, seed=seed.seed_library)
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.launch_kwargs())
+    serve(demo, proxies=(), **app.launch_kwargs())  # the socket's peer is the address, as a direct deployment
     try:
-        yield demo.local_url, real
+        yield demo.local_url, real, library, uploads
     finally:
         if seeding is not None:
             seeding.join(timeout=120)
         demo.close()
+        env.undo()
 
 
 @pytest.fixture(scope="module")
-def page(served):
+def browser(served):
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(
+        b = p.chromium.launch(
             executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
         )
-        pg = browser.new_page(viewport={"width": 1440, "height": 1000})
-        pg.goto(served[0])
-        yield pg
-        browser.close()
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def page(served, browser):
+    pg = browser.new_page(viewport={"width": 1440, "height": 1000})
+    pg.goto(served[0])
+    yield pg
 
 
 def _ask(page, question: str) -> None:
@@ -116,3 +126,49 @@ def test_dashboard_shows_plots(page):
     playwright.expect(page.locator("#kv-plot-ttft img")).to_be_visible(timeout=30_000)
     page.wait_for_timeout(500)
     page.screenshot(path=str(SHOTS / "dashboard.png"), full_page=True)
+
+
+def _library_accordion(page) -> None:
+    page.get_by_role("tab", name="Library").click()
+    page.get_by_text("Export / import / delete").click()
+    playwright.expect(page.locator("#kv-library-token")).to_be_visible(timeout=30_000)
+
+
+def test_admin_imports_a_bundle_through_the_browser_and_an_anonymous_upload_writes_nothing(served, browser, tmp_path):
+    import services
+
+    url, _real, library, upload_dir = served
+    anonymous = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+    anonymous.goto(url)
+    playwright.expect(anonymous.locator("#kv-status")).to_contain_text("Built-in library ready", timeout=1_200_000)
+    bundle = tmp_path / f"kvgraft-browser-{uuid.uuid4().hex[:8]}.tar"
+    services.export_bundle(library, library.artifact_ids()[:1], bundle)
+    listing = lambda: sorted(str(p) for p in upload_dir.rglob("*") if p.is_file())  # noqa: E731
+
+    before = listing()
+    _library_accordion(anonymous)  # no token given: no upload session
+    with anonymous.expect_response(lambda r: "/gradio_api/upload" in r.url, timeout=60_000) as refused:
+        anonymous.locator("#kv-import-file input[type=file]").set_input_files(str(bundle))
+    assert refused.value.status == 403 and "Uploads need the admin" in refused.value.text()
+    assert listing() == before  # nothing written
+    anonymous.context.close()
+
+    admin = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+    admin.goto(url)
+    _library_accordion(admin)
+    token = admin.locator("#kv-library-token input")
+    token.fill("t")
+    token.press("Tab")  # leaving the box opens the upload session
+    playwright.expect(admin.locator("#kv-upload-session")).to_contain_text(
+        "Uploads allowed from this browser until", timeout=30_000
+    )
+    assert "kvgraft_upload" not in admin.evaluate("document.cookie")  # HttpOnly: no script on the page reads it
+    with admin.expect_response(lambda r: "/gradio_api/upload" in r.url, timeout=60_000) as accepted:
+        admin.locator("#kv-import-file input[type=file]").set_input_files(str(bundle))
+    assert accepted.value.status == 200
+    admin.get_by_role("button", name="Import", exact=True).click()
+    playwright.expect(admin.locator("#kv-library-out")).to_contain_text("Imported 1 artifacts (0 new", timeout=300_000)
+    assert not [p for p in listing() if p.endswith(bundle.name)]  # the import removed its upload
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    admin.screenshot(path=str(SHOTS / "import.png"))
+    admin.context.close()

@@ -332,6 +332,7 @@ def test_app_started_as_a_space_serves_at_once_as_a_read_only_demo(tiny_dirs, tm
         KVGRAFT_MODEL=str(tiny_dirs["gemma3"]),
         KVGRAFT_HOME=str(tmp_path / "home"),
         KVGRAFT_MODEL_CACHE=str(tmp_path / "models"),
+        GRADIO_TEMP_DIR=str(tmp_path / "gradio"),
         **{startup.SLOW_LOAD_ENV: "15", boot.SLOW_IMPORT_ENV: "3"},
     )
     env.pop("KVGRAFT_ADMIN_TOKEN", None)
@@ -370,6 +371,20 @@ def test_app_started_as_a_space_serves_at_once_as_a_read_only_demo(tiny_dirs, tm
             client.predict("Who founded the town of Velmora?", api_name="/answer")
         with pytest.raises(Exception, match="KVGRAFT_ADMIN_TOKEN"):
             client.predict("guess", question="q", solution="s", answer="a", reference="a", api_name="/deposit")
+        from web import uploads  # a public demo takes no upload from anyone, the token header neither
+
+        files = lambda: sorted((tmp_path / "gradio").rglob("*"))  # noqa: E731
+        before = files()
+        for headers in ({}, {"X-Kvgraft-Admin-Token": "guess"}):
+            req = urllib.request.Request(
+                url + "gradio_api/upload",
+                data=b'--b\r\nContent-Disposition: form-data; name="files"; filename="x"\r\n\r\nx\r\n--b--\r\n',
+                headers={"Content-Type": "multipart/form-data; boundary=b", **headers},
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req, timeout=10)
+            assert refused.value.code == 403 and json.loads(refused.value.read())["detail"] == uploads.NO_TOKEN
+        assert files() == before
         while True:
             try:
                 r = client.predict("Who founded the town of Velmora?", max_new_tokens=4, api_name="/answer")

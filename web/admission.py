@@ -141,12 +141,22 @@ def install(queue, admission: Admission, client_of: Callable[[object], Client], 
 
 TARPIT_S = 1.0  # how long a request over its address's rate waits for its 429 (the server's cost: an idle coroutine)
 RATE_REFUSAL = "Too many requests from your address: at most {rate:g} a second. Wait {wait:.1f} s, then send again."
-_LIMITED = ("/gradio_api/queue/join", "/gradio_api/call/", "/gradio_api/run/", "/gradio_api/api/")
+_LIMITED = (
+    "/gradio_api/queue/join",
+    "/gradio_api/call/",
+    "/gradio_api/run/",
+    "/gradio_api/api/",
+    "/gradio_api/upload",  # uploads (web.uploads refuses anyone's but the admin's)
+    "/gradio_api/component_server",
+    "/gradio_api/process_recording",
+    "/kvgraft/admin-session",  # token guesses
+)
+_NOT_LIMITED = ("/gradio_api/upload_progress",)  # an upload's progress stream (it writes nothing)
 
 
 class JoinLimiter:
     """ASGI middleware, outermost: one address may start at most `rate` requests a second (a burst of `burst`)
-    on the routes that queue or run work; past that it is answered 429 with Retry-After before anything reads
+    on the routes that queue or run work, upload, or open an upload session; past that it is answered 429 with Retry-After before anything reads
     its body. A refused request still costs the server its handling, and one address with many sessions can
     send hundreds a second: refusing them here costs a dictionary lookup, where a join refused by `Admission`
     costs a parsed body and Gradio's routing (measured: 24 refused sessions of one address took a chatting
@@ -188,7 +198,8 @@ class JoinLimiter:
         return (1 - tokens) / self.rate
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not any(p in scope.get("path", "") for p in _LIMITED):
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if not any(p in path for p in _LIMITED) or any(p in path for p in _NOT_LIMITED):
             return await self.app(scope, receive, send)
         if len(self._buckets) > self.most:  # bounded memory: forget the addresses, never refuse for the size
             self._buckets.clear()

@@ -5,6 +5,7 @@ function and formats its result (HTML, tables, matplotlib figures); it knows not
 model handler checks its caller's authority and bounds first and then holds the model through
 `web.guard` (one request at a time, fairly between sessions and addresses; reads of the catalog run
 beside it). Named API endpoints for `gradio_client`: `/answer`, `/deposit`, `/verify`, `/export`, `/import`, `/delete`.
+Uploads (the import's bundle) are the admin's only, decided at the edge before a byte is read (`web.uploads`).
 
 Run `python app.py` (host/port from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, store from
 KVGRAFT_HOME, deposits enabled by KVGRAFT_ADMIN_TOKEN; on a Hugging Face Space see `hosting`). The page
@@ -42,7 +43,7 @@ from services.limits import (  # noqa: E402
     warm_proofs_limit,
 )
 from web import admission as admission_mod  # noqa: E402
-from web import hosting, memory, placeholder  # noqa: E402  (placeholder: stdlib only)
+from web import hosting, memory, placeholder, uploads  # noqa: E402  (placeholder: stdlib only)
 from web.dashboard_tab import dashboard_tab  # noqa: E402
 from web.guard import ADMIN_HELP, FairTurns, Guard, address_depth, backend_slots, per_address  # noqa: E402
 from web.handlers import answer_options as _answer_options  # noqa: E402
@@ -86,8 +87,9 @@ VERIFIERS = ["exact", "numeric", "sympy", "attested"]
 _DONE = object()
 
 
-# Gradio's upload route takes files from anyone (no per-route auth): keep them small, and delete them
-# (and Gradio's copies of exports) after an hour. Larger bundles go through `cli.py import`.
+# Uploads are the admin's only (web.uploads, at the edge: Gradio's routes have no per-route auth) and bounded
+# per file, per caller, in all and by the disk's free space; Gradio's copies of exports and anything left are
+# deleted after an hour. Larger bundles go through `cli.py import`.
 MAX_UPLOAD = settings.get("KVGRAFT_MAX_UPLOAD")
 CACHE_CLEANUP = (600, 3600)  # Blocks(delete_cache=(every s, older than s))
 
@@ -324,15 +326,20 @@ def _library_tab(library: services.LibraryDoor, guard: Guard, reads: dict, writa
             src_text = gr.Textbox(label="deposited text", lines=8)
             manifest = gr.JSON(label="manifest (row, chain, verifier record)")
         with gr.Accordion("Export / import / delete", open=False, visible=writable):  # admin only: none on a read-only demo
-            ltok = gr.Textbox(label="admin token (export, import, delete)", type="password")
+            ltok = gr.Textbox(
+                label="admin token (export, import, delete; enter it before choosing a bundle: uploads are the admin's)",
+                type="password",
+                elem_id="kv-library-token",
+            )
+            upload_note = gr.Markdown(elem_id="kv-upload-session")
             with gr.Row():
                 exp_btn = gr.Button("Export bundle (selected id, or all when empty)")
                 exp_file = gr.File(label="bundle")
             with gr.Row():
-                imp_file = gr.File(label="bundle to import", type="filepath")
+                imp_file = gr.File(label="bundle to import", type="filepath", elem_id="kv-import-file")
                 imp_btn = gr.Button("Import")
                 del_btn = gr.Button("Delete selected", variant="stop")
-            lout = gr.Markdown()
+            lout = gr.Markdown(elem_id="kv-library-out")
         table = lambda search="": _table(library, search)  # noqa: E731
         refresh.click(table, search, tbl, **reads)
         search.submit(table, search, tbl, **reads)
@@ -343,7 +350,32 @@ def _library_tab(library: services.LibraryDoor, guard: Guard, reads: dict, writa
         exp_btn.click(export_bundle, [ltok, sel], [exp_file, lout], api_name="export", **admin)
         imp_btn.click(import_bundle, [ltok, imp_file], [lout, tbl], api_name="import", **admin)
         del_btn.click(delete_artifact, [ltok, sel], [lout, tbl], api_name="delete", **admin)
+        for event in (ltok.blur, ltok.submit):  # the token, once entered, opens this browser's upload session
+            event(None, ltok, upload_note, js=UPLOAD_SESSION_JS, api_visibility="private", queue=False)
     return tab, tbl
+
+
+# The page posts the token to web.uploads' session route, which answers with an HttpOnly cookie that the page's
+# uploads carry; the same value is not sent twice (a wrong one counts as a failed guess of the address).
+UPLOAD_SESSION_JS = f"""async (token) => {{
+  token = (token || "").trim();
+  const w = window;
+  if (token === (w.__kvgraftUploadToken || "")) return w.__kvgraftUploadNote || "";
+  w.__kvgraftUploadToken = token;
+  let note;
+  try {{
+    const base = w.location.pathname.replace(/[^/]*$/, "");
+    const r = await fetch(base + "{uploads.SESSION_PATH.lstrip("/")}", {{
+      method: "POST", headers: {{"Content-Type": "application/json"}}, body: JSON.stringify({{token}}),
+      credentials: "same-origin"}});
+    const j = await r.json().catch(() => ({{}}));
+    note = (r.ok ? "" : "⚠️ ") + (j.detail || ("HTTP " + r.status));
+  }} catch (e) {{
+    note = "⚠️ Could not open an upload session: " + e;
+  }}
+  w.__kvgraftUploadNote = note;
+  return note;
+}}"""
 
 
 # ---- verify --------------------------------------------------------------------------------
@@ -509,6 +541,7 @@ def build_app(
     demo.queue(default_concurrency_limit=MODEL_WORKERS, max_size=QUEUE_MAX)
     admission = admission or admission_mod.Admission(per_session=guard.turns.per_session, depth=guard.turns.depth)
     admission_mod.install(demo._queue, admission, guard.client, counted=lambda fn: fn.concurrency_id == "model")
+    demo.upload_door = uploads.UploadDoor(guard.tokens)  # `serve` puts it in front: the admin's uploads only
     return demo
 
 
@@ -519,12 +552,16 @@ def serve(demo: gr.Blocks, where: hosting.Hosting, joins: tuple[float, int] | No
     Config without forwarded_allow_ips, so uvicorn reads FORWARDED_ALLOW_IPS (default: trust 127.0.0.1) as
     `launch` makes it: it is set here, to exactly the configured proxies ("" trusts no peer). Every request
     body passes `TextGate` first, after the per-address `JoinLimiter` (`joins`: its rate a second and burst,
-    KVGRAFT_JOINS_PER_S / KVGRAFT_JOINS_BURST unless given)."""
+    KVGRAFT_JOINS_PER_S / KVGRAFT_JOINS_BURST unless given) and the upload door (`web.uploads.UploadGate`: an
+    upload is the admin's, refused before its body is read otherwise, and bounded while it streams)."""
     os.environ["FORWARDED_ALLOW_IPS"] = ",".join(where.proxies)
     rate, burst = joins or (settings.get("KVGRAFT_JOINS_PER_S"), settings.get("KVGRAFT_JOINS_BURST"))
     limiter = Middleware(admission_mod.JoinLimiter, rate=rate, burst=burst)
-    # outermost the per-address rate of work requests, then text that cannot be encoded, before Gradio parses it
-    edge = {"middleware": [limiter, Middleware(TextGate)]}
+    door = getattr(demo, "upload_door", None)  # a Blocks not made by build_app has none: every upload is refused
+    gate = Middleware(uploads.UploadGate, door=door, secure=where.root.startswith("https://"))
+    # outermost the per-address rate of work requests and uploads, then the upload door (the admin's only,
+    # before a byte is read), then text that cannot be encoded or files by URL, before Gradio parses them
+    edge = {"middleware": [limiter, gate, Middleware(TextGate)]}
     launch = {"server_name": where.host, "server_port": where.port, "root_path": where.root, "app_kwargs": edge, **launch}
     demo.launch(**launch)
 

@@ -80,6 +80,29 @@ def require_text(*values: object) -> None:
         raise Refusal(problem)
 
 
+REMOTE_FILE = (
+    "A file given by URL ({url}) is not fetched by this app: Gradio would download it onto the server's disk "
+    "before any handler runs. Upload the file instead (the admin's)."
+)
+
+
+def remote_file(value: object) -> str | None:
+    """A clear message when `value` (a request's JSON) names a file by an http(s) URL, which Gradio's
+    preprocessing downloads into its cache for any input component before the handler can refuse anything
+    (Gradio's FileData: a dict with a `path` and `meta._type` "gradio.FileData"); else None."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            path, meta = v.get("path"), v.get("meta")
+            if isinstance(path, str) and isinstance(meta, dict) and path.startswith(("http://", "https://")):
+                return REMOTE_FILE.format(url=path[:80])
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return None
+
+
 MAX_BODY = 16 * 1024 * 1024  # a JSON request (not an upload) larger than this is refused: no question or deposit needs it
 
 
@@ -87,7 +110,8 @@ class TextGate:
     """ASGI middleware at the edge: a request body that is not an upload is read (at most MAX_BODY bytes,
     else 413) and, where it is JSON holding text `text_problem` refuses, answered 400 with that message
     before Gradio parses it: Gradio's own checks (a dropdown's "not in the list of choices") echo the
-    value, and the echo breaks the reply. Anything else passes through unchanged."""
+    value, and the echo breaks the reply. JSON naming a file by URL (`remote_file`) is refused the same way:
+    Gradio would download it into its cache, for anyone. Anything else passes through unchanged."""
 
     def __init__(self, app):
         self.app = app
@@ -95,9 +119,8 @@ class TextGate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
-        ctype = dict(scope.get("headers") or []).get(b"content-type", b"").lower()
-        if ctype.startswith(b"multipart/"):  # uploads: bounded by the launch's max_file_size
-            return await self.app(scope, receive, send)
+        if any(k == b"content-type" and b"multipart" in v.lower() for k, v in scope.get("headers") or []):
+            return await self.app(scope, receive, send)  # an upload: web.uploads.UploadGate admitted it (the admin's)
         chunks, size, more = [], 0, True
         while more:
             message = await receive()
@@ -110,7 +133,8 @@ class TextGate:
                 return await _answer(send, 413, f"The request is over {MAX_BODY // 2**20} MiB: send less.")
         body = b"".join(chunks)
         try:
-            problem = text_problem(json.loads(body), nul=False) if body else None  # NUL: the handlers' call
+            value = json.loads(body) if body else None
+            problem = (text_problem(value, nul=False) or remote_file(value)) if body else None  # NUL: the handlers' call
         except ValueError:  # not JSON (or not UTF-8): Gradio answers it as it would
             problem = None
         if problem:
