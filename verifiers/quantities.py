@@ -364,6 +364,11 @@ def read_number(toks: list[Tok], verifier: str, reference: str, question: str) -
 _TIME_UNITS = frozenset({"year", "month", "week", "day", "h", "min"})
 _MULTIPLIED = frozenset("the as more less older younger bigger larger greater smaller his her their its that".split())
 _OTHER_TIME = frozenset("will would was were had ago later earlier".split())
+_COMPARATIVES = frozenset("less more older younger fewer greater smaller larger bigger longer shorter higher lower than".split())
+_QUANTITY_NOUNS = frozenset(
+    "age height length width depth distance population speed velocity temperature price cost total sum amount "
+    "value weight mass area volume time duration rate concentration score number count balance".split()
+)
 _NOT_NAMES = FUNCTION | frozenset("how what which who whom when where why if after before each every answer".split())
 
 
@@ -383,9 +388,19 @@ def _not_the_answer(toks: list[Tok], m: Mention, question: str) -> str:
     """Why a number the line states is not its answer to the question, or '': a multiplier ('12 times the
     amount'), a value at another time than a question about now ('was 18', 'will be 18', 'in 2 years'), or the
     value of another person the question names ('Leona is 12' asked about Wen)."""
-    if m.unit == "times" and m.end < len(toks) and toks[m.end].low in _MULTIPLIED:
+    nxt = toks[m.end].low if m.end < len(toks) else ""
+    if m.unit == "times" and nxt in _MULTIPLIED:
         return f"states {_q(m.text)} as a multiplier ({_q(m.text + ' ' + toks[m.end].text)})"
+    if nxt in _COMPARATIVES:
+        return f"states {_q(m.text)} as a difference ({_q(m.text + ' ' + toks[m.end].text)})"
     q = tokens(unicodedata.normalize("NFKC", question))
+    variable = _variable_before(toks, m)
+    if variable:
+        return f"states {_q(m.text)} as the value of an expression in a variable ({_q(variable)})"
+    if m.start >= 2 and toks[m.start - 1].low == "of" and toks[m.start - 2].kind == "word":
+        noun = toks[m.start - 2].low
+        if noun not in FUNCTION and noun not in _QUANTITY_NOUNS and noun not in {t.low for t in q}:
+            return f"states {_q(m.text)} as the {noun} of something, which the question does not ask"
     if any(t.low == "now" for t in q):
         a, b = clause(toks, m.start, m.end)
         for k in range(a, b):
@@ -394,6 +409,8 @@ def _not_the_answer(toks: list[Tok], m: Mention, question: str) -> str:
             if t.low in _OTHER_TIME or later:
                 return f"states {_q(m.text)} for another time than now ({_q(text_of(toks, k, k + 3) if later else t.text)})"
     target, others = _question_names(q)
+    if target and m.unit is not None and m.unit in others:
+        return f"states {_q(m.text)} for {m.unit.capitalize()}, not for {target} whom the question asks about"
     if target:
         a, _ = sentence(toks, m.start, m.end)
         for k in range(m.start - 1, a - 1, -1):
@@ -402,6 +419,19 @@ def _not_the_answer(toks: list[Tok], m: Mention, question: str) -> str:
                 return f"states {_q(m.text)} for {toks[k].text}, not for {target} whom the question asks about"
             if name == target.casefold():
                 break
+    return ""
+
+
+def _variable_before(toks: list[Tok], m: Mention) -> str:
+    """'4x' when the mention is the right side of an equation whose left side writes a number times a letter
+    ('4x = 16', '4 (4x) = 12': the equation's unknown, not its value), else ''."""
+    if m.start < 1 or toks[m.start - 1].text != "=":
+        return ""
+    a, _ = sentence(toks, m.start, m.end)
+    for k in range(a, m.start - 2):
+        t, v = toks[k], toks[k + 1]
+        if t.kind == "num" and v.kind == "word" and len(v.text) == 1 and (k + 2 >= len(toks) or toks[k + 2].kind != "num"):
+            return t.text + v.text
     return ""
 
 
