@@ -34,6 +34,7 @@ GSM_OUTPUTS = Path("/work/scratch/gsm-cot-outputs.jsonl")
 DRAWN = ROOT / "docs" / "eval" / "labels" / "drawn.jsonl"
 READINGS = ROOT / "docs" / "eval" / "labels" / "readings.jsonl"
 REPORT = ROOT / "docs" / "eval" / "labels-report.json"
+MATH_VERIFY = ROOT / "docs" / "eval" / "labels-math-verify.jsonl"  # scripts/math_verify_labels.py's verdicts
 SOURCES = ROOT / "docs" / "eval" / "labels" / "sources.json"  # the sha256 of each source when a round was drawn
 SEED = 40
 FORMAT = "kvgraft-judge-labels/1"
@@ -281,6 +282,26 @@ def report(labels: list[dict]) -> dict:
             "false_accept_items": fa,
             "false_refusal_items": fr,
         }
+    mv = MATH_VERIFY
+    if mv.exists():  # HF's math-verify on the same outputs (scripts/math_verify_labels.py): a measurement only
+        theirs = {r["id"]: r["ok"] for r in map(json.loads, mv.read_text(encoding="utf-8").splitlines()) if r}
+        out["math_verify"] = {"package": "math-verify==0.9.0", "note": "numeric and sympy items only; default extraction"}
+        for split in ("development", "evaluation"):
+            rows = [r for r in labels if r["role"] == split and r["id"] in theirs]
+            ours = {r["id"]: verifiers.judge(r["answer"], r["verifier"], r["reference"], r["question"]).ok for r in rows}
+            out["math_verify"][split] = {
+                "outputs": len(rows),
+                **{
+                    name: {
+                        "agreement": round(sum(v[r["id"]] == (r["label"] == "right") for r in rows) / len(rows), 4)
+                        if rows
+                        else None,
+                        "false_accepts": sum(v[r["id"]] and r["label"] == "wrong" for r in rows),
+                        "false_refusals": sum(not v[r["id"]] and r["label"] == "right" for r in rows),
+                    }
+                    for name, v in (("math_verify", theirs), ("judge", ours))
+                },
+            }
     return out
 
 
