@@ -1,0 +1,101 @@
+"""A worked solution checked, not only the model's copy of it: `check_solution(solution, verifier, reference,
+question)` verifies the solution's own steps and its final answer before the deposit gate runs the model.
+
+A solution is worked when it has more than one line, a `<<a op b=c>>` calculator annotation or a `####` line;
+a one-line fact has no steps and is left to the gate's runs. Its steps, in the order written:
+- each calculator annotation `<<48/2=24>>`: its left side must equal its right side;
+- each chain of numbers `a = b = c` (annotations removed; verifiers/quantities.chains: units inside a chain are
+  read as units, expressions in letters such as '3b + 6 = 2(b + 6)' are algebra and not checked): each member
+  must equal the next; a step that converts a unit ('442/170 hours = 156 minutes') and a part of a larger
+  expression ('20% of 935 = 187') are not checked. A member written after '≈', or a one-decimal member
+  ('193.5'), stands for its rounding: it holds within half a unit of its last written place.
+Each comparison is the sympy kind's (simplify(left - right) == 0, in its bounded, allow-listed worker); a
+member sympy cannot read (a word, a symbol) is not checked. The final answer is the one judge's reading of the
+whole solution (its `####` line, "The answer is", else its last line) and must be accepted against the
+reference. The first false step refuses the solution, named by its number and text.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from errors import InvalidInput
+from verifiers.judging import judge
+from verifiers.quantities import Member, chains, same_unit
+from verifiers.symbolic import SympyVerifier
+from verifiers.verdict import Verdict, _q
+
+_ANNOTATION = re.compile(r"<<([^<>=\n]{1,200})=([^<>=\n]{1,200})>>")
+_SYMPY = SympyVerifier()
+
+
+def worked(solution: str) -> bool:
+    lines = [x for x in solution.splitlines() if x.strip()]
+    return len(lines) > 1 or "<<" in solution or "####" in solution
+
+
+def _steps(solution: str) -> list[tuple[int, str, Member, Member]]:
+    """(position, the step as written, left, right) for every comparison the solution's steps make."""
+    text = unicodedata.normalize("NFKC", solution)
+    steps = []
+    for m in _ANNOTATION.finditer(text):
+        pair = chains(f"{m[1]} = {m[2]}")
+        if pair and len(pair[0][2]) == 2:
+            steps.append((m.start(), m.group(), *pair[0][2]))
+    plain = _ANNOTATION.sub(lambda m: " " * len(m.group()), text)  # keep the positions of what remains
+    start = 0
+    for line in plain.splitlines(keepends=True):  # a chain never runs from one line into the next
+        for chain, at, members in chains(line):
+            steps.extend((start + at, chain, left, right) for left, right in zip(members, members[1:], strict=False))
+        start += len(line)
+    return sorted(steps, key=lambda s: s[0])
+
+
+def _holds(left: Member, right: Member) -> bool | None:
+    """Does left equal right (sympy), or right round left? None when sympy cannot read one of them or the
+    step converts a unit ('442/170 hours = 156 minutes')."""
+    if not same_unit(left.unit, right.unit):
+        return None
+    try:
+        v = _SYMPY.check(left.sympy, right.sympy)
+    except InvalidInput:
+        return None
+    if v.ok:
+        return True
+    if "is not a safe expression" in v.detail:
+        return None
+    rounding = right.rounding if right.sign == "≈" or right.rounding else left.rounding
+    if left.value is not None and right.value is not None and rounding:
+        return abs(left.value - right.value) <= rounding
+    return False
+
+
+def _shown(m: Member) -> str:
+    v = m.value
+    if v is None:
+        return "something else"
+    return str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator} ({float(v):.6g})"
+
+
+def check_solution(solution: str, verifier: str, reference: str, question: str = "") -> Verdict:
+    """The solution's steps and final answer (the module's rules): accepted, or refused with why."""
+    if not worked(solution):
+        return Verdict(True, verifier, "a one-line solution: no steps to check")
+    steps = _steps(solution)
+    checked = 0
+    for n, (_, step, left, right) in enumerate(steps, 1):
+        ok = _holds(left, right)
+        if ok is False:
+            return Verdict(
+                False,
+                verifier,
+                f"step {n} of the solution is false: {_q(step)}: {_q(left.text)} is {_shown(left)}, not {_q(right.text)}",
+            )
+        checked += ok is True
+    final = judge(solution, verifier, reference, question)
+    if not final.ok:
+        return Verdict(False, verifier, f"the solution's final answer is not the reference: {final.detail}")
+    return Verdict(
+        True, verifier, f"{checked} of the solution's {len(steps)} steps checked (sympy), all hold; {final.detail}", final.value
+    )
