@@ -10,6 +10,7 @@ from errors import InvalidInput
 from verifiers import JUDGE, Verdict, answer_line, judge
 
 AGES = "Priya is 4 times as old as Wen. In 11 years, Priya will be 3 times as old as Wen. How old is Priya now?"
+SHARK = "Benny saw a 10-foot shark with 2 6-inch remoras. What percentage of the shark's length are the remoras?"
 TRAINS = "Two trains leave 36 minutes apart. How many minutes after the first train departs do they meet?"
 
 # (answer, line read, how it was found)
@@ -78,6 +79,9 @@ ISSUE = [
     ("Priya reaches an age of 44 years.", "numeric", "44", AGES, True, "44"),
     ("2x22=44 Wen is 4 times older", "numeric", "44", AGES, False, None),  # '44 Wen': Wen's value
     ("84 minutes after the first train departs.", "numeric", "84", TRAINS, True, "84"),
+    ("10%", "numeric", "10", SHARK, True, "10"),  # 'What percentage ...?' asks in %; GSM8K's reference is 10
+    ("10 feet", "numeric", "10", SHARK, False, None),  # the asking sentence's unit is %, not the question's feet
+    ("84 hours", "numeric", "84", TRAINS, False, None),
     ("Priya is 4 × 11 = 44 years old.", "numeric", "44", AGES, True, "44"),
 ]
 

@@ -579,14 +579,27 @@ def _reference_value(verifier: str, reference: str) -> Fraction | None:
 
 def _question_units(question: str) -> set[str]:
     """The units a question writes, canonical: each word, and each unit as a claim's is read ('km/h', 'km per
-    hour': 'in km/h' asks for km/h, not for km and h)."""
+    hour': 'in km/h' asks for km/h, not for km and h); 'percentage' and 'percent' ask in %. When the sentence
+    that asks (the last one with '?') names a measurement unit, that sentence's units are the question's: 'What
+    percentage of the 10-foot shark ...?' asks in %, not in feet."""
     toks = tokens(unicodedata.normalize("NFKC", question))
+    ends = [k for k, t in enumerate(toks) if t.text in ".!?;"]
+    asks = max((k for k in ends if toks[k].text == "?"), default=None)
+    if asks is not None:
+        start = max((k + 1 for k in ends if k < asks), default=0)
+        asking = _units_in(toks[start : asks + 1])
+        if asking & (set(_UNIT_ALIASES) | {"%"}):
+            return asking
+    return _units_in(toks)
+
+
+def _units_in(toks: list[Tok]) -> set[str]:
     units = {_CANONICAL.get(t.low, t.low) for t in toks}
     for k in range(len(toks)):
         unit, _ = _unit_at(toks, k)
         if unit is not None:
             units.add(_CANONICAL.get(unit, unit))
-    return units | ({"%"} if {"%", "percent"} & units else set())
+    return units | ({"%"} if {"%", "percent", "percentage"} & units else set())
 
 
 def _same_quantity(unit: str | None, ref_unit: str | None, q_units: set[str]) -> bool:
