@@ -4,9 +4,9 @@ question)` verifies the solution's own steps and its final answer before the dep
 A solution is worked when it has more than one line, a `<<a op b=c>>` calculator annotation or a `####` line;
 a one-line fact has no steps and is left to the gate's runs. Its steps, in the order written:
 - each calculator annotation `<<48/2=24>>`: its left side must equal its right side;
-- each chain of numbers `a = b = c` (annotations removed; verifiers/quantities.chains: units inside a chain are
-  read as units, expressions in letters such as '3b + 6 = 2(b + 6)' are algebra and not checked): each member
-  must equal the next; a step that converts a unit ('442/170 hours = 156 minutes') and a part of a larger
+- each chain of numbers `a = b = c` on one line (annotations removed; `chains`, read by the claim reader's
+  arithmetic: units inside a chain are units, expressions in letters such as '3b + 6 = 2(b + 6)' are algebra
+  and not checked): each member must equal the next; a step that converts a unit ('442/170 hours = 156 minutes') and a part of a larger
   expression ('20% of 935 = 187') are not checked. A member written after '≈', or a one-decimal member
   ('193.5'), stands for its rounding: it holds within half a unit of its last written place.
 Each comparison is the sympy kind's (simplify(left - right) == 0, in its bounded, allow-listed worker); a
@@ -19,12 +19,92 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from dataclasses import dataclass, replace
+from fractions import Fraction
 
 from errors import InvalidInput
 from verifiers.judging import judge
-from verifiers.quantities import Member, chains, same_unit
+from verifiers.quantities import _CANONICAL, _CURRENCY, _OPS, _math_runs, _member, _members, _tight_fraction, _unit_at
+from verifiers.sentences import Tok, text_of, tokens
 from verifiers.symbolic import SympyVerifier
 from verifiers.verdict import Verdict, _q
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of an equation chain: as written, as the sympy kind reads it, its exact value (None when the
+    reader cannot evaluate it: a letter, a word), the sign before it ('', '=', '≈') and its rounding."""
+
+    text: str
+    sympy: str
+    value: Fraction | None
+    sign: str
+    rounding: Fraction
+    unit: str | None = None  # the unit written inside the chain after it, or after the last member
+
+
+def same_unit(a: str | None, b: str | None) -> bool:
+    """Do two units name the same one ('hours', 'h')? A missing unit is anyone's."""
+    return a is None or b is None or _CANONICAL.get(a, a) == _CANONICAL.get(b, b)
+
+
+def chains(text: str) -> list[tuple[str, int, tuple[Member, ...]]]:
+    """Every chain of two or more members in `text` ('215 × 90/100 = 193.5'), with where it starts (characters)."""
+    toks = tokens(unicodedata.normalize("NFKC", text).replace("\u2212", "-"))
+    out = []
+    for a, b, _ in _math_runs(toks):
+        before = toks[a - 1] if a > 0 else None
+        after = toks[b] if b < len(toks) else None
+        binary_minus = toks[a].text == "-" and before is not None and before.kind in ("word", "num")
+        if (
+            binary_minus
+            or (before is not None and (before.text in _OPS or _letter(before) or before.low in ("of", "times")))
+            or (after is not None and (after.text in _OPS | {"("} or _letter(after)))
+        ):
+            continue  # part of an expression in letters ('3b + 6 = 2(b + 6)'): not a chain of numbers
+        members = []
+        for s, e, sign in _members(toks, a, b):
+            s, e, value, sign, tol = _member(toks, s, e, sign)
+            v = e
+            while v - 1 > s and toks[v - 1].kind == "word" and toks[v - 1].low != "x":
+                v -= 1
+            unit = toks[v].low if v < e else (toks[e].text if e < b and toks[e].text == "%" else None)
+            members.append(Member(text_of(toks, s, e), _sympy_text(toks[s:v]), value, sign, tol, unit))
+        if members and members[-1].unit is None:
+            unit, _ = _unit_at(toks, b)
+            members[-1] = replace(members[-1], unit=unit)
+        members = [replace(m, sympy=f"({m.sympy})/100") if m.unit == "%" else m for m in members]  # '50%' is 1/2
+        if len(members) >= 2:
+            out.append((text_of(toks, a, b), toks[a].start, tuple(members)))
+    return out
+
+
+def _letter(t: Tok) -> bool:
+    """A one-letter variable ('b' in '3b'), not the 'x' of '4 x 5' nor a word."""
+    return t.kind == "word" and len(t.text) == 1 and t.low not in ("x", "a", "i")
+
+
+def _sympy_text(member: list[Tok]) -> str:
+    """The member in the sympy kind's syntax: × ÷ · x as * /, '%' as /100, currency and thousands commas
+    dropped, juxtaposed factors ('2(6)', '(8-1)2') multiplied, a tight fraction ('361/2277') in parentheses."""
+    out: list[str] = []
+    k = 0
+    while k < len(member):
+        t = member[k]
+        k += 1
+        if t.text in _CURRENCY:
+            continue
+        if _tight_fraction(member, k - 1):
+            text, k = f"({t.text}/{member[k + 1].text})", k + 2
+        else:
+            text = {"×": "*", "·": "*", "÷": "/", "%": "/100"}.get(t.text, "*" if t.low == "x" else t.text.replace(",", ""))
+        if out and (
+            (text[:1] == "(" and (out[-1][-1:].isdigit() or out[-1][-1:] == ")")) or (out[-1][-1:] == ")" and text[:1].isdigit())
+        ):
+            out.append("*")
+        out.append(text)
+    return "".join(out)
+
 
 _ANNOTATION = re.compile(r"<<([^<>=\n]{1,200})=([^<>=\n]{1,200})>>")
 _SYMPY = SympyVerifier()
