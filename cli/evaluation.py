@@ -1,5 +1,7 @@
 """`cli.py replay-eval FILE [--rerun]`: register(subparsers) adds the command; it calls
-eval.recheck.recheck and formats the report. Exit 0 when everything matches, 1 on any mismatch."""
+eval.recheck.recheck and formats the report. Exit 0 when everything matches, 1 on any mismatch. Records scored
+by another judge than the current one are listed with the current judge's verdict (eval/rejudge.py), not
+counted as mismatches."""
 
 from __future__ import annotations
 
@@ -17,6 +19,12 @@ def cmd_replay_eval(args) -> int:
         print(f"{'OK' if rep.ok else 'MISMATCH'}: {rep.path}: {rep.outputs} outputs; checked {checked}")
         for note in rep.notes:
             print(f"note: {note}")
+        if rep.rejudged_summary:
+            print(f"re-judged with {rep.rejudged_summary['judge']}: {json.dumps(rep.rejudged_summary)}")
+        for line in rep.rejudged[:50]:
+            print(f"scored by another judge: {line}")
+        if len(rep.rejudged) > 50:
+            print(f"... and {len(rep.rejudged) - 50} more records scored by another judge")
         for p in rep.problems[:50]:
             print(f"mismatch: {p}")
         if len(rep.problems) > 50:

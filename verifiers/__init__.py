@@ -1,12 +1,13 @@
-"""Judges of answers: whether an answer matches its reference (exact, numeric, sympy, attested).
+"""Judging answers: `judge(answer, verifier, reference, question)` is THE judge, the one function that decides
+every verdict on an answer (its rules at the top of verifiers/judging.py).
 
-Modules: `verdict` (the item, the verdict, the interface), `judges` (the kinds and `check`), `claims` (what an
-answer sentence asserts, read for a kind: the deposit gate's judge), `symbolic` (the sympy verifier's allow-list
-and its worker pool), `sympy_worker` (the child process). No torch, no store.
+Modules: `judging` (the judge and its rules), `solutions` (a worked solution's steps and final answer, checked
+by the gate before any prefill), `verdict` (the item, the verdict, the interface), `judges` (the kinds: each
+compares one value with its reference; `check` is a kind's own verdict on an item, for the kinds' tests and
+nothing else), `claims` with `sentences` and `quantities` (what an answer sentence asserts), `symbolic` (the
+sympy kind's allow-list and its worker), `sympy_worker` (the child process). No torch, no store.
 """
 
-from verifiers.claims import judge as judge_claim
-from verifiers.claims import read as read_claim
 from verifiers.judges import (
     VERIFIERS,
     AttestedVerifier,
@@ -17,6 +18,8 @@ from verifiers.judges import (
     normalise_text,
     validate,
 )
+from verifiers.judging import JUDGE, KINDS, answer_line, judge
+from verifiers.solutions import check_solution
 from verifiers.symbolic import SympyVerifier
 from verifiers.verdict import FIELD_BOUNDS, Claim, Verdict, VerifiedItem, Verifier
 
@@ -31,10 +34,13 @@ __all__ = [
     "Verdict",
     "VerifiedItem",
     "Verifier",
+    "JUDGE",
+    "KINDS",
+    "answer_line",
     "check",
+    "check_solution",
     "item_sha256",
-    "judge_claim",
+    "judge",
     "normalise_text",
-    "read_claim",
     "validate",
 ]

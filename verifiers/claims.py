@@ -1,9 +1,9 @@
-"""What an answer asserts: the claim the gate hands a verifier, read from the model's answer line.
+"""What an answer asserts: the claim the judge (verifiers/judging.py) hands a kind, read from an answer's line.
 
 A model with a fact grafted answers in a sentence ("The flag of the free city of Tzerin is a plain saffron with
 no emblem."); each verifier kind compares one value with its reference. `read` finds the value the sentence
-asserts and `judge` gives it to the kind. The caller hands over the answer line (the gate: the generation cut
-at the template's end of answer); this module knows English answer sentences and the kinds' value shapes, and
+asserts; `verifiers.judge` picks the line (a worked solution's answer line) and gives the value to the kind.
+This module knows English answer sentences and the kinds' value shapes, and
 nothing about models, templates or stores.
 
 The contract, per kind:
@@ -16,7 +16,9 @@ The contract, per kind:
   them. A unit the reference has, or a spelling of it ('metres', 'meters', 'm'), is the reference's unit; with a
   reference without a unit, a unit word the question uses or a counted noun ('31,059 people', '11 times') is the
   question's unit, and a measurement unit the question does not use ('24 hours' asked in minutes) is another
-  quantity. A currency sign before a number is the question's currency and is dropped. A year after 'in',
+  quantity. When the sentence that asks names a measurement unit, only its units are the question's ('What
+  percentage of the 10-foot shark ...?' asks in %: '10%' answers 10, '10 feet' does not); 'percentage' and
+  'percent' ask in %. A currency sign before a number is the question's currency and is dropped. A year after 'in',
   'since', 'by', 'from', 'until' or 'of' that is not the reference is a date, not a competing value.
 - sympy: read as numeric (the claim is the number or arithmetic expression, unit dropped under the same unit
   rule), then compared by the sympy verifier.
@@ -25,7 +27,20 @@ The contract, per kind:
 Reading rules, the same for every kind:
 - Working. In an equation chain ('160 × 70/100 = 112', '2277/361 = 11.5 hours') the claim is the last member;
   every member the reader can evaluate must equal it (a written decimal stands for its rounding: '22.53' for
-  22.530816), else the answer contradicts itself. Earlier chains in the line are working, not claims.
+  22.530816), else the answer contradicts itself. A claim is a value as written: one number (signed, with a
+  currency sign or '%') or a fraction of two whole numbers ('3/4'). An expression left unworked ('Wen = 40 + 4 *
+  4') or a chain with nothing after its last '=' or operator ("Priya's age = (4x22) / 2 =") is working that
+  asserts no value; a line with nothing else asserts nothing. Juxtaposed factors are multiplied ('2(6)',
+  '(8-1)2'), a fraction of whole numbers written tight is one number ('1 ÷ 361/2277'), a unit inside a chain is
+  a unit ('4 × 12 years = 48'), and a member that does not read as arithmetic ('4-2 2-8') makes its chain
+  assert nothing.
+- Not the answer. A number is not the line's claim when it is a multiplier ('12 times the amount'), a
+  difference ('18 years less than', '5 more'), a multiple of an unknown ('4x') or the right side of an
+  equation in one ('4x = 16'), a qualifier of something the question does not ask ('a memory of 18 years': a
+  number after 'of' counts only after a quantity noun or a word of the question), a value at another time
+  when the question asks about now ('was 18', 'will be 18', 'in 2 years'), or the value of another person the
+  question names ('Leona is 12', '12 Leona' when it asks about Wen: the nearest name before the number, or a
+  name written as its unit). A compound quantity ('12 years 5 months') is refused: it is not one value.
 - Clauses. A sentence ends at . ! ? ; and a line break; a clause also ends at , : — ( ) and before but,
   although, though, however, whereas, while, because, so, therefore, thus, hence. A parenthesised aside is a
   clause of its own.
@@ -51,10 +66,10 @@ from __future__ import annotations
 import unicodedata
 
 from errors import InvalidInput
-from verifiers.judges import VERIFIERS, normalise_text
+from verifiers.judges import normalise_text
 from verifiers.quantities import read_number
 from verifiers.sentences import Mention, Tok, problem, text_of, tokens
-from verifiers.verdict import Claim, Verdict, _q
+from verifiers.verdict import Claim, _q
 
 
 def read(answer: str, verifier: str, reference: str, question: str = "") -> Claim:
@@ -81,22 +96,3 @@ def _read_exact(toks: list[Tok], reference: str) -> Claim:
         if why:
             return Claim(None, f"it {why}")
     return Claim(mentions[0].text, f"it asserts {_q(mentions[0].text)}")
-
-
-# ---- the judge ---------------------------------------------------------------------------------
-
-
-def judge(answer: str, verifier: str, reference: str, question: str = "") -> Verdict:
-    """The kind's verdict on what `answer` asserts: the answer whole when the kind accepts it as it is, else
-    the claim `read` finds. Raises InvalidInput for an unknown kind or a malformed reference."""
-    kind = VERIFIERS.get(verifier)
-    if kind is None:
-        raise InvalidInput(f"unknown verifier {_q(verifier)}; valid kinds are: {', '.join(sorted(VERIFIERS))}")
-    whole = kind.check(answer, reference)
-    if whole.ok or verifier == "attested":
-        return whole
-    claim = read(answer, verifier, reference, question)
-    if claim.value is None:
-        return Verdict(False, verifier, f"answer {_q(answer)}: {claim.why}; nothing is asserted that {verifier} can accept")
-    v = kind.check(claim.value, reference)
-    return Verdict(v.ok, verifier, f"read from {_q(answer)}: {claim.why}; {v.detail}")

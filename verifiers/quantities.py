@@ -22,6 +22,7 @@ from verifiers.sentences import (
     number_word,
     numeral,
     problem,
+    sentence,
     text_of,
     tokens,
 )
@@ -109,12 +110,16 @@ class _Expr:
 
     def _product(self) -> Fraction:
         v = self._power()
-        while self._peek() in ("×", "*", "·", "/", "÷") or self._peek().casefold() == "x":
-            op = self.toks[self.k].text
-            self.k += 1
-            w = self._power()
-            v = v / w if op in ("/", "÷") else v * w
-        return v
+        while True:
+            if self._peek() in ("×", "*", "·", "/", "÷") or self._peek().casefold() == "x":
+                op = self.toks[self.k].text
+                self.k += 1
+                w = self._power()
+                v = v / w if op in ("/", "÷") else v * w
+            elif self._peek() == "(" or (self.toks[self.k - 1].text == ")" and self._peek()[:1].isdigit()):
+                v = v * self._power()  # juxtaposed factors: '2(6)', '(8-1)2'
+            else:
+                return v
 
     def _power(self) -> Fraction:
         v = self._atom()
@@ -142,6 +147,8 @@ class _Expr:
         if v is None or t.kind != "num":
             raise ValueError("not a number")
         self.k += 1
+        if _tight_fraction(self.toks, self.k - 1):  # '361/2277' written tight is one number: '1 ÷ 361/2277'
+            v, self.k = v / numeral(self.toks[self.k + 1]), self.k + 2
         if self._peek() == "%":
             self.k += 1
             v = v / 100
@@ -157,8 +164,9 @@ def _rounding(member: list[Tok]) -> Fraction:
     return Fraction(0)
 
 
-def _math_runs(toks: list[Tok]) -> list[tuple[int, int]]:
-    """Maximal runs of arithmetic (numbers, operators, =, ≈, parentheses around numbers, currency, %)."""
+def _math_runs(toks: list[Tok]) -> list[tuple[int, int, str]]:
+    """Maximal runs of arithmetic (numbers, operators, =, ≈, parentheses around numbers, currency, %), each with
+    the operator or '=' it ends on when it stops before its last member ('(4x22) / 2 =': nothing after '=')."""
     runs, k = [], 0
     while k < len(toks):
         if toks[k].kind == "num" or (toks[k].text in _CURRENCY and k + 1 < len(toks) and toks[k + 1].kind == "num"):
@@ -167,10 +175,11 @@ def _math_runs(toks: list[Tok]) -> list[tuple[int, int]]:
                 k += 1
             while a > 0 and toks[a - 1].text in ("(", "-"):
                 a -= 1
-            end = k
+            end, dangling = k, ""
             while end > a and toks[end - 1].text in _OPS | {"=", "≈", "(", "~"}:
                 end -= 1
-            runs.append((a, end))
+                dangling = dangling or (toks[end].text if toks[end].text in _OPS | {"=", "≈"} else "")
+            runs.append((a, end, dangling))
         else:
             k += 1
     return runs
@@ -180,6 +189,9 @@ def _mathy(toks: list[Tok], k: int) -> bool:
     t = toks[k]
     if t.kind == "num" or t.text in _OPS | {"=", "≈", "%", ")"} or t.text in _CURRENCY:
         return True
+    if t.kind == "word" and t.low not in FUNCTION and 0 < k < len(toks) - 1 and toks[k - 1].kind == "num":
+        if toks[k + 1].text in ("=", "≈") and not (len(t.text) == 1 and t.start == toks[k - 1].end):  # not '2b ='
+            return True  # a unit inside a chain: '4 × 12 years = 48'
     if t.text == "(":
         return k + 1 < len(toks) and (toks[k + 1].kind == "num" or toks[k + 1].text in ("(", "-"))
     if t.low == "x":  # '14 x 1.6'
@@ -192,7 +204,10 @@ def _member(toks: list[Tok], s: int, e: int, sign: str) -> tuple[int, int, Fract
     per cent), left out of [start, end) so that the unit reader finds it."""
     if e - 1 > s and toks[e - 1].text == "%" and all(t.kind == "num" or t.text in _CURRENCY for t in toks[s : e - 1]):
         e -= 1
-    return s, e, _Expr(toks[s:e]).value(), sign, _rounding(toks[s:e])
+    v = e
+    while v - 1 > s and toks[v - 1].kind == "word" and toks[v - 1].low != "x":
+        v -= 1  # a unit inside the chain is not part of the member's arithmetic
+    return s, e, _Expr(toks[s:v]).value(), sign, _rounding(toks[s:v])
 
 
 def _members(toks: list[Tok], a: int, b: int) -> list[tuple[int, int, str]]:
@@ -208,12 +223,20 @@ def _members(toks: list[Tok], a: int, b: int) -> list[tuple[int, int, str]]:
     return out
 
 
+def _tight_fraction(toks: list[Tok], k: int) -> bool:
+    """Is toks[k] the numerator of a fraction of whole numbers written without spaces ('361/2277')?"""
+    if k + 2 >= len(toks) or toks[k + 1].text != "/" or toks[k + 2].kind != "num":
+        return False
+    a, slash, b = toks[k], toks[k + 1], toks[k + 2]
+    return a.text.isdigit() and b.text.isdigit() and a.end == slash.start and slash.end == b.start and int(b.text) != 0
+
+
 def _number_mentions(toks: list[Tok]) -> tuple[list[Mention], str | None]:
     """Every claimed number (a chain's last member, a number standing alone), and why the answer contradicts
     itself if a chain's members disagree."""
     mentions: list[Mention] = []
     covered: set[int] = set()
-    for a, b in _math_runs(toks):
+    for a, b, dangling in _math_runs(toks):
         covered.update(range(a, b))
         members = [_member(toks, s, e, sign) for s, e, sign in _members(toks, a, b)]
         # the claim: the last exact member; members after it written with '≈' are its rounding ('= 2277/361 ≈ 6.31')
@@ -236,7 +259,15 @@ def _number_mentions(toks: list[Tok]) -> tuple[list[Mention], str | None]:
         expr = text_of(toks, s, e).replace("×", "*").replace("÷", "/").replace("·", "*")
         expr = re.sub(r"(?<=\d) x (?=\d)", " * ", "".join(c for c in expr if c not in _CURRENCY)).strip()
         end = after if unit is not None else e
-        mentions.append(Mention(text_of(toks, s, end), s, end, value, unit, expr, _is_date(toks, s, e, value)))
+        unworked = ""
+        garbled = next((m for m in members if m[2] is None and not _share_of_sum(toks[m[0] : m[1]])), None)
+        if dangling and unit is None:
+            unworked = f"writes {_q(text_of(toks, a, b) + ' ' + dangling)} with nothing after its last {_q(dangling)}"
+        elif garbled is not None:
+            unworked = f"writes {_q(text_of(toks, garbled[0], garbled[1]))}, which does not read as arithmetic"
+        elif not _written_value(toks[s:e]):
+            unworked = f"writes {_q(text_of(toks, s, e))} without working it out"
+        mentions.append(Mention(text_of(toks, s, end), s, end, value, unit, expr, _is_date(toks, s, e, value), unworked))
     for k, t in enumerate(toks):  # number words standing alone ('eleven times')
         if k not in covered and t.kind == "word":
             n = number_word(t.low)
@@ -244,6 +275,23 @@ def _number_mentions(toks: list[Tok]) -> tuple[list[Mention], str | None]:
                 unit, after = _unit_at(toks, k + 1)
                 mentions.append(Mention(text_of(toks, k, after), k, after, Fraction(n), unit, str(n)))
     return sorted(mentions, key=lambda m: m.start), None
+
+
+def _share_of_sum(member: list[Tok]) -> bool:
+    """'160 + 20%': a percentage added to a number, which the reader leaves unread on purpose (see _Expr)."""
+    texts = {t.text for t in member}
+    return "%" in texts and bool(texts & {"+", "-"})
+
+
+def _written_value(member: list[Tok]) -> bool:
+    """Is a chain member a value as written: one number (signed, with a currency sign or '%'), or a fraction of
+    two whole numbers ('3/4', '2277/361')? '40 + 4 * 4' and '(4x22) / 2' are expressions: they assert no value."""
+    core = [t for t in member if t.text not in _CURRENCY and t.text != "%"]
+    if core and core[0].text in ("-", "+"):
+        core = core[1:]
+    if len(core) == 1:
+        return core[0].kind == "num"
+    return len(core) == 3 and core[1].text in ("/", "÷") and all(t.kind == "num" and t.text.isdigit() for t in (core[0], core[2]))
 
 
 def _is_date(toks: list[Tok], s: int, e: int, value: Fraction | None) -> bool:
@@ -265,8 +313,29 @@ def read_number(toks: list[Tok], verifier: str, reference: str, question: str) -
     mentions, contradiction = _number_mentions(toks)
     if contradiction:
         return Claim(None, f"it {contradiction}")
+    unworked = [m for m in mentions if m.unworked]
+    for m in unworked:
+        if _ranged(toks, m):  # '40-45' is a range before it is an unworked subtraction
+            return Claim(None, f"it gives a range around {_q(m.text)}")
+    mentions = [m for m in mentions if not m.unworked]  # working, not a claim
+    if not mentions and unworked:
+        return Claim(None, f"it {unworked[-1].unworked}: it asserts no value")
     if not mentions:
         return Claim(None, "it states no number")
+    for m in mentions:
+        compound = _compound(toks, m)
+        if compound:
+            return Claim(None, f"it writes a compound quantity {_q(compound)}, not one value")
+    kept, aside = [], ""
+    for m in mentions:
+        why = _not_the_answer(toks, m, question)
+        if why:
+            aside = why
+        else:
+            kept.append(m)
+    if not kept:
+        return Claim(None, f"it {aside}: it asserts nothing else")
+    mentions = kept
     q_units = _question_units(question)
     asserted, others = [], []
     for m in mentions:
@@ -302,6 +371,118 @@ def read_number(toks: list[Tok], verifier: str, reference: str, question: str) -
     return Claim(shown, f"it asserts {_q(m.text)}")
 
 
+_TIME_UNITS = frozenset({"year", "month", "week", "day", "h", "min"})
+_MULTIPLIED = frozenset("the as more less older younger bigger larger greater smaller his her their its that".split())
+_OTHER_TIME = frozenset("will would was were had ago later earlier".split())
+_COMPARATIVES = frozenset("less more older younger fewer greater smaller larger bigger longer shorter higher lower than".split())
+_QUANTITY_NOUNS = frozenset(
+    "age height length width depth distance population speed velocity temperature price cost total sum amount "
+    "value weight mass area volume time duration rate concentration score number count balance".split()
+)
+_NOT_NAMES = FUNCTION | frozenset("how what which who whom when where why if after before each every answer".split())
+
+
+def _compound(toks: list[Tok], m: Mention) -> str:
+    """'12 years 5 months', '51 years and 8 months': a measurement followed by a smaller one, or ''."""
+    if m.unit is None or _CANONICAL.get(m.unit) not in _UNIT_ALIASES:
+        return ""
+    k = m.end + (1 if m.end < len(toks) and toks[m.end].low == "and" else 0)
+    if k < len(toks) and toks[k].kind == "num":
+        unit, after = _unit_at(toks, k + 1)
+        if unit is not None and _CANONICAL.get(unit) in _UNIT_ALIASES:
+            return text_of(toks, m.start, after)
+    return ""
+
+
+def _not_the_answer(toks: list[Tok], m: Mention, question: str) -> str:
+    """Why a number the line states is not its answer to the question, or '': a multiplier ('12 times the
+    amount'), a value at another time than a question about now ('was 18', 'will be 18', 'in 2 years'), or the
+    value of another person the question names ('Leona is 12' asked about Wen)."""
+    nxt = toks[m.end].low if m.end < len(toks) else ""
+    if m.unit and len(m.unit) == 1 and m.unit not in _CANONICAL and m.end >= 2 and toks[m.end - 1].start == toks[m.end - 2].end:
+        return f"states {_q(m.text)}, a multiple of an unknown, not a value"
+    if m.unit == "times" and nxt in _MULTIPLIED:
+        return f"states {_q(m.text)} as a multiplier ({_q(m.text + ' ' + toks[m.end].text)})"
+    if nxt in _COMPARATIVES:
+        return f"states {_q(m.text)} as a difference ({_q(m.text + ' ' + toks[m.end].text)})"
+    q = tokens(unicodedata.normalize("NFKC", question))
+    variable = _variable_before(toks, m)
+    if variable:
+        return f"states {_q(m.text)} as the value of an expression in a variable ({_q(variable)})"
+    if m.start >= 2 and toks[m.start - 1].low == "of" and toks[m.start - 2].kind == "word":
+        noun = toks[m.start - 2].low
+        if noun not in FUNCTION and noun not in _QUANTITY_NOUNS and noun not in {t.low for t in q}:
+            return f"states {_q(m.text)} as the {noun} of something, which the question does not ask"
+    if any(t.low == "now" for t in q):
+        a, b = clause(toks, m.start, m.end)
+        for k in range(a, b):
+            t = toks[k]
+            later = t.low == "in" and k + 2 < b and toks[k + 1].kind == "num" and _CANONICAL.get(toks[k + 2].low) in _TIME_UNITS
+            if t.low in _OTHER_TIME or later:
+                return f"states {_q(m.text)} for another time than now ({_q(text_of(toks, k, k + 3) if later else t.text)})"
+    target, others = _question_names(q)
+    if target and m.unit is not None and m.unit in others:
+        return f"states {_q(m.text)} for {m.unit.capitalize()}, not for {target} whom the question asks about"
+    if target:
+        a, _ = sentence(toks, m.start, m.end)
+        for k in range(m.start - 1, a - 1, -1):
+            name = _name(toks[k])
+            if name in others:
+                return f"states {_q(m.text)} for {toks[k].text}, not for {target} whom the question asks about"
+            if name == target.casefold():
+                break
+    return ""
+
+
+def _variable_before(toks: list[Tok], m: Mention) -> str:
+    """'4x' when the mention is the right side of an equation whose left side writes a number times a letter
+    ('4x = 16', '4 (4x) = 12': the equation's unknown, not its value), else ''."""
+    if m.start < 1 or toks[m.start - 1].text != "=":
+        return ""
+    a, _ = sentence(toks, m.start, m.end)
+    for k in range(a, m.start - 2):
+        t, v = toks[k], toks[k + 1]
+        if t.kind == "num" and v.kind == "word" and len(v.text) == 1 and (k + 2 >= len(toks) or toks[k + 2].kind != "num"):
+            return t.text + v.text
+    return ""
+
+
+def _name(t: Tok) -> str:
+    if t.kind != "word":
+        return ""
+    low = t.low
+    for tail in ("'s", "’s"):
+        low = low.removesuffix(tail)
+    return low
+
+
+def _question_names(q: list[Tok]) -> tuple[str, set[str]]:
+    """(the one person the question's last sentence asks about, the other names it uses), or ('', set()). A
+    name is a capitalised word that is no function or question word and stands, at least once, inside a
+    sentence rather than at its start."""
+    inside: set[str] = set()
+    last_sentence: list[tuple[str, str]] = []
+    start = True
+    for t in q:
+        if t.text in ".!?;\n":
+            start, last_sentence = True, ([] if t.text != "?" else last_sentence)
+            if t.text == "?":
+                break
+            continue
+        if t.kind == "word" and t.text[:1].isupper() and _name(t) not in _NOT_NAMES:
+            if not start:
+                inside.add(_name(t))
+            last_sentence.append((_name(t), t.text.removesuffix("'s").removesuffix("’s")))
+        start = False
+    names = inside | {n for n, _ in last_sentence if n in inside}
+    asked = {n for n, _ in last_sentence if n in names}
+    if len(asked) != 1:
+        return "", set()
+    (target,) = asked
+    shown = next(text for n, text in last_sentence if n == target)
+    return shown, names - {target}
+
+
 def _plain(toks: list[Tok], m: Mention) -> str:
     """The number as the numeric verifier reads it: as written when it is one numeral, else the exact value."""
     nums = [t for t in toks[m.start : m.end] if t.kind == "num"]
@@ -321,14 +502,27 @@ def _reference_value(verifier: str, reference: str) -> Fraction | None:
 
 def _question_units(question: str) -> set[str]:
     """The units a question writes, canonical: each word, and each unit as a claim's is read ('km/h', 'km per
-    hour': 'in km/h' asks for km/h, not for km and h)."""
+    hour': 'in km/h' asks for km/h, not for km and h); 'percentage' and 'percent' ask in %. When the sentence
+    that asks (the last one with '?') names a measurement unit, that sentence's units are the question's: 'What
+    percentage of the 10-foot shark ...?' asks in %, not in feet."""
     toks = tokens(unicodedata.normalize("NFKC", question))
+    ends = [k for k, t in enumerate(toks) if t.text in ".!?;"]
+    asks = max((k for k in ends if toks[k].text == "?"), default=None)
+    if asks is not None:
+        start = max((k + 1 for k in ends if k < asks), default=0)
+        asking = _units_in(toks[start : asks + 1])
+        if asking & (set(_UNIT_ALIASES) | {"%"}):
+            return asking
+    return _units_in(toks)
+
+
+def _units_in(toks: list[Tok]) -> set[str]:
     units = {_CANONICAL.get(t.low, t.low) for t in toks}
     for k in range(len(toks)):
         unit, _ = _unit_at(toks, k)
         if unit is not None:
             units.add(_CANONICAL.get(unit, unit))
-    return units | ({"%"} if {"%", "percent"} & units else set())
+    return units | ({"%"} if {"%", "percent", "percentage"} & units else set())
 
 
 def _same_quantity(unit: str | None, ref_unit: str | None, q_units: set[str]) -> bool:
