@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run serve test test-fast mutants lint bench bench-verify eval demo seed-library screenshots install install-dev install-bench system-deps clean
+.PHONY: run serve test test-fast mutants lint bench bench-verify eval demo seed-library screenshots install install-eval install-dev install-bench system-deps clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,7 +19,12 @@ $(VENV)/.installed: requirements.txt pyproject.toml $(BIN)/python
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
-$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
+# The benchmark (requirements-eval.txt says why without dependency resolution); the eval and its tests need it.
+$(VENV)/.installed-eval: requirements-eval.txt $(VENV)/.installed
+	$(BIN)/pip install --quiet --no-deps --ignore-requires-python -r requirements-eval.txt
+	touch $@
+
+$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed-eval
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	touch $@
 
@@ -28,6 +33,7 @@ $(VENV)/.installed-bench: requirements-bench.txt $(VENV)/.installed-dev
 	touch $@
 
 install: $(VENV)/.installed
+install-eval: $(VENV)/.installed-eval
 install-dev: $(VENV)/.installed-dev
 install-bench: $(VENV)/.installed-bench
 

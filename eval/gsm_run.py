@@ -1,0 +1,67 @@
+"""`python -m eval.gsm_run`: the benchmark eval (eval/benchmark.py) on the real model, in phases that resume.
+
+Each phase appends its records to a JSON-lines file in `--work` (fsynced per record) and skips what is there,
+so a run that stops resumes; the store (catalog, blobs, the deposited originals) lives in `--work` too.
+Phases, in the order they are worth running: `no-graft` (greedy cot answers, nothing grafted), `deposit` (each
+original's worked solution through the gate), `graft` (the same answers through retrieval + relevance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import retrieval  # noqa: E402,F401  (faiss before torch)
+from eval import benchmark, gsm  # noqa: E402
+
+
+def items(work: Path, seed: int, sets: list[str]) -> dict[str, list[dict]]:
+    """The benchmark items of `sets`, derived from the installed package once and kept in `work` (a file per set)."""
+    out = {}
+    for s in sets:
+        path = work / f"items-{s}-seed{seed}-{gsm.version()}.json"
+        if not path.exists():
+            path.write_text(json.dumps(gsm.load(seed, sets=(s,))[s]), encoding="utf-8")
+        out[s] = json.loads(path.read_text(encoding="utf-8"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("phase", choices=("no-graft", "deposit", "graft"))
+    p.add_argument("--work", type=Path, required=True, help="folder for the store, the items and the records")
+    p.add_argument("--sets", default="original,numbers,names", help="comma-separated sets, in order")
+    p.add_argument("--n", type=int, default=100, help="templates per set (the first n)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    import services
+
+    sets = ["original"] if args.phase == "deposit" else args.sets.split(",")
+    data = items(args.work, args.seed, sets)
+    lib = services.Library(home=args.work / "store")
+    log = lambda m: print(m, flush=True)  # noqa: E731
+    if args.phase == "deposit":
+        out = args.work / "deposits.jsonl"
+        done = {r["id"] for r in benchmark.read_jsonl(out)}
+        for it in data["original"][: args.n]:
+            if it["id"] not in done:
+                row = benchmark.deposit(lib, it)
+                benchmark.append_jsonl(out, row)
+                log(f"deposit {it['id']}: {row['verdict']} {row.get('detail', '')[:160]}")
+    else:
+        for s in sets:
+            benchmark.run(lib, data[s][: args.n], args.phase, args.work / "outputs.jsonl", log)
+    lib.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
