@@ -169,6 +169,10 @@ def newcombe(k1: int, n1: int, k0: int, n0: int) -> tuple[float, float] | None:
     return round(lo, 4), round(hi, 4)
 
 
+def _listed(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None else list(interval)  # as JSON reads it back
+
+
 def summarise(rows: list[dict], verdicts: dict[tuple[str, str], bool]) -> dict:
     """Accuracy with its Wilson interval per (set, condition) over the items both conditions answered, and the
     lift (graft minus no graft) with Newcombe's interval; `verdicts` maps key(row) to the judge's ok."""
@@ -184,7 +188,7 @@ def summarise(rows: list[dict], verdicts: dict[tuple[str, str], bool]) -> dict:
             cell[c] = {
                 "correct": k,
                 "accuracy": round(k / len(both), 4) if both else None,
-                "wilson95": wilson(k, len(both)),
+                "wilson95": _listed(wilson(k, len(both))),
                 "decode_tokens_total": sum(dec),
                 "computed_tokens_total": sum(by[(c, i)]["computed_tokens"] for i in both),
                 "grafted": sum(1 for i in both if by[(c, i)]["artifact_ids"]),
@@ -193,7 +197,7 @@ def summarise(rows: list[dict], verdicts: dict[tuple[str, str], bool]) -> dict:
         diff = newcombe(g, len(both), n, len(both))
         cell["lift"] = {
             "value": round((g - n) / len(both), 4) if both else None,
-            "newcombe95": diff,
+            "newcombe95": _listed(diff),
             "there": None
             if diff is None
             else ("yes" if diff[0] > 0 else "no (the interval includes 0)" if diff[1] >= 0 else "negative"),

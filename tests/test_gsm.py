@@ -109,4 +109,4 @@ def test_summarise_pairs_conditions_and_states_the_lift():
     s = benchmark.summarise(rows, verdicts)["original"]
     assert s["items"] == 20 and s["graft"]["correct"] == 18 and s["no-graft"]["correct"] == 2
     assert s["lift"]["value"] == 0.8 and s["lift"]["there"] == "yes"
-    assert s["lift"]["newcombe95"] == benchmark.newcombe(18, 20, 2, 20)
+    assert s["lift"]["newcombe95"] == list(benchmark.newcombe(18, 20, 2, 20))

@@ -1,0 +1,187 @@
+"""Re-check the benchmark results file (docs/eval/gsm-results.json): offline, every hash, every token count and
+every verdict re-judged by the current judge; with `rerun`, the model recomputes every recall and the first
+`sample` sampled rounds of every recurring problem and their token ids are compared with the records.
+
+Knows the layout `eval/gsm_report.py` writes; nothing about grafting. A verdict the current judge gives
+differently from the one stored is reported as a record scored by another judge (the figures are recomputed
+with the current one); a stored figure that the records under the same judge do not give is a mismatch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from eval import benchmark, gsm, gsm_recurring
+from eval.recheck import RecheckReport
+
+FORMAT = "kvgraft-gsm-eval/1"
+
+
+def judge_sha256() -> str:
+    """SHA-256 of the judge's source (every module of verifiers/, sorted by name): which judge scored a file."""
+    root = Path(__file__).resolve().parent.parent / "verifiers"
+    h = hashlib.sha256()
+    for p in sorted(root.glob("*.py")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _ok(row: dict, answer: str) -> bool:
+    return bool(benchmark.score({**row, "answer": answer})["ok"])
+
+
+def rescore(results: dict) -> tuple[dict, dict]:
+    """(scores, recurring case) recomputed from the records by the current judge."""
+    outs = results["outputs"]
+    verdicts = {benchmark.key(r): _ok(r, r["answer"]) for r in outs}
+    scores = benchmark.summarise(outs, verdicts)
+    rc = results.get("recurring")
+    case = None
+    if rc:
+        recalls = {r["id"]: r for r in outs if r["condition"] == "graft" and r["set"] == "original"}
+        deposits = {d["id"]: d for d in results["deposits"]}
+        case = gsm_recurring.summarise(rc["problems"], recalls, deposits, rc["config"], _ok)
+    return scores, case
+
+
+def check_offline(results: dict, report: RecheckReport, tokenizer=None) -> None:
+    from graft_core import templates
+    from graft_core.generate import tokens_sha256
+
+    if results.get("format") != FORMAT:
+        report.fail(f"format is {results.get('format')!r}, expected {FORMAT!r}")
+        return
+    report.outputs = len(results["outputs"])
+    for r in results["outputs"]:
+        where = f"{r['condition']} {r['id']}"
+        ids = r["output_token_ids"]
+        if tokens_sha256(ids) != r["output_sha256"] or len(ids) != r["decode_tokens"]:
+            report.fail(f"{where}: output token ids do not match their hash or decode count")
+        elif (
+            tokenizer is not None and templates.cut_answer(tokenizer.decode(ids, skip_special_tokens=True), "cot") != r["answer"]
+        ):
+            report.fail(f"{where}: the stored answer is not what its token ids decode to")
+        report.count("output hashes")
+    for p in (results.get("recurring") or {}).get("problems", []):
+        where = f"recurring {p['id']}"
+        if gsm_recurring.attempts_sha256(p["attempts"]) != p["attempts_sha256"]:
+            report.fail(f"{where}: attempt records hash differently from the recorded attempts_sha256")
+        if sum(a["tokens"] for a in p["attempts"]) != p["baseline_tokens"]:
+            report.fail(f"{where}: attempt tokens do not sum to the recorded baseline_tokens")
+        if p["baseline_tokens"] > p["budget"]:
+            report.fail(f"{where}: {p['baseline_tokens']} tokens spent exceed the {p['budget']}-token budget")
+        report.count("recurring problems")
+    _rejudge(results, report)
+
+
+def _rejudge(results: dict, report: RecheckReport) -> None:
+    """Every stored verdict against the current judge's; every figure against the records."""
+    stored = results["judge"]["sha256"]
+    same = stored == judge_sha256()
+    differ = 0
+    for r in results["outputs"]:
+        differ += _ok(r, r["answer"]) != r["ok"]
+        report.count("outputs re-judged")
+    for p in (results.get("recurring") or {}).get("problems", []):
+        for a in p["attempts"]:
+            differ += _ok(p, a["answer"]) != a["passed"]
+            report.count("attempts re-judged")
+    scores, case = rescore(results)
+    figures_differ = json.dumps(scores, sort_keys=True) != json.dumps(results["scores"], sort_keys=True) or (
+        case is not None and json.dumps(case, sort_keys=True) != json.dumps(results["recurring"]["case"], sort_keys=True)
+    )
+    if same:
+        if differ:
+            report.fail(f"{differ} stored verdicts differ from the judge that is recorded to have given them")
+        if figures_differ:
+            report.fail("the stored scores or recurring case are not what the records give under the recorded judge")
+    elif differ or figures_differ:
+        report.notes.append(
+            f"scored by another judge (sha256 {stored[:12]}…, current {judge_sha256()[:12]}…): {differ} verdicts "
+            "differ; figures recomputed with the current judge: " + json.dumps({"scores": scores, "recurring": case})
+        )
+
+
+def rerun(results: dict, report: RecheckReport, sample: int, lm=None) -> None:
+    """Recompute with the model: the deposits (same artifact ids), every recall of the recurring case, each
+    problem's greedy attempt and its first `sample` sampled rounds; token ids compared by hash."""
+    import tempfile
+
+    import services
+    from eval import sampling
+    from graft_core import generate
+    from graft_core.batch import WIDTHS, Batcher
+
+    rc = results.get("recurring") or {"problems": [], "config": {}}
+    items = {benchmark.key(r): r for r in results["outputs"]}
+    with tempfile.TemporaryDirectory(prefix="kvgraft-gsm-rerun-") as home:
+        lib = services.Library(home=home, lm=lm)
+        solutions = {o["id"]: o["solution"] for o in gsm.load(results["benchmark"]["seed"], sets=("original",))["original"]}
+        for d in results["deposits"]:  # the worked solutions from the installed package (never stored in the file)
+            got = benchmark.deposit(lib, {**d, "solution": solutions[d["id"]]})
+            if got["verdict"] != d["verdict"] or got.get("artifact") != d.get("artifact"):
+                report.fail(
+                    f"deposit {d['id']}: re-run gives {got['verdict']} {got.get('artifact')}, recorded {d['verdict']} {d.get('artifact')}"
+                )
+            report.count("deposits re-run")
+        cfg = rc["config"]
+        batcher = Batcher(lib.lm.model, widths=tuple(sorted({*WIDTHS, cfg.get("together", 8)}))) if rc["problems"] else None
+        for p in rc["problems"]:
+            for cond in ("no-graft", "graft"):
+                rec = items.get((cond, p["id"]))
+                if rec is None:
+                    continue
+                again = benchmark.ask(lib, rec, cond)
+                if again["output_sha256"] != rec["output_sha256"]:
+                    report.fail(f"{cond} {p['id']}: re-run token ids differ from the record")
+                report.count("answers re-run")
+            prompt_ids = generate.encode_prompt(lib.lm, p["question"], grafted=False, form=benchmark.FORM)
+            rounds, cur = [], []
+            for a in p["attempts"][1:]:
+                if a["prompt_tokens"] and cur:
+                    rounds.append(cur)
+                    cur = []
+                cur.append(a)
+            if cur:
+                rounds.append(cur)
+            for rnd in rounds[:sample]:
+                r = sampling._round(
+                    lib.lm,
+                    batcher,
+                    prompt_ids,
+                    [a["seed"] for a in rnd],
+                    cfg["temperature"],
+                    cfg["max_new_tokens"],
+                    lambda text: False,
+                    benchmark.FORM,
+                )
+                for a, b in zip(rnd, r.attempts, strict=True):
+                    if generate.tokens_sha256(b.token_ids) != a["output_sha256"]:
+                        report.fail(f"recurring {p['id']} seed {a['seed']}: re-run token ids differ from the record")
+                    report.count("sampled attempts re-run")
+        lib.close()
+
+
+def recheck(path: str | Path, rerun_model: bool = False, sample: int = 0, lm=None) -> RecheckReport:
+    path = Path(path)
+    report = RecheckReport(path=str(path))
+    results = json.loads(path.read_text(encoding="utf-8"))
+    tok = None
+    try:
+        from graft_core import model as model_mod
+
+        folder = model_mod.model_cache_dir() / "gemma-3-270m-f32"
+        if (folder / "tokenizer.json").exists():
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(folder)
+        else:
+            report.notes.append(f"tokenizer files not found in {folder}: token ids not decoded")
+    except Exception as e:  # the offline check stands without the tokenizer; say why it was not used
+        report.notes.append(f"tokenizer not loaded ({e}): token ids not decoded")
+    check_offline(results, report, tok)
+    if rerun_model:
+        rerun(results, report, sample, lm)
+    return report
