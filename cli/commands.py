@@ -281,10 +281,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_serve)
 
     from cli import evaluation as eval_cli
+    from cli import judging as judge_cli
     from cli import upkeep as cli_upkeep
 
     cli_upkeep.register(sub)
     eval_cli.register(sub)
+    judge_cli.register(sub)
     return p
 
 

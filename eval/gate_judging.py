@@ -206,8 +206,10 @@ LABELS: dict[str, tuple[str, str]] = {
 
 def label(row: dict, run: str) -> str:
     text = row[run]["text"]
-    if text.strip() and verifiers.VERIFIERS[row["verifier"]].check(text, row["reference"]).ok:
-        return "asserts (the bare value)"
+    if text.strip():
+        v = verifiers.judge(text, row["verifier"], row["reference"], row["question"])
+        if v.ok and v.value == text.strip():  # accepted whole: the bare value is the reference
+            return "asserts (the bare value)"
     key = f"{row['item']}/{row['form']}/{run}"
     if key not in LABELS:
         return "unlabelled"

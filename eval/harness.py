@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import verifiers
-from errors import InvalidInput, VerificationFailed
+from errors import VerificationFailed
 from graft_core import generate, templates
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,14 +125,9 @@ def pick(sample_ids: dict, knowledge: list[dict], problems: list[dict]) -> Sampl
 # ---- scoring (pure) --------------------------------------------------------------------------
 
 
-def score_answer(answer: str, verifier: str, reference: str) -> tuple[bool, str]:
-    """The dataset's verifier on the cut answer; an empty or unparsable answer is wrong."""
-    if not answer.strip():
-        return False, "empty answer"
-    try:
-        v = verifiers.VERIFIERS[verifier].check(answer, reference)
-    except InvalidInput as e:
-        return False, f"not checkable: {e}"
+def score_answer(answer: str, verifier: str, reference: str, question: str = "") -> tuple[bool, str]:
+    """The one judge (`verifiers.judge`) on the cut answer to `question`; an empty answer is wrong."""
+    v = verifiers.judge(answer, verifier, reference, question)
     return bool(v.ok), v.detail
 
 
@@ -317,7 +312,7 @@ class Runner:
         answer = templates.cut_answer(completion)
         assert answer == r.answer, "the eval's cut of the decoded ids must equal Library.answer's answer"
         reference = row["answer"] if set_name == "knowledge" else row["reference"]
-        ok, detail = score_answer(answer, row["verifier"], reference)
+        ok, detail = score_answer(answer, row["verifier"], reference, query)
         top = r.artifact_ids[-1] if r.artifact_ids else None
         own = self.artifact_of.get(row["id"])
         out = {
@@ -340,6 +335,7 @@ class Runner:
             "reference": reference,
             "correct": ok,
             "detail": detail,
+            "judge": verifiers.JUDGE,
             "grafted_tokens": r.grafted_tokens,
             "computed_tokens": r.computed_tokens,
             "decode_tokens": r.decode_tokens,
@@ -356,7 +352,7 @@ class Runner:
             out["baseline"] = {
                 k: getattr(b, k) for k in ("prefill_tokens", "decode_tokens", "ttft_s", "total_s", "text", "output_sha256")
             }
-            bok, _ = score_answer(b.text, row["verifier"], reference)
+            bok, _ = score_answer(b.text, row["verifier"], reference, query)
             out["baseline"]["correct"] = bok
         self.outputs.append(out)
         return out

@@ -121,7 +121,7 @@ def check_offline(results: dict, report: RecheckReport) -> None:
         reference = row["answer"] if o["set"] == "knowledge" else row["reference"]
         if (reference, row["verifier"]) != (o["reference"], o["verifier"]):
             report.fail(f"{where}: the data file's reference/verifier differ from the recorded ones")
-        ok, _ = harness.score_answer(answer, row["verifier"], reference)
+        ok, _ = harness.score_answer(answer, row["verifier"], reference, o["query"])
         report.count("verdict")
         if ok != o["correct"]:
             report.fail(f"{where}: re-scored {'correct' if ok else 'wrong'}, recorded {'correct' if o['correct'] else 'wrong'}")

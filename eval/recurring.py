@@ -14,6 +14,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import verifiers
 from errors import VerificationFailed
 from services.solve import judge
 
@@ -55,7 +56,7 @@ def attempts_sha256(attempts: list[dict]) -> str:
 
 def _recall(lib, row: dict) -> dict:
     res = lib.answer(row["question"], max_new_tokens=8, record=False)
-    ok, detail = judge(row["verifier"], res.answer, row["reference"])
+    ok, detail = judge(row["verifier"], res.answer, row["reference"], row["question"])
     return {
         "answer": res.answer,
         "correct": ok,
@@ -109,6 +110,7 @@ def _record(row: dict, atts: list[dict]) -> dict:
         "baseline_attempts": len(atts),
         "baseline_solved": any(a["passed"] for a in atts),
         "baseline_answer": next((a["answer"] for a in atts if a["passed"]), ""),
+        "judge": verifiers.JUDGE,
         "attempts_sha256": attempts_sha256(atts),
         "attempts": atts,
     }
@@ -124,7 +126,7 @@ def _batched_attempts(lib, row: dict, cfg: RecurringConfig, batcher) -> list[dic
 
     q, verifier, reference = row["question"], row["verifier"], row["reference"]
     g = sample.attempt(lib.lm, q, min(cfg.max_new_tokens, cfg.budget - sample.prompt_tokens(lib.lm, q)))
-    ok, detail = judge(verifier, g.text, reference)
+    ok, detail = judge(verifier, g.text, reference, q)
     first = {"mode": "greedy", "seed": None, "temperature": 0.0, "tokens": g.tokens_computed, "prompt_tokens": g.prompt_tokens}
     atts = [{**first, "output_sha256": tokens_sha256(g.token_ids), "answer": g.text, "passed": ok, "detail": detail}]
     if ok:
@@ -133,7 +135,7 @@ def _batched_attempts(lib, row: dict, cfg: RecurringConfig, batcher) -> list[dic
         lib.lm,
         q,
         cfg.budget - g.tokens_computed,
-        lambda text: judge(verifier, text, reference)[0],
+        lambda text: judge(verifier, text, reference, q)[0],
         together=cfg.together,
         temperature=cfg.temperature,
         max_new_tokens=cfg.max_new_tokens,
@@ -153,7 +155,7 @@ def _batched_attempts(lib, row: dict, cfg: RecurringConfig, batcher) -> list[dic
                     "output_sha256": tokens_sha256(a.token_ids),
                     "answer": a.text,
                     "passed": a.passed,
-                    "detail": judge(verifier, a.text, reference)[1],
+                    "detail": judge(verifier, a.text, reference, q)[1],
                 }
             )
     return atts
@@ -360,14 +362,17 @@ def check_case(case: dict, rows: dict[str, dict]) -> tuple[list[str], int]:
             bad.append(f"{where}: not in the data file")
             continue
         for a in rec["attempts"]:
-            if judge(row["verifier"], a["answer"], row["reference"])[0] != a["passed"] and "gate refused" not in a["detail"]:
+            if (
+                judge(row["verifier"], a["answer"], row["reference"], row["question"])[0] != a["passed"]
+                and "gate refused" not in a["detail"]
+            ):
                 bad.append(f"{where}: attempt answer {a['answer']!r} re-scores differently")
         g = rec.get("grafted")
         if g is None:
             continue
         if tokens_sha256(g["output_token_ids"]) != g["output_sha256"] or len(g["output_token_ids"]) != g["decode_tokens"]:
             bad.append(f"{where}: grafted output token ids do not match their hash or decode count")
-        if judge(row["verifier"], g["answer"], row["reference"])[0] != g["correct"]:
+        if judge(row["verifier"], g["answer"], row["reference"], row["question"])[0] != g["correct"]:
             bad.append(f"{where}: grafted answer {g['answer']!r} re-scores differently")
     again = summarise_case(case["failed"], case["solved_by_sampling"], case["config"]["budget"], case.get("gate_refused", []))
     for k in ("recurring_case", "payback", "acceptance"):

@@ -310,7 +310,8 @@ def _check_knowledge(items: list[dict]) -> None:
         assert it["answer"].casefold() not in it["question"].casefold(), f"{it['id']}: the question gives the answer away"
         texts = [it["question"], *it["paraphrases"]]
         assert len(it["paraphrases"]) == 2 and len({t.casefold() for t in texts}) == 3, f"{it['id']}: paraphrases must differ"
-        verdict = verifiers.check(verifiers.VerifiedItem(it["question"], it["fact"], it["answer"], it["verifier"], it["answer"]))
+        verifiers.validate(verifiers.VerifiedItem(it["question"], it["fact"], it["answer"], it["verifier"], it["answer"]))
+        verdict = verifiers.judge(it["answer"], it["verifier"], it["answer"], it["question"])
         assert verdict.ok, f"{it['id']}: {verdict.detail}"
 
 
@@ -568,9 +569,10 @@ def problem_items(seed: int = PROBLEMS_SEED) -> list[dict]:
                 "reference": reference or text,
                 "split": "deposited" if made < PROBLEMS_DEPOSITED_PER_TEMPLATE else "heldout",
             }
-            verdict = verifiers.check(
+            verifiers.validate(
                 verifiers.VerifiedItem(item["question"], item["solution"], item["answer"], item["verifier"], item["reference"])
             )
+            verdict = verifiers.judge(item["answer"], item["verifier"], item["reference"], item["question"])
             assert verdict.ok, f"{item['id']}: {verdict.detail}"
             items.append(item)
             made += 1

@@ -175,7 +175,7 @@ class DepositPipeline:
         if attested_by:
             if not admin:
                 raise VerificationFailed("only an admin can attest a deposit; pass the admin token")
-            verdict = verifiers.AttestedVerifier().check("", attested_by)
+            verdict = verifiers.judge("", "attested", attested_by)  # attesting free text vouches for the text
             if not verdict.ok:
                 raise VerificationFailed(f"attestation refused: {verdict.detail}")
             verification = VerificationRow(
@@ -220,8 +220,9 @@ class DepositPipeline:
             question=question, solution=solution, answer=given or reference, verifier=verifier, reference=reference
         )
         item_sha = verifiers.item_sha256(item)
+        verifiers.validate(item)
         if given:  # the cheap pre-check: refuse a wrong typed answer before any prefill
-            verdict = verifiers.check(item)
+            verdict = verifiers.judge(given, verifier, reference, question)
             if not verdict.ok:
                 self._catalog.record_refusal(
                     VerificationRow(
@@ -233,7 +234,7 @@ class DepositPipeline:
             if found is not None:
                 return found
         else:
-            verifiers.check(item)  # validates every field and the verifier's name (the reference against itself)
+            verifiers.judge(reference, verifier, reference, question)  # a reference its kind cannot read is an input error
         progress = on_progress or (lambda f, m: None)
         progress(0.05, "gate: answering the question with the solution grafted")
         with self._lock:
@@ -289,7 +290,8 @@ class DepositPipeline:
         item = verifiers.VerifiedItem(
             question=question, solution=solution, answer=answer or "", verifier="attested", reference=reference
         )
-        verdict = verifiers.check(item)
+        verifiers.validate(item)
+        verdict = verifiers.judge(item.answer, "attested", reference, question)
         vrow = VerificationRow(
             None,
             verifiers.item_sha256(item),

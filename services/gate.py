@@ -6,8 +6,8 @@ run* grafts the item's solution (a one-line fact alone, a worked solution below 
 templates.fact_run_text; a scratch artifact, never stored) and never the answer the depositor typed, so
 that answer cannot be copied back, and the *graft run* grafts the new artifact at its own
 position and records the question and generated token ids that make the verdict replayable. Both runs
-are judged on what the generated answer asserts (verifiers/claims.py), so "a plain saffron with no
-emblem" passes for saffron and "not saffron" does not. This module knows nothing about the catalog: it
+are judged by the one judge (`verifiers.judge`) on what the generated answer asserts, so "a plain saffron with
+no emblem" passes for saffron and "not saffron" does not. This module knows nothing about the catalog: it
 returns `GateRun`s and the pipelines record them.
 """
 
@@ -54,25 +54,21 @@ class GateRun:
 
 
 def judge(answer: str, question: str, solution: str, verifier: str, reference: str) -> verifiers.Verdict:
-    """The item's verifier on what a generated answer asserts (verifiers/claims.py: the value its sentence
-    claims, with negation, hedges and alternatives read in the clause that carries it). An empty generation
-    is refused, not an input error."""
+    """The one judge (`verifiers.judge`) on a generated answer, after the item's fields are validated. An empty
+    generation is refused, not an input error."""
     if not answer.strip():
         return verifiers.Verdict(ok=False, verifier=verifier, detail="the model generated no answer")
     item = verifiers.VerifiedItem(question=question, solution=solution, answer=answer, verifier=verifier, reference=reference)
     verifiers.validate(item)
-    return verifiers.judge_claim(answer, verifier, reference, question)
+    return verifiers.judge(answer, verifier, reference, question)
 
 
 def claimed(answer: str, question: str, verifier: str, reference: str) -> str:
-    """What an accepted answer asserts, as the deposited answer: the answer itself when its kind accepts it
-    as it is ('Osric Pellamy'), else the value read from its sentence ('saffron' from 'The flag ... is a plain
-    saffron with no emblem.'); the answer itself when nothing is read (a test double's verdict)."""
-    kind = verifiers.VERIFIERS[verifier]
+    """What an accepted answer asserts, as the deposited answer: the value the judge read ('Osric Pellamy' as
+    written, 'saffron' from 'The flag ... is a plain saffron with no emblem.'); the answer itself when nothing is
+    read (a test double's verdict)."""
     try:
-        if kind.check(answer, reference).ok or verifier == "attested":
-            return answer.strip()
-        return verifiers.read_claim(answer, verifier, reference, question).value or answer.strip()
+        return verifiers.judge(answer, verifier, reference, question).value or answer.strip()
     except InvalidInput:
         return answer.strip()
 

@@ -30,17 +30,10 @@ ITEMS_SHOWN = 30  # the newest this many discovered items,
 RECALL_POINTS = 500  # and the newest this many recalls (the plot says so)
 
 
-def judge(verifier: str, answer: str, reference: str) -> tuple[bool, str]:
-    """Does the verifier accept `answer` against `reference`? An empty or malformed answer is a refusal."""
-    kind = verifiers.VERIFIERS.get(verifier)
-    if kind is None:
-        raise InvalidInput(f"unknown verifier {verifier!r}; valid kinds are: {', '.join(sorted(verifiers.VERIFIERS))}")
-    if not answer.strip():
-        return False, "the model gave an empty answer"
-    try:
-        v = kind.check(answer, reference)
-    except InvalidInput as e:
-        return False, str(e)
+def judge(verifier: str, answer: str, reference: str, question: str = "") -> tuple[bool, str]:
+    """The one judge's verdict on an attempt (`verifiers.judge`), as (accepted, why). An unknown verifier or a
+    reference its kind cannot read is an input error; an empty answer is a refusal."""
+    v = verifiers.judge(answer, verifier, reference, question)
     return v.ok, v.detail
 
 
@@ -49,7 +42,7 @@ class SolvePipeline:
 
     def _from_library(self, question: str, verifier: str, reference: str, max_new_tokens: int) -> SolveAttempt:
         res = self.answer(question, max_new_tokens=max_new_tokens)
-        ok, detail = judge(verifier, res.answer, reference)
+        ok, detail = judge(verifier, res.answer, reference, question)
         mode = "library" if res.artifact_ids else "greedy"
         return SolveAttempt(
             mode=mode,
@@ -114,7 +107,7 @@ class SolvePipeline:
             raise InvalidInput(f"attempts must be at least 1, got {attempts}")
         if not 0 < temperature <= 5:
             raise InvalidInput(f"temperature must be in (0, 5], got {temperature}")
-        judge(verifier, "0", reference)  # an unknown verifier fails before any work
+        judge(verifier, "0", reference, question)  # an unknown verifier or a malformed reference fails before any work
         t0 = time.perf_counter()
         done: list[SolveAttempt] = []
         spent = 0
@@ -132,7 +125,7 @@ class SolvePipeline:
                 temp = 0.0 if not any(x.mode == "greedy" for x in done) else temperature
                 s = None if temp == 0.0 else seed + sum(1 for x in done if x.mode == "sampled")
                 a = self._work(question, n, temp, s)
-                ok, detail = judge(verifier, a.answer, reference)
+                ok, detail = judge(verifier, a.answer, reference, question)
                 a = SolveAttempt(**{**a.__dict__, "passed": ok, "detail": detail})
             done.append(a)
             spent += a.tokens

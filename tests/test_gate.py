@@ -79,7 +79,9 @@ def test_an_edited_verification_row_is_not_shown_as_verified(lib):
 
 def test_a_wrong_typed_answer_is_refused_before_any_prefill(lib, monkeypatch):
     monkeypatch.setattr(gate, "fact_run", lambda *a: pytest.fail("the pre-check must refuse before the model runs"))
-    with pytest.raises(VerificationFailed, match="refused, nothing deposited: answer 'Osric' does not equal reference"):
+    with pytest.raises(
+        VerificationFailed, match="^refused, nothing deposited: answer 'Osric': it does not name the reference 'Osric Pellamy'; "
+    ):
         lib.deposit_item(Q, S, "Osric", "exact", A)
     assert lib.count() == 0
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from errors import InvalidInput
 from services import gate
-from verifiers import Verdict, claims
+from verifiers import Verdict, claims, judge
 
 TZERIN_Q = "What colour is the flag of the free city of Tzerin?"
 TZERIN_A = "The flag of the free city of Tzerin is a plain saffron with no emblem."
@@ -321,7 +321,7 @@ ROWS = [
 @pytest.mark.parametrize(("answer", "verifier", "reference", "question", "ok", "why"), ROWS, ids=[r[0][:40] for r in ROWS])
 def test_the_judge_reads_what_the_answer_asserts(answer, verifier, reference, question, ok, why):
     assert claims.read(answer, verifier, reference, question).why == why
-    assert claims.judge(answer, verifier, reference, question).ok is ok
+    assert judge(answer, verifier, reference, question).ok is ok
 
 
 def test_the_table_covers_each_kind_of_sentence():
@@ -331,15 +331,16 @@ def test_the_table_covers_each_kind_of_sentence():
 
 
 def test_the_tzerin_sentence_passes_with_the_reading_in_its_detail():
-    assert claims.judge(TZERIN_A, "exact", "saffron", TZERIN_Q) == Verdict(
+    assert judge(TZERIN_A, "exact", "saffron", TZERIN_Q) == Verdict(
         True,
         "exact",
         f"read from '{TZERIN_A}': it asserts 'saffron'; answer 'saffron' equals reference 'saffron' (exact, normalised)",
+        "saffron",
     )
 
 
 def test_a_denial_is_refused_with_what_it_denies():
-    assert claims.judge("It is not saffron.", "exact", "saffron") == Verdict(
+    assert judge("It is not saffron.", "exact", "saffron") == Verdict(
         False,
         "exact",
         "answer 'It is not saffron.': it denies 'saffron' ('not' before it); nothing is asserted that exact can accept",
@@ -348,27 +349,27 @@ def test_a_denial_is_refused_with_what_it_denies():
 
 def test_a_bare_value_is_judged_as_it_is():
     """An answer the kind accepts whole is not read: its verdict is the kind's own."""
-    assert claims.judge("Saffron.", "exact", "saffron") == Verdict(
-        True, "exact", "answer 'Saffron.' equals reference 'saffron' (exact, normalised)"
+    assert judge("Saffron.", "exact", "saffron") == Verdict(
+        True, "exact", "answer 'Saffron.' equals reference 'saffron' (exact, normalised)", "Saffron."
     )
-    assert claims.judge("3/4", "numeric", "0.75") == Verdict(
-        True, "numeric", "answer '3/4' matches reference '0.75' (numeric, rel tol 1e-09)"
+    assert judge("3/4", "numeric", "0.75") == Verdict(
+        True, "numeric", "answer '3/4' matches reference '0.75' (numeric, rel tol 1e-09)", "3/4"
     )
 
 
 def test_a_value_read_from_a_sentence_still_meets_the_kinds_contract():
     """The reading hands the kind one value; the kind's tolerance and unit rules still decide."""
-    assert claims.judge("The spire is 212.5 metres tall.", "numeric", "212 ± 1 metres", "How tall?").ok
-    assert not claims.judge("The spire is 214 metres tall.", "numeric", "212 ± 1 metres", "How tall?").ok
+    assert judge("The spire is 212.5 metres tall.", "numeric", "212 ± 1 metres", "How tall?").ok
+    assert not judge("The spire is 214 metres tall.", "numeric", "212 ± 1 metres", "How tall?").ok
 
 
 def test_attested_is_not_read_and_a_bad_reference_is_an_input_error():
     with pytest.raises(InvalidInput, match=r"^the attested verifier does not read claims; it judges the answer as given$"):
         claims.read("Dr. A. Rivera vouches.", "attested", "Dr. A. Rivera")
     with pytest.raises(InvalidInput, match=r"^reference 'forty-two' is not a number; write e\.g\. "):
-        claims.judge("It is 42.", "numeric", "forty-two")
+        judge("It is 42.", "numeric", "forty-two")
     with pytest.raises(InvalidInput, match=r"^unknown verifier 'fuzzy'; valid kinds are: attested, exact, numeric, sympy$"):
-        claims.judge("It is 42.", "fuzzy", "42")
+        judge("It is 42.", "fuzzy", "42")
 
 
 _FRAMES = (
@@ -398,14 +399,14 @@ _WORD = st.text(alphabet="bcdfghklmprstvz", min_size=4, max_size=9).map(lambda w
 def test_a_frame_that_asserts_passes_and_its_denial_or_hedge_does_not(value, w, o, frame, bad):
     if len({value, w, o}) < 3:
         return
-    assert claims.judge(frame.format(value, w=w, o=o), "exact", value).ok, frame
-    assert not claims.judge(bad.format(value, w=w, o=o), "exact", value).ok, bad
+    assert judge(frame.format(value, w=w, o=o), "exact", value).ok, frame
+    assert not judge(bad.format(value, w=w, o=o), "exact", value).ok, bad
 
 
 @settings(max_examples=200, deadline=None)
 @given(text=st.text(max_size=300).filter(str.strip), kind=st.sampled_from(["exact", "numeric"]))
 def test_any_text_gets_a_verdict(text, kind):
-    v = claims.judge(text, kind, "42")
+    v = judge(text, kind, "42")
     assert isinstance(v.ok, bool) and v.detail
 
 

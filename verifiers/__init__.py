@@ -1,12 +1,12 @@
-"""Judges of answers: whether an answer matches its reference (exact, numeric, sympy, attested).
+"""Judging answers: `judge(answer, verifier, reference, question)` is THE judge, the one function that decides
+every verdict on an answer (its rules at the top of verifiers/judging.py).
 
-Modules: `verdict` (the item, the verdict, the interface), `judges` (the kinds and `check`), `claims` (what an
-answer sentence asserts, read for a kind: the deposit gate's judge), `symbolic` (the sympy verifier's allow-list
-and its worker pool), `sympy_worker` (the child process). No torch, no store.
+Modules: `judging` (the judge and its rules), `verdict` (the item, the verdict, the interface), `judges` (the kinds: each compares one value with its reference; `check` is
+a kind's own verdict on an item, for the kinds' tests and nothing else), `claims` with `sentences` and
+`quantities` (what an answer sentence asserts), `symbolic` (the sympy kind's allow-list and its worker),
+`sympy_worker` (the child process). No torch, no store.
 """
 
-from verifiers.claims import judge as judge_claim
-from verifiers.claims import read as read_claim
 from verifiers.judges import (
     VERIFIERS,
     AttestedVerifier,
@@ -17,10 +17,9 @@ from verifiers.judges import (
     normalise_text,
     validate,
 )
+from verifiers.judging import JUDGE, KINDS, answer_line, judge
 from verifiers.symbolic import SympyVerifier
 from verifiers.verdict import FIELD_BOUNDS, Claim, Verdict, VerifiedItem, Verifier
-
-judge = judge_claim  # TEMPORARY (issue 40's contract): the one judge lands on branch `judge`; dropped at that merge
 
 __all__ = [
     "FIELD_BOUNDS",
@@ -33,11 +32,12 @@ __all__ = [
     "Verdict",
     "VerifiedItem",
     "Verifier",
+    "JUDGE",
+    "KINDS",
+    "answer_line",
     "check",
     "item_sha256",
     "judge",
-    "judge_claim",
     "normalise_text",
-    "read_claim",
     "validate",
 ]

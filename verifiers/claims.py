@@ -1,9 +1,9 @@
-"""What an answer asserts: the claim the gate hands a verifier, read from the model's answer line.
+"""What an answer asserts: the claim the judge (verifiers/judging.py) hands a kind, read from an answer's line.
 
 A model with a fact grafted answers in a sentence ("The flag of the free city of Tzerin is a plain saffron with
 no emblem."); each verifier kind compares one value with its reference. `read` finds the value the sentence
-asserts and `judge` gives it to the kind. The caller hands over the answer line (the gate: the generation cut
-at the template's end of answer); this module knows English answer sentences and the kinds' value shapes, and
+asserts; `verifiers.judge` picks the line (a worked solution's answer line) and gives the value to the kind.
+This module knows English answer sentences and the kinds' value shapes, and
 nothing about models, templates or stores.
 
 The contract, per kind:
@@ -25,7 +25,10 @@ The contract, per kind:
 Reading rules, the same for every kind:
 - Working. In an equation chain ('160 × 70/100 = 112', '2277/361 = 11.5 hours') the claim is the last member;
   every member the reader can evaluate must equal it (a written decimal stands for its rounding: '22.53' for
-  22.530816), else the answer contradicts itself. Earlier chains in the line are working, not claims.
+  22.530816), else the answer contradicts itself. A claim is a value as written: one number (signed, with a
+  currency sign or '%') or a fraction of two whole numbers ('3/4'). An expression left unworked ('Wen = 40 + 4 *
+  4') or a chain with nothing after its last '=' or operator ("Priya's age = (4x22) / 2 =") is working that
+  asserts no value; a line with nothing else asserts nothing.
 - Clauses. A sentence ends at . ! ? ; and a line break; a clause also ends at , : — ( ) and before but,
   although, though, however, whereas, while, because, so, therefore, thus, hence. A parenthesised aside is a
   clause of its own.
@@ -51,10 +54,10 @@ from __future__ import annotations
 import unicodedata
 
 from errors import InvalidInput
-from verifiers.judges import VERIFIERS, normalise_text
+from verifiers.judges import normalise_text
 from verifiers.quantities import read_number
 from verifiers.sentences import Mention, Tok, problem, text_of, tokens
-from verifiers.verdict import Claim, Verdict, _q
+from verifiers.verdict import Claim, _q
 
 
 def read(answer: str, verifier: str, reference: str, question: str = "") -> Claim:
@@ -81,22 +84,3 @@ def _read_exact(toks: list[Tok], reference: str) -> Claim:
         if why:
             return Claim(None, f"it {why}")
     return Claim(mentions[0].text, f"it asserts {_q(mentions[0].text)}")
-
-
-# ---- the judge ---------------------------------------------------------------------------------
-
-
-def judge(answer: str, verifier: str, reference: str, question: str = "") -> Verdict:
-    """The kind's verdict on what `answer` asserts: the answer whole when the kind accepts it as it is, else
-    the claim `read` finds. Raises InvalidInput for an unknown kind or a malformed reference."""
-    kind = VERIFIERS.get(verifier)
-    if kind is None:
-        raise InvalidInput(f"unknown verifier {_q(verifier)}; valid kinds are: {', '.join(sorted(VERIFIERS))}")
-    whole = kind.check(answer, reference)
-    if whole.ok or verifier == "attested":
-        return whole
-    claim = read(answer, verifier, reference, question)
-    if claim.value is None:
-        return Verdict(False, verifier, f"answer {_q(answer)}: {claim.why}; nothing is asserted that {verifier} can accept")
-    v = kind.check(claim.value, reference)
-    return Verdict(v.ok, verifier, f"read from {_q(answer)}: {claim.why}; {v.detail}")

@@ -157,8 +157,9 @@ def _rounding(member: list[Tok]) -> Fraction:
     return Fraction(0)
 
 
-def _math_runs(toks: list[Tok]) -> list[tuple[int, int]]:
-    """Maximal runs of arithmetic (numbers, operators, =, ≈, parentheses around numbers, currency, %)."""
+def _math_runs(toks: list[Tok]) -> list[tuple[int, int, str]]:
+    """Maximal runs of arithmetic (numbers, operators, =, ≈, parentheses around numbers, currency, %), each with
+    the operator or '=' it ends on when it stops before its last member ('(4x22) / 2 =': nothing after '=')."""
     runs, k = [], 0
     while k < len(toks):
         if toks[k].kind == "num" or (toks[k].text in _CURRENCY and k + 1 < len(toks) and toks[k + 1].kind == "num"):
@@ -167,10 +168,11 @@ def _math_runs(toks: list[Tok]) -> list[tuple[int, int]]:
                 k += 1
             while a > 0 and toks[a - 1].text in ("(", "-"):
                 a -= 1
-            end = k
+            end, dangling = k, ""
             while end > a and toks[end - 1].text in _OPS | {"=", "≈", "(", "~"}:
                 end -= 1
-            runs.append((a, end))
+                dangling = dangling or (toks[end].text if toks[end].text in _OPS | {"=", "≈"} else "")
+            runs.append((a, end, dangling))
         else:
             k += 1
     return runs
@@ -213,7 +215,7 @@ def _number_mentions(toks: list[Tok]) -> tuple[list[Mention], str | None]:
     itself if a chain's members disagree."""
     mentions: list[Mention] = []
     covered: set[int] = set()
-    for a, b in _math_runs(toks):
+    for a, b, dangling in _math_runs(toks):
         covered.update(range(a, b))
         members = [_member(toks, s, e, sign) for s, e, sign in _members(toks, a, b)]
         # the claim: the last exact member; members after it written with '≈' are its rounding ('= 2277/361 ≈ 6.31')
@@ -236,7 +238,12 @@ def _number_mentions(toks: list[Tok]) -> tuple[list[Mention], str | None]:
         expr = text_of(toks, s, e).replace("×", "*").replace("÷", "/").replace("·", "*")
         expr = re.sub(r"(?<=\d) x (?=\d)", " * ", "".join(c for c in expr if c not in _CURRENCY)).strip()
         end = after if unit is not None else e
-        mentions.append(Mention(text_of(toks, s, end), s, end, value, unit, expr, _is_date(toks, s, e, value)))
+        unworked = ""
+        if dangling and unit is None:
+            unworked = f"writes {_q(text_of(toks, a, b) + ' ' + dangling)} with nothing after its last {_q(dangling)}"
+        elif not _written_value(toks[s:e]):
+            unworked = f"writes {_q(text_of(toks, s, e))} without working it out"
+        mentions.append(Mention(text_of(toks, s, end), s, end, value, unit, expr, _is_date(toks, s, e, value), unworked))
     for k, t in enumerate(toks):  # number words standing alone ('eleven times')
         if k not in covered and t.kind == "word":
             n = number_word(t.low)
@@ -244,6 +251,17 @@ def _number_mentions(toks: list[Tok]) -> tuple[list[Mention], str | None]:
                 unit, after = _unit_at(toks, k + 1)
                 mentions.append(Mention(text_of(toks, k, after), k, after, Fraction(n), unit, str(n)))
     return sorted(mentions, key=lambda m: m.start), None
+
+
+def _written_value(member: list[Tok]) -> bool:
+    """Is a chain member a value as written: one number (signed, with a currency sign or '%'), or a fraction of
+    two whole numbers ('3/4', '2277/361')? '40 + 4 * 4' and '(4x22) / 2' are expressions: they assert no value."""
+    core = [t for t in member if t.text not in _CURRENCY and t.text != "%"]
+    if core and core[0].text in ("-", "+"):
+        core = core[1:]
+    if len(core) == 1:
+        return core[0].kind == "num"
+    return len(core) == 3 and core[1].text in ("/", "÷") and all(t.kind == "num" and t.text.isdigit() for t in (core[0], core[2]))
 
 
 def _is_date(toks: list[Tok], s: int, e: int, value: Fraction | None) -> bool:
@@ -265,6 +283,13 @@ def read_number(toks: list[Tok], verifier: str, reference: str, question: str) -
     mentions, contradiction = _number_mentions(toks)
     if contradiction:
         return Claim(None, f"it {contradiction}")
+    unworked = [m for m in mentions if m.unworked]
+    for m in unworked:
+        if _ranged(toks, m):  # '40-45' is a range before it is an unworked subtraction
+            return Claim(None, f"it gives a range around {_q(m.text)}")
+    mentions = [m for m in mentions if not m.unworked]  # working, not a claim
+    if not mentions and unworked:
+        return Claim(None, f"it {unworked[-1].unworked}: it asserts no value")
     if not mentions:
         return Claim(None, "it states no number")
     q_units = _question_units(question)

@@ -208,6 +208,7 @@ class Mention:
     unit: str | None = None  # numbers: the unit word as written (casefolded)
     expression: str = ""  # numbers: the claim as the sympy verifier reads it
     date: bool = False
+    unworked: str = ""  # numbers: why the mention writes no value (an expression left unworked, a chain ending in '=')
 
 
 def problem(toks: list[Tok], m: Mention, numeric: bool = False) -> str | None:

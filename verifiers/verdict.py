@@ -23,9 +23,13 @@ class VerifiedItem:
 
 @dataclass(frozen=True)
 class Verdict:
+    """A verdict: accepted or not, by which kind, why; `value` is what the answer was read to assert (the text
+    the kind was given), None when it asserts nothing."""
+
     ok: bool
     verifier: str
     detail: str
+    value: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,109 @@
+"""The one judge's rules (verifiers/judging.py), one row each: which line of an answer is read (a worked
+solution's `####` line, its "The answer is" sentence, else its last line), and the answers that assert no value
+(an expression left unworked, a chain with nothing after its last '='), with their exact verdicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from errors import InvalidInput
+from verifiers import JUDGE, Verdict, answer_line, judge
+
+AGES = "Priya is 4 times as old as Wen. In 11 years, Priya will be 3 times as old as Wen. How old is Priya now?"
+TRAINS = "Two trains leave 36 minutes apart. How many minutes after the first train departs do they meet?"
+
+# (answer, line read, how it was found)
+LINES = [
+    ("42", "42", ""),
+    ("  It is 42.  ", "It is 42.", ""),
+    ("48/2 = <<48/2=24>>24 clips.\n48+24 = <<48+24=72>>72 clips.\n#### 72", "72", "its '####' line"),
+    ("#### 1,234\nQ: next question\n#### 5", "1,234", "its '####' line"),
+    ("She has 5. Then 3 more. So the answer is 8. Q: How many legs", "So the answer is 8.", "its 'The answer is' sentence"),
+    ("It costs $3.50, so the answer is 3.5.\nNext", "It costs $3.50, so the answer is 3.5.", "its 'The answer is' sentence"),
+    ("First 3 + 4 = 7.\n\nThen 7 × 2 = 14 apples.\n", "Then 7 × 2 = 14 apples.", "its last line"),
+    ("The answer is 8.", "The answer is 8.", ""),
+    ("Total: 2 + 3 = <<2+3=5>>5", "Total: 2 + 3 = 5", ""),
+]
+
+
+@pytest.mark.parametrize(("answer", "line", "how"), LINES, ids=[r[0][:30] for r in LINES])
+def test_the_line_read_is_the_worked_solutions_answer(answer, line, how):
+    assert answer_line(answer) == (line, how)
+
+
+def test_a_worked_solution_is_judged_on_its_hash_line():
+    solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nShe sold 48+24 = <<48+24=72>>72 in all.\n#### 72"
+    assert judge(solution, "numeric", "72", "How many clips?") == Verdict(
+        True,
+        "numeric",
+        "read from 'Natalia sold 48/2 = <<48/2=24>>24 clips in May.\\nShe sold 48+24 = <<48+24=72>>7…': "  # quoted, cut at 80
+        "its '####' line '72': answer '72' matches reference '72' (numeric, rel tol 1e-09)",
+        "72",
+    )
+    assert not judge(solution.replace("#### 72", "#### 70"), "numeric", "72", "How many clips?").ok
+
+
+def test_the_answer_is_sentence_beats_a_later_line_and_its_hedge_is_read():
+    text = "Each box has 4 pens, 3 boxes make 12. The answer is 12.\nQ: A farmer has 7 cows."
+    assert judge(text, "numeric", "12", "How many pens?").value == "12"
+    assert not judge("I think the answer is 12.", "numeric", "12", "How many pens?").ok
+    assert not judge("The answer is not 12.", "numeric", "12", "How many pens?").ok
+
+
+def test_the_last_line_decides_when_nothing_marks_the_answer():
+    assert judge("3 + 4 = 7 apples.\nThen 7 × 2 = 14 apples in all.", "numeric", "14", "How many apples?").ok
+    assert not judge("7 × 2 = 14 apples in all.\nThen she eats some.", "numeric", "14", "How many apples?").ok
+
+
+# the answers the issue names (stored recurring attempts and gate generations)
+ISSUE = [
+    ("84 minutes", "numeric", "84", TRAINS, True, "84"),
+    ("Priya is 44 years old now.", "numeric", "44", AGES, True, "44"),
+    ("42 km/h", "sympy", "2*127/(127/30 + 127/70)", "What is the average speed, in km/h?", True, "42"),
+    ("Priya's age = (4x22) / 2 =", "numeric", "44", AGES, False, None),
+    ("Wen = 40 + 4 * 4", "numeric", "56", AGES, False, None),
+    ("Wen = 40 + 4 * 4 = 56", "numeric", "56", AGES, True, "56"),
+    ("Priya is 4 × 11 = 44 years old.", "numeric", "44", AGES, True, "44"),
+]
+
+
+@pytest.mark.parametrize(("answer", "verifier", "reference", "question", "ok", "value"), ISSUE, ids=[r[0] for r in ISSUE])
+def test_the_issues_answers(answer, verifier, reference, question, ok, value):
+    v = judge(answer, verifier, reference, question)
+    assert (v.ok, v.value) == (ok, value), v.detail
+
+
+def test_an_expression_left_unworked_asserts_no_value():
+    assert judge("Wen = 40 + 4 * 4", "numeric", "56", AGES) == Verdict(
+        False,
+        "numeric",
+        "answer 'Wen = 40 + 4 * 4': it writes '40 + 4 * 4' without working it out: it asserts no value; "
+        "nothing is asserted that numeric can accept",
+    )
+    assert judge("Priya's age = (4x22) / 2 =", "numeric", "44", AGES) == Verdict(
+        False,
+        "numeric",
+        "answer 'Priya's age = (4x22) / 2 =': it writes '(4x22) / 2 =' with nothing after its last '=': it asserts no "
+        "value; nothing is asserted that numeric can accept",
+    )
+    # a bare expression is still the sympy kind's to compare whole; in a sentence it is working, not a claim
+    assert judge("40 + 4*4", "sympy", "56").ok
+    assert not judge("Wen is 40 + 4 * 4 years old.", "sympy", "56", AGES).ok
+
+
+def test_empty_attested_and_input_errors():
+    assert judge("  \n ", "numeric", "42") == Verdict(False, "numeric", "answer '  \\n ': it is empty; nothing is asserted")
+    assert judge("", "attested", "Dr. A. Rivera") == Verdict(True, "attested", "attested by Dr. A. Rivera", "")
+    with pytest.raises(InvalidInput, match=r"^unknown verifier 'fuzzy'; valid kinds are: attested, exact, numeric, sympy$"):
+        judge("42", "fuzzy", "42")
+    with pytest.raises(InvalidInput, match=r"^reference 'forty-two' is not a number; write e\.g\. "):
+        judge("It is 42.", "numeric", "forty-two")
+    with pytest.raises(InvalidInput, match=r"^answer is 16,001 characters; the judge reads at most 16,000, shorten it$"):
+        judge("4" * 16_001, "numeric", "42")
+    assert JUDGE.startswith("kvgraft-judge/")
+
+
+def test_a_long_worked_solution_is_read_beyond_the_answer_fields_bound():
+    working = "".join(f"Step {i}: {i} + 1 = {i + 1}.\n" for i in range(80))
+    assert len(working) > 1_000
+    assert judge(working + "The answer is 81.", "numeric", "81", "How many steps?").ok

@@ -1,0 +1,99 @@
+"""THE judge: `judge(answer, verifier, reference, question)` decides every verdict on an answer in kvgraft (the
+deposit gate's runs, `solve`'s attempts, the eval's outputs, the recurring case's baseline attempts and recalls,
+replay). Nothing else scores an answer; tests/test_one_judge.py fails if a code path calls a kind another way.
+It knows the answer's shape (a bare value, a sentence, a worked solution) and nothing about models or stores.
+
+The rules, in the order they apply:
+
+1. The verifier names a kind (exact, numeric, sympy, attested) and the reference must be well formed for it;
+   otherwise InvalidInput (an input error, not a verdict). An answer longer than FIELD_BOUNDS["solution"]
+   characters is an input error too.
+2. attested vouches for the text, not a value: the kind's own verdict on the answer as given.
+3. An empty answer is refused: it asserts nothing.
+4. The answer's line: `<<a op b=c>>` calculator annotations are removed first (they are working). Then, as
+   lm-evaluation-harness reads gsm8k (its strict match, then its flexible one):
+   a. the first line that starts with `####`: the text after it;
+   b. else the first sentence that says "the answer is" (any case), from its start to its end (. ! ? before a
+      space, or the line's end);
+   c. else the last non-empty line (a one-line answer is its own last line).
+5. That line is judged as a bare value first: a value the kind accepts whole ('saffron', '212 metres',
+   '2277/361') passes without reading, and its `value` is the line as written.
+6. Else the claim reader (verifiers/claims.py, its rules at its top) reads the value the line asserts: the
+   reference's mentions for exact, the claimed number for numeric and sympy, refused when it is denied, hedged,
+   one of several, in another unit, or contradicted by its own working. A line asserts no value when its claim
+   is an expression left unworked ('Wen = 40 + 4 * 4') or a chain with nothing after its last '=' ("Priya's
+   age = (4x22) / 2 ="). The value read goes to the kind's own check (tolerance, units, symbolic equality).
+
+The verdict's `value` is the text the kind was given (None when nothing is asserted); `detail` says which line
+was read and why. `JUDGE` names this rule set; stored records carry it, and a record scored under another name
+is reported as scored by another judge when it is re-judged.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from errors import InvalidInput
+from verifiers import claims
+from verifiers.judges import VERIFIERS
+from verifiers.verdict import FIELD_BOUNDS, Verdict, _q
+
+JUDGE = "kvgraft-judge/2"  # /1 was the claim reader for the gate beside whole-answer checks elsewhere
+KINDS = tuple(sorted(VERIFIERS))
+
+_ANNOTATION = re.compile(r"<<[^<>\n]{0,200}>>")
+_STRICT = re.compile(r"^[ \t]*####[ \t]*(?P<rest>.*)$", re.MULTILINE)
+_SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
+_THE_ANSWER_IS = re.compile(r"(?<![\w])the answer is\b[^\n]*", re.IGNORECASE)
+
+
+def answer_line(answer: str) -> tuple[str, str]:
+    """(the text the judge reads, how it was found) for an answer: rule 4 of the module's contract."""
+    text = _ANNOTATION.sub("", unicodedata.normalize("NFKC", answer))
+    strict = _STRICT.search(text)
+    if strict is not None:
+        return strict["rest"].strip(), "its '####' line"
+    said = _THE_ANSWER_IS.search(text)
+    if said is not None:  # the whole sentence, so that a hedge or a denial before the words is still read
+        start = max((m.end() for m in _SENTENCE_END.finditer(text, 0, said.start())), default=0)
+        end = next((m.end() for m in _SENTENCE_END.finditer(text, said.start() + 13)), len(text))
+        line = text[start:end].strip()
+        return line, ("" if line == text.strip() else "its 'The answer is' sentence")
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    if len(lines) > 1:
+        return lines[-1], "its last line"
+    return (lines[0] if lines else ""), ""
+
+
+def judge(answer: str, verifier: str, reference: str, question: str = "") -> Verdict:
+    """The one verdict on `answer` against `reference` for the `verifier` kind (the module's rules). Raises
+    InvalidInput for an unknown kind, a malformed reference or an over-long answer; never for a wrong answer."""
+    kind = VERIFIERS.get(verifier)
+    if kind is None:
+        raise InvalidInput(f"unknown verifier {_q(verifier)}; valid kinds are: {', '.join(KINDS)}")
+    if not isinstance(answer, str):
+        raise InvalidInput(f"answer must be text, got {type(answer).__name__}")
+    if len(answer) > FIELD_BOUNDS["solution"]:
+        raise InvalidInput(
+            f"answer is {len(answer):,} characters; the judge reads at most {FIELD_BOUNDS['solution']:,}, shorten it"
+        )
+    if verifier == "attested":
+        v = kind.check(answer, reference)
+        return Verdict(v.ok, v.verifier, v.detail, answer if v.ok else None)
+    kind.check(reference, reference)  # a malformed reference is an input error before any reading
+    line, how = answer_line(answer)
+    where = f"{how} {_q(line)}: " if how else ""
+    if not line:
+        return Verdict(False, verifier, f"answer {_q(answer)}: {where or ''}it is empty; nothing is asserted", None)
+    if len(line) <= FIELD_BOUNDS["answer"]:
+        whole = kind.check(line, reference)
+        if whole.ok:
+            return Verdict(True, verifier, f"{'read from ' + _q(answer) + ': ' + where if how else ''}{whole.detail}", line)
+    claim = claims.read(line, verifier, reference, question)
+    if claim.value is None:
+        return Verdict(
+            False, verifier, f"answer {_q(answer)}: {where}{claim.why}; nothing is asserted that {verifier} can accept", None
+        )
+    v = kind.check(claim.value, reference)
+    return Verdict(v.ok, verifier, f"read from {_q(answer)}: {where}{claim.why}; {v.detail}", claim.value)
