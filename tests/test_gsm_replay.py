@@ -87,6 +87,9 @@ def test_an_untouched_file_passes_and_its_figures_are_the_records(work):
     # the paper's ratio over the recalls' decode tokens; all-in over everything they computed plus the deposits
     assert case["ratio"] == round(2 * 1513 / 8, 1)
     assert case["ratio_all_in"] == round(2 * 1513 / (2 * (750 + 4) + 2 * 420 / 10), 2)
+    md = gsm_report.markdown(results)  # the README's figures are the file's
+    assert f"| {case['baseline_tokens_total']:,} | 8 | {case['ratio']} |" in md
+    assert "| GSM8K originals (recurring" in md and "| 4 | 0 (0.0%; 0.0% to 49.0%) | 4 (100.0%; 51.0% to 100.0%) |" in md
 
 
 @pytest.mark.parametrize(
