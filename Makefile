@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run serve test test-fast mutants lint bench bench-verify eval demo seed-library screenshots install install-eval install-dev install-bench system-deps clean
+.PHONY: run serve test test-fast mutants lint bench bench-verify eval eval-gsm demo seed-library screenshots install install-eval install-dev install-bench system-deps clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -98,6 +98,18 @@ bench-verify: install-dev
 
 eval: install-dev
 	$(BIN)/python -m eval.run
+
+# The benchmark (docs/eval/README.md): GSM8K through GSM-Symbolic, no graft vs graft and the recurring case, in
+# resumable phases under GSM_WORK; GSM_N templates a set, GSM_BUDGET tokens a recurring problem (hours on 2 cores).
+GSM_WORK ?= .gsm-work
+GSM_N ?= 30
+GSM_BUDGET ?= 4000
+eval-gsm: install-dev
+	$(BIN)/python -m eval.gsm_run no-graft --work $(GSM_WORK) --sets original,numbers,names --n $(GSM_N)
+	$(BIN)/python -m eval.gsm_run deposit --work $(GSM_WORK) --n $(GSM_N)
+	$(BIN)/python -m eval.gsm_run graft --work $(GSM_WORK) --sets original,numbers,names --n $(GSM_N)
+	$(BIN)/python -m eval.gsm_run recurring --work $(GSM_WORK) --budget $(GSM_BUDGET) --problems 2
+	$(BIN)/python -m eval.gsm_report $(GSM_WORK) --budget $(GSM_BUDGET)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
