@@ -62,7 +62,15 @@ ISSUE = [
     ("42 km/h", "sympy", "2*127/(127/30 + 127/70)", "What is the average speed, in km/h?", True, "42"),
     ("Priya's age = (4x22) / 2 =", "numeric", "44", AGES, False, None),
     ("Wen = 40 + 4 * 4", "numeric", "56", AGES, False, None),
-    ("Wen = 40 + 4 * 4 = 56", "numeric", "56", AGES, True, "56"),
+    ("Wen = 40 + 4 * 4 = 56", "numeric", "56", AGES.replace("is Priya now", "is Wen now"), True, "56"),
+    ("Wen = 40 + 4 * 4 = 56", "numeric", "56", AGES, False, None),  # Wen's age, asked Priya's
+    ("Priya's age = 4×12 years = 44 years", "numeric", "44", AGES, False, None),  # 4 × 12 is 48
+    ("Priya was 44 when Wen was born.", "numeric", "44", AGES, False, None),  # another time than now
+    ("Priya is 44 and Wen is 11.", "numeric", "44", AGES, True, "44"),  # Wen's age is not a competing claim
+    ("44 years 5 months", "numeric", "44", AGES, False, None),
+    ("44 times the age of Wen", "numeric", "44", AGES, False, None),
+    ("(8-1)2 = 44", "numeric", "44", AGES, False, None),  # juxtaposed factors are read: (8-1)2 is 14
+    ("4-2 2-8 = 44", "numeric", "44", AGES, False, None),  # working that does not read as arithmetic
     ("Priya is 4 × 11 = 44 years old.", "numeric", "44", AGES, True, "44"),
 ]
 

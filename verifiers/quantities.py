@@ -22,6 +22,7 @@ from verifiers.sentences import (
     number_word,
     numeral,
     problem,
+    sentence,
     text_of,
     tokens,
 )
@@ -109,12 +110,16 @@ class _Expr:
 
     def _product(self) -> Fraction:
         v = self._power()
-        while self._peek() in ("×", "*", "·", "/", "÷") or self._peek().casefold() == "x":
-            op = self.toks[self.k].text
-            self.k += 1
-            w = self._power()
-            v = v / w if op in ("/", "÷") else v * w
-        return v
+        while True:
+            if self._peek() in ("×", "*", "·", "/", "÷") or self._peek().casefold() == "x":
+                op = self.toks[self.k].text
+                self.k += 1
+                w = self._power()
+                v = v / w if op in ("/", "÷") else v * w
+            elif self._peek() == "(" or (self.toks[self.k - 1].text == ")" and self._peek()[:1].isdigit()):
+                v = v * self._power()  # juxtaposed factors: '2(6)', '(8-1)2'
+            else:
+                return v
 
     def _power(self) -> Fraction:
         v = self._atom()
@@ -182,6 +187,9 @@ def _mathy(toks: list[Tok], k: int) -> bool:
     t = toks[k]
     if t.kind == "num" or t.text in _OPS | {"=", "≈", "%", ")"} or t.text in _CURRENCY:
         return True
+    if t.kind == "word" and t.low not in FUNCTION and 0 < k < len(toks) - 1 and toks[k - 1].kind == "num":
+        if toks[k + 1].text in ("=", "≈"):
+            return True  # a unit inside a chain: '4 × 12 years = 48'
     if t.text == "(":
         return k + 1 < len(toks) and (toks[k + 1].kind == "num" or toks[k + 1].text in ("(", "-"))
     if t.low == "x":  # '14 x 1.6'
@@ -194,7 +202,10 @@ def _member(toks: list[Tok], s: int, e: int, sign: str) -> tuple[int, int, Fract
     per cent), left out of [start, end) so that the unit reader finds it."""
     if e - 1 > s and toks[e - 1].text == "%" and all(t.kind == "num" or t.text in _CURRENCY for t in toks[s : e - 1]):
         e -= 1
-    return s, e, _Expr(toks[s:e]).value(), sign, _rounding(toks[s:e])
+    v = e
+    while v - 1 > s and toks[v - 1].kind == "word" and toks[v - 1].low != "x":
+        v -= 1  # a unit inside the chain is not part of the member's arithmetic
+    return s, e, _Expr(toks[s:v]).value(), sign, _rounding(toks[s:v])
 
 
 def _members(toks: list[Tok], a: int, b: int) -> list[tuple[int, int, str]]:
@@ -239,8 +250,11 @@ def _number_mentions(toks: list[Tok]) -> tuple[list[Mention], str | None]:
         expr = re.sub(r"(?<=\d) x (?=\d)", " * ", "".join(c for c in expr if c not in _CURRENCY)).strip()
         end = after if unit is not None else e
         unworked = ""
+        garbled = next((m for m in members if m[2] is None and not _share_of_sum(toks[m[0] : m[1]])), None)
         if dangling and unit is None:
             unworked = f"writes {_q(text_of(toks, a, b) + ' ' + dangling)} with nothing after its last {_q(dangling)}"
+        elif garbled is not None:
+            unworked = f"writes {_q(text_of(toks, garbled[0], garbled[1]))}, which does not read as arithmetic"
         elif not _written_value(toks[s:e]):
             unworked = f"writes {_q(text_of(toks, s, e))} without working it out"
         mentions.append(Mention(text_of(toks, s, end), s, end, value, unit, expr, _is_date(toks, s, e, value), unworked))
@@ -251,6 +265,12 @@ def _number_mentions(toks: list[Tok]) -> tuple[list[Mention], str | None]:
                 unit, after = _unit_at(toks, k + 1)
                 mentions.append(Mention(text_of(toks, k, after), k, after, Fraction(n), unit, str(n)))
     return sorted(mentions, key=lambda m: m.start), None
+
+
+def _share_of_sum(member: list[Tok]) -> bool:
+    """'160 + 20%': a percentage added to a number, which the reader leaves unread on purpose (see _Expr)."""
+    texts = {t.text for t in member}
+    return "%" in texts and bool(texts & {"+", "-"})
 
 
 def _written_value(member: list[Tok]) -> bool:
@@ -292,6 +312,20 @@ def read_number(toks: list[Tok], verifier: str, reference: str, question: str) -
         return Claim(None, f"it {unworked[-1].unworked}: it asserts no value")
     if not mentions:
         return Claim(None, "it states no number")
+    for m in mentions:
+        compound = _compound(toks, m)
+        if compound:
+            return Claim(None, f"it writes a compound quantity {_q(compound)}, not one value")
+    kept, aside = [], ""
+    for m in mentions:
+        why = _not_the_answer(toks, m, question)
+        if why:
+            aside = why
+        else:
+            kept.append(m)
+    if not kept:
+        return Claim(None, f"it {aside}: it asserts nothing else")
+    mentions = kept
     q_units = _question_units(question)
     asserted, others = [], []
     for m in mentions:
@@ -325,6 +359,86 @@ def read_number(toks: list[Tok], verifier: str, reference: str, question: str) -
         return Claim(m.expression, f"it asserts {_q(m.text)}")
     shown = m.expression if m.value.denominator != 1 and "/" in m.expression else _plain(toks, m)
     return Claim(shown, f"it asserts {_q(m.text)}")
+
+
+_TIME_UNITS = frozenset({"year", "month", "week", "day", "h", "min"})
+_MULTIPLIED = frozenset("the as more less older younger bigger larger greater smaller his her their its that".split())
+_OTHER_TIME = frozenset("will would was were had ago later earlier".split())
+_NOT_NAMES = FUNCTION | frozenset("how what which who whom when where why if after before each every answer".split())
+
+
+def _compound(toks: list[Tok], m: Mention) -> str:
+    """'12 years 5 months', '51 years and 8 months': a measurement followed by a smaller one, or ''."""
+    if m.unit is None or _CANONICAL.get(m.unit) not in _UNIT_ALIASES:
+        return ""
+    k = m.end + (1 if m.end < len(toks) and toks[m.end].low == "and" else 0)
+    if k < len(toks) and toks[k].kind == "num":
+        unit, after = _unit_at(toks, k + 1)
+        if unit is not None and _CANONICAL.get(unit) in _UNIT_ALIASES:
+            return text_of(toks, m.start, after)
+    return ""
+
+
+def _not_the_answer(toks: list[Tok], m: Mention, question: str) -> str:
+    """Why a number the line states is not its answer to the question, or '': a multiplier ('12 times the
+    amount'), a value at another time than a question about now ('was 18', 'will be 18', 'in 2 years'), or the
+    value of another person the question names ('Leona is 12' asked about Wen)."""
+    if m.unit == "times" and m.end < len(toks) and toks[m.end].low in _MULTIPLIED:
+        return f"states {_q(m.text)} as a multiplier ({_q(m.text + ' ' + toks[m.end].text)})"
+    q = tokens(unicodedata.normalize("NFKC", question))
+    if any(t.low == "now" for t in q):
+        a, b = clause(toks, m.start, m.end)
+        for k in range(a, b):
+            t = toks[k]
+            later = t.low == "in" and k + 2 < b and toks[k + 1].kind == "num" and _CANONICAL.get(toks[k + 2].low) in _TIME_UNITS
+            if t.low in _OTHER_TIME or later:
+                return f"states {_q(m.text)} for another time than now ({_q(text_of(toks, k, k + 3) if later else t.text)})"
+    target, others = _question_names(q)
+    if target:
+        a, _ = sentence(toks, m.start, m.end)
+        for k in range(m.start - 1, a - 1, -1):
+            name = _name(toks[k])
+            if name in others:
+                return f"states {_q(m.text)} for {toks[k].text}, not for {target} whom the question asks about"
+            if name == target.casefold():
+                break
+    return ""
+
+
+def _name(t: Tok) -> str:
+    if t.kind != "word":
+        return ""
+    low = t.low
+    for tail in ("'s", "’s"):
+        low = low.removesuffix(tail)
+    return low
+
+
+def _question_names(q: list[Tok]) -> tuple[str, set[str]]:
+    """(the one person the question's last sentence asks about, the other names it uses), or ('', set()). A
+    name is a capitalised word that is no function or question word and stands, at least once, inside a
+    sentence rather than at its start."""
+    inside: set[str] = set()
+    last_sentence: list[tuple[str, str]] = []
+    start = True
+    for t in q:
+        if t.text in ".!?;\n":
+            start, last_sentence = True, ([] if t.text != "?" else last_sentence)
+            if t.text == "?":
+                break
+            continue
+        if t.kind == "word" and t.text[:1].isupper() and _name(t) not in _NOT_NAMES:
+            if not start:
+                inside.add(_name(t))
+            last_sentence.append((_name(t), t.text.removesuffix("'s").removesuffix("’s")))
+        start = False
+    names = inside | {n for n, _ in last_sentence if n in inside}
+    asked = {n for n, _ in last_sentence if n in names}
+    if len(asked) != 1:
+        return "", set()
+    (target,) = asked
+    shown = next(text for n, text in last_sentence if n == target)
+    return shown, names - {target}
 
 
 def _plain(toks: list[Tok], m: Mention) -> str:
