@@ -118,65 +118,19 @@ def _split(results: dict) -> str:
 
 
 def recurring_lines(case: dict | None) -> list[str]:
-    """The paper's recurring case (eval/recurring.py), when the results file holds one."""
-    if not case:
-        return []
-    rc, acc, cfg = case["recurring_case"], case["acceptance"], case["config"]
-    lines = [
-        "## The recurring case (paper: problems never solved within a sampling budget, then recalled)",
-        "",
-        f"Candidates: integer answers of at most {cfg['max_digits']} digits from the templates of `eval/recurring.py`, seeded order "
-        f"(seed {cfg['seed']}); each sampled with nothing grafted (greedy, then temperature {cfg['temperature']}, seeds "
-        f"{cfg['seed']}, {cfg['seed'] + 1}, ...; at most {cfg['max_new_tokens']} new tokens per attempt) until the verifier "
-        f"accepted an answer or **{rc['budget_tokens_per_problem']:,} tokens per problem** (prompt + decode, every attempt) were spent.",
-        "",
-        "| problems | budget / problem | baseline tokens | baseline solved | grafted decode tokens | grafted solved | ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {rc['problems']} | {rc['budget_tokens_per_problem']:,} | {rc['baseline_tokens_total']:,} | {rc['baseline_solved']} | "
-        f"{rc['grafted_decode_tokens_total']} | {rc['grafted_solved']} | {_fmt(rc['ratio'], 1)}x |",
-        "",
-        "The problems: failed within the budget, their verified solution accepted by the deposit gate, asked again. "
-        + (
-            f"The gate came first (`gate_first`): each candidate's verified solution was offered before any sampling and "
-            f"a refused one was never sampled ({len(case.get('gate_refused', []))} refused). "
-            if cfg.get("gate_first")
-            else f"Failures offered to the gate: {rc.get('failed_offered', rc['problems'])}. "
-        )
-        + f"Offered {acc['offered']}, accepted {acc['accepted']} "
-        f"(acceptance rate {_fmt(acc['rate'])}; {acc.get('accepted_as_worked_solution', acc['accepted'])} as the dataset's "
-        "worked solution, the rest as its concluding line: the 270M model often answers with an intermediate line of a "
-        "multi-line solution, which the gate refuses). A refused solution is not deposited, so that problem is not recalled; "
-        "every try is in `results.json`.",
-        "",
-    ]
-    if cfg.get("batched"):
-        tokens = sum(r["baseline_tokens"] for r in [*case["failed"], *case["solved_by_sampling"]])
-        seconds = case.get("sampling_s")
-        lines += [
-            f"Sampled {cfg.get('together', 8)} attempts at a time (`eval/sampling.py`: one prompt computation per round, "
-            f"the attempts' decode steps in one batched pass, each attempt the bytes it draws alone): {tokens:,} tokens "
-            + (f"in {seconds:,.0f} s ({tokens / seconds:.0f} tokens/s) on 2 cores." if seconds else "sampled."),
+    """The recurring case of this set: withdrawn (its records stay in results.json, the labelled set's source)."""
+    if case:
+        return [
+            "## The recurring case of this set: withdrawn",
+            "",
+            "`results.json` keeps this set's recurring-case records (the judge's labelled set was drawn from them), "
+            "but its ratio is not a measurement: its baseline attempts were scored by the verifier's whole-answer "
+            "check and its recalls by the claim reader, and re-judged by the one judge the 'never solved' problems "
+            "have passing attempts (`python cli.py replay-eval docs/eval/results.json` lists them). The recurring "
+            "case is measured on the benchmark (README.md).",
             "",
         ]
-    if case.get("baseline_reused"):
-        lines += [
-            f"Baseline records of {len(case['baseline_reused'])} problems were taken from an earlier run of the same configuration, "
-            "model fingerprint and data (each record's attempts hash-checked; the sampling is seeded, so recomputing gives the same records).",
-            "",
-        ]
-    if case["payback"]:
-        lines += [
-            "Problems the model did solve by sampling (the flywheel's payback):",
-            "",
-            "| problem | discovery tokens (attempts) | recall tokens (decode) | recall correct |",
-            "|---|---:|---:|---|",
-        ]
-        lines += [
-            f"| {p['id']} | {p['discovery_tokens']:,} ({p['discovery_attempts']}) | {p['recall_tokens']} ({p['recall_decode_tokens']}) | {p['recall_correct']} |"
-            for p in case["payback"]
-        ]
-        lines.append("")
-    return lines
+    return []
 
 
 def gate_lines(results: dict) -> list[str]:
