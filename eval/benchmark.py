@@ -31,6 +31,7 @@ OUTPUT_KEYS = (
     "id",
     "set",
     "condition",
+    "form",
     "template",
     "id_orig",
     "seed",
@@ -54,10 +55,12 @@ def ask(lib, item: dict, condition: str) -> dict:
     if condition not in CONDITIONS:
         raise ValueError(f"condition must be one of {CONDITIONS}, got {condition!r}")
     t0 = time.perf_counter()
-    r = lib.answer(item["question"], graft=condition == "graft", max_new_tokens=MAX_NEW_TOKENS, record=False, form=FORM)
+    form = item.get("form", FORM)
+    r = lib.answer(item["question"], graft=condition == "graft", max_new_tokens=MAX_NEW_TOKENS, record=False, form=form)
     return {
         **{k: item[k] for k in ("id", "set", "template", "id_orig", "seed", "question", "verifier", "reference")},
         "condition": condition,
+        "form": form,
         "answer": r.answer,
         "output_token_ids": list(r.output_token_ids),
         "output_sha256": r.output_sha256,

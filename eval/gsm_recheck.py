@@ -60,7 +60,8 @@ def check_offline(results: dict, report: RecheckReport, tokenizer=None) -> None:
         if tokens_sha256(ids) != r["output_sha256"] or len(ids) != r["decode_tokens"]:
             report.fail(f"{where}: output token ids do not match their hash or decode count")
         elif (
-            tokenizer is not None and templates.cut_answer(tokenizer.decode(ids, skip_special_tokens=True), "cot") != r["answer"]
+            tokenizer is not None
+            and templates.cut_answer(tokenizer.decode(ids, skip_special_tokens=True), r.get("form", "cot")) != r["answer"]
         ):
             report.fail(f"{where}: the stored answer is not what its token ids decode to")
         report.count("output hashes")

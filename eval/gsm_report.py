@@ -33,7 +33,7 @@ def build(work: Path, budget: int | None, seed: int = 0) -> dict:
         r.pop("seconds", None)  # wall time under a shared machine: not part of the replayable record
     outs.sort(key=lambda r: (r["set"], r["id"], r["condition"]))
     deposits = benchmark.read_jsonl(work / "deposits.jsonl")
-    answered = {s: sorted({r["template"] for r in outs if r["set"] == s}) for s in gsm.SETS}
+    answered = {s: sorted({r["template"] for r in outs if r["set"] == s}) for s in sorted({r["set"] for r in outs})}
     meta = json.loads((work / "model.json").read_text(encoding="utf-8"))
     results = {
         "format": gsm_recheck.FORMAT,
@@ -50,7 +50,8 @@ def build(work: Path, budget: int | None, seed: int = 0) -> dict:
         "model": meta,
         "judge": {"sha256": gsm_recheck.judge_sha256(), "commit": _commit(), "function": "verifiers.judge"},
         "config": {
-            "prompt": "lm-evaluation-harness gsm8k-cot: 8 chain-of-thought exemplars (Wei et al. 2022), Q:/A: format",
+            "prompt": "lm-evaluation-harness gsm8k-cot: 8 chain-of-thought exemplars (Wei et al. 2022), Q:/A: format "
+            "(set original-qa: the same Q:/A: line without the exemplars, both conditions)",
             "form": benchmark.FORM,
             "max_new_tokens": benchmark.MAX_NEW_TOKENS,
             "stop": "before the next question ('Q:' or a blank line), or end of text",
@@ -110,6 +111,7 @@ SET_LABELS = {
     "original": "GSM8K originals (recurring: the original's own worked solution is in the store)",
     "names": "names-only variants (every number kept; the original's solution in the store)",
     "numbers": "new numbers and names (held-out transfer: the store holds another instance's solution)",
+    "original-qa": "GSM8K originals, zero-shot `Q:/A:` prompt (no exemplars: the graft sits right before the question)",
 }
 
 
@@ -149,7 +151,7 @@ def markdown(results: dict) -> str:
         "| set | items | no graft correct (Wilson 95%) | graft correct (Wilson 95%) | answers grafted | lift (Newcombe 95%) | lift there? |",
         "|---|---:|---|---|---:|---|---|",
     ]
-    for k in ("original", "names", "numbers"):
+    for k in ("original", "names", "numbers", "original-qa"):
         c = sc.get(k)
         if not c:
             continue

@@ -27,6 +27,10 @@ def items(work: Path, seed: int, sets: list[str], n: int) -> dict[str, list[dict
     """The first `n` templates' items of `sets`, derived from the installed package once and kept in `work`."""
     out = {}
     for s in sets:
+        if s.endswith("-qa"):  # the same items asked in the zero-shot `qa` form (graft_core.templates)
+            base = items(work, seed, [s[:-3]], n)[s[:-3]]
+            out[s] = [it | {"id": it["id"] + "-qa", "set": s, "form": "qa"} for it in base]
+            continue
         path = work / f"items-{s}-n{n}-seed{seed}-{gsm.version()}.json"
         if not path.exists():
             path.write_text(json.dumps(gsm.load(seed, templates_n=n, sets=(s,))[s]), encoding="utf-8")

@@ -9,13 +9,14 @@ A second query form, `cot`, lets the model reason: lm-evaluation-harness's gsm8k
 chain-of-thought exemplars of Wei et al. 2022, each `Q: <question>\nA: <reasoning> The answer is N.`, joined
 by a blank line), then `Q: <query>\nA:`. Its answer ends where the next question would begin (`Q:`, or the
 blank line before it, as gsm8k-cot's stop sequences). The form is chosen by the caller and is the same on
-both sides of every comparison (eval/gsm.py).
+both sides of every comparison (eval/gsm.py). A third, `qa`, is the same `Q: <query>\nA:` line and end without
+the exemplars (zero-shot): a grafted item then sits right before the question.
 """
 
 from __future__ import annotations
 
 ANSWER_END = "\n"
-FORMS = ("answer", "cot")
+FORMS = ("answer", "cot", "qa")
 COT_ENDS = ("\n\n", "Q:")  # the cot form's answer ends before the next question (gsm8k-cot's `until`)
 
 # lm-evaluation-harness gsm8k-cot's few-shot exemplars (Wei et al. 2022, "Chain-of-Thought Prompting"), verbatim.
@@ -109,13 +110,15 @@ def query_prompt(question: str, form: str = "answer") -> str:
     if _form(form) == "cot":
         shots = "\n\n".join(f"Q: {q}\nA: {a}" for q, a in COT_EXEMPLARS)
         return f"{shots}\n\nQ: {question.strip()}\nA:"
+    if form == "qa":
+        return f"Q: {question.strip()}\nA:"
     return f"Question: {question.strip()}\nAnswer:"
 
 
 def _end(completion: str, form: str) -> int:
     """Where the answer part of a completion ends (its length when no end is in it yet)."""
-    ends = COT_ENDS if _form(form) == "cot" else (ANSWER_END,)
-    body = completion.lstrip() if form == "cot" else completion  # a cot answer may open on a newline
+    ends = (ANSWER_END,) if _form(form) == "answer" else COT_ENDS
+    body = completion if form == "answer" else completion.lstrip()  # a cot answer may open on a newline
     skip = len(completion) - len(body)
     found = [body.find(e) for e in ends if e in body]
     return skip + min(found) if found else len(completion)

@@ -84,7 +84,9 @@ def test_cot_form_prompt_and_answer_end():
     assert not templates.is_answer_complete(" He had 3\npens", "cot")  # one newline does not end a cot answer
     assert not templates.is_answer_complete("\n\n", "cot")  # nor a blank opening before any text
     assert templates.cut_answer(" 7\nmore") == "7"  # the answer form still ends at the newline
-    with pytest.raises(ValueError, match="one of answer, cot"):
+    assert templates.query_prompt("How many pens?", "qa") == "Q: How many pens?\nA:"  # zero-shot: no exemplars
+    assert templates.cut_answer(" 7 pens.\n\nQ: more", "qa") == "7 pens."
+    with pytest.raises(ValueError, match="one of answer, cot, qa"):
         templates.query_prompt("x", "chat")
 
 
