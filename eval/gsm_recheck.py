@@ -65,6 +65,8 @@ def check_offline(results: dict, report: RecheckReport, tokenizer=None) -> None:
         ):
             report.fail(f"{where}: the stored answer is not what its token ids decode to")
         report.count("output hashes")
+        if tokenizer is not None:
+            report.count("answers decoded from their token ids")
     for p in (results.get("recurring") or {}).get("problems", []):
         where = f"recurring {p['id']}"
         if gsm_recurring.attempts_sha256(p["attempts"]) != p["attempts_sha256"]:
@@ -170,16 +172,15 @@ def recheck(path: str | Path, rerun_model: bool = False, sample: int = 0, lm=Non
     report = RecheckReport(path=str(path))
     results = json.loads(path.read_text(encoding="utf-8"))
     tok = None
-    try:
+    try:  # the packaged model's tokenizer from its GGUF's vocabulary (no weights read)
         from graft_core import model as model_mod
+        from graft_core import packaged
 
-        folder = model_mod.model_cache_dir() / "gemma-3-270m-f32"
-        if (folder / "tokenizer.json").exists():
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(folder)
+        found = sorted((model_mod.model_cache_dir() / "gemma-3-270m-gguf").glob("*.gguf"))
+        if found:
+            tok = packaged.tokenizer(found[0])
         else:
-            report.notes.append(f"tokenizer files not found in {folder}: token ids not decoded")
+            report.notes.append("the packaged model's GGUF is not in the model cache: token ids not decoded")
     except Exception as e:  # the offline check stands without the tokenizer; say why it was not used
         report.notes.append(f"tokenizer not loaded ({e}): token ids not decoded")
     check_offline(results, report, tok)

@@ -135,8 +135,11 @@ def markdown(results: dict) -> str:
         "The project's own invented-facts set is reported apart in [own-set.md](own-set.md).",
         "",
         f"Benchmark: `{b['package']}=={b['version']}` ({b['license']}), English templates: "
-        f"{b['source']}. Items answered: " + ", ".join(f"{n} {k}" for k, n in b["items"].items()) + f" (templates "
-        f"{b['templates']['original'][:1]}..{b['templates']['original'][-1:]} of 100, seed {b['seed']}). Model "
+        f"{b['source']}. Items answered: "
+        + ", ".join(f"{n} {k}" for k, n in b["items"].items())
+        + " (templates "
+        + ", ".join(f"{k} {v[0]}-{v[-1]}" for k, v in b["templates"].items() if v)
+        + f" of the package's 100, seed {b['seed']}). Model "
         f"`{results['model']['model']}` (fingerprint `{results['model']['model_fingerprint'][:16]}…`, "
         f"{results['model']['torch_threads']} threads), greedy.",
         f"Prompt: {cfg['prompt']}; up to {cfg['max_new_tokens']} new tokens an answer, stopping {cfg['stop']}; "
@@ -153,7 +156,7 @@ def markdown(results: dict) -> str:
     ]
     for k in ("original", "names", "numbers", "original-qa"):
         c = sc.get(k)
-        if not c:
+        if not c or not c["items"]:
             continue
         ng, g, lift = c["no-graft"], c["graft"], c["lift"]
         lines.append(
