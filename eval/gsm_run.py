@@ -85,7 +85,10 @@ def _recurring(lib, args, log) -> None:
         r for r in benchmark.read_jsonl(args.work / "outputs.jsonl") if r["condition"] == "no-graft" and r["set"] == "original"
     ]
     greedy = {r["id"]: r for r in rows}
-    failed = [i for i, r in greedy.items() if not benchmark.score(r)["ok"]]
+    # the greedy failures whose worked solution the gate accepted (the gate came first, as eval/recurring's
+    # gate_first: a problem without a verified solution in the store has nothing to be recalled from)
+    accepted = {d["id"] for d in benchmark.read_jsonl(args.work / "deposits.jsonl") if d["verdict"] == "accepted"}
+    failed = [i for i, r in greedy.items() if not benchmark.score(r)["ok"] and i in accepted]
     out = args.work / f"recurring-b{args.budget}-s{args.seed}.jsonl"
     done = {r["id"] for r in benchmark.read_jsonl(out)}
     batcher = Batcher(lib.lm.model, widths=tuple(sorted({*WIDTHS, cfg.together})))
