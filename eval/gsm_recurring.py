@@ -5,8 +5,9 @@ The baseline of a problem is its greedy no-graft record of the eval (eval/benchm
 `together` sampled attempts (eval/sampling.sample_many: one prompt computation per round, every attempt's own
 seeded draws) until one passes the one judge or the budget is spent; every token computed is counted. The
 recall is the eval's graft-condition record of the same original (retrieval + relevance chose the artifact;
-nothing forced). The case takes every original the greedy attempt failed, in a seeded order, never chosen by
-the length of its answer; the recalls' decode tokens are reported one by one.
+nothing forced). The case takes the originals the greedy attempt failed and whose worked solution the gate
+accepted (nothing else can be recalled), in a seeded order, never chosen by the length of their answers; the
+recalls' decode tokens are reported one by one.
 
 `summarise` is pure: replay recomputes every total and both ratios from the stored records. Each record carries
 `question`, `verifier`, `reference` and every attempt's `answer`, so the current judge re-scores it.

@@ -175,8 +175,8 @@ def recurring_md(rc: dict | None) -> list[str]:
     lines = [
         "## The recurring case",
         "",
-        f"Every original the greedy answer got wrong, in a seeded order (seed {cfg['seed']}; no selection by answer "
-        f"length), sampled with nothing grafted: the greedy attempt, then rounds of {cfg['together']} attempts at "
+        f"The originals the greedy answer got wrong and whose worked solution the gate accepted, in a seeded order "
+        f"(seed {cfg['seed']}; no selection by answer length), the first {c['problems_tried']} sampled with nothing grafted: the greedy attempt, then rounds of {cfg['together']} attempts at "
         f"temperature {cfg['temperature']} (seeds {cfg['seed']}, {cfg['seed'] + 1}, …; up to {cfg['max_new_tokens']} "
         f"tokens each, the same cot prompt) until the judge accepted one or **{cfg['budget']:,} tokens a problem** "
         "(every prompt and decode token) were spent. The issue's target is 50,000 tokens a problem; this budget is "
