@@ -1,7 +1,8 @@
 """`cli.py replay-eval FILE [--rerun [--sample K]]`: register(subparsers) adds the command; it calls
 eval.recheck.recheck (docs/eval/results.json) or, for the benchmark's file (docs/eval/gsm-results.json, format
 kvgraft-gsm-eval/1), eval.gsm_recheck.recheck, and formats the report. Exit 0 when everything matches, 1 on any
-mismatch."""
+mismatch. Records scored by another judge than the current one are listed with the current judge's verdict
+(eval/rejudge.py, eval/gsm_recheck.py), not counted as mismatches."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ def cmd_replay_eval(args) -> int:
         print(f"{'OK' if rep.ok else 'MISMATCH'}: {rep.path}: {rep.outputs} outputs; checked {checked}")
         for note in rep.notes:
             print(f"note: {note}")
+        if rep.rejudged_summary:
+            print(f"re-judged with {rep.rejudged_summary['judge']}: {json.dumps(rep.rejudged_summary)}")
+        for line in rep.rejudged[:50]:
+            print(f"scored by another judge: {line}")
+        if len(rep.rejudged) > 50:
+            print(f"... and {len(rep.rejudged) - 50} more records scored by another judge")
         for p in rep.problems[:50]:
             print(f"mismatch: {p}")
         if len(rep.problems) > 50:

@@ -29,15 +29,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "eval" / "results.json"
 PROBLEMS = ROOT / "datasets" / "problems.jsonl"
+GATE_JUDGING = ROOT / "docs" / "bench" / "gate-judging.json"
 GSM_OUTPUTS = Path("/work/scratch/gsm-cot-outputs.jsonl")
 DRAWN = ROOT / "docs" / "eval" / "labels" / "drawn.jsonl"
 READINGS = ROOT / "docs" / "eval" / "labels" / "readings.jsonl"
 REPORT = ROOT / "docs" / "eval" / "labels-report.json"
+MATH_VERIFY = ROOT / "docs" / "eval" / "labels-math-verify.jsonl"  # scripts/math_verify_labels.py's verdicts
+SOURCES = ROOT / "docs" / "eval" / "labels" / "sources.json"  # the sha256 of each source when a round was drawn
 SEED = 40
 FORMAT = "kvgraft-judge-labels/1"
 
 # strata: how many distinct outputs each source gives (fewer when it has fewer)
-DRAW = {"recurring_with_reference": 140, "recurring_any": 60, "recalls": 12, "eval_outputs": 100, "gsm_cot": 80}
+DRAW = {"recurring_with_reference": 140, "recurring_any": 60, "recalls": 12, "eval_outputs": 100, "gsm_cot": 0}  # no GSM file yet
+DRAW_2 = {
+    "recurring_with_reference": 60,
+    "recurring_any": 25,
+    "recalls": 0,
+    "eval_outputs": 45,
+    "gsm_cot": 100,
+    "gate_generations": 60,
+}
+# Round 1's evaluation half was scored once (b00a7ac: 127/131, 4 false accepts) and rules were then written on
+# it (81e90c6), so it is development now; round 2 is drawn fresh for the evaluation.
+ROUNDS = (
+    {"seed": SEED, "strata": DRAW, "drawn": DRAWN, "readings": READINGS},
+    {
+        "seed": SEED + 1,
+        "strata": DRAW_2,
+        "drawn": DRAWN.with_name("drawn-2.jsonl"),
+        "readings": READINGS.with_name("readings-2.jsonl"),
+    },
+)
+FIRST_LOOK = {"round": 1, "commit": "b00a7ac", "outputs": 131, "agreement": 0.9695, "false_accepts": 4, "false_refusals": 0}
 # the outputs the issue names (read before the split): development items
 NAMED = {
     ("p0028", "84 minutes"),
@@ -87,13 +110,17 @@ def _mentions(text: str, value: Fraction | None) -> bool:
     return False
 
 
+def split_key(seed: int, key: str) -> int:
+    return int(hashlib.sha256(f"{seed}:{key}".encode()).hexdigest(), 16)
+
+
 def split_of(seed: int, key: str) -> str:
-    return "development" if int(hashlib.sha256(f"{seed}:{key}".encode()).hexdigest(), 16) % 2 == 0 else "evaluation"
+    return "development" if split_key(seed, key) % 2 == 0 else "evaluation"
 
 
-def _pool(results: dict, problems: dict[str, dict], gsm: list[dict]) -> dict[str, list[dict]]:
+def _pool(results: dict, problems: dict[str, dict], gsm: list[dict], gate: dict) -> dict[str, list[dict]]:
     """Every distinct output per stratum, as records that carry what the judge needs."""
-    pools: dict[str, list[dict]] = {k: [] for k in DRAW}
+    pools: dict[str, list[dict]] = {k: [] for k in DRAW_2}
     seen: set[tuple[str, str]] = set()
     rec = results["recurring"]
     for r in [*rec["failed"], *rec["solved_by_sampling"]]:
@@ -138,6 +165,23 @@ def _pool(results: dict, problems: dict[str, dict], gsm: list[dict]) -> dict[str
                 "reference": o["reference"],
             }
         )
+    seen_gate: set[tuple[str, str]] = set()
+    for row in gate.get("candidates", []):
+        for run in ("fact_run", "graft_run"):
+            text = row[run]["text"]
+            if (row["item"], text) in seen_gate or not text.strip():
+                continue
+            seen_gate.add((row["item"], text))
+            pools["gate_generations"].append(
+                {
+                    "id": f"gate/{row['item']}/{row['form'].replace(' ', '-')}/{run}",
+                    "source": "docs/bench/gate-judging.json candidates",
+                    "answer": text,
+                    "question": row["question"],
+                    "verifier": row["verifier"],
+                    "reference": row["reference"],
+                }
+            )
     for o in gsm:
         pools["gsm_cot"].append(
             {
@@ -152,41 +196,61 @@ def _pool(results: dict, problems: dict[str, dict], gsm: list[dict]) -> dict[str
     return pools
 
 
-def draw(seed: int = SEED, results_path: Path = RESULTS, gsm_path: Path = GSM_OUTPUTS) -> list[dict]:
-    """The labelled set's outputs: the named ones, then each stratum's seeded sample; each with its split."""
+def draw(seed: int = SEED, results_path: Path = RESULTS, gsm_path: Path = GSM_OUTPUTS, round_no: int = 1) -> list[dict]:
+    """One round's outputs: (round 1) the named ones, then each stratum's seeded sample, none drawn in an
+    earlier round; each with its split (round 1: by hash; round 2: the GSM outputs by hash, the rest evaluation)."""
     results = json.loads(results_path.read_text(encoding="utf-8"))
     problems = {r["id"]: r for r in map(json.loads, PROBLEMS.read_text(encoding="utf-8").splitlines()) if r}
     gsm = [json.loads(x) for x in gsm_path.read_text(encoding="utf-8").splitlines() if x.strip()] if gsm_path.exists() else []
-    pools = _pool(results, problems, gsm)
+    gate = json.loads(GATE_JUDGING.read_text(encoding="utf-8")) if round_no > 1 else {}
+    pools = _pool(results, problems, gsm, gate)
     rng = random.Random(seed)
     out: list[dict] = []
     taken: set[str] = set()
-    for items in pools.values():  # the named outputs first, wherever they stand
+    for earlier in ROUNDS[: round_no - 1]:
+        taken |= {json.loads(x)["id"] for x in earlier["drawn"].read_text(encoding="utf-8").splitlines() if x.strip()}
+    for items in pools.values() if round_no == 1 else ():  # the named outputs first, wherever they stand
         for it in items:
             pid = it["id"].split("/")[1]
             if (pid, it["answer"]) in NAMED or it["answer"] in NAMED_TEXTS:
-                out.append({**it, "stratum": "named in the issue", "split": "development"})
+                out.append({**it, "stratum": "named in the issue", "split": "development", "round": 1})
                 taken.add(it["id"])
-    for stratum, n in DRAW.items():
+    kept = {}  # a redraw keeps the outputs already drawn in this round (the GSM file grows while it is written)
+    if round_no > 1 and ROUNDS[round_no - 1]["drawn"].exists():
+        kept = {json.loads(x)["id"] for x in ROUNDS[round_no - 1]["drawn"].read_text(encoding="utf-8").splitlines() if x}
+    for stratum, n in ROUNDS[round_no - 1]["strata"].items():
         items = [it for it in pools[stratum] if it["id"] not in taken]
-        for it in rng.sample(items, min(n, len(items))):
-            out.append({**it, "stratum": stratum, "split": split_of(seed, it["id"])})
+        if stratum == "gsm_cot":  # stable as the file grows: the outputs already drawn, then the rest by hash
+            again = [it for it in items if it["id"] in kept]
+            rest = sorted((it for it in items if it["id"] not in kept), key=lambda it: split_key(seed, it["id"]))
+            chosen = (again + rest)[: max(n, len(again))]
+        else:
+            chosen = rng.sample(items, min(n, len(items)))
+        for it in chosen:
+            split = split_of(seed, it["id"]) if round_no == 1 or stratum == "gsm_cot" else "evaluation"
+            out.append({**it, "stratum": stratum, "split": split, "round": round_no})
             taken.add(it["id"])
     return out
 
 
-def read_labels(drawn_path: Path = DRAWN, readings_path: Path = READINGS) -> list[dict]:
-    """The drawn outputs joined with their readings; every drawn output must be labelled, with a reason."""
-    drawn = [json.loads(x) for x in drawn_path.read_text(encoding="utf-8").splitlines() if x.strip()]
-    readings = {r["id"]: r for r in map(json.loads, readings_path.read_text(encoding="utf-8").splitlines()) if r}
+def read_labels() -> list[dict]:
+    """Every round's drawn outputs joined with their readings (each must be labelled, with a reason), with the
+    role each plays: round 1 is development (see ROUNDS), round 2 keeps the split it was drawn with."""
     out = []
-    for d in drawn:
-        r = readings.get(d["id"])
-        if r is None or r.get("label") not in ("right", "wrong") or not r.get("reason"):
-            raise ValueError(f"{d['id']}: every drawn output needs a label ('right' or 'wrong') and a reason")
-        out.append({**d, "label": r["label"], "reason": r["reason"]})
-    if len(readings) != len(out):
-        raise ValueError(f"{len(readings) - len(out)} readings name no drawn output")
+    for n, rnd in enumerate(ROUNDS, 1):
+        if not rnd["drawn"].exists():
+            continue
+        drawn = [json.loads(x) for x in rnd["drawn"].read_text(encoding="utf-8").splitlines() if x.strip()]
+        text = rnd["readings"].read_text(encoding="utf-8") if rnd["readings"].exists() else ""
+        readings = {r["id"]: r for r in map(json.loads, text.splitlines()) if r}
+        for d in drawn:
+            r = readings.get(d["id"])
+            if r is None or r.get("label") not in ("right", "wrong") or not r.get("reason"):
+                raise ValueError(f"{d['id']}: every drawn output needs a label ('right' or 'wrong') and a reason")
+            role = "development" if n == 1 else d["split"]
+            out.append({**d, "round": n, "role": role, "label": r["label"], "reason": r["reason"]})
+        if len(readings) != len(drawn):
+            raise ValueError(f"round {n}: {len(readings) - len(drawn)} readings name no drawn output")
     return out
 
 
@@ -194,9 +258,9 @@ def report(labels: list[dict]) -> dict:
     """The one judge on every labelled output: agreement, false accepts and false refusals per split."""
     import verifiers
 
-    out: dict = {"format": FORMAT, "judge": verifiers.JUDGE, "labels": len(labels), "splits": {}}
+    out: dict = {"format": FORMAT, "judge": verifiers.JUDGE, "labels": len(labels), "first_look": FIRST_LOOK, "splits": {}}
     for split in ("development", "evaluation"):
-        rows = [r for r in labels if r["split"] == split]
+        rows = [r for r in labels if r["role"] == split]
         agree, fa, fr = 0, [], []
         for r in rows:
             v = verifiers.judge(r["answer"], r["verifier"], r["reference"], r["question"])
@@ -209,6 +273,8 @@ def report(labels: list[dict]) -> dict:
                 fr.append({"id": r["id"], "answer": r["answer"], "reason": r["reason"], "why": v.detail})
         out["splits"][split] = {
             "outputs": len(rows),
+            "gsm_ids": sorted(r["id"].split("/")[1] for r in rows if r["stratum"] == "gsm_cot"),
+            "by_source": {k: sum(1 for r in rows if r["stratum"] == k) for k in sorted({r["stratum"] for r in rows})},
             "labelled_right": sum(1 for r in rows if r["label"] == "right"),
             "agreement": round(agree / len(rows), 4) if rows else None,
             "false_accepts": len(fa),
@@ -216,25 +282,60 @@ def report(labels: list[dict]) -> dict:
             "false_accept_items": fa,
             "false_refusal_items": fr,
         }
+    mv = MATH_VERIFY
+    if mv.exists():  # HF's math-verify on the same outputs (scripts/math_verify_labels.py): a measurement only
+        theirs = {r["id"]: r["ok"] for r in map(json.loads, mv.read_text(encoding="utf-8").splitlines()) if r}
+        out["math_verify"] = {"package": "math-verify==0.9.0", "note": "numeric and sympy items only; default extraction"}
+        for split in ("development", "evaluation"):
+            rows = [r for r in labels if r["role"] == split and r["id"] in theirs]
+            ours = {r["id"]: verifiers.judge(r["answer"], r["verifier"], r["reference"], r["question"]).ok for r in rows}
+            out["math_verify"][split] = {
+                "outputs": len(rows),
+                **{
+                    name: {
+                        "agreement": round(sum(v[r["id"]] == (r["label"] == "right") for r in rows) / len(rows), 4)
+                        if rows
+                        else None,
+                        "false_accepts": sum(v[r["id"]] and r["label"] == "wrong" for r in rows),
+                        "false_refusals": sum(not v[r["id"]] and r["label"] == "right" for r in rows),
+                    }
+                    for name, v in (("math_verify", theirs), ("judge", ours))
+                },
+            }
     return out
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("command", choices=("draw", "report"))
-    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--round", type=int, default=len(ROUNDS), choices=range(1, len(ROUNDS) + 1))
     args = p.parse_args(argv)
     if args.command == "draw":
-        items = draw(args.seed)
-        DRAWN.parent.mkdir(parents=True, exist_ok=True)
-        DRAWN.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
-        print(f"drew {len(items)} outputs into {DRAWN}")
+        rnd = ROUNDS[args.round - 1]
+        items = draw(rnd["seed"], round_no=args.round)
+        if rnd["readings"].exists():  # a redraw (more GSM outputs) must keep every output already read
+            read = {json.loads(x)["id"] for x in rnd["readings"].read_text(encoding="utf-8").splitlines() if x.strip()}
+            lost = read - {it["id"] for it in items}
+            if lost:
+                raise SystemExit(f"error: the redraw drops {len(lost)} outputs already labelled, e.g. {sorted(lost)[:3]}")
+        sources = json.loads(SOURCES.read_text(encoding="utf-8")) if SOURCES.exists() else {}
+        paths = (RESULTS, GATE_JUDGING, GSM_OUTPUTS) if args.round > 1 else (RESULTS,)
+        sources[str(args.round)] = {_rel(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.exists()}
+        SOURCES.write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        rnd["drawn"].parent.mkdir(parents=True, exist_ok=True)
+        rnd["drawn"].write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
+        print(f"drew {len(items)} outputs into {rnd['drawn']}")
         return 0
     rep = report(read_labels())
     REPORT.write_text(json.dumps(rep, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     for split, s in rep["splits"].items():
         print(
-            f"{split}: {s['outputs']} outputs, agreement {s['agreement']}, false accepts {s['false_accepts']}, false refusals {s['false_refusals']}"
+            f"{split}: {s['outputs']} outputs, agreement {s['agreement']}, false accepts {s['false_accepts']}, "
+            f"false refusals {s['false_refusals']}"
         )
     print(f"wrote {REPORT}")
     return 0

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval import harness
+from eval import harness, rejudge
 from graft_core import generate, templates
 
 
@@ -23,6 +23,8 @@ class RecheckReport:
     checks: dict = field(default_factory=dict)  # name -> number of items checked
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    rejudged: list[str] = field(default_factory=list)  # records scored by another judge that the current one changes
+    rejudged_summary: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -42,6 +44,8 @@ class RecheckReport:
             "checks": self.checks,
             "problems": self.problems,
             "notes": self.notes,
+            "rejudged": self.rejudged,
+            "rejudged_summary": self.rejudged_summary,
         }
 
 
@@ -123,7 +127,7 @@ def check_offline(results: dict, report: RecheckReport) -> None:
             report.fail(f"{where}: the data file's reference/verifier differ from the recorded ones")
         ok, _ = harness.score_answer(answer, row["verifier"], reference, o["query"])
         report.count("verdict")
-        if ok != o["correct"]:
+        if ok != o["correct"] and rejudge.current(o):  # another judge's verdicts are reported below, not failed
             report.fail(f"{where}: re-scored {'correct' if ok else 'wrong'}, recorded {'correct' if o['correct'] else 'wrong'}")
     if "recurring" in results:
         from eval import recurring
@@ -131,6 +135,7 @@ def check_offline(results: dict, report: RecheckReport) -> None:
         bad, n = recurring.check_case(results["recurring"], rows)
         report.problems.extend(bad)
         report.count("recurring_case", n)
+    report.rejudged, report.rejudged_summary = rejudge.notes(results, rows)
     gate = results.get("gate")
     accepted = {d["item"] for d in results["deposits"]} if gate is not None else None
     if gate is not None:

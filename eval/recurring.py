@@ -361,9 +361,11 @@ def check_case(case: dict, rows: dict[str, dict]) -> tuple[list[str], int]:
         if row is None:
             bad.append(f"{where}: not in the data file")
             continue
+        same_judge = rec.get("judge") == verifiers.JUDGE  # another judge's verdicts: eval/rejudge.py reports them
         for a in rec["attempts"]:
             if (
-                judge(row["verifier"], a["answer"], row["reference"], row["question"])[0] != a["passed"]
+                same_judge
+                and judge(row["verifier"], a["answer"], row["reference"], row["question"])[0] != a["passed"]
                 and "gate refused" not in a["detail"]
             ):
                 bad.append(f"{where}: attempt answer {a['answer']!r} re-scores differently")
@@ -372,7 +374,7 @@ def check_case(case: dict, rows: dict[str, dict]) -> tuple[list[str], int]:
             continue
         if tokens_sha256(g["output_token_ids"]) != g["output_sha256"] or len(g["output_token_ids"]) != g["decode_tokens"]:
             bad.append(f"{where}: grafted output token ids do not match their hash or decode count")
-        if judge(row["verifier"], g["answer"], row["reference"], row["question"])[0] != g["correct"]:
+        if same_judge and judge(row["verifier"], g["answer"], row["reference"], row["question"])[0] != g["correct"]:
             bad.append(f"{where}: grafted answer {g['answer']!r} re-scores differently")
     again = summarise_case(case["failed"], case["solved_by_sampling"], case["config"]["budget"], case.get("gate_refused", []))
     for k in ("recurring_case", "payback", "acceptance"):

@@ -235,6 +235,14 @@ class DepositPipeline:
                 return found
         else:
             verifiers.judge(reference, verifier, reference, question)  # a reference its kind cannot read is an input error
+        steps = verifiers.check_solution(solution, verifier, reference, question)  # before any prefill
+        if not steps.ok:
+            self._catalog.record_refusal(
+                VerificationRow(
+                    None, item_sha, verifier, "refused", reference, f"solution: {steps.detail}", provenance="verified"
+                )
+            )
+            raise VerificationFailed(f"refused, nothing deposited: {steps.detail}")
         progress = on_progress or (lambda f, m: None)
         progress(0.05, "gate: answering the question with the solution grafted")
         with self._lock:

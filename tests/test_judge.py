@@ -10,6 +10,7 @@ from errors import InvalidInput
 from verifiers import JUDGE, Verdict, answer_line, judge
 
 AGES = "Priya is 4 times as old as Wen. In 11 years, Priya will be 3 times as old as Wen. How old is Priya now?"
+SHARK = "Benny saw a 10-foot shark with 2 6-inch remoras. What percentage of the shark's length are the remoras?"
 TRAINS = "Two trains leave 36 minutes apart. How many minutes after the first train departs do they meet?"
 
 # (answer, line read, how it was found)
@@ -71,6 +72,16 @@ ISSUE = [
     ("44 times the age of Wen", "numeric", "44", AGES, False, None),
     ("(8-1)2 = 44", "numeric", "44", AGES, False, None),  # juxtaposed factors are read: (8-1)2 is 14
     ("4-2 2-8 = 44", "numeric", "44", AGES, False, None),  # working that does not read as arithmetic
+    ("4x = 44", "numeric", "44", AGES, False, None),  # an equation's unknown times 4, not Priya's age
+    ("4 (4x) = 44", "numeric", "44", AGES, False, None),
+    ("Priya's age is 44 years less than Wen's age", "numeric", "44", AGES, False, None),
+    ("Priya has a memory of 44 years.", "numeric", "44", AGES, False, None),
+    ("Priya reaches an age of 44 years.", "numeric", "44", AGES, True, "44"),
+    ("2x22=44 Wen is 4 times older", "numeric", "44", AGES, False, None),  # '44 Wen': Wen's value
+    ("84 minutes after the first train departs.", "numeric", "84", TRAINS, True, "84"),
+    ("10%", "numeric", "10", SHARK, True, "10"),  # 'What percentage ...?' asks in %; GSM8K's reference is 10
+    ("10 feet", "numeric", "10", SHARK, False, None),  # the asking sentence's unit is %, not the question's feet
+    ("84 hours", "numeric", "84", TRAINS, False, None),
     ("Priya is 4 × 11 = 44 years old.", "numeric", "44", AGES, True, "44"),
 ]
 
@@ -115,3 +126,25 @@ def test_a_long_worked_solution_is_read_beyond_the_answer_fields_bound():
     working = "".join(f"Step {i}: {i} + 1 = {i + 1}.\n" for i in range(80))
     assert len(working) > 1_000
     assert judge(working + "The answer is 81.", "numeric", "81", "How many steps?").ok
+
+
+def test_the_built_in_librarys_recorded_gate_answers_still_pass():
+    """The seed library's verification records hold both gate generations (the fact run's in its detail): the
+    judge must still accept every one, so a rule change cannot silently refuse the built-in library."""
+    import json
+    import re
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parent.parent / "library_seed" / "library.json").read_text(encoding="utf-8"))
+    questions = {s["artifact_id"]: s["question"] for s in doc["catalog"]["sources"]}
+    judged = 0
+    for v in doc["catalog"]["verifications"]:
+        if v["verifier"] == "attested":
+            continue
+        fact = re.match(r"with the solution grafted the model answered '(.*)'; with the artifact grafted", v["detail"])
+        assert fact is not None, v["detail"]
+        for answer in (fact.group(1), v["generated_answer"]):
+            verdict = judge(answer, v["verifier"], v["reference"], questions[v["artifact_id"]])
+            assert verdict.ok, verdict.detail
+            judged += 1
+    assert judged == 20

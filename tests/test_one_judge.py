@@ -32,8 +32,9 @@ FORBIDDEN = frozenset(
         "symbolic",
     }
 )
-# Inside verifiers/, only these modules call a kind's `.check`: the judge, and the kinds' own `check(item)`.
-CHECK_CALLERS = frozenset({"judging.py", "judges.py"})
+# Inside verifiers/, only these modules call a kind's `.check`: the judge, the kinds' own `check(item)`, and the
+# solution checker (it compares a solution's steps with each other through the sympy kind, not an answer).
+CHECK_CALLERS = frozenset({"judging.py", "judges.py", "solutions.py"})
 # The one allowed exception, with its reason: eval/gate_judging.py measures the span heuristic the claim reader
 # replaced ("before"); its verdicts are reported beside the judge's and decide nothing.
 ALLOWED = frozenset({("eval/gate_judging.py", "_old_judge")})

@@ -1,10 +1,11 @@
 """Judging answers: `judge(answer, verifier, reference, question)` is THE judge, the one function that decides
 every verdict on an answer (its rules at the top of verifiers/judging.py).
 
-Modules: `judging` (the judge and its rules), `verdict` (the item, the verdict, the interface), `judges` (the kinds: each compares one value with its reference; `check` is
-a kind's own verdict on an item, for the kinds' tests and nothing else), `claims` with `sentences` and
-`quantities` (what an answer sentence asserts), `symbolic` (the sympy kind's allow-list and its worker),
-`sympy_worker` (the child process). No torch, no store.
+Modules: `judging` (the judge and its rules), `solutions` (a worked solution's steps and final answer, checked
+by the gate before any prefill), `verdict` (the item, the verdict, the interface), `judges` (the kinds: each
+compares one value with its reference; `check` is a kind's own verdict on an item, for the kinds' tests and
+nothing else), `claims` with `sentences` and `quantities` (what an answer sentence asserts), `symbolic` (the
+sympy kind's allow-list and its worker), `sympy_worker` (the child process). No torch, no store.
 """
 
 from verifiers.judges import (
@@ -18,6 +19,7 @@ from verifiers.judges import (
     validate,
 )
 from verifiers.judging import JUDGE, KINDS, answer_line, judge
+from verifiers.solutions import check_solution
 from verifiers.symbolic import SympyVerifier
 from verifiers.verdict import FIELD_BOUNDS, Claim, Verdict, VerifiedItem, Verifier
 
@@ -36,6 +38,7 @@ __all__ = [
     "KINDS",
     "answer_line",
     "check",
+    "check_solution",
     "item_sha256",
     "judge",
     "normalise_text",

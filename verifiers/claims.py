@@ -28,7 +28,17 @@ Reading rules, the same for every kind:
   22.530816), else the answer contradicts itself. A claim is a value as written: one number (signed, with a
   currency sign or '%') or a fraction of two whole numbers ('3/4'). An expression left unworked ('Wen = 40 + 4 *
   4') or a chain with nothing after its last '=' or operator ("Priya's age = (4x22) / 2 =") is working that
-  asserts no value; a line with nothing else asserts nothing.
+  asserts no value; a line with nothing else asserts nothing. Juxtaposed factors are multiplied ('2(6)',
+  '(8-1)2'), a fraction of whole numbers written tight is one number ('1 ÷ 361/2277'), a unit inside a chain is
+  a unit ('4 × 12 years = 48'), and a member that does not read as arithmetic ('4-2 2-8') makes its chain
+  assert nothing.
+- Not the answer. A number is not the line's claim when it is a multiplier ('12 times the amount'), a
+  difference ('18 years less than', '5 more'), a multiple of an unknown ('4x') or the right side of an
+  equation in one ('4x = 16'), a qualifier of something the question does not ask ('a memory of 18 years': a
+  number after 'of' counts only after a quantity noun or a word of the question), a value at another time
+  when the question asks about now ('was 18', 'will be 18', 'in 2 years'), or the value of another person the
+  question names ('Leona is 12', '12 Leona' when it asks about Wen: the nearest name before the number, or a
+  name written as its unit). A compound quantity ('12 years 5 months') is refused: it is not one value.
 - Clauses. A sentence ends at . ! ? ; and a line break; a clause also ends at , : — ( ) and before but,
   although, though, however, whereas, while, because, so, therefore, thus, hence. A parenthesised aside is a
   clause of its own.

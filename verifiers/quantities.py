@@ -147,6 +147,8 @@ class _Expr:
         if v is None or t.kind != "num":
             raise ValueError("not a number")
         self.k += 1
+        if _tight_fraction(self.toks, self.k - 1):  # '361/2277' written tight is one number: '1 ÷ 361/2277'
+            v, self.k = v / numeral(self.toks[self.k + 1]), self.k + 2
         if self._peek() == "%":
             self.k += 1
             v = v / 100
@@ -188,7 +190,7 @@ def _mathy(toks: list[Tok], k: int) -> bool:
     if t.kind == "num" or t.text in _OPS | {"=", "≈", "%", ")"} or t.text in _CURRENCY:
         return True
     if t.kind == "word" and t.low not in FUNCTION and 0 < k < len(toks) - 1 and toks[k - 1].kind == "num":
-        if toks[k + 1].text in ("=", "≈"):
+        if toks[k + 1].text in ("=", "≈") and not (len(t.text) == 1 and t.start == toks[k - 1].end):  # not '2b ='
             return True  # a unit inside a chain: '4 × 12 years = 48'
     if t.text == "(":
         return k + 1 < len(toks) and (toks[k + 1].kind == "num" or toks[k + 1].text in ("(", "-"))
@@ -219,6 +221,14 @@ def _members(toks: list[Tok], a: int, b: int) -> list[tuple[int, int, str]]:
     if b > start:
         out.append((start, b, sign))
     return out
+
+
+def _tight_fraction(toks: list[Tok], k: int) -> bool:
+    """Is toks[k] the numerator of a fraction of whole numbers written without spaces ('361/2277')?"""
+    if k + 2 >= len(toks) or toks[k + 1].text != "/" or toks[k + 2].kind != "num":
+        return False
+    a, slash, b = toks[k], toks[k + 1], toks[k + 2]
+    return a.text.isdigit() and b.text.isdigit() and a.end == slash.start and slash.end == b.start and int(b.text) != 0
 
 
 def _number_mentions(toks: list[Tok]) -> tuple[list[Mention], str | None]:
@@ -364,6 +374,11 @@ def read_number(toks: list[Tok], verifier: str, reference: str, question: str) -
 _TIME_UNITS = frozenset({"year", "month", "week", "day", "h", "min"})
 _MULTIPLIED = frozenset("the as more less older younger bigger larger greater smaller his her their its that".split())
 _OTHER_TIME = frozenset("will would was were had ago later earlier".split())
+_COMPARATIVES = frozenset("less more older younger fewer greater smaller larger bigger longer shorter higher lower than".split())
+_QUANTITY_NOUNS = frozenset(
+    "age height length width depth distance population speed velocity temperature price cost total sum amount "
+    "value weight mass area volume time duration rate concentration score number count balance".split()
+)
 _NOT_NAMES = FUNCTION | frozenset("how what which who whom when where why if after before each every answer".split())
 
 
@@ -383,9 +398,21 @@ def _not_the_answer(toks: list[Tok], m: Mention, question: str) -> str:
     """Why a number the line states is not its answer to the question, or '': a multiplier ('12 times the
     amount'), a value at another time than a question about now ('was 18', 'will be 18', 'in 2 years'), or the
     value of another person the question names ('Leona is 12' asked about Wen)."""
-    if m.unit == "times" and m.end < len(toks) and toks[m.end].low in _MULTIPLIED:
+    nxt = toks[m.end].low if m.end < len(toks) else ""
+    if m.unit and len(m.unit) == 1 and m.unit not in _CANONICAL and m.end >= 2 and toks[m.end - 1].start == toks[m.end - 2].end:
+        return f"states {_q(m.text)}, a multiple of an unknown, not a value"
+    if m.unit == "times" and nxt in _MULTIPLIED:
         return f"states {_q(m.text)} as a multiplier ({_q(m.text + ' ' + toks[m.end].text)})"
+    if nxt in _COMPARATIVES:
+        return f"states {_q(m.text)} as a difference ({_q(m.text + ' ' + toks[m.end].text)})"
     q = tokens(unicodedata.normalize("NFKC", question))
+    variable = _variable_before(toks, m)
+    if variable:
+        return f"states {_q(m.text)} as the value of an expression in a variable ({_q(variable)})"
+    if m.start >= 2 and toks[m.start - 1].low == "of" and toks[m.start - 2].kind == "word":
+        noun = toks[m.start - 2].low
+        if noun not in FUNCTION and noun not in _QUANTITY_NOUNS and noun not in {t.low for t in q}:
+            return f"states {_q(m.text)} as the {noun} of something, which the question does not ask"
     if any(t.low == "now" for t in q):
         a, b = clause(toks, m.start, m.end)
         for k in range(a, b):
@@ -394,6 +421,8 @@ def _not_the_answer(toks: list[Tok], m: Mention, question: str) -> str:
             if t.low in _OTHER_TIME or later:
                 return f"states {_q(m.text)} for another time than now ({_q(text_of(toks, k, k + 3) if later else t.text)})"
     target, others = _question_names(q)
+    if target and m.unit is not None and m.unit in others:
+        return f"states {_q(m.text)} for {m.unit.capitalize()}, not for {target} whom the question asks about"
     if target:
         a, _ = sentence(toks, m.start, m.end)
         for k in range(m.start - 1, a - 1, -1):
@@ -402,6 +431,19 @@ def _not_the_answer(toks: list[Tok], m: Mention, question: str) -> str:
                 return f"states {_q(m.text)} for {toks[k].text}, not for {target} whom the question asks about"
             if name == target.casefold():
                 break
+    return ""
+
+
+def _variable_before(toks: list[Tok], m: Mention) -> str:
+    """'4x' when the mention is the right side of an equation whose left side writes a number times a letter
+    ('4x = 16', '4 (4x) = 12': the equation's unknown, not its value), else ''."""
+    if m.start < 1 or toks[m.start - 1].text != "=":
+        return ""
+    a, _ = sentence(toks, m.start, m.end)
+    for k in range(a, m.start - 2):
+        t, v = toks[k], toks[k + 1]
+        if t.kind == "num" and v.kind == "word" and len(v.text) == 1 and (k + 2 >= len(toks) or toks[k + 2].kind != "num"):
+            return t.text + v.text
     return ""
 
 
@@ -460,14 +502,27 @@ def _reference_value(verifier: str, reference: str) -> Fraction | None:
 
 def _question_units(question: str) -> set[str]:
     """The units a question writes, canonical: each word, and each unit as a claim's is read ('km/h', 'km per
-    hour': 'in km/h' asks for km/h, not for km and h)."""
+    hour': 'in km/h' asks for km/h, not for km and h); 'percentage' and 'percent' ask in %. When the sentence
+    that asks (the last one with '?') names a measurement unit, that sentence's units are the question's: 'What
+    percentage of the 10-foot shark ...?' asks in %, not in feet."""
     toks = tokens(unicodedata.normalize("NFKC", question))
+    ends = [k for k, t in enumerate(toks) if t.text in ".!?;"]
+    asks = max((k for k in ends if toks[k].text == "?"), default=None)
+    if asks is not None:
+        start = max((k + 1 for k in ends if k < asks), default=0)
+        asking = _units_in(toks[start : asks + 1])
+        if asking & (set(_UNIT_ALIASES) | {"%"}):
+            return asking
+    return _units_in(toks)
+
+
+def _units_in(toks: list[Tok]) -> set[str]:
     units = {_CANONICAL.get(t.low, t.low) for t in toks}
     for k in range(len(toks)):
         unit, _ = _unit_at(toks, k)
         if unit is not None:
             units.add(_CANONICAL.get(unit, unit))
-    return units | ({"%"} if {"%", "percent"} & units else set())
+    return units | ({"%"} if {"%", "percent", "percentage"} & units else set())
 
 
 def _same_quantity(unit: str | None, ref_unit: str | None, q_units: set[str]) -> bool:
