@@ -32,18 +32,40 @@ def _ok(row: dict, answer: str) -> bool:
     return bool(benchmark.score({**row, "answer": answer})["ok"])
 
 
+RECURRING_KEYS = ("recurring", "recurring_qa")  # the case with the cot prompt, and in the qa form
+
+
+def recalls(outs: list[dict], form: str) -> dict[str, dict]:
+    """Problem id -> its recall: the graft-condition record of the original in the case's form."""
+    want = "original" if form == "cot" else f"original-{form}"
+    return {r["id"]: r for r in outs if r["condition"] == "graft" and r["set"] == want}
+
+
+def deposits_by_problem(deposits: list[dict], form: str) -> dict[str, dict]:
+    """Problem id (in the case's form) -> the gate's record of its original's deposit."""
+    suffix = "" if form == "cot" else f"-{form}"
+    return {d["id"] + suffix: d for d in deposits}
+
+
+def _cases(results: dict) -> list[tuple[str, dict]]:
+    return [(k, results[k]) for k in RECURRING_KEYS if results.get(k)]
+
+
+def _problems(results: dict) -> list[dict]:
+    return [p for _, rc in _cases(results) for p in rc["problems"]]
+
+
 def rescore(results: dict) -> tuple[dict, dict]:
-    """(scores, recurring case) recomputed from the records by the current judge."""
+    """(scores, {key: recurring case}) recomputed from the records by the current judge."""
     outs = results["outputs"]
     verdicts = {benchmark.key(r): _ok(r, r["answer"]) for r in outs}
     scores = benchmark.summarise(outs, verdicts)
-    rc = results.get("recurring")
-    case = None
-    if rc:
-        recalls = {r["id"]: r for r in outs if r["condition"] == "graft" and r["set"] == "original"}
-        deposits = {d["id"]: d for d in results["deposits"]}
-        case = gsm_recurring.summarise(rc["problems"], recalls, deposits, rc["config"], _ok)
-    return scores, case
+    cases = {}
+    for k, rc in _cases(results):
+        form = rc["config"].get("form", "cot")
+        dep = deposits_by_problem(results["deposits"], form)
+        cases[k] = gsm_recurring.summarise(rc["problems"], recalls(outs, form), dep, rc["config"], _ok)
+    return scores, cases
 
 
 def check_offline(results: dict, report: RecheckReport, tokenizer=None) -> None:
@@ -67,7 +89,7 @@ def check_offline(results: dict, report: RecheckReport, tokenizer=None) -> None:
         report.count("output hashes")
         if tokenizer is not None:
             report.count("answers decoded from their token ids")
-    for p in (results.get("recurring") or {}).get("problems", []):
+    for p in _problems(results):
         where = f"recurring {p['id']}"
         if gsm_recurring.attempts_sha256(p["attempts"]) != p["attempts_sha256"]:
             report.fail(f"{where}: attempt records hash differently from the recorded attempts_sha256")
@@ -87,13 +109,13 @@ def _rejudge(results: dict, report: RecheckReport) -> None:
     for r in results["outputs"]:
         differ += _ok(r, r["answer"]) != r["ok"]
         report.count("outputs re-judged")
-    for p in (results.get("recurring") or {}).get("problems", []):
+    for p in _problems(results):
         for a in p["attempts"]:
             differ += _ok(p, a["answer"]) != a["passed"]
             report.count("attempts re-judged")
-    scores, case = rescore(results)
-    figures_differ = json.dumps(scores, sort_keys=True) != json.dumps(results["scores"], sort_keys=True) or (
-        case is not None and json.dumps(case, sort_keys=True) != json.dumps(results["recurring"]["case"], sort_keys=True)
+    scores, cases = rescore(results)
+    figures_differ = json.dumps(scores, sort_keys=True) != json.dumps(results["scores"], sort_keys=True) or any(
+        json.dumps(c, sort_keys=True) != json.dumps(results[k]["case"], sort_keys=True) for k, c in cases.items()
     )
     if same:
         if differ:
@@ -103,21 +125,17 @@ def _rejudge(results: dict, report: RecheckReport) -> None:
     elif differ or figures_differ:
         report.notes.append(
             f"scored by another judge (sha256 {stored[:12]}…, current {judge_sha256()[:12]}…): {differ} verdicts "
-            "differ; figures recomputed with the current judge: " + json.dumps({"scores": scores, "recurring": case})
+            "differ; figures recomputed with the current judge: " + json.dumps({"scores": scores, **cases})
         )
 
 
 def rerun(results: dict, report: RecheckReport, sample: int, lm=None) -> None:
-    """Recompute with the model: the deposits (same artifact ids), every recall of the recurring case, each
-    problem's greedy attempt and its first `sample` sampled rounds; token ids compared by hash."""
+    """Recompute with the model: the deposits (same artifact ids), then for every recurring problem its greedy
+    record, its recall and its first `sample` sampled rounds; token ids compared by hash."""
     import tempfile
 
     import services
-    from eval import sampling
-    from graft_core import generate
-    from graft_core.batch import WIDTHS, Batcher
 
-    rc = results.get("recurring") or {"problems": [], "config": {}}
     items = {benchmark.key(r): r for r in results["outputs"]}
     with tempfile.TemporaryDirectory(prefix="kvgraft-gsm-rerun-") as home:
         lib = services.Library(home=home, lm=lm)
@@ -125,46 +143,50 @@ def rerun(results: dict, report: RecheckReport, sample: int, lm=None) -> None:
         for d in results["deposits"]:  # the worked solutions from the installed package (never stored in the file)
             got = benchmark.deposit(lib, {**d, "solution": solutions[d["id"]]})
             if got["verdict"] != d["verdict"] or got.get("artifact") != d.get("artifact"):
-                report.fail(
-                    f"deposit {d['id']}: re-run gives {got['verdict']} {got.get('artifact')}, recorded {d['verdict']} {d.get('artifact')}"
-                )
+                report.fail(f"deposit {d['id']}: re-run gives {got['verdict']}, recorded {d['verdict']}")
             report.count("deposits re-run")
-        cfg = rc["config"]
-        batcher = Batcher(lib.lm.model, widths=tuple(sorted({*WIDTHS, cfg.get("together", 8)}))) if rc["problems"] else None
-        for p in rc["problems"]:
-            for cond in ("no-graft", "graft"):
-                rec = items.get((cond, p["id"]))
-                if rec is None:
-                    continue
-                again = benchmark.ask(lib, rec, cond)
-                if again["output_sha256"] != rec["output_sha256"]:
+        for _, rc in _cases(results):
+            _rerun_case(lib, rc, items, report, sample)
+        lib.close()
+
+
+def _rounds(attempts: list[dict]) -> list[list[dict]]:
+    """The sampled attempts grouped by round: a round's first attempt carries its prompt's tokens."""
+    rounds: list[list[dict]] = []
+    for a in attempts:
+        if a["mode"] != "sampled":
+            continue
+        if a["prompt_tokens"] or not rounds:
+            rounds.append([])
+        rounds[-1].append(a)
+    return rounds
+
+
+def _rerun_case(lib, rc: dict, items: dict, report: RecheckReport, sample: int) -> None:
+    from eval import sampling
+    from graft_core import generate
+    from graft_core.batch import WIDTHS, Batcher
+
+    cfg = rc["config"]
+    form = cfg.get("form", "cot")
+    batcher = Batcher(lib.lm.model, widths=tuple(sorted({*WIDTHS, cfg.get("together", 8)})))
+    for p in rc["problems"]:
+        for cond in ("no-graft", "graft"):
+            rec = items.get((cond, p["id"]))
+            if rec is not None:
+                if benchmark.ask(lib, rec, cond)["output_sha256"] != rec["output_sha256"]:
                     report.fail(f"{cond} {p['id']}: re-run token ids differ from the record")
                 report.count("answers re-run")
-            prompt_ids = generate.encode_prompt(lib.lm, p["question"], grafted=False, form=benchmark.FORM)
-            rounds, cur = [], []
-            for a in p["attempts"][1:]:
-                if a["prompt_tokens"] and cur:
-                    rounds.append(cur)
-                    cur = []
-                cur.append(a)
-            if cur:
-                rounds.append(cur)
-            for rnd in rounds[:sample]:
-                r = sampling._round(
-                    lib.lm,
-                    batcher,
-                    prompt_ids,
-                    [a["seed"] for a in rnd],
-                    cfg["temperature"],
-                    cfg["max_new_tokens"],
-                    lambda text: False,
-                    benchmark.FORM,
-                )
-                for a, b in zip(rnd, r.attempts, strict=True):
-                    if generate.tokens_sha256(b.token_ids) != a["output_sha256"]:
-                        report.fail(f"recurring {p['id']} seed {a['seed']}: re-run token ids differ from the record")
-                    report.count("sampled attempts re-run")
-        lib.close()
+        prompt_ids = generate.encode_prompt(lib.lm, p["question"], grafted=False, form=form)
+        for rnd in _rounds(p["attempts"])[:sample]:
+            seeds = [a["seed"] for a in rnd]
+            r = sampling._round(
+                lib.lm, batcher, prompt_ids, seeds, cfg["temperature"], cfg["max_new_tokens"], lambda t: False, form
+            )
+            for a, b in zip(rnd, r.attempts, strict=True):
+                if generate.tokens_sha256(b.token_ids) != a["output_sha256"]:
+                    report.fail(f"recurring {p['id']} seed {a['seed']}: re-run token ids differ from the record")
+                report.count("sampled attempts re-run")
 
 
 def recheck(path: str | Path, rerun_model: bool = False, sample: int = 0, lm=None) -> RecheckReport:

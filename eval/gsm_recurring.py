@@ -33,6 +33,7 @@ class CaseConfig:
     seed: int = 0
     max_new_tokens: int = benchmark.MAX_NEW_TOKENS
     recalls: int = 10  # the deposit's cost is amortised over this many recalls in ratio_all_in
+    form: str = benchmark.FORM  # the query form of every attempt and of the recall (graft_core.templates.FORMS)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -87,7 +88,7 @@ def baseline(lib, greedy: dict, cfg: CaseConfig, batcher) -> dict:
             max_new_tokens=cfg.max_new_tokens,
             seed=cfg.seed,
             batcher=batcher,
-            form=benchmark.FORM,
+            form=cfg.form,
         )
         for r in run.rounds:
             for k, a in enumerate(r.attempts):

@@ -65,24 +65,29 @@ def build(work: Path, budget: int | None, seed: int = 0) -> dict:
     verdicts = {benchmark.key(r): r["ok"] for r in outs}
     results["scores"] = benchmark.summarise(outs, verdicts)
     if budget is not None:
-        path = work / f"recurring-b{budget}-s{seed}.jsonl"
-        problems = benchmark.read_jsonl(path)
-        for p in problems:
-            cfg = p.pop("config")
-            for a in p["attempts"]:
-                a["passed"] = gsm_recheck._ok(p, a["answer"])
-            p["solved"] = any(a["passed"] for a in p["attempts"])
-            p["attempts_sha256"] = gsm_recurring.attempts_sha256(p["attempts"])
-            p.pop("seconds", None)
-        if problems:
-            recalls = {r["id"]: r for r in outs if r["condition"] == "graft" and r["set"] == "original"}
-            dep = {d["id"]: d for d in deposits}
-            results["recurring"] = {
-                "config": cfg,
-                "problems": problems,
-                "case": gsm_recurring.summarise(problems, recalls, dep, cfg, gsm_recheck._ok),
-            }
+        from eval.gsm_run import recurring_file
+
+        for form, key in (("cot", "recurring"), ("qa", "recurring_qa")):
+            case = _recurring(work / recurring_file(form, budget, seed), outs, deposits, form)
+            if case:
+                results[key] = case
     return results
+
+
+def _recurring(path: Path, outs: list[dict], deposits: list[dict], form: str) -> dict | None:
+    problems = benchmark.read_jsonl(path)
+    if not problems:
+        return None
+    for p in problems:
+        cfg = p.pop("config")
+        for a in p["attempts"]:
+            a["passed"] = gsm_recheck._ok(p, a["answer"])
+        p["solved"] = any(a["passed"] for a in p["attempts"])
+        p["attempts_sha256"] = gsm_recurring.attempts_sha256(p["attempts"])
+        p.pop("seconds", None)
+    cfg.setdefault("form", form)
+    recalls, dep = gsm_recheck.recalls(outs, cfg["form"]), gsm_recheck.deposits_by_problem(deposits, cfg["form"])
+    return {"config": cfg, "problems": problems, "case": gsm_recurring.summarise(problems, recalls, dep, cfg, gsm_recheck._ok)}
 
 
 def dumps(results: dict) -> str:
@@ -95,7 +100,7 @@ def dumps(results: dict) -> str:
         if isinstance(v, list):
             body = ",\n".join("  " + json.dumps(x, ensure_ascii=False, separators=(",", ":")) for x in v)
             lines.append(f"{json.dumps(k)}: [\n{body}\n]{end}")
-        elif k == "recurring":
+        elif k in gsm_recheck.RECURRING_KEYS:
             inner = {**v}
             probs = inner.pop("problems")
             body = ",\n".join("  " + json.dumps(x, ensure_ascii=False, separators=(",", ":")) for x in probs)
@@ -164,7 +169,10 @@ def markdown(results: dict) -> str:
             f"{g['correct']} ({_pct(g['accuracy'])}; {_ci(g['wilson95'])}) | {g['grafted']} | "
             f"{_pct(lift['value'])} ({_ci(lift['newcombe95'])}) | {lift['there']} |"
         )
-    lines += ["", *recurring_md(results.get("recurring")), *commands_md()]
+    lines += ["", *recurring_md(results.get("recurring"))]
+    if results.get("recurring_qa"):
+        lines += ["### The same case with the zero-shot `Q:/A:` prompt (form qa)", "", *recurring_md(results["recurring_qa"])[2:]]
+    lines += commands_md()
     return "\n".join(lines) + "\n"
 
 
@@ -252,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text(dumps(results), encoding="utf-8")
     os.replace(tmp, args.out)
     (args.out.parent / "README.md").write_text(markdown(results), encoding="utf-8")
-    print(json.dumps({"scores": results["scores"], "recurring": (results.get("recurring") or {}).get("case")}, indent=1))
+    cases = {k: results[k]["case"] for k in gsm_recheck.RECURRING_KEYS if k in results}
+    print(json.dumps({"scores": results["scores"], **cases}, indent=1))
     print(f"wrote {args.out}")
     return 0
 

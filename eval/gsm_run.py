@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget", type=int, default=50_000, help="recurring: tokens per problem (every attempt's)")
     p.add_argument("--problems", type=int, default=8, help="recurring: greedy failures sampled, in seeded order")
+    p.add_argument("--form", default="cot", choices=("cot", "qa"), help="recurring: the query form of attempts and recalls")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     import services
@@ -76,20 +77,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def recurring_file(form: str, budget: int, seed: int) -> str:
+    return f"recurring-b{budget}-s{seed}.jsonl" if form == "cot" else f"recurring-{form}-b{budget}-s{seed}.jsonl"
+
+
 def _recurring(lib, args, log) -> None:
     from eval import gsm_recurring
     from graft_core.batch import WIDTHS, Batcher
 
-    cfg = gsm_recurring.CaseConfig(budget=args.budget, seed=args.seed)
-    rows = [
-        r for r in benchmark.read_jsonl(args.work / "outputs.jsonl") if r["condition"] == "no-graft" and r["set"] == "original"
-    ]
+    cfg = gsm_recurring.CaseConfig(budget=args.budget, seed=args.seed, form=args.form)
+    want = "original" if args.form == "cot" else f"original-{args.form}"
+    rows = [r for r in benchmark.read_jsonl(args.work / "outputs.jsonl") if r["condition"] == "no-graft" and r["set"] == want]
     greedy = {r["id"]: r for r in rows}
     # the greedy failures whose worked solution the gate accepted (the gate came first, as eval/recurring's
     # gate_first: a problem without a verified solution in the store has nothing to be recalled from)
     accepted = {d["id"] for d in benchmark.read_jsonl(args.work / "deposits.jsonl") if d["verdict"] == "accepted"}
-    failed = [i for i, r in greedy.items() if not benchmark.score(r)["ok"] and i in accepted]
-    out = args.work / f"recurring-b{args.budget}-s{args.seed}.jsonl"
+    failed = [i for i, r in greedy.items() if not benchmark.score(r)["ok"] and r["id"].split("-")[0] + "-original" in accepted]
+    out = args.work / recurring_file(args.form, args.budget, args.seed)
     done = {r["id"] for r in benchmark.read_jsonl(out)}
     batcher = Batcher(lib.lm.model, widths=tuple(sorted({*WIDTHS, cfg.together})))
     for pid in gsm_recurring.order(failed, args.seed)[: args.problems]:
