@@ -31,6 +31,7 @@ RESULTS = ROOT / "docs" / "eval" / "results.json"
 PROBLEMS = ROOT / "datasets" / "problems.jsonl"
 GATE_JUDGING = ROOT / "docs" / "bench" / "gate-judging.json"
 GSM_OUTPUTS = Path("/work/scratch/gsm-cot-outputs.jsonl")
+GSM_GRAFT_OUTPUTS = Path("/work/scratch/gsm-graft-outputs.jsonl")  # the same questions answered with a graft
 DRAWN = ROOT / "docs" / "eval" / "labels" / "drawn.jsonl"
 READINGS = ROOT / "docs" / "eval" / "labels" / "readings.jsonl"
 REPORT = ROOT / "docs" / "eval" / "labels-report.json"
@@ -48,6 +49,7 @@ DRAW_2 = {
     "eval_outputs": 45,
     "gsm_cot": 100,
     "gate_generations": 60,
+    "gsm_graft": 60,
 }
 # Round 1's evaluation half was scored once (b00a7ac: 127/131, 4 false accepts) and rules were then written on
 # it (81e90c6), so it is development now; round 2 is drawn fresh for the evaluation.
@@ -118,7 +120,9 @@ def split_of(seed: int, key: str) -> str:
     return "development" if split_key(seed, key) % 2 == 0 else "evaluation"
 
 
-def _pool(results: dict, problems: dict[str, dict], gsm: list[dict], gate: dict) -> dict[str, list[dict]]:
+def _pool(
+    results: dict, problems: dict[str, dict], gsm: list[dict], gate: dict, grafted: list[dict] = ()
+) -> dict[str, list[dict]]:
     """Every distinct output per stratum, as records that carry what the judge needs."""
     pools: dict[str, list[dict]] = {k: [] for k in DRAW_2}
     seen: set[tuple[str, str]] = set()
@@ -182,6 +186,17 @@ def _pool(results: dict, problems: dict[str, dict], gsm: list[dict], gate: dict)
                     "reference": row["reference"],
                 }
             )
+    for o in grafted:
+        pools["gsm_graft"].append(
+            {
+                "id": f"gsm-graft/{o['id']}/{o.get('seed')}",
+                "source": str(GSM_GRAFT_OUTPUTS),
+                "answer": o["answer"],
+                "question": o["question"],
+                "verifier": o["verifier"],
+                "reference": o["reference"],
+            }
+        )
     for o in gsm:
         pools["gsm_cot"].append(
             {
@@ -203,7 +218,10 @@ def draw(seed: int = SEED, results_path: Path = RESULTS, gsm_path: Path = GSM_OU
     problems = {r["id"]: r for r in map(json.loads, PROBLEMS.read_text(encoding="utf-8").splitlines()) if r}
     gsm = [json.loads(x) for x in gsm_path.read_text(encoding="utf-8").splitlines() if x.strip()] if gsm_path.exists() else []
     gate = json.loads(GATE_JUDGING.read_text(encoding="utf-8")) if round_no > 1 else {}
-    pools = _pool(results, problems, gsm, gate)
+    grafted = []
+    if round_no > 1 and GSM_GRAFT_OUTPUTS.exists():
+        grafted = [json.loads(x) for x in GSM_GRAFT_OUTPUTS.read_text(encoding="utf-8").splitlines() if x.strip()]
+    pools = _pool(results, problems, gsm, gate, grafted)
     rng = random.Random(seed)
     out: list[dict] = []
     taken: set[str] = set()
@@ -220,14 +238,14 @@ def draw(seed: int = SEED, results_path: Path = RESULTS, gsm_path: Path = GSM_OU
         kept = {json.loads(x)["id"] for x in ROUNDS[round_no - 1]["drawn"].read_text(encoding="utf-8").splitlines() if x}
     for stratum, n in ROUNDS[round_no - 1]["strata"].items():
         items = [it for it in pools[stratum] if it["id"] not in taken]
-        if stratum == "gsm_cot":  # stable as the file grows: the outputs already drawn, then the rest by hash
+        if stratum in ("gsm_cot", "gsm_graft"):  # stable as the file grows: the outputs already drawn, then by hash
             again = [it for it in items if it["id"] in kept]
             rest = sorted((it for it in items if it["id"] not in kept), key=lambda it: split_key(seed, it["id"]))
             chosen = (again + rest)[: max(n, len(again))]
         else:
             chosen = rng.sample(items, min(n, len(items)))
         for it in chosen:
-            split = split_of(seed, it["id"]) if round_no == 1 or stratum == "gsm_cot" else "evaluation"
+            split = split_of(seed, it["id"]) if round_no == 1 or stratum.startswith("gsm") else "evaluation"
             out.append({**it, "stratum": stratum, "split": split, "round": round_no})
             taken.add(it["id"])
     return out
@@ -273,7 +291,7 @@ def report(labels: list[dict]) -> dict:
                 fr.append({"id": r["id"], "answer": r["answer"], "reason": r["reason"], "why": v.detail})
         out["splits"][split] = {
             "outputs": len(rows),
-            "gsm_ids": sorted(r["id"].split("/")[1] for r in rows if r["stratum"] == "gsm_cot"),
+            "gsm_ids": sorted({r["id"].split("/")[1] for r in rows if r["stratum"].startswith("gsm")}),
             "by_source": {k: sum(1 for r in rows if r["stratum"] == k) for k in sorted({r["stratum"] for r in rows})},
             "labelled_right": sum(1 for r in rows if r["label"] == "right"),
             "agreement": round(agree / len(rows), 4) if rows else None,
@@ -323,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             if lost:
                 raise SystemExit(f"error: the redraw drops {len(lost)} outputs already labelled, e.g. {sorted(lost)[:3]}")
         sources = json.loads(SOURCES.read_text(encoding="utf-8")) if SOURCES.exists() else {}
-        paths = (RESULTS, GATE_JUDGING, GSM_OUTPUTS) if args.round > 1 else (RESULTS,)
+        paths = (RESULTS, GATE_JUDGING, GSM_OUTPUTS, GSM_GRAFT_OUTPUTS) if args.round > 1 else (RESULTS,)
         sources[str(args.round)] = {_rel(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.exists()}
         SOURCES.write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         rnd["drawn"].parent.mkdir(parents=True, exist_ok=True)

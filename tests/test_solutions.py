@@ -62,6 +62,16 @@ def test_rounding_units_algebra_and_percentages_are_read_not_refused(solution):
     assert check_solution(solution, "sympy" if "/" in ref else "numeric", ref).ok, solution
 
 
+def test_a_solution_with_too_many_steps_is_refused_before_any_is_checked(monkeypatch):
+    from verifiers import solutions
+
+    monkeypatch.setattr(solutions, "_holds", lambda *a: pytest.fail("no step may be checked"))
+    long = "".join(f"{i} + 1 = {i + 1}\n" for i in range(101)) + "#### 101"
+    assert check_solution(long, "numeric", "101") == Verdict(
+        False, "numeric", "the solution has 101 steps; the gate checks at most 100, shorten it"
+    )
+
+
 def test_a_one_line_fact_has_no_steps():
     assert check_solution("The Brannock Spire is 212 metres tall.", "numeric", "212 metres") == Verdict(
         True, "numeric", "a one-line solution: no steps to check"

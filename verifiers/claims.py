@@ -16,7 +16,9 @@ The contract, per kind:
   them. A unit the reference has, or a spelling of it ('metres', 'meters', 'm'), is the reference's unit; with a
   reference without a unit, a unit word the question uses or a counted noun ('31,059 people', '11 times') is the
   question's unit, and a measurement unit the question does not use ('24 hours' asked in minutes) is another
-  quantity. A currency sign before a number is the question's currency and is dropped. A year after 'in',
+  quantity. When the sentence that asks names a measurement unit, only its units are the question's ('What
+  percentage of the 10-foot shark ...?' asks in %: '10%' answers 10, '10 feet' does not); 'percentage' and
+  'percent' ask in %. A currency sign before a number is the question's currency and is dropped. A year after 'in',
   'since', 'by', 'from', 'until' or 'of' that is not the reference is a date, not a competing value.
 - sympy: read as numeric (the claim is the number or arithmetic expression, unit dropped under the same unit
   rule), then compared by the sympy verifier.

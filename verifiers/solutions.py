@@ -12,7 +12,8 @@ a one-line fact has no steps and is left to the gate's runs. Its steps, in the o
 Each comparison is the sympy kind's (simplify(left - right) == 0, in its bounded, allow-listed worker); a
 member sympy cannot read (a word, a symbol) is not checked. The final answer is the one judge's reading of the
 whole solution (its `####` line, "The answer is", else its last line) and must be accepted against the
-reference. The first false step refuses the solution, named by its number and text.
+reference. The first false step refuses the solution, named by its number and text; a solution with more than
+MAX_STEPS steps is refused before any is checked (each is a call to the sympy worker).
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ def _sympy_text(member: list[Tok]) -> str:
     return "".join(out)
 
 
+MAX_STEPS = 100
 _ANNOTATION = re.compile(r"<<([^<>=\n]{1,200})=([^<>=\n]{1,200})>>")
 _SYMPY = SympyVerifier()
 
@@ -163,6 +165,8 @@ def check_solution(solution: str, verifier: str, reference: str, question: str =
     if not worked(solution):
         return Verdict(True, verifier, "a one-line solution: no steps to check")
     steps = _steps(solution)
+    if len(steps) > MAX_STEPS:  # each step is a sympy comparison: the cost of a deposit stays bounded
+        return Verdict(False, verifier, f"the solution has {len(steps)} steps; the gate checks at most {MAX_STEPS}, shorten it")
     checked = 0
     for n, (_, step, left, right) in enumerate(steps, 1):
         ok = _holds(left, right)
