@@ -118,7 +118,8 @@ def baseline(lib, greedy: dict, cfg: CaseConfig, batcher) -> dict:
 
 
 def summarise(problems: list[dict], recalls: dict[str, dict], deposits: dict[str, dict], cfg: dict, judge_ok) -> dict:
-    """Both ratios over the never-solved problems whose original's solution the gate accepted. `judge_ok(row,
+    """Both ratios over the never-solved problems whose original's solution the gate accepted and whose recall
+    the judge accepts (the totals are theirs; every case problem is listed in `rows`). `judge_ok(row,
     answer)` is the one judge (recomputed: a stored `passed` is not trusted); `recalls` maps id -> the graft
     record, `deposits` id -> the gate's record."""
     never = [p for p in problems if not any(judge_ok(p, a["answer"]) for a in p["attempts"])]
@@ -140,10 +141,11 @@ def summarise(problems: list[dict], recalls: dict[str, dict], deposits: dict[str
                 "deposit_tokens": deposit_cost,
             }
         )
-    base = sum(x["baseline_tokens"] for x in rows)
-    dec = sum(x["recall_decode_tokens"] for x in rows)
-    every = sum(x["recall_prompt_tokens"] + x["recall_decode_tokens"] for x in rows)
-    dep = sum(x["deposit_tokens"] for x in rows)
+    right = [x for x in rows if x["recall_correct"]]  # a ratio counts only what the recall got right
+    base = sum(x["baseline_tokens"] for x in right)
+    dec = sum(x["recall_decode_tokens"] for x in right)
+    every = sum(x["recall_prompt_tokens"] + x["recall_decode_tokens"] for x in right)
+    dep = sum(x["deposit_tokens"] for x in right)
     all_in = every + dep / cfg["recalls"]
     return {
         "problems_tried": len(problems),

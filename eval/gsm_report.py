@@ -190,7 +190,8 @@ def recurring_md(rc: dict | None) -> list[str]:
         "(every prompt and decode token) were spent. The issue's target is 50,000 tokens a problem; this budget is "
         f"below it. {c['problems_tried']} problems tried, {c['solved_within_budget']} solved within the budget, "
         f"{c['never_solved']} never solved; {c['case_problems']} of those had their solution accepted by the gate "
-        f"and were asked again through retrieval; {c['recalled_correctly']} recalled correctly.",
+        f"and were asked again through retrieval; {c['recalled_correctly']} recalled correctly. The totals and "
+        "ratios below are over the problems recalled correctly (none: no saving to claim).",
         "",
         "| baseline tokens | recalls' decode tokens | `ratio` (baseline / recall decode) | recalls' tokens computed "
         "(query prefill + decode) | deposits (gate runs + prefill) | `ratio_all_in` |",

@@ -116,3 +116,17 @@ def test_a_file_scored_by_another_judge_is_reported_and_rescored(work):
     rep = _check(results)
     assert rep.ok  # not a mismatch: the verdicts are recomputed with the current judge
     assert any(n.startswith("scored by another judge") and "1 verdicts differ" in n for n in rep.notes), rep.notes
+
+
+def test_a_wrong_recall_counts_in_no_ratio(work):
+    results = gsm_report.build(work, budget=5000)
+    rc = results["recurring"]
+    recalls = {r["id"]: r for r in results["outputs"] if r["condition"] == "graft"}
+    recalls["gsm0003-original"] = {**recalls["gsm0003-original"], "answer": "41"}  # wrong: the reference is 5
+    deps = {d["id"]: d for d in results["deposits"]}
+    case = gsm_recurring.summarise(rc["problems"], recalls, deps, rc["config"], gsm_recheck._ok)
+    assert case["case_problems"] == 2 and case["recalled_correctly"] == 1
+    assert case["baseline_tokens_total"] == 1513 and case["ratio"] == round(1513 / 4, 1)
+    recalls["gsm0001-original"] = {**recalls["gsm0001-original"], "answer": "41"}
+    none = gsm_recurring.summarise(rc["problems"], recalls, deps, rc["config"], gsm_recheck._ok)
+    assert none["recalled_correctly"] == 0 and none["ratio"] is None and none["ratio_all_in"] is None
