@@ -154,7 +154,7 @@ def markdown(results: dict) -> str:
         "",
         f"Deposits: each original's worked solution (its `<<..>>` annotations and `#### N` line, as the package ships "
         f"it) offered to the real deposit gate: {acc} of {len(deps)} accepted; a refused one is not in the store, so "
-        "its questions are answered without it.",
+        "its questions are answered without it." + _stale_refusals(deps),
         "",
         "| set | items | no graft correct (Wilson 95%) | graft correct (Wilson 95%) | answers grafted | lift (Newcombe 95%) | lift there? |",
         "|---|---:|---|---|---:|---|---|",
@@ -174,6 +174,24 @@ def markdown(results: dict) -> str:
         lines += ["### The same case with the zero-shot `Q:/A:` prompt (form qa)", "", *recurring_md(results["recurring_qa"])[2:]]
     lines += commands_md()
     return "\n".join(lines) + "\n"
+
+
+def _stale_refusals(deps: list[dict]) -> str:
+    """Refusals whose quoted answer the current judge accepts (the gate ran under an earlier judge)."""
+    import re
+
+    stale = []
+    for d in deps:
+        m = re.search(r"the model answered '(.*)' with the graft", d.get("detail", ""))
+        if d["verdict"] == "refused" and m and gsm_recheck._ok(d, m.group(1)):
+            stale.append(f"{d['id']} ('{m.group(1)}' against {d['reference']})")
+    if not stale:
+        return ""
+    return (
+        f" The gate ran under an earlier judge: {len(stale)} refusal(s) quote an answer the current judge accepts: "
+        + ", ".join(stale)
+        + "; they were not re-run."
+    )
 
 
 def recurring_md(rc: dict | None) -> list[str]:
@@ -220,9 +238,11 @@ def commands_md() -> list[str]:
         "",
         "```",
         "make install-eval                                   # the benchmark package (requirements-eval.txt)",
-        "python -m eval.gsm_run no-graft --work W --sets original,numbers,names --n 30",
+        "python -m eval.gsm_run no-graft --work W --sets original,numbers,original-qa --n 30",
+        "python -m eval.gsm_run no-graft --work W --sets names --n 15",
         "python -m eval.gsm_run deposit  --work W --n 30",
-        "python -m eval.gsm_run graft    --work W --sets original,numbers,names --n 30",
+        "python -m eval.gsm_run graft    --work W --sets original,numbers,original-qa --n 30",
+        "python -m eval.gsm_run graft    --work W --sets names --n 15",
         "python -m eval.gsm_run recurring --work W --budget 4000 --problems 2",
         "python -m eval.gsm_report W --budget 4000          # this file and gsm-results.json",
         "python cli.py replay-eval docs/eval/gsm-results.json                   # offline: hashes, counts, re-judged",
