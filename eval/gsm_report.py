@@ -259,6 +259,15 @@ def export(work: Path, scratch: Path) -> tuple[int, int]:
     n = {}
     for cond, name in (("no-graft", "gsm-cot-outputs.jsonl"), ("graft", "gsm-graft-outputs.jsonl")):
         rows = [{k: r[k] for k in keep} for r in outs if r["condition"] == cond]
+        if cond == "no-graft":  # the recurring case's sampled attempts are no-graft outputs too
+            for path in sorted(work.glob("recurring-*.jsonl")):
+                for p in benchmark.read_jsonl(path):
+                    for a in p["attempts"][1:]:
+                        rows.append(
+                            {k: p[k] for k in ("question", "verifier", "reference", "id")}
+                            | {"answer": a["answer"], "seed": a["seed"], "set": "original", "condition": "sampled"}
+                            | {"output_sha256": a["output_sha256"]}
+                        )
         tmp = scratch / (name + ".tmp")
         tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         os.replace(tmp, scratch / name)
