@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run serve test test-fast mutants lint bench bench-verify eval demo seed-library screenshots install install-dev install-bench system-deps clean
+.PHONY: run serve test test-fast mutants lint bench bench-verify eval eval-gsm demo seed-library screenshots install install-eval install-dev install-bench system-deps clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,7 +19,12 @@ $(VENV)/.installed: requirements.txt pyproject.toml $(BIN)/python
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
-$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
+# The benchmark (requirements-eval.txt says why without dependency resolution); the eval and its tests need it.
+$(VENV)/.installed-eval: requirements-eval.txt $(VENV)/.installed
+	$(BIN)/pip install --quiet --no-deps --ignore-requires-python -r requirements-eval.txt
+	touch $@
+
+$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed-eval
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	touch $@
 
@@ -28,6 +33,7 @@ $(VENV)/.installed-bench: requirements-bench.txt $(VENV)/.installed-dev
 	touch $@
 
 install: $(VENV)/.installed
+install-eval: $(VENV)/.installed-eval
 install-dev: $(VENV)/.installed-dev
 install-bench: $(VENV)/.installed-bench
 
@@ -92,6 +98,18 @@ bench-verify: install-dev
 
 eval: install-dev
 	$(BIN)/python -m eval.run
+
+# The benchmark (docs/eval/README.md): GSM8K through GSM-Symbolic, no graft vs graft and the recurring case, in
+# resumable phases under GSM_WORK; GSM_N templates a set, GSM_BUDGET tokens a recurring problem (hours on 2 cores).
+GSM_WORK ?= .gsm-work
+GSM_N ?= 30
+GSM_BUDGET ?= 4000
+eval-gsm: install-dev
+	$(BIN)/python -m eval.gsm_run no-graft --work $(GSM_WORK) --sets original,numbers,names --n $(GSM_N)
+	$(BIN)/python -m eval.gsm_run deposit --work $(GSM_WORK) --n $(GSM_N)
+	$(BIN)/python -m eval.gsm_run graft --work $(GSM_WORK) --sets original,numbers,names --n $(GSM_N)
+	$(BIN)/python -m eval.gsm_run recurring --work $(GSM_WORK) --budget $(GSM_BUDGET) --problems 2
+	$(BIN)/python -m eval.gsm_report $(GSM_WORK) --budget $(GSM_BUDGET)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

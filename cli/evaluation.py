@@ -1,7 +1,8 @@
-"""`cli.py replay-eval FILE [--rerun]`: register(subparsers) adds the command; it calls
-eval.recheck.recheck and formats the report. Exit 0 when everything matches, 1 on any mismatch. Records scored
-by another judge than the current one are listed with the current judge's verdict (eval/rejudge.py), not
-counted as mismatches."""
+"""`cli.py replay-eval FILE [--rerun [--sample K]]`: register(subparsers) adds the command; it calls
+eval.recheck.recheck (docs/eval/results.json) or, for the benchmark's file (docs/eval/gsm-results.json, format
+kvgraft-gsm-eval/1), eval.gsm_recheck.recheck, and formats the report. Exit 0 when everything matches, 1 on any
+mismatch. Records scored by another judge than the current one are listed with the current judge's verdict
+(eval/rejudge.py, eval/gsm_recheck.py), not counted as mismatches."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ import json
 
 
 def cmd_replay_eval(args) -> int:
-    from eval import recheck
+    from eval import gsm_recheck, recheck
 
-    rep = recheck.recheck(args.file, rerun_model=args.rerun)
+    with open(args.file, encoding="utf-8") as f:
+        head = f.read(4096)
+    if f'"{gsm_recheck.FORMAT}"' in head:
+        rep = gsm_recheck.recheck(args.file, rerun_model=args.rerun, sample=args.sample)
+    else:
+        rep = recheck.recheck(args.file, rerun_model=args.rerun)
     if args.json:
         print(json.dumps(rep.as_dict(), indent=2))
     else:
@@ -39,6 +45,13 @@ def register(subparsers) -> None:
     r.add_argument("file", help="results file written by make eval (docs/eval/results.json)")
     r.add_argument(
         "--rerun", action="store_true", help="recompute every output with the model and compare token ids byte for byte"
+    )
+    r.add_argument(
+        "--sample",
+        type=int,
+        default=1,
+        metavar="K",
+        help="benchmark file with --rerun: re-run the first K seeded sampling rounds of every recurring problem",
     )
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_replay_eval)

@@ -1,5 +1,6 @@
 """Plots and the README table for a results document. Pure formatting: reads the results dict,
-writes PNGs (matplotlib, Agg) and docs/eval/README.md; computes nothing that replay checks."""
+writes PNGs (matplotlib, Agg) and docs/eval/own-set.md (the project's own set; docs/eval/README.md is the
+benchmark's, eval/gsm_report.py); computes nothing that replay checks."""
 
 from __future__ import annotations
 
@@ -12,11 +13,6 @@ ROWS = (
     ("Facts, paraphrased question, graft (retrieved)", "knowledge/graft_paraphrase"),
     ("Problems, recurring (deposited), no graft", "problems_deposited/no_graft"),
     ("Problems, recurring (deposited), graft (retrieved)", "problems_deposited/graft_recurring"),
-    ("Problems, held-out instance, no graft", "problems_heldout/no_graft"),
-    (
-        "Problems, held-out instance, graft of the nearest worked example (chosen explicitly: a procedural example, no savings claim)",
-        "problems_heldout/graft_heldout",
-    ),
 )
 
 
@@ -42,12 +38,10 @@ def plots(results: dict, folder: Path) -> list[Path]:
         "facts\nparaphrase",
         "problems\nno graft",
         "problems\ngraft",
-        "held-out\nno graft",
-        "held-out\ngraft",
     ]
     vals = [counts[k]["accuracy"] or 0.0 for _, k in ROWS]
     ns = [counts[k]["n"] for _, k in ROWS]
-    colours = ["#999999", "#2a7ab0", "#5fa8d3", "#999999", "#2a7ab0", "#999999", "#e08a2a"]
+    colours = ["#999999", "#2a7ab0", "#5fa8d3", "#999999", "#2a7ab0"]
     fig, ax = plt.subplots(figsize=(9, 4))
     bars = ax.bar(labels, vals, color=colours)
     for b, v, n in zip(bars, vals, ns):
@@ -90,18 +84,9 @@ def plots(results: dict, folder: Path) -> list[Path]:
     return [acc, tok]
 
 
-def _by_template(outputs: list[dict], set_name: str, condition: str) -> dict[str, tuple[int, int]]:
-    out: dict[str, tuple[int, int]] = {}
-    for o in outputs:
-        if o["set"] == set_name and o["condition"] == condition:
-            c, n = out.get(o["template"], (0, 0))
-            out[o["template"]] = (c + int(o["correct"]), n + 1)
-    return out
-
-
 def reading(results: dict) -> list[str]:
     """Sentences computed from the numbers, so the prose cannot drift from the table."""
-    s, outs = results["scores"], results["outputs"]
+    s = results["scores"]
 
     def pct(x):
         return "n/a" if x is None else f"{x:.0%}"
@@ -115,49 +100,11 @@ def reading(results: dict) -> list[str]:
         f"{pct(s['no_graft_accuracy_problems'])} without, {pct(s['grafted_accuracy_recurring_problems'])} with the graft: "
         "the model reads the verified answer back, it does not solve the problem.",
     ]
-    d = None
-    if s["grafted_accuracy_heldout"] is not None and s["no_graft_accuracy_heldout"] is not None:
-        d = s["grafted_accuracy_heldout"] - s["no_graft_accuracy_heldout"]
-    verdict = "no transfer" if d is not None and d <= 0 else ("little transfer" if d is not None and d < 0.2 else "some transfer")
     lines.append(
-        f"- Held-out problems (same template, new numbers; the retrieved graft is a worked example of the same template "
-        f"for {pct(s['heldout_retrieval_same_template'])} of them): {pct(s['no_graft_accuracy_heldout'])} without, "
-        f"{pct(s['grafted_accuracy_heldout'])} with the graft: **{verdict}** from a grafted worked example to a new "
-        "instance at this model size."
+        "- Held-out problems of this set are not reported: their one grafted success repeated the grafted example's "
+        "answer, not a transfer. Transfer to new instances is measured on the third-party benchmark (README.md)."
     )
-    g, ng = _by_template(outs, "problems_heldout", "graft_heldout"), _by_template(outs, "problems_heldout", "no_graft")
-    wrong_copy = sum(
-        1 for o in outs if o["condition"] == "graft_heldout" and not o["correct"] and o["artifact_ids"] and _copied(o, outs)
-    )
-    if g:
-        lines += ["", "| held-out template | graft correct / n | no graft correct / n |", "|---|---|---|"]
-        for t in sorted(g):
-            lines.append(f"| {t} | {g[t][0]} / {g[t][1]} | {ng.get(t, (0, 0))[0]} / {ng.get(t, (0, 0))[1]} |")
-        lines += [
-            "",
-            f"{wrong_copy} wrong held-out answers with a graft repeat the grafted example's own answer "
-            "(copying the pattern's number instead of computing).",
-        ]
-    wrong = [o for o in outs if o["condition"] in ("graft_recurring", "graft_paraphrase") and not o["correct"]]
-    if wrong:
-        lines += [
-            "",
-            f"Wrong answers with a graft on facts and recurring problems ({len(wrong)}): the model's prior "
-            "can override the grafted fact (a common colour word for an invented one), or it answers with a whole sentence.",
-            "",
-            "| item | condition | query | answer | reference |",
-            "|---|---|---|---|---|",
-        ]
-        for o in wrong:
-            q = o["query"] if len(o["query"]) <= 70 else o["query"][:67] + "..."
-            lines.append(f"| {o['item']} | {o['condition']} | {q} | {o['answer']} | {o['reference']} |")
     return lines
-
-
-def _copied(o: dict, outs: list[dict]) -> bool:
-    """Did this held-out answer repeat the answer of the artifact it grafted?"""
-    src = {x["artifact_ids"][-1]: x["answer"] for x in outs if x["condition"] == "graft_recurring" and x["artifact_ids"]}
-    return src.get(o["artifact_ids"][-1]) == o["answer"]
 
 
 def _split(results: dict) -> str:
@@ -171,69 +118,23 @@ def _split(results: dict) -> str:
 
 
 def recurring_lines(case: dict | None) -> list[str]:
-    """The paper's recurring case (eval/recurring.py), when the results file holds one."""
-    if not case:
-        return []
-    rc, acc, cfg = case["recurring_case"], case["acceptance"], case["config"]
-    lines = [
-        "## The recurring case (paper: problems never solved within a sampling budget, then recalled)",
-        "",
-        f"Candidates: integer answers of at most {cfg['max_digits']} digits from the templates of `eval/recurring.py`, seeded order "
-        f"(seed {cfg['seed']}); each sampled with nothing grafted (greedy, then temperature {cfg['temperature']}, seeds "
-        f"{cfg['seed']}, {cfg['seed'] + 1}, ...; at most {cfg['max_new_tokens']} new tokens per attempt) until the verifier "
-        f"accepted an answer or **{rc['budget_tokens_per_problem']:,} tokens per problem** (prompt + decode, every attempt) were spent.",
-        "",
-        "| problems | budget / problem | baseline tokens | baseline solved | grafted decode tokens | grafted solved | ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {rc['problems']} | {rc['budget_tokens_per_problem']:,} | {rc['baseline_tokens_total']:,} | {rc['baseline_solved']} | "
-        f"{rc['grafted_decode_tokens_total']} | {rc['grafted_solved']} | {_fmt(rc['ratio'], 1)}x |",
-        "",
-        "The problems: failed within the budget, their verified solution accepted by the deposit gate, asked again. "
-        + (
-            f"The gate came first (`gate_first`): each candidate's verified solution was offered before any sampling and "
-            f"a refused one was never sampled ({len(case.get('gate_refused', []))} refused). "
-            if cfg.get("gate_first")
-            else f"Failures offered to the gate: {rc.get('failed_offered', rc['problems'])}. "
-        )
-        + f"Offered {acc['offered']}, accepted {acc['accepted']} "
-        f"(acceptance rate {_fmt(acc['rate'])}; {acc.get('accepted_as_worked_solution', acc['accepted'])} as the dataset's "
-        "worked solution, the rest as its concluding line: the 270M model often answers with an intermediate line of a "
-        "multi-line solution, which the gate refuses). A refused solution is not deposited, so that problem is not recalled; "
-        "every try is in `results.json`.",
-        "",
-    ]
-    if cfg.get("batched"):
-        tokens = sum(r["baseline_tokens"] for r in [*case["failed"], *case["solved_by_sampling"]])
-        seconds = case.get("sampling_s")
-        lines += [
-            f"Sampled {cfg.get('together', 8)} attempts at a time (`eval/sampling.py`: one prompt computation per round, "
-            f"the attempts' decode steps in one batched pass, each attempt the bytes it draws alone): {tokens:,} tokens "
-            + (f"in {seconds:,.0f} s ({tokens / seconds:.0f} tokens/s) on 2 cores." if seconds else "sampled."),
+    """The recurring case of this set: withdrawn (its records stay in results.json, the labelled set's source)."""
+    if case:
+        return [
+            "## The recurring case of this set: withdrawn",
+            "",
+            "`results.json` keeps this set's recurring-case records (the judge's labelled set was drawn from them), "
+            "but its ratio is not a measurement: its baseline attempts were scored by the verifier's whole-answer "
+            "check and its recalls by the claim reader, and re-judged by the one judge the 'never solved' problems "
+            "have passing attempts (`python cli.py replay-eval docs/eval/results.json` lists them). The recurring "
+            "case is measured on the benchmark (README.md).",
             "",
         ]
-    if case.get("baseline_reused"):
-        lines += [
-            f"Baseline records of {len(case['baseline_reused'])} problems were taken from an earlier run of the same configuration, "
-            "model fingerprint and data (each record's attempts hash-checked; the sampling is seeded, so recomputing gives the same records).",
-            "",
-        ]
-    if case["payback"]:
-        lines += [
-            "Problems the model did solve by sampling (the flywheel's payback):",
-            "",
-            "| problem | discovery tokens (attempts) | recall tokens (decode) | recall correct |",
-            "|---|---:|---:|---|",
-        ]
-        lines += [
-            f"| {p['id']} | {p['discovery_tokens']:,} ({p['discovery_attempts']}) | {p['recall_tokens']} ({p['recall_decode_tokens']}) | {p['recall_correct']} |"
-            for p in case["payback"]
-        ]
-        lines.append("")
-    return lines
+    return []
 
 
 def gate_lines(results: dict) -> list[str]:
-    """The deposit gate's acceptance, and the grafted accuracy on the items it accepted, side by side."""
+    """The deposit gate's acceptance (not the grafted accuracy on the accepted items: that restates it)."""
     gate, c = results.get("gate"), results["counts"]
     if not gate or "recurring/graft_recurring/accepted" not in c:
         return ["Deposits in this run did not pass through the verification gate (no acceptance rate recorded).", ""]
@@ -241,24 +142,10 @@ def gate_lines(results: dict) -> list[str]:
         f"**Deposit gate:** {gate['accepted']} / {gate['offered']} sampled items accepted (acceptance rate "
         f"{_fmt(gate['acceptance_rate'])}): an item is deposited only when the model, with its artifact grafted, answers "
         "its question and the verifier accepts that answer. A refused item is not deposited, so its questions above are "
-        "answered without its artifact (counted wrong unless the model knows). On the accepted items:",
-        "",
-        "| condition (accepted items only) | correct / n | accuracy |",
-        "|---|---|---|",
+        "answered without its artifact (counted wrong unless the model knows). The grafted accuracy on the accepted "
+        "items alone is not reported: the gate accepted an item because its grafted answer passed, so that figure "
+        "restates the acceptance.",
     ]
-    for label, key in (
-        ("Facts, as deposited, graft", "knowledge/graft_recurring/accepted"),
-        ("Facts, paraphrased, graft", "knowledge/graft_paraphrase/accepted"),
-        ("Problems, as deposited, graft", "problems_deposited/graft_recurring/accepted"),
-        ("**Recurring (facts + problems), graft** (`grafted_accuracy_recurring_accepted`)", "recurring/graft_recurring/accepted"),
-    ):
-        lines.append(f"| {label} | {c[key]['correct']} / {c[key]['n']} | {_fmt(c[key]['accuracy'])} |")
-    top1 = results["scores"].get("paraphrase_retrieval_top1_accepted")
-    if top1 is not None:
-        lines += [
-            "",
-            f"Retrieval on the accepted items: a paraphrase's top hit is its own fact's artifact in {_fmt(top1)} of cases.",
-        ]
     reasons = "; ".join(f"{r['item']}: {r['reason'][:90]}" for r in gate["refused"][:3])
     return [*lines, "", f"Refused (first 3 of {len(gate['refused'])}, all in `results.json` under `gate`): {reasons}", ""]
 
@@ -266,9 +153,12 @@ def gate_lines(results: dict) -> list[str]:
 def markdown(results: dict) -> str:
     c, s, cost = results["counts"], results["scores"], results["cost"]
     lines = [
-        "# Evaluation: accuracy and cost with and without a graft",
+        "# The project's own set: invented facts and synthetic problems, with and without a graft",
         "",
-        "Generated by `make eval` (`eval/run.py`) from `docs/eval/results.json`; do not edit by hand.",
+        "Generated by `make eval` (`eval/run.py`) from `docs/eval/results.json`; do not edit by hand. The data is the "
+        "project's own (`scripts/make_datasets.py` writes `datasets/`): invented facts no model can know, a test of "
+        "knowledge the graft carries, not a benchmark. The headline benchmark is GSM8K through GSM-Symbolic "
+        "(README.md, `gsm-results.json`).",
         "",
         f"Model `{results['model']['name']}` (fingerprint `{results['model']['fingerprint'][:16]}...`), "
         f"{results['determinism']['dtype']} on {results['determinism']['device']}, greedy, "
@@ -290,8 +180,7 @@ def markdown(results: dict) -> str:
         f"| **Recurring (facts + problems), graft** (`grafted_accuracy_recurring`) | {c['recurring/graft_recurring']['correct']} / {c['recurring/graft_recurring']['n']} | {_fmt(s['grafted_accuracy_recurring'])} |",
         "",
         *gate_lines(results),
-        f"Retrieval: a paraphrase's top hit is its own fact's artifact in {_fmt(s['paraphrase_retrieval_top1'])} of cases; "
-        f"a held-out problem's top hit is a worked example of the same template in {_fmt(s['heldout_retrieval_same_template'])} of cases.",
+        f"Retrieval: a paraphrase's top hit is its own fact's artifact in {_fmt(s['paraphrase_retrieval_top1'])} of cases.",
         "",
         "## Cost of a recurring answer (measured in the same run)",
         "",
@@ -345,6 +234,6 @@ def markdown(results: dict) -> str:
 
 def write(results: dict, folder: Path) -> list[Path]:
     paths = plots(results, folder)
-    readme = folder / "README.md"
+    readme = folder / "own-set.md"
     readme.write_text(markdown(results), encoding="utf-8")
     return [*paths, readme]

@@ -1,5 +1,5 @@
 """`make eval`: run the evaluation on the real model into a temporary store and write
-docs/eval/results.json, the plots and docs/eval/README.md. Bounded by default (a seeded sample);
+docs/eval/results.json, the plots and docs/eval/own-set.md (the project's own set). Bounded by default (a seeded sample);
 `--full` runs every item. Everything in the results file can be re-checked without the model by
 `python cli.py replay-eval docs/eval/results.json` (and with it, byte for byte, by `--rerun`).
 """

@@ -84,23 +84,25 @@ def sample_many(
     max_new_tokens: int = 16,
     seed: int = 0,
     batcher=None,
+    form: str = "answer",
 ) -> Sampling:
     """Seeded attempts (seeds seed, seed+1, ...) `together` at a time until one passes or the next round would
-    pass `budget` tokens. `batcher` (a graft_core.batch.Batcher) may be shared across questions."""
+    pass `budget` tokens. `batcher` (a graft_core.batch.Batcher) may be shared across questions; `form` is the
+    query form (graft_core.templates.FORMS)."""
     from graft_core import generate
     from graft_core.batch import Batcher
 
     if together < 1 or max_new_tokens < 1:
         raise ValueError(f"together and max_new_tokens must be at least 1, got {together} and {max_new_tokens}")
     batcher = batcher or Batcher(lm.model)
-    prompt_ids = generate.encode_prompt(lm, question, grafted=False)
+    prompt_ids = generate.encode_prompt(lm, question, grafted=False, form=form)
     rounds: list[Round] = []
     spent, next_seed = 0, seed
     while True:
         n = min(together, (budget - spent - len(prompt_ids)) // max_new_tokens)
         if n < 1:
             break
-        r = _round(lm, batcher, prompt_ids, list(range(next_seed, next_seed + n)), temperature, max_new_tokens, passes)
+        r = _round(lm, batcher, prompt_ids, list(range(next_seed, next_seed + n)), temperature, max_new_tokens, passes, form)
         rounds.append(r)
         spent += r.tokens
         next_seed += n
@@ -109,7 +111,9 @@ def sample_many(
     return Sampling(budget=budget, rounds=tuple(rounds))
 
 
-def _round(lm, batcher, prompt_ids: list[int], seeds: list[int], temperature: float, max_new: int, passes) -> Round:
+def _round(
+    lm, batcher, prompt_ids: list[int], seeds: list[int], temperature: float, max_new: int, passes, form: str = "answer"
+) -> Round:
     import torch
 
     from graft_core import sample, templates
@@ -139,7 +143,7 @@ def _round(lm, batcher, prompt_ids: list[int], seeds: list[int], temperature: fl
                 out[i].append(t)
                 if t in eos:
                     stopped[i] = "eos"
-                elif templates.is_answer_complete(tok.decode(out[i], skip_special_tokens=True)):
+                elif templates.is_answer_complete(tok.decode(out[i], skip_special_tokens=True), form):
                     stopped[i] = "stop"
                 elif len(out[i]) == max_new:
                     stopped[i] = "length"
@@ -153,6 +157,6 @@ def _round(lm, batcher, prompt_ids: list[int], seeds: list[int], temperature: fl
             pos += 1
     attempts = []
     for s, ids, why in zip(seeds, out, stopped, strict=True):
-        text = templates.cut_answer(tok.decode(ids, skip_special_tokens=True))
+        text = templates.cut_answer(tok.decode(ids, skip_special_tokens=True), form)
         attempts.append(Attempt(seed=s, token_ids=tuple(ids), text=text, stopped=why, passed=bool(text) and passes(text)))
     return Round(prompt_tokens=len(prompt_ids), attempts=tuple(attempts), seconds=time.perf_counter() - t0)

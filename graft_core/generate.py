@@ -71,11 +71,12 @@ def tokens_sha256(ids) -> str:
     return hashlib.sha256(b"".join(int(i).to_bytes(8, "little", signed=True) for i in ids)).hexdigest()
 
 
-def encode_prompt(lm: LoadedModel, question: str, grafted: bool, raw: bool = False) -> list[int]:
-    """Token ids of the prompt chunk; a prompt with nothing grafted before it starts with BOS."""
+def encode_prompt(lm: LoadedModel, question: str, grafted: bool, raw: bool = False, form: str = "answer") -> list[int]:
+    """Token ids of the prompt chunk (the question in the query `form`, templates.FORMS); a prompt with nothing
+    grafted before it starts with BOS."""
     if not question or not question.strip():
         raise InvalidInput("the question is empty; type a question")
-    text = question if raw else templates.query_prompt(question)
+    text = question if raw else templates.query_prompt(question, form)
     ids = lm.tokenizer(text, add_special_tokens=not grafted)["input_ids"]
     if not ids:
         raise InvalidInput("the question tokenises to zero tokens")
@@ -93,10 +94,10 @@ def _bound(lm: LoadedModel, start: int, prompt: int, max_new_tokens: int) -> Non
         )
 
 
-def _stopper(lm: LoadedModel, raw: bool) -> Callable[[list[int]], bool] | None:
+def _stopper(lm: LoadedModel, raw: bool, form: str = "answer") -> Callable[[list[int]], bool] | None:
     if raw:
         return None
-    return lambda ids: templates.is_answer_complete(lm.tokenizer.decode(ids, skip_special_tokens=True))
+    return lambda ids: templates.is_answer_complete(lm.tokenizer.decode(ids, skip_special_tokens=True), form)
 
 
 def _eos(lm: LoadedModel) -> frozenset[int]:
@@ -120,6 +121,7 @@ def answer(
     proven: ProvenState | None = None,
     on_proof: Callable[[Proof], None] | None = None,
     steps=None,
+    form: str = "answer",
 ) -> Answer:
     """Graft `chain` (own position; or, with `relocated`, independent roots re-rotated), then answer.
 
@@ -129,8 +131,9 @@ def answer(
     chosen and may raise to refuse the answer. `probe=False` skips the proof (bench/proof.py measures
     its cost). The prompt runs as one chunk either way, so the served bytes do not depend on the proof.
     `steps` (a graft_core.batch.StepGroup) decodes together with concurrent answers: the same bytes.
+    `form` is the query form (templates.FORMS): how the question is rendered and where its answer ends.
     """
-    prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw)
+    prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw, form=form)
     t0 = time.perf_counter()
     if not chain:
         cache, start, tier = new_cache(lm.model), 0, "none"
@@ -151,7 +154,7 @@ def answer(
         prompt_ids,
         start,
         max_new_tokens,
-        is_stop=_stopper(lm, raw),
+        is_stop=_stopper(lm, raw, form),
         eos_ids=_eos(lm),
         on_token=on_token,
         steps=steps,
@@ -163,7 +166,7 @@ def answer(
     exactness = full_check(*served) if (run_check and chain and not relocated) else None
     grafted = start
     return Answer(
-        text=completion.strip() if raw else templates.cut_answer(completion),
+        text=completion.strip() if raw else templates.cut_answer(completion, form),
         completion=completion,
         prompt_ids=tuple(prompt_ids),
         token_ids=tuple(dec.token_ids),
@@ -195,20 +198,24 @@ class Baseline:
     token_ids: tuple[int, ...] = ()
 
 
-def baseline(lm: LoadedModel, chain: list[KVArtifact], question: str, max_new_tokens: int = 32, raw: bool = False) -> Baseline:
+def baseline(
+    lm: LoadedModel, chain: list[KVArtifact], question: str, max_new_tokens: int = 32, raw: bool = False, form: str = "answer"
+) -> Baseline:
     """Recompute the grafted prefix and the prompt in one prefill (logits_to_keep=1), then decode."""
     prefix = [t for a in chain for t in a.token_ids.tolist()]
-    prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw)
+    prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw, form=form)
     ids = prefix + prompt_ids
     _bound(lm, 0, len(ids), max_new_tokens)
-    dec = prompt_and_decode(lm.model, new_cache(lm.model), ids, 0, max_new_tokens, is_stop=_stopper(lm, raw), eos_ids=_eos(lm))
+    dec = prompt_and_decode(
+        lm.model, new_cache(lm.model), ids, 0, max_new_tokens, is_stop=_stopper(lm, raw, form), eos_ids=_eos(lm)
+    )
     completion = lm.tokenizer.decode(dec.token_ids, skip_special_tokens=True)
     return Baseline(
         prefill_tokens=len(ids),
         decode_tokens=len(dec.token_ids),
         ttft_s=dec.first_token_s,
         total_s=dec.total_s,
-        text=completion.strip() if raw else templates.cut_answer(completion),
+        text=completion.strip() if raw else templates.cut_answer(completion, form),
         output_sha256=tokens_sha256(dec.token_ids),
         token_ids=tuple(dec.token_ids),
     )

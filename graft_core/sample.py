@@ -120,18 +120,27 @@ def _eos(tokenizer) -> frozenset[int]:
 
 
 def attempt(
-    lm, question: str, max_new_tokens: int, *, temperature: float = 0.0, seed: int | None = None, top_k: int = 0, steps=None
+    lm,
+    question: str,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    top_k: int = 0,
+    steps=None,
+    form: str = "answer",
 ) -> Attempt:
     """Answer `question` with nothing grafted: greedy when `temperature` is 0, else sampled with `seed`; with
-    `steps` (a graft_core.batch.StepGroup) its prompt and steps go with other sessions' (same tokens)."""
+    `steps` (a graft_core.batch.StepGroup) its prompt and steps go with other sessions' (same tokens). `form`
+    is the query form (templates.FORMS)."""
     from . import generate, templates
     from .forward import new_cache, prompt_and_decode
 
-    prompt_ids = generate.encode_prompt(lm, question, grafted=False)
+    prompt_ids = generate.encode_prompt(lm, question, grafted=False, form=form)
     tok = lm.tokenizer
 
     def stop(ids: list[int]) -> bool:
-        return templates.is_answer_complete(tok.decode(ids, skip_special_tokens=True))
+        return templates.is_answer_complete(tok.decode(ids, skip_special_tokens=True), form)
 
     cache = new_cache(lm.model)
     if temperature <= 0:
@@ -156,7 +165,7 @@ def attempt(
         ids, total_s, mode = s.token_ids, s.total_s, "sampled"
     completion = tok.decode(list(ids), skip_special_tokens=True)
     return Attempt(
-        text=templates.cut_answer(completion),
+        text=templates.cut_answer(completion, form),
         completion=completion,
         mode=mode,
         token_ids=ids,
@@ -167,8 +176,8 @@ def attempt(
     )
 
 
-def prompt_tokens(lm, question: str) -> int:
+def prompt_tokens(lm, question: str, form: str = "answer") -> int:
     """How many tokens the no-graft prompt of `question` computes (for budgeting before an attempt)."""
     from . import generate
 
-    return len(generate.encode_prompt(lm, question, grafted=False))
+    return len(generate.encode_prompt(lm, question, grafted=False, form=form))

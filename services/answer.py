@@ -123,7 +123,9 @@ class AnswerPipeline:
             )
         return retrieved, chain_ids, ""
 
-    def _token_callback(self, on_token: Callable[[str], None] | None, raw: bool) -> Callable[[int], None] | None:
+    def _token_callback(
+        self, on_token: Callable[[str], None] | None, raw: bool, form: str = "answer"
+    ) -> Callable[[int], None] | None:
         """Turns generated token ids into the growing answer text for a streaming caller."""
         if on_token is None:
             return None
@@ -132,7 +134,7 @@ class AnswerPipeline:
         def tok_cb(t: int) -> None:
             got.append(t)
             text = tokenizer.decode(got, skip_special_tokens=True)
-            on_token(text if raw else templates.cut_answer(text))
+            on_token(text if raw else templates.cut_answer(text, form))
 
         return tok_cb
 
@@ -239,13 +241,16 @@ class AnswerPipeline:
         record: bool = True,
         compose: bool = False,
         max_prompt_tokens: int | None = None,
+        form: str = "answer",
     ) -> AnswerResult:
+        """Retrieve (the question alone is embedded and judged relevant, whatever the `form`), graft what is
+        relevant, answer in the query `form` (graft_core.templates.FORMS: `cot` lets the model reason first)."""
         from graft_core import generate
         from graft_core.exactness import check_composed
 
         question = bounded("question", question, MAX_QUESTION_CHARS)
         if max_prompt_tokens is not None:  # before retrieval: a refused question costs one tokenisation
-            prompt_bounded(len(generate.encode_prompt(self.lm, question, grafted=False, raw=raw)), max_prompt_tokens)
+            prompt_bounded(len(generate.encode_prompt(self.lm, question, grafted=False, raw=raw, form=form)), max_prompt_tokens)
         retrieved, chain_ids, note = self._plan(question, k, artifact, graft, relocated, _threshold(threshold), compose)
         steps = self.decode_group()
         with steps.arriving() if steps is not None else nullcontext(), self._lock:
@@ -254,7 +259,7 @@ class AnswerPipeline:
             # probe-checked on first restore (a leaf by the answer's own probe chunk); quarantined ones refuse
             chain, known, on_proof = self._load_for_answer(chain_ids, relocated)
             read_s = time.perf_counter() - t0
-            base = generate.baseline(lm, chain, question, max_new_tokens, raw) if (compare and chain) else None
+            base = generate.baseline(lm, chain, question, max_new_tokens, raw, form) if (compare and chain) else None
             ans = generate.answer(
                 lm,
                 chain,
@@ -264,11 +269,12 @@ class AnswerPipeline:
                 run_check=check and not relocated,
                 read_s=read_s,
                 relocated=relocated and len(chain) > 0,
-                on_token=self._token_callback(on_token, raw),
+                on_token=self._token_callback(on_token, raw, form),
                 baseline_decode_tokens=base.decode_tokens if base else None,
                 proven=known,
                 on_proof=on_proof,
                 steps=steps,
+                form=form,
             )
             exactness = ans.check
             if check and relocated and chain:

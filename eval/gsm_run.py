@@ -1,0 +1,111 @@
+"""`python -m eval.gsm_run`: the benchmark eval (eval/benchmark.py) on the real model, in phases that resume.
+
+Each phase appends its records to a JSON-lines file in `--work` (fsynced per record) and skips what is there,
+so a run that stops resumes; the store (catalog, blobs, the deposited originals) lives in `--work` too.
+Phases, in the order they are worth running: `no-graft` (greedy cot answers, nothing grafted), `deposit` (each
+original's worked solution through the gate), `graft` (the same answers through retrieval + relevance),
+`recurring` (sampled cot attempts on the originals the greedy answer failed, eval/gsm_recurring.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import retrieval  # noqa: E402,F401  (faiss before torch)
+from eval import benchmark, gsm  # noqa: E402
+
+
+def items(work: Path, seed: int, sets: list[str], n: int) -> dict[str, list[dict]]:
+    """The first `n` templates' items of `sets`, derived from the installed package once and kept in `work`."""
+    out = {}
+    for s in sets:
+        if s.endswith("-qa"):  # the same items asked in the zero-shot `qa` form (graft_core.templates)
+            base = items(work, seed, [s[:-3]], n)[s[:-3]]
+            out[s] = [it | {"id": it["id"] + "-qa", "set": s, "form": "qa"} for it in base]
+            continue
+        path = work / f"items-{s}-n{n}-seed{seed}-{gsm.version()}.json"
+        if not path.exists():
+            path.write_text(json.dumps(gsm.load(seed, templates_n=n, sets=(s,))[s]), encoding="utf-8")
+        out[s] = json.loads(path.read_text(encoding="utf-8"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("phase", choices=("no-graft", "deposit", "graft", "recurring"))
+    p.add_argument("--work", type=Path, required=True, help="folder for the store, the items and the records")
+    p.add_argument("--sets", default="original,numbers,names", help="comma-separated sets, in order")
+    p.add_argument("--n", type=int, default=100, help="templates per set (the first n)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget", type=int, default=50_000, help="recurring: tokens per problem (every attempt's)")
+    p.add_argument("--problems", type=int, default=8, help="recurring: greedy failures sampled, in seeded order")
+    p.add_argument("--form", default="cot", choices=("cot", "qa"), help="recurring: the query form of attempts and recalls")
+    args = p.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    import services
+
+    sets = ["original"] if args.phase in ("deposit", "recurring") else args.sets.split(",")
+    data = items(args.work, args.seed, sets, args.n)
+    lib = services.Library(home=args.work / "store")
+    from graft_core.determinism import pinned_threads
+
+    meta = {"model": lib.lm.info.name, "model_fingerprint": lib.lm.fingerprint, "torch_threads": pinned_threads()}
+    (args.work / "model.json").write_text(json.dumps(meta), encoding="utf-8")
+    log = lambda m: print(m, flush=True)  # noqa: E731
+    if args.phase == "deposit":
+        out = args.work / "deposits.jsonl"
+        done = {r["id"] for r in benchmark.read_jsonl(out)}
+        for it in data["original"][: args.n]:
+            if it["id"] not in done:
+                row = benchmark.deposit(lib, it)
+                benchmark.append_jsonl(out, row)
+                log(f"deposit {it['id']}: {row['verdict']} {row.get('detail', '')[:160]}")
+    elif args.phase == "recurring":
+        _recurring(lib, args, log)
+    else:
+        for s in sets:
+            benchmark.run(lib, data[s][: args.n], args.phase, args.work / "outputs.jsonl", log)
+    lib.close()
+    return 0
+
+
+def recurring_file(form: str, budget: int, seed: int) -> str:
+    return f"recurring-b{budget}-s{seed}.jsonl" if form == "cot" else f"recurring-{form}-b{budget}-s{seed}.jsonl"
+
+
+def _recurring(lib, args, log) -> None:
+    from eval import gsm_recurring
+    from graft_core.batch import WIDTHS, Batcher
+
+    cfg = gsm_recurring.CaseConfig(budget=args.budget, seed=args.seed, form=args.form)
+    want = "original" if args.form == "cot" else f"original-{args.form}"
+    rows = [r for r in benchmark.read_jsonl(args.work / "outputs.jsonl") if r["condition"] == "no-graft" and r["set"] == want]
+    greedy = {r["id"]: r for r in rows}
+    # the greedy failures whose worked solution the gate accepted (the gate came first, as eval/recurring's
+    # gate_first: a problem without a verified solution in the store has nothing to be recalled from)
+    accepted = {d["id"] for d in benchmark.read_jsonl(args.work / "deposits.jsonl") if d["verdict"] == "accepted"}
+    failed = [i for i, r in greedy.items() if not benchmark.score(r)["ok"] and r["id"].split("-")[0] + "-original" in accepted]
+    out = args.work / recurring_file(args.form, args.budget, args.seed)
+    done = {r["id"] for r in benchmark.read_jsonl(out)}
+    batcher = Batcher(lib.lm.model, widths=tuple(sorted({*WIDTHS, cfg.together})))
+    for pid in gsm_recurring.order(failed, args.seed)[: args.problems]:
+        if pid in done:
+            continue
+        rec = gsm_recurring.baseline(lib, greedy[pid], cfg, batcher)
+        benchmark.append_jsonl(out, rec | {"config": cfg.as_dict()})
+        log(
+            f"recurring {pid}: {'solved' if rec['solved'] else 'not solved'} in {rec['attempts_n']} attempts, "
+            f"{rec['baseline_tokens']} tokens, {rec['seconds']} s"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

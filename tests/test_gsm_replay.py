@@ -1,0 +1,132 @@
+"""replay-eval on the benchmark results file (eval/gsm_report.py writes it, eval/gsm_recheck.py re-checks it):
+an untouched file passes; a tampered token id, verdict, figure or attempt record is caught; a file scored by
+another judge is reported as such and re-scored. No model (the token ids are not decoded here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval import gsm_recheck, gsm_recurring, gsm_report
+from eval.recheck import RecheckReport
+from graft_core.generate import tokens_sha256
+
+
+def _out(i: int, cond: str, answer: str, ids: list[int], s: str = "original") -> dict:
+    return {
+        "id": f"gsm{i:04d}-{s}",
+        "set": s,
+        "condition": cond,
+        "template": i,
+        "id_orig": 100 + i,
+        "seed": None,
+        "question": f"Ann has {i} apples and buys 2 more. How many apples does she have?",
+        "verifier": "numeric",
+        "reference": str(i + 2),
+        "answer": answer,
+        "output_token_ids": ids,
+        "output_sha256": tokens_sha256(ids),
+        "computed_tokens": 750,
+        "decode_tokens": len(ids),
+        "grafted_tokens": 120 if cond == "graft" else 0,
+        "artifact_ids": ["a" * 64] if cond == "graft" else [],
+        "retrieved": [],
+        "note": "",
+        "seconds": 1.0,
+    }
+
+
+@pytest.fixture
+def work(tmp_path):
+    w = tmp_path / "run"
+    w.mkdir()
+    rows = []
+    for i in range(4):
+        rows.append(_out(i, "no-graft", f"{i} + 2 = {i + 3}", [5, 6, i]))
+        rows.append(_out(i, "graft", f"{i + 2}", [7, i, 8, 9]))
+    (w / "outputs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    deps = [
+        {"id": f"gsm{i:04d}-original", "verdict": "accepted", "artifact": "a" * 64, "gate_tokens": 300, "prefill_tokens": 120}
+        for i in range(4)
+    ]
+    (w / "deposits.jsonl").write_text("".join(json.dumps(d) + "\n" for d in deps))
+    (w / "model.json").write_text(json.dumps({"model": "m", "model_fingerprint": "f", "torch_threads": 2}))
+    cfg = gsm_recurring.CaseConfig(budget=5000).as_dict()
+    probs = []
+    for i in (1, 3):
+        atts = [
+            {"mode": "greedy", "seed": None, "tokens": 753, "prompt_tokens": 750, "decode_tokens": 3,
+             "output_sha256": tokens_sha256([5, 6, i]), "answer": f"{i} + 2 = {i + 3}", "passed": False},
+            {"mode": "sampled", "seed": 0, "tokens": 760, "prompt_tokens": 750, "decode_tokens": 10,
+             "output_sha256": "0" * 64, "answer": "no idea", "passed": False},
+        ]  # fmt: skip
+        p = {"id": f"gsm{i:04d}-original", "question": rows[2 * i]["question"], "verifier": "numeric"}
+        p |= {"reference": str(i + 2), "budget": 5000, "baseline_tokens": 1513, "attempts_n": 2, "solved": False}
+        p |= {"attempts": atts, "attempts_sha256": gsm_recurring.attempts_sha256(atts), "config": cfg}
+        probs.append(p)
+    (w / "recurring-b5000-s0.jsonl").write_text("".join(json.dumps(p) + "\n" for p in probs))
+    return w
+
+
+def _check(results: dict) -> RecheckReport:
+    rep = RecheckReport(path="x")
+    gsm_recheck.check_offline(results, rep)
+    return rep
+
+
+def test_an_untouched_file_passes_and_its_figures_are_the_records(work):
+    results = gsm_report.build(work, budget=5000)
+    text = gsm_report.dumps(results)
+    assert json.loads(text) == results  # the compact layout is plain JSON
+    rep = _check(json.loads(text))
+    assert rep.ok, rep.problems
+    assert rep.checks["output hashes"] == 8 and rep.checks["attempts re-judged"] == 4
+    case = results["recurring"]["case"]
+    assert case["case_problems"] == 2 and case["baseline_tokens_total"] == 2 * 1513
+    # the paper's ratio over the recalls' decode tokens; all-in over everything they computed plus the deposits
+    assert case["ratio"] == round(2 * 1513 / 8, 1)
+    assert case["ratio_all_in"] == round(2 * 1513 / (2 * (750 + 4) + 2 * 420 / 10), 2)
+    md = gsm_report.markdown(results)  # the README's figures are the file's
+    assert f"| {case['baseline_tokens_total']:,} | 8 | {case['ratio']} |" in md
+    assert "| GSM8K originals (recurring" in md and "| 4 | 0 (0.0%; 0.0% to 49.0%) | 4 (100.0%; 51.0% to 100.0%) |" in md
+
+
+@pytest.mark.parametrize(
+    "tamper, message",
+    [
+        (lambda r: r["outputs"][0]["output_token_ids"].__setitem__(0, 99), "do not match their hash"),
+        (lambda r: r["outputs"][1].__setitem__("ok", not r["outputs"][1]["ok"]), "differ from the judge"),
+        (lambda r: r["scores"]["original"]["graft"].__setitem__("correct", 3), "not what the records give"),
+        (lambda r: r["recurring"]["problems"][0]["attempts"][1].__setitem__("tokens", 10), "hash differently"),
+        (lambda r: r["recurring"]["case"].__setitem__("ratio", 12490.0), "not what the records give"),
+    ],
+)
+def test_a_tampered_record_is_caught(work, tamper, message):
+    results = json.loads(gsm_report.dumps(gsm_report.build(work, budget=5000)))
+    tamper(results)
+    rep = _check(results)
+    assert not rep.ok and any(message in p for p in rep.problems), rep.problems
+
+
+def test_a_file_scored_by_another_judge_is_reported_and_rescored(work):
+    results = json.loads(gsm_report.dumps(gsm_report.build(work, budget=5000)))
+    results["judge"]["sha256"] = "f" * 64
+    results["outputs"][1]["ok"] = not results["outputs"][1]["ok"]
+    rep = _check(results)
+    assert rep.ok  # not a mismatch: the verdicts are recomputed with the current judge
+    assert any(n.startswith("scored by another judge") and "1 verdicts differ" in n for n in rep.notes), rep.notes
+
+
+def test_a_wrong_recall_counts_in_no_ratio(work):
+    results = gsm_report.build(work, budget=5000)
+    rc = results["recurring"]
+    recalls = {r["id"]: r for r in results["outputs"] if r["condition"] == "graft"}
+    recalls["gsm0003-original"] = {**recalls["gsm0003-original"], "answer": "41"}  # wrong: the reference is 5
+    deps = {d["id"]: d for d in results["deposits"]}
+    case = gsm_recurring.summarise(rc["problems"], recalls, deps, rc["config"], gsm_recheck._ok)
+    assert case["case_problems"] == 2 and case["recalled_correctly"] == 1
+    assert case["baseline_tokens_total"] == 1513 and case["ratio"] == round(1513 / 4, 1)
+    recalls["gsm0001-original"] = {**recalls["gsm0001-original"], "answer": "41"}
+    none = gsm_recurring.summarise(rc["problems"], recalls, deps, rc["config"], gsm_recheck._ok)
+    assert none["recalled_correctly"] == 0 and none["ratio"] is None and none["ratio_all_in"] is None
