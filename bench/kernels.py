@@ -223,7 +223,8 @@ class _Products:
 def _products(model) -> _Products:
     import torch
 
-    from graft_core import fma16, products
+    from graft_core import products
+    from kernels import fma16
 
     layers = [
         [mod.weight.detach() for mod in layer.modules() if isinstance(mod, torch.nn.Linear)] for layer in model.model.layers
@@ -433,7 +434,8 @@ def variant_main(prefix_tokens: int, repeats: int) -> None:
     cache0 = new_cache(m)
     forward_chunk(m, cache0, prefix, 0)
     if settings.get("KVGRAFT_BENCH_LINEAR") == "openblas":
-        from graft_core import fma16, products
+        from graft_core import products
+        from kernels import fma16
 
         products.undo(m)  # per-module fast paths would shadow the class's forward
         fma16.undo(m)

@@ -357,7 +357,7 @@ def main() -> None:
             "(~15 min on 2 cores) or point --peer-python / KVGRAFT_PEER_PYTHON at a python with llama-cpp-python"
         )
         return
-    import graft_core.fma16 as fma16
+    import kernels.fma16 as fma16
 
     gguf = gguf_file(args.gguf)
     isas = [i for i in args.isas.split(",") if i == "native" or i in fma16.runnable()]

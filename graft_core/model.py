@@ -296,7 +296,9 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from . import fma16, numerics
+    from kernels import fma16
+
+    from . import numerics
     from .determinism import ATTN_IMPLEMENTATION, WEIGHT_PLACEMENT, pin, place_weights
     from .products import speed_up
 
@@ -367,7 +369,9 @@ def _load_packaged(t0: float) -> LoadedModel:
     import torch
     from transformers import AutoConfig
 
-    from . import fma16, numerics, packaged
+    from kernels import fma16
+
+    from . import numerics, packaged
     from .determinism import ATTN_IMPLEMENTATION, pin
 
     folder = _packaged_gguf_dir()
@@ -408,7 +412,9 @@ def _packaged_fingerprints(model, tokenizer, blocks: dict, isa: str, folder: Pat
     stamp of everything they are computed from (the GGUF's SHA-256, the expansion, the config, transformers)."""
     import transformers
 
-    from . import fma16, packaged
+    from kernels import fma16
+
+    from . import packaged
 
     cfg = config_sha256(model.config.to_dict())
     stamp = [packaged.GGUF_SHA256, fma16.VERSION, isa, cfg, transformers.__version__]
@@ -428,7 +434,7 @@ def _packaged_blocks(model, source: Path) -> dict:
     """The packaged model's GGUF blocks for fma16, keyed by parameter name: read from the packaged GGUF on
     the first load that needs them and saved beside the float32 folder for the loads after. Each is used
     only where it expands to its float32 weight's bytes (fma16.take_over checks). {} when unavailable."""
-    from . import fma16
+    from kernels import fma16
 
     path = Path(source) / BLOCKS_FILE
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import fma16
+from kernels import fma16
 
 CONFIG_DIR = Path(__file__).with_name("gemma-3-270m")  # config.json as the float32 conversion writes it
 # The GGUF file this module was checked against (the package's own EXPECTED_SHA256) and the SHA-256 of the

@@ -125,7 +125,8 @@ def run(lm: LoadedModel, golden: dict | None = None) -> SelftestReport:
 def ran_on(lm: LoadedModel) -> dict:
     """What computed the cases in this process: fma16's build, ATen's capability, the thread count and the CPU.
     Under a numerical definition none of it is in the record (the golden set must match whatever it is)."""
-    from . import fma16
+    from kernels import fma16
+
     from .determinism import _cpu_vendor_and_isa
 
     head = fma16.product_of(lm.model.lm_head) if hasattr(lm.model, "lm_head") else None

@@ -20,7 +20,8 @@ import ctypes
 
 import torch
 
-from . import fma16
+from kernels import fma16
+
 from .layers import commit_rows, is_sliding, reserve_rows
 
 _KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

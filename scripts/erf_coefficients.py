@@ -1,4 +1,4 @@
-"""Print the polynomial coefficients of kv_gelu_erf (graft_core/fma16.c), as C literals.
+"""Print the polynomial coefficients of kv_gelu_erf (kernels/fma16.c), as C literals.
 
 Two pieces, each a Chebyshev fit (200 Chebyshev nodes, values from mpmath at 40 digits) converted to the
 power basis of a variable on [-1, 1]:

@@ -44,7 +44,7 @@ _MKL_BATCHING = (
 
 
 # A build's own kernels run only where the CPU has its instructions (measured in the copy).
-_BUILD = "from graft_core import fma16; print('' if '{isa}' in fma16.runnable() else 'no {isa} on this CPU')"
+_BUILD = "from kernels import fma16; print('' if '{isa}' in fma16.runnable() else 'no {isa} on this CPU')"
 _ATTENTION = "tests/test_numerics.py::test_attention_is_its_written_definition_in_every_build"
 _PROOF = "tests/test_proof.py::"
 _WRONG_CACHE = _PROOF + "test_an_answer_served_from_a_wrong_cache_fails_the_proof_and_the_full_check"
@@ -201,42 +201,42 @@ MUTATIONS = (
     ),
     Mutation(
         "GGUF blocks used without checking they expand to the float32 weight (fma16.take_over)",
-        "graft_core/fma16.py",
+        "kernels/fma16.py",
         "if not torch.equal(dequantize(rows, fmt, n, k, isa=isa).view(torch.int32), p.detach().contiguous().view(torch.int32)):",
         "if False:",
         ("tests/test_fma16.py::test_take_over_uses_blocks_only_where_they_expand_to_the_weight",),
     ),
     Mutation(
         "fma16 taken over without checking it against its C definition (fma16.take_over)",
-        "graft_core/fma16.py",
+        "kernels/fma16.py",
         "checked[key] = check_shape(op)",
         'checked[key] = ""',
         ("tests/test_fma16.py::test_a_kernel_that_differs_from_its_definition_is_refused",),
     ),
     Mutation(
         "Q8_0's scale folded into x instead of the weight: other roundings (fma16.c fused_q8_0_8)",
-        "graft_core/fma16.c",
+        "kernels/fma16.c",
         "acc[r] = v_fmadd(x0, v_mul(d, q_i8(blk + 2)), acc[r]);",
         "acc[r] = v_fmadd(v_mul(x0, d), q_i8(blk + 2), acc[r]);",
         ("tests/test_fma16.py::test_kernel_equals_the_c_definition",),
     ),
     Mutation(
         "AVX2's Q5_0 high bits of lanes 8-15 taken one bit early: other weights (fma16.c q_q5)",
-        "graft_core/fma16.c",
+        "kernels/fma16.c",
         "bit16x8((bits >> 8) & 0xFF)",
         "bit16x8((bits >> 7) & 0xFF)",
         ("tests/test_fma16.py::test_kernel_equals_the_c_definition",),
     ),
     Mutation(
         "AVX2's ragged tail reads one value of x past K (fma16.c v_load_first)",
-        "graft_core/fma16.c",
+        "kernels/fma16.c",
         "count = _mm256_set1_epi32((int)n);",
         "count = _mm256_set1_epi32((int)n + 1);",
         ("tests/test_fma16.py::test_a_ragged_row_reads_none_of_the_values_after_it",),
     ),
     Mutation(
         "attention's P.V tree pairs neighbouring lanes instead of lanes 8 apart (fma16.c PV, AVX-512)",
-        "graft_core/fma16.c",
+        "kernels/fma16.c",
         "x[L] = v_add(x[L], x[L + 8]);",
         "x[L] = v_add(x[2 * L], x[2 * L + 1]);",
         (_ATTENTION,),
@@ -244,7 +244,7 @@ MUTATIONS = (
     ),
     Mutation(
         "AVX2's P.V tree by 8-value chunks pairs neighbouring lanes (fma16.c PV_HALVES)",
-        "graft_core/fma16.c",
+        "kernels/fma16.c",
         "x[L] = _mm256_add_ps(x[L], x[L + 8]);",
         "x[L] = _mm256_add_ps(x[2 * L], x[2 * L + 1]);",
         (_ATTENTION,),
@@ -252,7 +252,7 @@ MUTATIONS = (
     ),
     Mutation(
         "the softmax's max taken over left-out keys too (fma16.c softmax_range)",
-        "graft_core/fma16.c",
+        "kernels/fma16.c",
         "m = keep[j] && t[j] > m ? t[j] : m;",
         "m = t[j] > m ? t[j] : m;",
         (_ATTENTION,),

@@ -209,11 +209,13 @@ def test_no_module_edits_sys_path():
 
 GROUND = {"errors", "files", "settings"}  # root modules that import no project package
 PRODUCT_FORBIDS = {"bench", "scripts", "tests"}
+ABOVE_KERNELS = {"graft_core", "db", "retrieval", "verifiers", "services", "web", "cli", "serving", "eval"}
 FORBIDDEN = {  # top-level package (or root module) -> what it must never import
-    **{g: {"graft_core", "db", "retrieval", "verifiers", "services", "web", "cli", "serving", "eval"} for g in GROUND},
+    **{g: {"kernels", *ABOVE_KERNELS} for g in GROUND},
+    "kernels": ABOVE_KERNELS,  # the floor below graft_core and retrieval: both compute through it
     "graft_core": {"db", "retrieval", "services", "web", "cli", "serving", "verifiers", "eval"},
     "db": {"services", "web", "cli", "serving", "eval"},
-    "retrieval": {"services", "web", "cli", "serving", "eval"},
+    "retrieval": {"graft_core", "services", "web", "cli", "serving", "eval"},  # the engine's neighbour, not its tenant
     "verifiers": {"services", "web", "cli", "serving", "eval"},
     "services": {"web", "cli", "serving"},
 }
@@ -276,6 +278,22 @@ def test_layers_import_only_downward(tmp_path, monkeypatch):
         "graft_core/bad.py:2 imports services",
         "graft_core/sub/worse.py:1 imports web",
     ]
+
+
+TORCH_DOORS = {"retrieval/encoder.py"}  # the embedder's forward on the kernels: retrieval's one module that uses torch
+
+
+def test_torch_reaches_retrieval_only_through_the_kernels_door():
+    """retrieval's index, relevance and embedder interface load no torch; the one module that computes with it
+    (the embedder's forward, on the kernels) is declared, imported lazily, and imports no graft_core."""
+    users = sorted(
+        str(p.relative_to(ROOT))
+        for p in _source_files()
+        if p.relative_to(ROOT).parts[0] == "retrieval" and any(top in {"torch", "transformers"} for _, top in _imported_tops(p))
+    )
+    assert users == sorted(TORCH_DOORS), f"torch imported in retrieval outside {sorted(TORCH_DOORS)}: {users}"
+    door = {top for _, top in _imported_tops(ROOT / "retrieval" / "encoder.py")}
+    assert "kernels" in door and "graft_core" not in door, sorted(door)
 
 
 def test_front_ends_and_tools_reach_the_store_only_through_library_methods(lib):

@@ -10,10 +10,11 @@ import time
 import pytest
 import torch
 
-from graft_core import batch, fma16
+from graft_core import batch
 from graft_core.forward import forward_chunk, new_cache
+from kernels import fma16
 
-# Each tiny test runs on both product paths: fma16 (graft_core/fma16.py: AVX-512, AVX2 or portable C, the same bits) and
+# Each tiny test runs on both product paths: fma16 (kernels/fma16.py: AVX-512, AVX2 or portable C, the same bits) and
 # torch's MKL products with the checked widths and stacked sizes (KVGRAFT_LINEAR=torch).
 BOTH = pytest.mark.parametrize("which", ["tiny_gemma", "tiny_gemma_torch"], ids=["fma16", "torch"])
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from graft_core import fma16
+from kernels import fma16
 from retrieval import SentenceEmbedder
 
 TEXTS = [

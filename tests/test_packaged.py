@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from graft_core import fma16, numerics, packaged
+from graft_core import numerics, packaged
+from kernels import fma16
 
 pytestmark = pytest.mark.skipif(bool(fma16.why_not()), reason=f"fma16 unavailable: {fma16.why_not()}")
 

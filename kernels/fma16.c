@@ -10,7 +10,7 @@
    the row x[m] and the row W[n] only: not on how many rows a call holds, which rows sit next to it,
    how the work is split between threads, or the machine, as long as it executes these operations.
 
-   One source, three builds (graft_core/fma16.py picks one per CPU, or KVGRAFT_ISA does):
+   One source, three builds (kernels/fma16.py picks one per CPU, or KVGRAFT_ISA does):
      -DFMA16_AVX512  the 16 lanes in one AVX-512 register;
      -DFMA16_AVX2    the same 16 lanes in two AVX2 registers (lanes 0-7, 8-15): the same fmaf per lane,
                      and s[j] + s[j+8] is exactly lo[j] + hi[j], so the same bits;
@@ -25,7 +25,7 @@
    same bytes as the float32 weights before using it, so a product over blocks equals the product
    over the float32 weights byte for byte, and reads 4-6x fewer bytes.
 
-   Built by graft_core/fma16.py with -ffp-contract=off: nothing here may be fused or reordered. */
+   Built by kernels/fma16.py with -ffp-contract=off: nothing here may be fused or reordered. */
 
 #include <stdint.h>
 #include <stdlib.h>
