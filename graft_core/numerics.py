@@ -1,12 +1,13 @@
 """kvgraft-f32-v2: one numerical definition for the whole float32 forward of a Gemma 3 model.
 
-fma16 (fma16.py) fixes the order of the weight products. This module puts the rest of a forward on code
+fma16 (kernels/fma16.py) fixes the order of the weight products. This module puts the rest of a forward on code
 whose bits do not depend on the CPU's vendor or vector width, so that the definition, not the machine,
 decides every byte:
 - attention (`attention`, registered with transformers as "kvgraft"): one fused C call per key/value head
-  (`kv_attention` in fma16.c, where its definition is written): Q.K^T and P.V in fma16's order (16 lanes
-  of fmaf along the reduced dimension, then the fixed tree), a softmax of scale, mask, max, kvgraft's own
-  exp, a sum in fma16's order and a division; the query heads of a group (GQA) share the keys' loads;
+  (`kv_attention` in kernels/c/attention.c; its definition is written in kernels/c/reference.c): Q.K^T and
+  P.V in fma16's order (16 lanes of fmaf along the reduced dimension, then the fixed tree), a softmax of
+  scale, mask, max, kvgraft's own exp, a sum in fma16's order and a division; the query heads of a group
+  (GQA) share the keys' loads;
 - the rotary tables (`Rotary`): inverse frequencies correctly rounded to float32 from a 60-digit decimal
   power, cos and sin by kvgraft's own double-precision code, rounded once (no matmul, no libm);
 - RMSNorm (`Norm`): the mean of squares as fma16's dot of the row with itself, then 1/sqrtf;
@@ -48,7 +49,7 @@ def attention(
     """transformers' attention contract (eager_attention_forward's): query [B, Hq, Sq, D], key and value
     [B, Hkv, Sk, D], a boolean (True: attend) or additive mask [B or 1, 1 or Hq, Sq, >= Sk]; returns
     ([B, Sq, Hq, D], None). One fused C call per key/value head over all of its query heads (GQA without
-    copies), per query head where the mask differs by head; the definition is kv_attention's (fma16.c)."""
+    copies), per query head where the mask differs by head; the definition is kv_attention's (kernels/c/reference.c)."""
     if dropout:
         raise ValueError("kvgraft attention is for inference: dropout must be 0")
     if softcap is not None:

@@ -1,7 +1,7 @@
 """The retrieval embedder's forward (a sentence-transformers BERT, mean pooled) on kvgraft's kernels.
 
 It owns how a loaded all-MiniLM-L6-v2 computes a text's unit vector so that no MKL or oneDNN call runs
-on a deposit or an answer: the linear layers through fma16 (float32 weights, fma16.c's order), attention
+on a deposit or an answer: the linear layers through fma16 (float32 weights, the definition's order), attention
 through `kv_attention` (bidirectional: every key the padding mask keeps), LayerNorm and the erf GELU
 through `kv_layernorm` and `kv_gelu_erf`, and the mean pooling and the L2 normalisation as fma16 dot
 products. It knows nothing about indexes, artifacts or the language model.

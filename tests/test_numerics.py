@@ -82,7 +82,7 @@ F32 = fma16.FORMATS["F32"]
 
 
 def _definition(q, k, v, keep, add, scale):
-    """kv_attention's definition (fma16.c), composed here from fma16's C reference product and numpy float32
+    """kv_attention's definition (kernels/c/reference.c), composed here from fma16's C reference product and numpy float32
     arithmetic, one row at a time: q [H, Sq, D], k and v [Sk, D], keep (bool) or add (float) [Sq, Sk]."""
     import numpy as np
 
