@@ -114,7 +114,7 @@ def _run_op(op: str, lib, work: Path, out: Path):
         r = services.export_bundle(lib, ids, out / "export.tar")
         return {"bundle_sha256": r.bundle_sha256, "blob_bytes": blobs}
     if op == "index":
-        idx = lib.rebuild_index()
+        idx = lib.store.rebuild_index()
         return {"vectors": len(idx), "dim": lib.embedder.dim}
     if op == "ledger":
         r = lib.answer(QUESTION, max_new_tokens=2)
@@ -346,7 +346,7 @@ def full_disk_run(mount: Path, model_dir: str | os.PathLike, lm, embedder) -> di
             attempt("deposit", lambda: lib.deposit_text(TEXT).to_json()),
             attempt("import", lambda: list(services.import_bundle(lib, side / "bundle.tar", limits=small_disk).new)),
             attempt("export", lambda: services.export_bundle(lib, lib.artifact_ids(), exports / "all.tar").bundle_sha256),
-            attempt("index", lambda: len(lib.rebuild_index())),
+            attempt("index", lambda: len(lib.store.rebuild_index())),
             attempt("ledger", lambda: lib.answer(QUESTION, max_new_tokens=2).answer),
         ]
 

@@ -69,10 +69,10 @@ class SolvePipeline:
         # as an answer: its prompt and steps go in the answers' shared passes (same tokens as alone), so a chat
         # never waits behind a whole attempt; it is background work, so it does not hold verify samples back
         if steps is None:
-            with self._lock:
+            with self.store.lock:
                 a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed)
         else:
-            with steps.background(), steps.arriving(), self._lock:
+            with steps.background(), steps.arriving(), self.store.lock:
                 a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed, steps=steps)
 
         return SolveAttempt(
@@ -163,7 +163,7 @@ class SolvePipeline:
         with open(self.home / FLYWHEEL_LOG, "a", encoding="utf-8") as f:
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
         if result.source == "model" and result.id:
-            self._catalog.record_discovery(result.id, result.tokens_spent)
+            self.store.catalog.record_discovery(result.id, result.tokens_spent)
         return result
 
     def flywheel(self) -> Flywheel:
@@ -173,7 +173,7 @@ class SolvePipeline:
         the cumulative tokens saved over the newest RECALL_POINTS recalls, where saved = the sum over
         recalls of (discovery - recall), i.e. against a baseline that would have had to discover it again."""
         growth, found, recalls = aggregates.read(
-            self._catalog,
+            self.store.catalog,
             (aggregates.growth, GROWTH_POINTS),
             (aggregates.recent_discoveries, ITEMS_SHOWN),
             (aggregates.recent_recalls, RECALL_POINTS),
@@ -198,7 +198,7 @@ class SolvePipeline:
             if s["source"] == "model" and s["id"]:
                 first = found.get(s["id"], (0, datetime.fromtimestamp(s["at"], UTC)))[1]
                 found[s["id"]] = (s["tokens_spent"], first)
-        aggregates.fill(self._catalog, found)
+        aggregates.fill(self.store.catalog, found)
 
     def solves(self) -> list[dict]:
         """Every recorded solve, oldest first (empty when nothing was solved in this store)."""

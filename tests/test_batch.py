@@ -394,7 +394,7 @@ def test_a_solve_attempt_holds_the_model_lock(tmp_path, tiny_gemma, monkeypatch)
     real, held = sample.attempt, []
 
     def attempt(*a, **kw):  # may another thread take the model while the attempt computes?
-        probe = threading.Thread(target=lambda: held.append(not lib._lock.acquire(timeout=0) or lib._lock.release()))
+        probe = threading.Thread(target=lambda: held.append(not lib.store.lock.acquire(timeout=0) or lib.store.lock.release()))
         probe.start()
         probe.join(10)
         return real(*a, **kw)

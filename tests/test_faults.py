@@ -242,7 +242,7 @@ def test_an_index_save_cut_between_its_two_files_is_a_cache_state_not_damage(kvg
     lib.index()
     old_meta = (kvgraft_home / "index" / "index.json").read_bytes()
     lib.deposit_text("The Orlen Gate was painted green.")
-    lib.rebuild_index()
+    lib.store.rebuild_index()
     (kvgraft_home / "index" / "index.json").write_bytes(old_meta)  # the second save killed before its JSON
     r = services.fsck(lib)
     assert r.index.status == "half-saved" and r.consistent, r.to_json()

@@ -21,7 +21,7 @@ def lib(kvgraft_home, tiny_gemma):
 
 def test_first_answer_runs_the_probe_and_later_answers_prove_by_the_state_hash(lib, monkeypatch):
     d = lib.deposit_text(TEXT)
-    row = lib._catalog.get(d.id)
+    row = lib.store.catalog.get(d.id)
     first = lib.answer(Q, artifact=d.id, max_new_tokens=3)
     assert first.proof.kind == "probe" and first.proof.passed and first.proof.observed == row.probe_sha256
     state = lib._probed[row.content_sha256]
@@ -65,7 +65,7 @@ def test_a_mismatching_first_use_probe_quarantines_before_any_token(lib, monkeyp
     with pytest.raises(IntegrityError, match=f"artifact {d.id} is quarantined .*probe check failed"):
         lib.answer(Q, artifact=d.id, max_new_tokens=3, on_token=tokens.append)
     assert tokens == []
-    assert lib._catalog.get(d.id).quarantine.startswith("probe check failed")
+    assert lib.store.catalog.get(d.id).quarantine.startswith("probe check failed")
     with pytest.raises(IntegrityError, match="quarantined"):
         lib.answer(Q, artifact=d.id, max_new_tokens=3)
 
@@ -77,4 +77,4 @@ def test_a_served_state_unlike_the_proved_one_quarantines_before_any_token(lib, 
     tokens = []
     with pytest.raises(IntegrityError, match=f"artifact {d.id} is quarantined .*state proof failed"):
         lib.answer(Q, artifact=d.id, max_new_tokens=3, on_token=tokens.append)
-    assert tokens == [] and lib._catalog.get(d.id).quarantine.startswith("state proof failed")
+    assert tokens == [] and lib.store.catalog.get(d.id).quarantine.startswith("state proof failed")

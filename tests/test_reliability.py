@@ -471,7 +471,7 @@ def _assert_store_agrees(lib: services.Library, expected_ids: set[str]) -> None:
     lib.index()  # the index is rebuilt from the catalog when stale, as every reader does
     rep = services.fsck(lib)
     assert rep.consistent, rep.to_json()
-    ids = {r.id for r in lib._catalog.list_artifacts(limit=1000)}
+    ids = {r.id for r in lib.store.catalog.list_artifacts(limit=1000)}
     assert ids == expected_ids, (len(ids), len(expected_ids))
     idx = lib.index()
     assert all(i in idx for i in ids) and len(idx) == len(ids)
@@ -517,7 +517,7 @@ def test_threads_deposit_and_ask_at_once_through_one_library(kvgraft_home, tiny_
     assert errors == []
     assert len(deposited) == depositors * per
     assert len(lib.ledger()) == askers * 2
-    seed = lib._catalog.list_artifacts(query="Seed fact")[0].id
+    seed = lib.store.catalog.list_artifacts(query="Seed fact")[0].id
     _assert_store_agrees(lib, set(deposited) | {seed})
 
 
@@ -602,7 +602,7 @@ def test_inputs_are_bounded_with_exact_messages(kvgraft_home, tiny_gemma):
         with pytest.raises(cls) as exc:
             call()
         assert str(exc.value) == message
-    assert lib.count() == 0 and list(lib._blobs) == []
+    assert lib.count() == 0 and list(lib.store.blobs) == []
 
 
 # ---- incompatible artifacts ------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def test_bring_in_recomputes_each_artifact_and_imports_it(written, tmp_path, tin
         assert seed.bring_in(fresh, bundle=out) == 11
         assert sorted(fresh.artifact_ids()) == sorted(lib.artifact_ids())
         for aid in fresh.artifact_ids():  # the same bytes the gate deposited
-            assert fresh._catalog.get(aid).content_sha256 == lib._catalog.get(aid).content_sha256
+            assert fresh.store.catalog.get(aid).content_sha256 == lib.store.catalog.get(aid).content_sha256
         labels = {v.label for aid in fresh.artifact_ids() for v in fresh.show(aid).verifications}
         assert labels == {"imported, not re-verified", "attested"}
         assert seed.bring_in(fresh, bundle=out) == 0  # a repeat costs nothing

@@ -208,7 +208,7 @@ def test_what_has_no_route_says_what_to_use_instead(tmp_path):
         remote.stats()
     with pytest.raises(NotAvailable, match="^The dashboard is not available"):
         remote.flywheel()
-    with pytest.raises(NotAvailable, match=r"^the store itself \(catalog\) is not available"):
+    with pytest.raises(NotAvailable, match=r"^the store itself \(store\) is not available"):
         services.export_bundle(remote, ["a" * 64], tmp_path / "b.tar")
     assert not hasattr(remote, "__len__")  # dunder lookups stay AttributeError (copy, inspection)
 
