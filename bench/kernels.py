@@ -53,6 +53,7 @@ from pathlib import Path
 
 import settings
 from bench.peer import QUESTION, wait_until_settled
+from services import AnswerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / "bench" / "peer"
@@ -143,7 +144,7 @@ def stages(lib, text: str, repeats: int) -> dict:
         for k, a, b in zip(t, (c0, c1, c2, c3, c4, c5, c6), (c1, c2, c3, c4, c5, c6, c7), strict=True):
             t[k].append(b - a)
     served = forward_chunk(m, restore(lm, chain), ids[0].tolist(), int(pos[0, 0]))
-    answered = [lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, record=False).ttft_s for _ in range(repeats)]
+    answered = [lib.answer(QUESTION, AnswerOptions(artifact=d.id, max_new_tokens=1, record=False)).ttft_s for _ in range(repeats)]
     out = {k: ms(v) for k, v in t.items()}
     return {
         "prefix_tokens": chain[-1].end,

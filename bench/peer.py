@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 import settings
+from services import AnswerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / "bench" / "peer"
@@ -105,10 +106,10 @@ def run_kvgraft(
         int(torch.argmax(forward_chunk(lm.model, new_cache(lm.model), prefix + q, 0)[-1]))
         fresh.append(time.perf_counter() - t)
     wait_until_settled(lib, d.content_sha256)
-    first = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, record=False)  # the first-use probe
+    first = lib.answer(QUESTION, AnswerOptions(artifact=d.id, max_new_tokens=1, record=False))  # the first-use probe
     served = set()
     for _ in range(repeats):
-        r = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, record=False)
+        r = lib.answer(QUESTION, AnswerOptions(artifact=d.id, max_new_tokens=1, record=False))
         warm.append(r.ttft_s)
         served.add(r.logits_sha256)
         proofs.append(bool(r.proof and r.proof.passed and r.proof.kind == "state"))
@@ -122,7 +123,9 @@ def run_kvgraft(
     together = answers_together(lm, lib, d.id, q, repeats) if whole_answers else None
     # the full check recomputes the prefix: only where a fresh prefill is measured (the portable build's takes
     # minutes; its served logits are compared with the other builds' instead)
-    checked = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, check=True, record=False) if fresh_ttft else None
+    checked = (
+        lib.answer(QUESTION, AnswerOptions(artifact=d.id, max_new_tokens=1, check=True, record=False)) if fresh_ttft else None
+    )
     return {
         "artifact_id": d.id,
         "content_sha256": d.content_sha256,

@@ -29,6 +29,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from services import AnswerOptions
+
 ROOT = Path(__file__).resolve().parent.parent
 OPS = ("deposit", "import", "export", "index", "ledger")
 TEXT = "Fact sheet: the Orlen Gate of Vasska was rebuilt in the year of the long frost."
@@ -85,7 +87,7 @@ def _prepare(work: Path, lm, embedder) -> dict:
     lib = services.Library(home=work / "pristine", lm=lm, embedder=embedder)
     root = lib.deposit_text(ROOT_TEXT)
     lib.deposit_text(CHILD_TEXT, parent=root.id)
-    lib.answer(QUESTION, max_new_tokens=2)
+    lib.answer(QUESTION, AnswerOptions(max_new_tokens=2))
     lib.index()
     ids = lib.artifact_ids()
     before = {i: bytes(lib.read_blob(lib.show(i).artifact.content_sha256)) for i in ids}
@@ -117,7 +119,7 @@ def _run_op(op: str, lib, work: Path, out: Path):
         idx = lib.store.rebuild_index()
         return {"vectors": len(idx), "dim": lib.embedder.dim}
     if op == "ledger":
-        r = lib.answer(QUESTION, max_new_tokens=2)
+        r = lib.answer(QUESTION, AnswerOptions(max_new_tokens=2))
         return {"output": r.answer, "ledger_rows": len(lib.ledger())}
     raise ValueError(f"unknown operation {op!r}; one of {', '.join(OPS)}")
 
@@ -300,7 +302,7 @@ def full_disk_run(mount: Path, model_dir: str | os.PathLike, lm, embedder) -> di
     lib = services.Library(home=store, lm=lm, embedder=embedder)
     root = lib.deposit_text(ROOT_TEXT)
     lib.deposit_text(CHILD_TEXT, parent=root.id)
-    lib.answer(QUESTION, max_new_tokens=2)
+    lib.answer(QUESTION, AnswerOptions(max_new_tokens=2))
     lib.index()
     prep = {"ids": lib.artifact_ids()}
     prep["before"] = {i: bytes(lib.read_blob(lib.show(i).artifact.content_sha256)) for i in prep["ids"]}
@@ -347,7 +349,7 @@ def full_disk_run(mount: Path, model_dir: str | os.PathLike, lm, embedder) -> di
             attempt("import", lambda: list(services.import_bundle(lib, side / "bundle.tar", limits=small_disk).new)),
             attempt("export", lambda: services.export_bundle(lib, lib.artifact_ids(), exports / "all.tar").bundle_sha256),
             attempt("index", lambda: len(lib.store.rebuild_index())),
-            attempt("ledger", lambda: lib.answer(QUESTION, max_new_tokens=2).answer),
+            attempt("ledger", lambda: lib.answer(QUESTION, AnswerOptions(max_new_tokens=2)).answer),
         ]
 
     filler = fill(mount)

@@ -19,6 +19,7 @@ from files import write_faults
 from graft_core import templates
 
 from . import limits
+from .door import DEFAULT_ANSWER, AnswerOptions
 from .limits import MAX_K, MAX_QUESTION_CHARS, bounded, prompt_bounded
 from .results import AnswerResult, Retrieved
 
@@ -228,56 +229,46 @@ class AnswerPipeline:
             return "answers decode together" if self._steps else "answers decode one at a time"
 
     def answer(
-        self,
-        question: str,
-        k: int = 3,
-        artifact: str | None = None,
-        graft: bool = True,
-        max_new_tokens: int = 32,
-        raw: bool = False,
-        check: bool = False,
-        compare: bool = False,
-        relocated: bool = False,
-        threshold: float | None = None,  # None: retrieval's DEFAULT_THRESHOLD
-        on_token: Callable[[str], None] | None = None,
-        record: bool = True,
-        compose: bool = False,
-        max_prompt_tokens: int | None = None,
+        self, question: str, options: AnswerOptions = DEFAULT_ANSWER, on_token: Callable[[str], None] | None = None
     ) -> AnswerResult:
+        """LibraryDoor.answer (its contract)."""
         from graft_core import generate
         from graft_core.exactness import check_composed
 
+        o = options
         question = bounded("question", question, MAX_QUESTION_CHARS)
-        if max_prompt_tokens is not None:  # before retrieval: a refused question costs one tokenisation
-            prompt_bounded(len(generate.encode_prompt(self.lm, question, grafted=False, raw=raw)), max_prompt_tokens)
-        retrieved, chain_ids, note = self._plan(question, k, artifact, graft, relocated, _threshold(threshold), compose)
+        if o.max_prompt_tokens is not None:  # before retrieval: a refused question costs one tokenisation
+            prompt_bounded(len(generate.encode_prompt(self.lm, question, grafted=False, raw=o.raw)), o.max_prompt_tokens)
+        retrieved, chain_ids, note = self._plan(
+            question, o.k, o.artifact, o.graft, o.relocated, _threshold(o.threshold), o.compose
+        )
         steps = self.decode_group()
         with steps.arriving() if steps is not None else nullcontext(), self.store.lock:
             lm = self.lm
             t0 = time.perf_counter()
             # probe-checked on first restore (a leaf by the answer's own probe chunk); quarantined ones refuse
-            chain, known, on_proof = self._load_for_answer(chain_ids, relocated)
+            chain, known, on_proof = self._load_for_answer(chain_ids, o.relocated)
             read_s = time.perf_counter() - t0
-            base = generate.baseline(lm, chain, question, max_new_tokens, raw) if (compare and chain) else None
+            base = generate.baseline(lm, chain, question, o.max_new_tokens, o.raw) if (o.compare and chain) else None
             ans = generate.answer(
                 lm,
                 chain,
                 question,
-                max_new_tokens=max_new_tokens,
-                raw=raw,
-                run_check=check and not relocated,
+                max_new_tokens=o.max_new_tokens,
+                raw=o.raw,
+                run_check=o.check and not o.relocated,
                 read_s=read_s,
-                relocated=relocated and len(chain) > 0,
-                on_token=self._token_callback(on_token, raw),
+                relocated=o.relocated and len(chain) > 0,
+                on_token=self._token_callback(on_token, o.raw),
                 baseline_decode_tokens=base.decode_tokens if base else None,
                 proven=known,
                 on_proof=on_proof,
                 steps=steps,
             )
             exactness = ans.check
-            if check and relocated and chain:
+            if o.check and o.relocated and chain:
                 exactness = check_composed(lm, chain, list(ans.prompt_ids))
-        ledger_id = self._record(question, ans, base, exactness) if record else None
+        ledger_id = self._record(question, ans, base, exactness) if o.record else None
         return AnswerResult(
             answer=ans.text,
             tier=ans.tier,

@@ -28,6 +28,7 @@ from graft_core import model as model_mod  # names only: torch loads in model_mo
 from . import limits
 from .answer import AnswerPipeline
 from .deposit import DepositPipeline
+from .door import AnswerOptions
 from .results import DeleteReport, LibraryEntry, ShowReport, StoreStats, WarmReport
 from .samples import VerifyPipeline
 from .solve import SolvePipeline
@@ -184,7 +185,7 @@ class Library(DepositPipeline, AnswerPipeline, VerifyPipeline, SolvePipeline):
         before it. Run after `prove_chain` (so it carries the state proof, as the real answer will).
         Returns the seconds it took."""
         t0 = time.perf_counter()
-        self.answer(WARM_UP_QUESTION, artifact=artifact_id, max_new_tokens=1, record=False)
+        self.answer(WARM_UP_QUESTION, AnswerOptions(artifact=artifact_id, max_new_tokens=1, record=False))
         return time.perf_counter() - t0
 
     def warm_proofs(self, limit: int) -> WarmReport:

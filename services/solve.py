@@ -18,6 +18,7 @@ import verifiers
 from db import aggregates
 from errors import InvalidInput, VerificationFailed
 
+from .door import AnswerOptions
 from .limits import MAX_QUESTION_CHARS, bounded
 from .results import Flywheel, SolveAttempt, Solved
 
@@ -48,7 +49,7 @@ class SolvePipeline:
     """Mixed into `Library`; uses its `answer`, `deposit_item`, `lm`, `_lock`, `decode_group` and `home`."""
 
     def _from_library(self, question: str, verifier: str, reference: str, max_new_tokens: int) -> SolveAttempt:
-        res = self.answer(question, max_new_tokens=max_new_tokens)
+        res = self.answer(question, AnswerOptions(max_new_tokens=max_new_tokens))
         ok, detail = judge(verifier, res.answer, reference)
         mode = "library" if res.artifact_ids else "greedy"
         return SolveAttempt(

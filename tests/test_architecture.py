@@ -15,6 +15,7 @@ from sqlalchemy import event
 import services
 from db.blobs import RACY_NS
 from retrieval import HashEmbedder
+from services import AnswerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 ITEM = ("Who built the Varnek lighthouse?", "The Varnek lighthouse was built by Osric Pellamy.", "Osric Pellamy")
@@ -73,7 +74,7 @@ def test_library_table_is_one_query_with_the_latest_verification(lib):
 
 def test_results_are_typed_and_serialise_once(lib):
     d = lib.deposit_item(*ITEM, "exact", ITEM[2])
-    r = lib.answer(ITEM[0], check=True, compare=True, max_new_tokens=3, threshold=0.0)
+    r = lib.answer(ITEM[0], AnswerOptions(check=True, compare=True, max_new_tokens=3, threshold=0.0))
     assert r.check is not None and r.check.exact and r.check.fresh_sha256 == r.check.grafted_sha256
     assert r.baseline is not None and r.ttft_speedup == r.baseline.ttft_s / max(r.ttft_s, 1e-9)
     j = r.to_json()

@@ -17,6 +17,7 @@ import retrieval.embedder
 import services
 from db.schema import ledger
 from retrieval import HashEmbedder
+from services import AnswerOptions
 
 
 @pytest.fixture(autouse=True)
@@ -142,7 +143,7 @@ def test_fsck_exit_codes_and_repair(run, lib, chain):
 
 
 def test_replay_exit_codes(run, lib, chain):
-    lib.answer("Which bridge?", artifact=chain[1].id, max_new_tokens=4)
+    lib.answer("Which bridge?", AnswerOptions(artifact=chain[1].id, max_new_tokens=4))
     code, out, _ = run("replay", "--last", "5")
     assert code == 0 and out["ok"] and out["replayed"] == 1 and out["entries"][0]["output_equal"]
     with lib.store.catalog._engine.begin() as conn:
@@ -198,7 +199,7 @@ def test_ask_with_a_named_artifact_proves_its_chain_at_load_and_serves_the_same_
     assert out["proof"]["kind"] == "state" and out["proof"]["passed"] is True  # the probe ran before the question
     rows = lib.ledger()  # the throw-away warm-up answer is not recorded; the question is, once
     assert len(rows) == before + 1 and rows[-1].query == q and out["ledger_id"] is not None
-    alone = lib.answer(q, artifact=child.id, max_new_tokens=3)  # this process proves it inside the answer
+    alone = lib.answer(q, AnswerOptions(artifact=child.id, max_new_tokens=3))  # this process proves it inside the answer
     assert alone.proof.kind == "probe" and alone.proof.passed
     assert (out["output_sha256"], out["logits_sha256"]) == (alone.output_sha256, alone.logits_sha256)
     code, out, _ = run("ask", q, "--max-new-tokens", "3")  # retrieval picks the artifact: nothing known at load

@@ -16,7 +16,7 @@ from db import connection as dbconn
 from db.schema import artifacts, verifications
 from errors import IncompatibleArtifact, IntegrityError, VerificationFailed
 from graft_core import generate, templates
-from services import gate
+from services import AnswerOptions, gate
 from tests.test_maintenance import files_under, make_lib, read_members, rewrite
 
 Q, S, A = "Who built the Varnek lighthouse?", "The Varnek lighthouse was built by Osric Pellamy.", "Osric Pellamy"
@@ -153,13 +153,13 @@ def test_a_flipped_probe_hash_quarantines_the_artifact(lib):
     _sql(lib, sa.update(artifacts).where(artifacts.c.id == d.id).values(probe_sha256=flipped))
     lib._probed.clear()  # a new process: the first restore checks the probe
     with pytest.raises(IntegrityError, match=f"artifact {d.id} is quarantined .*rebuild --verify {d.id}"):
-        lib.answer(Q, artifact=d.id, max_new_tokens=2)
+        lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=2))
     assert lib.store.catalog.get(d.id).quarantine.startswith("probe check failed")
     assert lib.retrieve(Q, threshold=0.0) == []  # retrieval skips it
     r = services.fsck(lib)
     assert [q.id for q in r.quarantined] == [d.id] and not r.consistent and "rebuild --verify" in r.advice[-1]
     with pytest.raises(IntegrityError, match="quarantined"):
-        lib.answer(Q, artifact=d.id, max_new_tokens=2)
+        lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=2))
 
 
 def test_fsck_deep_checks_every_probe(lib):
@@ -365,7 +365,7 @@ def test_a_bundle_of_another_numerical_definition_is_rebuilt_here_from_its_token
     assert not target.store.blobs.exists(src_blob)  # the bundle's bytes were not kept
     [v] = target.show(d_here.id).verifications
     assert v.counts_as_verified  # replayed on the rebuilt chain
-    assert target.answer(Q, artifact=child_here.id, max_new_tokens=4, record=False).tier == "exact"
+    assert target.answer(Q, AnswerOptions(artifact=child_here.id, max_new_tokens=4, record=False)).tier == "exact"
 
 
 @pytest.mark.parametrize("claim", ["another identity", "no claim"])

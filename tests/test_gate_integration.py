@@ -12,7 +12,7 @@ import services
 from db import connection as dbconn
 from db.schema import artifacts
 from errors import IntegrityError, VerificationFailed
-from services import gate
+from services import AnswerOptions, gate
 from tests.test_gate import _forge_kv, _same_length_pair, _tamper_catalog  # the careful tamperers (re-hash what they edit)
 
 pytestmark = pytest.mark.integration
@@ -44,7 +44,7 @@ def test_a_consistent_solution_is_accepted_and_its_paraphrase_answered_from_the_
     lib, d = store
     assert d.created and d.verified and d.provenance == "verified"
     print(f"gate cost: {d.gate_s:.2f} s, {d.gate_tokens} tokens; prefill {d.prefill_s:.2f} s, {d.prefill_tokens} tokens")
-    r = lib.answer(PARAPHRASE, max_new_tokens=16)
+    r = lib.answer(PARAPHRASE, AnswerOptions(max_new_tokens=16))
     assert r.artifact_ids == (d.id,) and r.tier == "exact"
     assert gate.judge(r.answer, Q, GOOD, "numeric", "11").ok, r.answer
 
@@ -87,7 +87,7 @@ def test_a_flipped_byte_in_the_stored_probe_hash_quarantines(store, tmp_path, re
         )
     other._probed.clear()
     with pytest.raises(IntegrityError, match="quarantined"):
-        other.answer(Q, max_new_tokens=4, artifact=d.id)
+        other.answer(Q, AnswerOptions(max_new_tokens=4, artifact=d.id))
     assert [q.id for q in services.fsck(other).quarantined] == [d.id]
 
 

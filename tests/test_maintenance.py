@@ -21,6 +21,7 @@ from db import bundles
 from db.schema import ledger
 from errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
 from retrieval import HashEmbedder
+from services import AnswerOptions
 
 ROOT_TEXT = "Zorblat is the capital of Quendia. It has nine bridges."
 CHILD_TEXT = "The tallest bridge of Zorblat is the Ivory Span."
@@ -306,9 +307,9 @@ def test_a_corrupt_index_file_is_not_consistent_until_repaired(lib, chain):
 
 def test_replay_confirms_every_tier_and_flags_a_changed_record(lib, chain):
     root, child = chain
-    lib.answer("Which bridge is the tallest?", artifact=child.id, max_new_tokens=6)
-    lib.answer("Which bridge is the tallest?", graft=False, max_new_tokens=5)
-    lib.answer("Zorblat capital Quendia bridges", relocated=True, threshold=0.0, max_new_tokens=4)
+    lib.answer("Which bridge is the tallest?", AnswerOptions(artifact=child.id, max_new_tokens=6))
+    lib.answer("Which bridge is the tallest?", AnswerOptions(graft=False, max_new_tokens=5))
+    lib.answer("Zorblat capital Quendia bridges", AnswerOptions(relocated=True, threshold=0.0, max_new_tokens=4))
     rep = services.replay_ledger(lib)
     assert [e.tier for e in rep.entries] == ["exact", "none", "relocated"]
     assert rep.ok and rep.matched == 3, rep

@@ -21,6 +21,7 @@ from graft_core.layers import state_digest
 from graft_core.probe import probe_ids
 from graft_core.proof import proven
 from retrieval import HashEmbedder
+from services import AnswerOptions
 
 TEXT = "Fact: the lighthouse of Varnek Isle was built by Osric Pellamy in 1874.\n"
 
@@ -114,7 +115,7 @@ def test_the_library_reports_and_records_the_proof(tmp_path, tiny_gemma):
     lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
     try:
         d = lib.deposit_item("Who built it?", "Osric Pellamy built it.", "Osric Pellamy", "exact", "Osric Pellamy")
-        r = lib.answer("Who built it?", artifact=d.id, max_new_tokens=3)
+        r = lib.answer("Who built it?", AnswerOptions(artifact=d.id, max_new_tokens=3))
         assert r.check is None and r.proof.passed is True
         assert r.to_json()["proof"]["observed"] == r.proof.expected
         row = lib.ledger()[-1]

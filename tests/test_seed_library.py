@@ -12,7 +12,7 @@ import pytest
 import services
 from errors import IntegrityError
 from retrieval import HashEmbedder
-from services import seed
+from services import AnswerOptions, seed
 
 
 def _library(home, lm):
@@ -113,7 +113,7 @@ def test_the_real_model_brings_in_the_committed_library(real_lm, tmp_path):
     lib = _library(tmp_path / "in", real_lm)
     try:
         assert seed.bring_in(lib) == 11
-        r = lib.answer("Who founded the town of Velmora?", max_new_tokens=16)
+        r = lib.answer("Who founded the town of Velmora?", AnswerOptions(max_new_tokens=16))
         assert r.artifact_ids and r.tier == "exact", (r.tier, r.answer)
     finally:
         lib.close()

@@ -8,6 +8,7 @@ import pytest
 import services
 from errors import InputTooLong, InvalidInput, VerificationFailed
 from retrieval import HashEmbedder
+from services import AnswerOptions
 
 FACTS = [
     ("Who built the Varnek lighthouse?", "The Varnek lighthouse was built by Osric Pellamy.", "Osric Pellamy"),
@@ -46,7 +47,7 @@ def test_text_deposit_is_unverified_unless_attested(lib):
 
 def test_answer_retrieves_grafts_checks_and_records(lib):
     ids = [lib.deposit_item(q, s, a, "exact", a).id for q, s, a in FACTS]
-    r = lib.answer(FACTS[0][0], k=2, check=True, max_new_tokens=4, threshold=0.0)
+    r = lib.answer(FACTS[0][0], AnswerOptions(k=2, check=True, max_new_tokens=4, threshold=0.0))
     assert r.retrieved[0].id == ids[0] and r.tier == "exact"
     assert r.check.exact and r.check.fresh_sha256 == r.check.grafted_sha256
     assert r.grafted_tokens == lib.store.catalog.get(ids[0]).end_pos
@@ -57,7 +58,7 @@ def test_answer_retrieves_grafts_checks_and_records(lib):
 
 def test_no_hit_answers_without_graft_and_says_so(lib):
     lib.deposit_item(*FACTS[0][:3], "exact", FACTS[0][2])
-    r = lib.answer("zzzz qqqq", threshold=0.99, max_new_tokens=3)
+    r = lib.answer("zzzz qqqq", AnswerOptions(threshold=0.99, max_new_tokens=3))
     assert r.tier == "none" and r.grafted_tokens == 0 and r.note.startswith("no artifact above similarity 0.99")
 
 
@@ -67,7 +68,7 @@ def test_compose_builds_an_exact_chain_once(lib):
     chain = lib.store.catalog.chain(leaf)
     assert [c.id for c in chain][0] == a and len(chain) == 2 and chain[1].parent_id == a
     assert lib.compose([a, b]) == leaf  # deterministic keys: composing again costs nothing
-    r = lib.answer("anything", artifact=leaf, check=True, max_new_tokens=3)
+    r = lib.answer("anything", AnswerOptions(artifact=leaf, check=True, max_new_tokens=3))
     assert r.tier == "exact" and r.check.exact
     # the composed child's verdict is a fresh gate run on its own chain, not a copy of b's
     (vb,), (vc,) = lib.store.catalog.verifications(b), lib.store.catalog.verifications(leaf)
@@ -92,7 +93,7 @@ def test_relocated_composition_is_labelled_with_its_divergence(lib):
         lib.deposit_item(q, s, a, "exact", a)
     # A question about both items: the relevance stage keeps both roots (a question about one drops the other).
     both = "What colour is the Quillon moth, and who built the Varnek lighthouse?"
-    r = lib.answer(both, k=2, relocated=True, check=True, max_new_tokens=3, threshold=0.0)
+    r = lib.answer(both, AnswerOptions(k=2, relocated=True, check=True, max_new_tokens=3, threshold=0.0))
     assert r.tier == "relocated" and "approximate" in r.note and len(r.artifact_ids) == 2
     assert r.check.tier == "relocated" and r.check.exact is False
     assert r.check.max_abs_diff > 0  # later parts never saw the earlier ones: measured, not hidden
@@ -106,7 +107,7 @@ def test_inputs_are_bounded(lib):
     with pytest.raises(InvalidInput, match="contains NUL bytes"):
         lib.answer("a\x00b")
     with pytest.raises(InvalidInput, match="k must be between 1 and 16"):
-        lib.answer("hi", k=0)
+        lib.answer("hi", AnswerOptions(k=0))
 
 
 def test_verify_samples_reports_byte_equality(lib):
@@ -159,7 +160,7 @@ def test_a_store_that_refuses_the_new_vectors_still_answers_and_rebuild_says_why
 
     monkeypatch.setattr(new.store.catalog, "add_embeddings", refused)
     assert new.index().ids() == set()
-    assert new.answer(FACTS[0][0], max_new_tokens=2).grafted_tokens == 0
+    assert new.answer(FACTS[0][0], AnswerOptions(max_new_tokens=2)).grafted_tokens == 0
     with pytest.raises(StorageError, match="read-only file system"):
         new.store.rebuild_index()
     new.close()

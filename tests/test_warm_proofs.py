@@ -11,7 +11,7 @@ import pytest
 
 from errors import IntegrityError, InvalidInput
 from graft_core import graft, proof
-from services import limits
+from services import AnswerOptions, limits
 from tests.test_first_use_probe import TEXT, Q, _tampered
 from tests.test_maintenance import make_lib
 from web import startup
@@ -28,14 +28,14 @@ def lib(kvgraft_home, tiny_gemma):
 
 def test_warmed_artifacts_answer_first_with_the_state_proof_and_the_same_bytes(lib, monkeypatch):
     d = lib.deposit_text(TEXT)
-    cold = lib.answer(Q, artifact=d.id, max_new_tokens=3)  # this process's first use: the probe
+    cold = lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=3))  # this process's first use: the probe
     assert cold.proof.kind == "probe" and cold.proof.passed
     lib._probed.clear()  # a new process
     report = lib.warm_proofs(8)
     assert (report.proved, report.already, report.skipped, report.quarantined) == (1, 0, 0, ())
     assert "probe-proved 1 artifacts" in report.line()
     monkeypatch.setattr(lib, "probe_check", lambda *a, **k: pytest.fail("warmed: the answer must not probe"))
-    warm = lib.answer(Q, artifact=d.id, max_new_tokens=3)
+    warm = lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=3))
     assert warm.proof.kind == "state" and warm.proof.passed and warm.proof.state_digest == cold.proof.state_digest
     assert (warm.output_sha256, warm.logits_sha256) == (cold.output_sha256, cold.logits_sha256)
     again = lib.warm_proofs(8)  # nothing left to prove
@@ -49,7 +49,7 @@ def test_the_limit_takes_the_newest_and_the_rest_prove_themselves(lib):
     lib._probed.clear()
     report = lib.warm_proofs(2)
     assert report.proved == 2 and lib.store.catalog.get(oldest.id).content_sha256 not in lib._probed
-    assert lib.answer(Q, artifact=oldest.id, max_new_tokens=2).proof.kind == "probe"
+    assert lib.answer(Q, AnswerOptions(artifact=oldest.id, max_new_tokens=2)).proof.kind == "probe"
     assert lib.warm_proofs(0).proved == 0 and lib.warm_proofs(0).seconds < 1
 
 
@@ -66,8 +66,8 @@ def test_a_failed_warm_probe_quarantines_and_the_answer_refuses(lib, monkeypatch
     assert lib.store.catalog.get(bad.id).quarantine.startswith("probe check failed")
     monkeypatch.setattr(proof, "restore", graft_restore)
     with pytest.raises(IntegrityError, match="quarantined"):
-        lib.answer(Q, artifact=bad.id, max_new_tokens=2)
-    assert lib.answer(Q, artifact=good.id, max_new_tokens=2).proof.kind == "state"
+        lib.answer(Q, AnswerOptions(artifact=bad.id, max_new_tokens=2))
+    assert lib.answer(Q, AnswerOptions(artifact=good.id, max_new_tokens=2)).proof.kind == "state"
 
 
 def test_quarantined_foreign_and_unprobed_artifacts_are_passed_over_with_the_reason(lib, monkeypatch):
