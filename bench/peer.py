@@ -92,7 +92,8 @@ def run_kvgraft(
     import torch
 
     from graft_core import generate
-    from graft_core.forward import forward_chunk, new_cache, prompt_and_decode
+    from graft_core.decoding import prompt_and_decode
+    from graft_core.forward import forward_chunk, new_cache
     from graft_core.graft import restore
 
     lm = lib.lm
@@ -153,7 +154,7 @@ def answers_alone(lm, lib, artifact_id: str, q: list[int], repeats: int) -> dict
     """Per N in LENGTHS: restore + question + N greedy steps (no stop rule) in this warm process, the way an
     answer decodes alone; median seconds, the decode rate (the N - 1 tokens after the first over their
     seconds) and the tokens."""
-    from graft_core.forward import prompt_and_decode
+    from graft_core.decoding import prompt_and_decode
     from graft_core.graft import restore
 
     out = {}

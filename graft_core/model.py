@@ -453,7 +453,8 @@ def warm_up(model, tokens: int = 4) -> None:
     """One throw-away forward at load (on its own cache): the first forward of a process pays one-off
     costs (thread pool, allocator, kernel selection) that would otherwise land on the first answer's
     time to first token. It computes nothing that is kept."""
-    from .forward import forward_chunk, new_cache, prefill_alone, step_alone
+    from .decoding import prefill_alone, step_alone
+    from .forward import forward_chunk, new_cache
 
     forward_chunk(model, new_cache(model), [0] * tokens, 0)
     cache = new_cache(model)  # and the lean pass answers take, prompt and step
