@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import settings
 
 from .errors import KvgraftError
+from .fingerprints import tokenizer_sha256
 
 if TYPE_CHECKING:  # torch and transformers load in `load` (and the conversion), not at import: the web
     import torch  # page names this module (the model cache, whether to convert) before the engine is in
@@ -147,16 +148,6 @@ def resolve_model_dir(name: str) -> Path | str:
     return name  # a hub id: works where a network or the HF cache has it
 
 
-def _hash_tokenizer(tokenizer) -> str:
-    h = hashlib.sha256()
-    vocab = tokenizer.get_vocab()
-    h.update(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1]), ensure_ascii=False).encode())
-    h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
-    probe = "kvgraft tokenizer probe: 3.14 Zürich 東京 <b>\n\tend"
-    h.update(json.dumps(tokenizer(probe, add_special_tokens=True)["input_ids"]).encode())
-    return h.hexdigest()
-
-
 def _hash_weights(model: torch.nn.Module) -> str:
     import torch
 
@@ -220,7 +211,7 @@ def _fingerprints(model, tokenizer, source: Path | str) -> tuple[str, str, str]:
         if cached is not None:
             return cached
     weights = _hash_weights(model)
-    tok = _hash_tokenizer(tokenizer)
+    tok = tokenizer_sha256(tokenizer)
     cfg = config_sha256(model.config.to_dict())
     combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
     if cache_file is not None:
@@ -423,7 +414,7 @@ def _packaged_fingerprints(model, tokenizer, blocks: dict, isa: str, folder: Pat
     if cached is not None:
         return cached
     weights = packaged.weights_sha256(model, blocks, isa)
-    tok = _hash_tokenizer(tokenizer)
+    tok = tokenizer_sha256(tokenizer)
     combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
     if weights == packaged.WEIGHTS_SHA256:  # only a proven expansion is remembered
         _remember_fingerprints(cache_file, stamp, (weights, tok, combined))
