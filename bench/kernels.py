@@ -56,7 +56,7 @@ from bench.peer import QUESTION, wait_until_settled
 from services import AnswerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
-PEER = ROOT / "bench" / "peer"
+PEER = ROOT / "bench" / "llamacpp"
 ROWS = (1, 8, 16)
 VARIANTS = {  # name -> environment of the fresh process
     "fma16": {},

@@ -1,8 +1,8 @@
 """kvgraft's grafted path against the CPU peer, llama.cpp's prompt-state save/restore, in one run.
 
 Same GGUF (the packaged Gemma 3 270M Q4_K_M, the file our model loader converts from), same prefix
-texts (bench/peer/prefix_{2048,4096}.txt) and question, 2 threads, one engine after the other.
-The peer is measured by its own script (bench/peer/llama_restore.py) run by the peer venv's python
+texts (bench/llamacpp/prefix_{2048,4096}.txt) and question, 2 threads, one engine after the other.
+The peer is measured by its own script (bench/llamacpp/llama_restore.py) run by the peer venv's python
 in a subprocess; kvgraft measures fresh TTFT, grafted TTFT in a warm process (read + integrity
 check + restore + the per-answer state proof + the prompt + first token, as an answer serves it; the
 process's first answer from the artifact, which pays the probe, is reported apart), grafted TTFT
@@ -23,7 +23,7 @@ the same GGUF. `KVGRAFT_LINEAR=torch` (MKL's products and torch's kernels, anoth
 
     .venv/bin/python -m bench.peer [--repeats 5] [--prefixes 2048,4096] [--isas native,avx2,portable]
 
-Without the peer (build it with `bash bench/peer/build.sh /tmp/peer/venv`, ~15 min on 2 cores) it
+Without the peer (build it with `bash bench/llamacpp/build.sh /tmp/peer/venv`, ~15 min on 2 cores) it
 prints how to get it and exits 0, so `make bench` runs everywhere.
 """
 
@@ -45,7 +45,7 @@ import settings
 from services import AnswerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
-PEER = ROOT / "bench" / "peer"
+PEER = ROOT / "bench" / "llamacpp"
 QUESTION = "Who was the harbour master of Quenmora?"
 DEFAULT_PEER_PYTHON = str(settings.get("KVGRAFT_PEER_PYTHON"))
 DEFAULT_GGUF = str(settings.get("KVGRAFT_PEER_GGUF"))
@@ -341,7 +341,7 @@ def main() -> None:
     ap.add_argument("--isas", default="native,avx2,portable", help="fma16 builds to serve under, each in its own process")
     ap.add_argument("--fresh-isas", default="native,avx2", help="builds that also measure the fresh TTFT")
     ap.add_argument("--slow-isas", default="portable", help="builds whose 32-token answer is measured once")
-    ap.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="python of the venv bench/peer/build.sh made")
+    ap.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="python of the venv bench/llamacpp/build.sh made")
     ap.add_argument("--gguf", default=DEFAULT_GGUF)
     ap.add_argument("--no-cli", action="store_true", help="skip the `cli.py ask` measurement")
     ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "peer.json"))
@@ -357,7 +357,7 @@ def main() -> None:
     why = peer_available(args.peer_python)
     if why:
         print(
-            f"bench.peer skipped: {why}. Build the peer with `bash bench/peer/build.sh /tmp/peer/venv` "
+            f"bench.peer skipped: {why}. Build the peer with `bash bench/llamacpp/build.sh /tmp/peer/venv` "
             "(~15 min on 2 cores) or point --peer-python / KVGRAFT_PEER_PYTHON at a python with llama-cpp-python"
         )
         return

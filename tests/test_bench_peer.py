@@ -21,7 +21,7 @@ def test_without_the_peer_the_bench_says_how_to_get_it_and_writes_nothing(tmp_pa
         capture_output=True,
         text=True,
     )
-    assert r.returncode == 0 and "bench.peer skipped" in r.stdout and "bench/peer/build.sh" in r.stdout
+    assert r.returncode == 0 and "bench.peer skipped" in r.stdout and "bench/llamacpp/build.sh" in r.stdout
     assert not out.exists()
 
 
