@@ -10,7 +10,7 @@ stored before reads back byte-identical, fsck's verdict without repair, and the 
 again after the fault is gone (it must give what a fault-free run gives) with fsck after it. The
 caller (tests/test_faults.py, bench/faults.py) judges the records.
 
-    python -m scripts.faults --op deposit --errno ENOSPC      # one sweep: its records as JSON, problems on stderr
+    python -m scripts.sweeps --op deposit --errno ENOSPC      # one sweep: its records as JSON, problems on stderr
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class _Shim:
     def __init__(self):
         lib = ctypes.CDLL(None)
         if not hasattr(lib, "kvfault_arm"):
-            raise RuntimeError("faultfs is not preloaded: run the sweep through scripts.faults.sweep()")
+            raise RuntimeError("faultfs is not preloaded: run the sweep through scripts.sweeps.sweep()")
         lib.kvfault_arm.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_int, ctypes.c_int]
         lib.kvfault_calls.restype = ctypes.c_long
         lib.kvfault_faults.restype = ctypes.c_long
@@ -495,7 +495,7 @@ def sweep(sweeps: list[tuple[str, str, int]], model_dir: str | os.PathLike, work
     spec = {"sweeps": [list(x) for x in sweeps], "model_dir": str(model_dir), "work": str(child_work)}
     env = dict(os.environ, LD_PRELOAD=str(shim), PYTHONPATH=str(ROOT), KVGRAFT_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "scripts.faults", "--child", json.dumps(spec)],
+        [sys.executable, "-m", "scripts.sweeps", "--child", json.dumps(spec)],
         capture_output=True,
         text=True,
         env=env,
