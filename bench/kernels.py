@@ -390,7 +390,7 @@ def kernels(model, repeats: int) -> dict:
     """Every matrix product of one forward, per kernel and row count (see the module doc)."""
     import torch
 
-    gen = torch.Generator().manual_seed(0)  # one stream, drawn in this order: the inputs as before
+    gen = torch.Generator().manual_seed(0)  # one stream, drawn in this order: the same inputs on every run
     p = _products(model)
     out: dict = {
         "products_per_forward": len(p.flat),

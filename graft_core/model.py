@@ -321,9 +321,9 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
     if moved:
         log.info("placed %d weight tensors at the pinned address alignment (copied)", moved)
     if name != DEFAULT_MODEL and device.startswith("cpu") and why:  # place_weights places CPU tensors only
-        # The packaged model's file has always put every weight where place_weights puts it, so its bits
-        # and record are as before. Any other model may compute other bits since the placement: its
-        # record says so, and artifacts made before are refused as incompatible (rebuild them), not
+        # The packaged model's file puts every weight where place_weights puts it, so its bits and record
+        # do not depend on the placement. Any other model may compute other bits placed than unplaced: its
+        # record says so, and artifacts made unplaced are refused as incompatible (rebuild them), not
         # quarantined by a failing probe.
         mod, rem = WEIGHT_PLACEMENT
         config = replace(config, numerics=tuple(sorted((*config.numerics, ("weights_placement", f"{rem} mod {mod}")))))

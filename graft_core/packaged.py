@@ -79,7 +79,7 @@ def tokenizer(path: Path):
     built = GemmaTokenizer.from_pretrained(folder, gguf_file=path.name)
     try:
         _save_tokenizer(built, folder)
-    except Exception:  # a read-only cache, a full disk: build at every start, as before
+    except Exception:  # a read-only cache, a full disk: build it again at every start
         import logging
 
         logging.getLogger(__name__).warning(

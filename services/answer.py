@@ -204,7 +204,7 @@ class AnswerPipeline:
     def decode_group(self):
         """The graft_core.batch.StepGroup answers decode through once `start_decoding_together` built it; None
         before, with KVGRAFT_DECODE_TOGETHER=1, or where no padded width gives the 1-row bytes (then every
-        answer decodes alone, as before). A one-answer process (`cli.py ask`) never builds it."""
+        answer decodes alone). A one-answer process (`cli.py ask`) never builds it."""
         return self._steps or None
 
     def start_decoding_together(self) -> str:

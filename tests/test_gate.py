@@ -404,7 +404,7 @@ def test_an_import_of_this_machines_bytes_is_labelled_imported(lib, tmp_path, ti
 
 def test_the_fact_run_grafts_a_one_line_fact_alone_and_a_worked_solution_below_its_question():
     """The shape decides the form, never the typed answer: a one-line fact (every knowledge and library item) as
-    `Fact: <solution>`, as before; a worked solution of several lines with its question above it."""
+    `Fact: <solution>`; a worked solution of several lines with its question above it."""
     q, fact = "What colour is the flag of Tzerin?", "The charter of Tzerin fixes its flag as plain saffron."
     assert templates.fact_run_text(q, fact) == templates.fact_text(fact) == f"Fact: {fact}\n"
     assert templates.fact_run_text(q, f"\n  {fact}  \n\n") == f"Fact: {fact}\n"  # blank lines are not steps

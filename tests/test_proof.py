@@ -107,7 +107,7 @@ def test_no_proof_applies_without_a_graft_or_an_own_position_and_raw_prompts_get
     off = generate.answer(lm, [art], "who?", max_new_tokens=2, probe=False)
     assert [a.proof.passed for a in (plain, moved, off)] == [None, None, None]
     assert "nothing grafted" in plain.proof.note and "relocated" in moved.proof.note and "turned off" in off.proof.note
-    raw = generate.answer(lm, [art], "Tell me who", max_new_tokens=2, raw=True)  # the proof no longer reads the prompt
+    raw = generate.answer(lm, [art], "Tell me who", max_new_tokens=2, raw=True)  # the proof does not read the prompt
     assert raw.proof.kind == "probe" and raw.proof.passed is True
 
 
