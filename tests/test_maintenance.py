@@ -355,7 +355,7 @@ _WORKER = textwrap.dedent(
         if cmd["op"] == "deposit":
             out = {"id": lib.deposit_text(cmd["text"]).id}
         elif cmd["op"] == "answer":
-            r = lib.answer(cmd["q"], max_new_tokens=3, threshold=0.2)
+            r = lib.answer(cmd["q"], services.AnswerOptions(max_new_tokens=3, threshold=0.2))
             out = {"tier": r.tier, "ids": list(r.artifact_ids), "version": lib.store.catalog.version()}
         else:
             break

@@ -538,7 +538,7 @@ def deposit(m):
         parent = d.id
 def ask(j):
     for i in range(2):
-        lib.answer(f"How many floors has tower {n}-{j}-{i}?", max_new_tokens=3)
+        lib.answer(f"How many floors has tower {n}-{j}-{i}?", services.AnswerOptions(max_new_tokens=3))
 def guard(f, *a):
     try:
         f(*a)
