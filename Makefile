@@ -89,7 +89,7 @@ bench: install-bench
 	$(BIN)/python -m bench.scale
 	$(BIN)/python -m bench.kernels
 	$(BIN)/python -m bench.imports
-	$(BIN)/python -m bench.peer  # skipped with a message unless the llama.cpp peer is built (bench/peer/build.sh)
+	$(BIN)/python -m bench.peer  # skipped with a message unless the llama.cpp peer is built (bench/llamacpp/build.sh)
 
 # The verification figures (docs/bench/gate.json, verify.json, relocate.json, relocate0.json): seeds the
 # built-in library through the deposit gate into a temp store, then `verify` at own position and relocated.

@@ -162,7 +162,7 @@ _DECLARED = (
         "converted models, shared by every store",
         shown="`~/.cache/kvgraft/models`",
     ),
-    Setting("KVGRAFT_KERNEL_CACHE", "path", _cache("kernels"), "where fma16.c is built", shown="`~/.cache/kvgraft/kernels`"),
+    Setting("KVGRAFT_KERNEL_CACHE", "path", _cache("kernels"), "where the kernels are built", shown="`~/.cache/kvgraft/kernels`"),
     Setting(
         "KVGRAFT_THREADS", "int", 2, "intra-op threads every process computes with; part of the fingerprint", low=1, high=256
     ),

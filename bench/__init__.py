@@ -16,5 +16,5 @@ as engine.json). None of this is installed with the product; run each from the r
     .venv/bin/python -m bench.abuse       # a user's chat latency while anonymous clients hammer the app
     .venv/bin/python -m bench.faults      # full disks, I/O errors, a killed database and 100 kills: nothing lost
 
-Each takes `--help`; bench/peer/ holds the peer's build script, its measuring script and the prefix texts.
+Each takes `--help`; bench/llamacpp/ holds the peer's build script, its measuring script and the prefix texts.
 """

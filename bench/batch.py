@@ -213,7 +213,8 @@ def _step_pass_in_parts(rig: _Rig, k: int) -> tuple[float, dict[str, float]]:
 
     from transformers.models.gemma3 import modeling_gemma3 as g3
 
-    from graft_core import batch, fma16
+    from graft_core import batch
+    from kernels import fma16
 
     parts: dict[str, float] = defaultdict(float)
     undo = []

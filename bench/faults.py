@@ -27,13 +27,13 @@ SWEEPS = [(op, err, 1) for op in ("deposit", "import", "export", "index", "ledge
 
 
 def _sweeps(model_dir: Path, work: Path) -> dict:
-    from scripts import faults
+    from scripts import sweeps
 
-    results = faults.sweep(SWEEPS, model_dir, work / "sweeps")
+    results = sweeps.sweep(SWEEPS, model_dir, work / "sweeps")
     rows = []
     for r in results:
         recs = r["records"]
-        problems = faults.judge(r)
+        problems = sweeps.judge(r)
         rows.append(
             {
                 "op": r["op"],
@@ -46,7 +46,7 @@ def _sweeps(model_dir: Path, work: Path) -> dict:
                 "storefull_messages": sum(1 for x in recs if x["error"] and x["error"]["type"] == "StoreFull"),
                 "io_error_messages": sum(1 for x in recs if x["error"] and x["error"]["type"] == "StorageError"),
                 "acknowledged_before": len(r["pristine"]["artifacts"]),
-                "lost": faults.lost_acknowledged(r),
+                "lost": sweeps.lost_acknowledged(r),
                 "problems": problems,
                 "seconds": r["seconds"],
             }
@@ -64,12 +64,12 @@ def _sweeps(model_dir: Path, work: Path) -> dict:
 
 def _full_filesystem(model_dir: Path, lm) -> dict:
     from retrieval import HashEmbedder
-    from scripts import faults
+    from scripts import sweeps
 
     try:
-        with faults.small_filesystem(24) as mount:
-            r = faults.full_disk_run(mount, model_dir, lm, HashEmbedder())
-    except faults.FilesystemUnavailable as e:
+        with sweeps.small_filesystem(24) as mount:
+            r = sweeps.full_disk_run(mount, model_dir, lm, HashEmbedder())
+    except sweeps.FilesystemUnavailable as e:
         return {"skipped": str(e)}
     refused = [a for a in r["full"] if not a["ok"]]
     return {

@@ -1,5 +1,5 @@
 """fma16's builds side by side on the real model: one forward's layer products and the vocabulary product
-at 1 and 16 rows, per variant (graft_core/fma16.py VARIANTS), in ms (median, fastest); and whether they gave the same bytes.
+at 1 and 16 rows, per variant (kernels/fma16.py VARIANTS), in ms (median, fastest); and whether they gave the same bytes.
 
     KVGRAFT_KERNEL_CACHE=tmp/kernels .venv/bin/python -m bench.isa [--repeats 5]
 
@@ -24,7 +24,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16")
     args = ap.parse_args()
 
-    from graft_core import fma16, model
+    from graft_core import model
+    from kernels import fma16
 
     lm = model.load()
     ops = [fma16.product_of(m) for m in lm.model.model.layers.modules() if isinstance(m, torch.nn.Linear)]

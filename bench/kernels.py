@@ -53,9 +53,10 @@ from pathlib import Path
 
 import settings
 from bench.peer import QUESTION, wait_until_settled
+from services import AnswerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
-PEER = ROOT / "bench" / "peer"
+PEER = ROOT / "bench" / "llamacpp"
 ROWS = (1, 8, 16)
 VARIANTS = {  # name -> environment of the fresh process
     "fma16": {},
@@ -143,7 +144,7 @@ def stages(lib, text: str, repeats: int) -> dict:
         for k, a, b in zip(t, (c0, c1, c2, c3, c4, c5, c6), (c1, c2, c3, c4, c5, c6, c7), strict=True):
             t[k].append(b - a)
     served = forward_chunk(m, restore(lm, chain), ids[0].tolist(), int(pos[0, 0]))
-    answered = [lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, record=False).ttft_s for _ in range(repeats)]
+    answered = [lib.answer(QUESTION, AnswerOptions(artifact=d.id, max_new_tokens=1, record=False)).ttft_s for _ in range(repeats)]
     out = {k: ms(v) for k, v in t.items()}
     return {
         "prefix_tokens": chain[-1].end,
@@ -223,7 +224,8 @@ class _Products:
 def _products(model) -> _Products:
     import torch
 
-    from graft_core import fma16, products
+    from graft_core import products
+    from kernels import fma16
 
     layers = [
         [mod.weight.detach() for mod in layer.modules() if isinstance(mod, torch.nn.Linear)] for layer in model.model.layers
@@ -392,7 +394,7 @@ def kernels(model, repeats: int) -> dict:
     """Every matrix product of one forward, per kernel and row count (see the module doc)."""
     import torch
 
-    gen = torch.Generator().manual_seed(0)  # one stream, drawn in this order: the inputs as before
+    gen = torch.Generator().manual_seed(0)  # one stream, drawn in this order: the same inputs on every run
     p = _products(model)
     out: dict = {
         "products_per_forward": len(p.flat),
@@ -437,7 +439,8 @@ def variant_main(prefix_tokens: int, repeats: int) -> None:
     cache0 = new_cache(m)
     forward_chunk(m, cache0, prefix, 0)
     if settings.get("KVGRAFT_BENCH_LINEAR") == "openblas":
-        from graft_core import fma16, products
+        from graft_core import products
+        from kernels import fma16
 
         products.undo(m)  # per-module fast paths would shadow the class's forward
         fma16.undo(m)

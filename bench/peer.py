@@ -1,8 +1,8 @@
 """kvgraft's grafted path against the CPU peer, llama.cpp's prompt-state save/restore, in one run.
 
 Same GGUF (the packaged Gemma 3 270M Q4_K_M, the file our model loader converts from), same prefix
-texts (bench/peer/prefix_{2048,4096}.txt) and question, 2 threads, one engine after the other.
-The peer is measured by its own script (bench/peer/llama_restore.py) run by the peer venv's python
+texts (bench/llamacpp/prefix_{2048,4096}.txt) and question, 2 threads, one engine after the other.
+The peer is measured by its own script (bench/llamacpp/llama_restore.py) run by the peer venv's python
 in a subprocess; kvgraft measures fresh TTFT, grafted TTFT in a warm process (read + integrity
 check + restore + the per-answer state proof + the prompt + first token, as an answer serves it; the
 process's first answer from the artifact, which pays the probe, is reported apart), grafted TTFT
@@ -23,7 +23,7 @@ the same GGUF. `KVGRAFT_LINEAR=torch` (MKL's products and torch's kernels, anoth
 
     .venv/bin/python -m bench.peer [--repeats 5] [--prefixes 2048,4096] [--isas native,avx2,portable]
 
-Without the peer (build it with `bash bench/peer/build.sh /tmp/peer/venv`, ~15 min on 2 cores) it
+Without the peer (build it with `bash bench/llamacpp/build.sh /tmp/peer/venv`, ~15 min on 2 cores) it
 prints how to get it and exits 0, so `make bench` runs everywhere.
 """
 
@@ -42,9 +42,10 @@ import time
 from pathlib import Path
 
 import settings
+from services import AnswerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
-PEER = ROOT / "bench" / "peer"
+PEER = ROOT / "bench" / "llamacpp"
 QUESTION = "Who was the harbour master of Quenmora?"
 DEFAULT_PEER_PYTHON = str(settings.get("KVGRAFT_PEER_PYTHON"))
 DEFAULT_GGUF = str(settings.get("KVGRAFT_PEER_GGUF"))
@@ -91,7 +92,8 @@ def run_kvgraft(
     import torch
 
     from graft_core import generate
-    from graft_core.forward import forward_chunk, new_cache, prompt_and_decode
+    from graft_core.decoding import prompt_and_decode
+    from graft_core.forward import forward_chunk, new_cache
     from graft_core.graft import restore
 
     lm = lib.lm
@@ -105,10 +107,10 @@ def run_kvgraft(
         int(torch.argmax(forward_chunk(lm.model, new_cache(lm.model), prefix + q, 0)[-1]))
         fresh.append(time.perf_counter() - t)
     wait_until_settled(lib, d.content_sha256)
-    first = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, record=False)  # the first-use probe
+    first = lib.answer(QUESTION, AnswerOptions(artifact=d.id, max_new_tokens=1, record=False))  # the first-use probe
     served = set()
     for _ in range(repeats):
-        r = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, record=False)
+        r = lib.answer(QUESTION, AnswerOptions(artifact=d.id, max_new_tokens=1, record=False))
         warm.append(r.ttft_s)
         served.add(r.logits_sha256)
         proofs.append(bool(r.proof and r.proof.passed and r.proof.kind == "state"))
@@ -122,7 +124,9 @@ def run_kvgraft(
     together = answers_together(lm, lib, d.id, q, repeats) if whole_answers else None
     # the full check recomputes the prefix: only where a fresh prefill is measured (the portable build's takes
     # minutes; its served logits are compared with the other builds' instead)
-    checked = lib.answer(QUESTION, artifact=d.id, max_new_tokens=1, check=True, record=False) if fresh_ttft else None
+    checked = (
+        lib.answer(QUESTION, AnswerOptions(artifact=d.id, max_new_tokens=1, check=True, record=False)) if fresh_ttft else None
+    )
     return {
         "artifact_id": d.id,
         "content_sha256": d.content_sha256,
@@ -150,7 +154,7 @@ def answers_alone(lm, lib, artifact_id: str, q: list[int], repeats: int) -> dict
     """Per N in LENGTHS: restore + question + N greedy steps (no stop rule) in this warm process, the way an
     answer decodes alone; median seconds, the decode rate (the N - 1 tokens after the first over their
     seconds) and the tokens."""
-    from graft_core.forward import prompt_and_decode
+    from graft_core.decoding import prompt_and_decode
     from graft_core.graft import restore
 
     out = {}
@@ -337,7 +341,7 @@ def main() -> None:
     ap.add_argument("--isas", default="native,avx2,portable", help="fma16 builds to serve under, each in its own process")
     ap.add_argument("--fresh-isas", default="native,avx2", help="builds that also measure the fresh TTFT")
     ap.add_argument("--slow-isas", default="portable", help="builds whose 32-token answer is measured once")
-    ap.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="python of the venv bench/peer/build.sh made")
+    ap.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="python of the venv bench/llamacpp/build.sh made")
     ap.add_argument("--gguf", default=DEFAULT_GGUF)
     ap.add_argument("--no-cli", action="store_true", help="skip the `cli.py ask` measurement")
     ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "peer.json"))
@@ -353,11 +357,11 @@ def main() -> None:
     why = peer_available(args.peer_python)
     if why:
         print(
-            f"bench.peer skipped: {why}. Build the peer with `bash bench/peer/build.sh /tmp/peer/venv` "
+            f"bench.peer skipped: {why}. Build the peer with `bash bench/llamacpp/build.sh /tmp/peer/venv` "
             "(~15 min on 2 cores) or point --peer-python / KVGRAFT_PEER_PYTHON at a python with llama-cpp-python"
         )
         return
-    import graft_core.fma16 as fma16
+    import kernels.fma16 as fma16
 
     gguf = gguf_file(args.gguf)
     isas = [i for i in args.isas.split(",") if i == "native" or i in fma16.runnable()]

@@ -45,7 +45,7 @@ def main() -> None:
     ids = [lm.tokenizer(templates.item_text(*it))["input_ids"] for it in ITEMS]
     long_text = " ".join(f"Entry {i}: the ship Ardel-{i} carried {i * 7} barrels of salt." for i in range(60)) + "\n"
     ids.append(lm.tokenizer(long_text)["input_ids"])
-    ids.append(lm.tokenizer((ROOT / "bench" / "peer" / "prefix_2048.txt").read_text(encoding="utf-8"))["input_ids"])
+    ids.append(lm.tokenizer((ROOT / "bench" / "llamacpp" / "prefix_2048.txt").read_text(encoding="utf-8"))["input_ids"])
     arts = [capture(lm, x)[0] for x in ids]
     questions = (*QUESTIONS, "Who was the harbour master of Quenmora?")
     generate.answer(lm, [arts[0]], QUESTIONS[0], max_new_tokens=4, probe=False)  # warm-up

@@ -22,7 +22,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import retrieval  # noqa: E402,F401  (faiss before torch: services no longer imports it)
+import retrieval  # noqa: E402,F401  (faiss before torch: services does not import it)
 import services  # noqa: E402
 from errors import VerificationFailed  # noqa: E402
 from services.seed import seed_items  # noqa: E402

@@ -46,7 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import retrieval  # noqa: E402,F401  (faiss before torch)
 import services  # noqa: E402
-from services import limits, seed  # noqa: E402
+from services import AnswerOptions, limits, seed  # noqa: E402
 from web import app  # noqa: E402
 
 
@@ -122,7 +122,7 @@ def gradio_main(args) -> None:
         print(warm.line(), flush=True)
         alone = {}  # question -> (output_sha256, logits_sha256) answered alone, in process
         for q in questions:
-            r = lib.answer(q, max_new_tokens=16, record=False)
+            r = lib.answer(q, AnswerOptions(max_new_tokens=16, record=False))
             alone[q] = (r.output_sha256, r.logits_sha256)
         return lib, warm, alone
 
@@ -262,7 +262,7 @@ def _ray_level(url: str, questions: list[str], users: int, per_user: int, timeou
             q = questions[(u * per_user + j) % len(questions)]
             t = time.perf_counter()
             try:
-                r = c.answer(q, max_new_tokens=16)
+                r = c.answer(q, AnswerOptions(max_new_tokens=16))
                 out.append((time.perf_counter() - t, bool(r.payload["answer"]), r.replica, r.attempts))
             except Exception as e:  # counted as an error, reported
                 print(f"error: {type(e).__name__}: {e}", flush=True)
@@ -310,7 +310,12 @@ def ray_main(args) -> None:
                 ready_s = time.perf_counter() - t
                 warm = Client(url, timeout_s=args.level_timeout_s)
                 with ThreadPoolExecutor(2 * n) as pool:  # each replica answers once before the clock starts
-                    list(pool.map(lambda i, c=warm: c.answer(questions[i % len(questions)], max_new_tokens=16), range(2 * n)))
+                    list(
+                        pool.map(
+                            lambda i, c=warm: c.answer(questions[i % len(questions)], AnswerOptions(max_new_tokens=16)),
+                            range(2 * n),
+                        )
+                    )
                 level = {"replicas": n, "ready_s": ready_s} | _ray_level(
                     url, questions, users, args.per_user, args.level_timeout_s
                 )

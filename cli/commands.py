@@ -64,6 +64,8 @@ def cmd_deposit(args) -> int:
 
 
 def cmd_ask(args) -> int:
+    from services import AnswerOptions
+
     lib = _library(args)
     # The artifact is known before the question: prove its chain while the process warms up, so the
     # answer carries the state proof (one BLAKE3) rather than the probe forward (same check, run first).
@@ -73,15 +75,17 @@ def cmd_ask(args) -> int:
         warmed_s = lib.warm_answer(args.artifact)  # a throw-away answer: first read/restore/forward paid at load
     r = lib.answer(
         args.question,
-        k=args.k,
-        artifact=args.artifact,
-        graft=not args.no_graft,
-        max_new_tokens=args.max_new_tokens,
-        raw=args.raw,
-        check=args.check,
-        compare=args.compare,
-        relocated=args.relocated,
-        compose=args.compose,
+        AnswerOptions(
+            k=args.k,
+            artifact=args.artifact,
+            graft=not args.no_graft,
+            max_new_tokens=args.max_new_tokens,
+            raw=args.raw,
+            check=args.check,
+            compare=args.compare,
+            relocated=args.relocated,
+            compose=args.compose,
+        ),
     )
     payload = r.to_json() | ({"proved_at_load_s": proved_s, "warmed_at_load_s": warmed_s} if proved_s is not None else {})
     lines = [

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import verifiers
+from services import AnswerOptions
 
 FORM = "cot"
 MAX_NEW_TOKENS = 256  # per attempt, every condition (the budget rule)
@@ -56,7 +57,8 @@ def ask(lib, item: dict, condition: str) -> dict:
         raise ValueError(f"condition must be one of {CONDITIONS}, got {condition!r}")
     t0 = time.perf_counter()
     form = item.get("form", FORM)
-    r = lib.answer(item["question"], graft=condition == "graft", max_new_tokens=MAX_NEW_TOKENS, record=False, form=form)
+    options = AnswerOptions(graft=condition == "graft", max_new_tokens=MAX_NEW_TOKENS, record=False, form=form)
+    r = lib.answer(item["question"], options)
     return {
         **{k: item[k] for k in ("id", "set", "template", "id_orig", "seed", "question", "verifier", "reference")},
         "condition": condition,

@@ -20,6 +20,7 @@ from pathlib import Path
 import verifiers
 from errors import VerificationFailed
 from graft_core import generate, templates
+from services import AnswerOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMAT = "kvgraft-eval/1"
@@ -303,7 +304,9 @@ class Runner:
         artifact: str | None = None,
     ) -> dict:
         lib, cfg = self.lib, self.cfg
-        r = lib.answer(query, k=cfg.k, graft=graft, artifact=artifact, max_new_tokens=cfg.max_new_tokens, compare=compare)
+        r = lib.answer(
+            query, AnswerOptions(k=cfg.k, graft=graft, artifact=artifact, max_new_tokens=cfg.max_new_tokens, compare=compare)
+        )
         entry = lib.ledger(last=1)[0]
         assert entry.id == r.ledger_id, "the ledger's newest entry must be this answer (one writer per eval store)"
         ids = list(entry.output_token_ids)

@@ -56,6 +56,7 @@ def _canon(x) -> str:
 def _tokenizer(results: dict, report: RecheckReport):
     """The tokenizer alone (no weights), or None with a note when its files are not on this machine."""
     from graft_core import model as model_mod
+    from graft_core.fingerprints import tokenizer_sha256
 
     name = results["model"]["name"]
     if name == model_mod.DEFAULT_MODEL:
@@ -71,7 +72,7 @@ def _tokenizer(results: dict, report: RecheckReport):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
-    got = model_mod._hash_tokenizer(tok)
+    got = tokenizer_sha256(tok)
     if got != results["model"]["tokenizer_sha256"]:
         report.fail(f"tokenizer hash {got[:16]} differs from the recorded {results['model']['tokenizer_sha256'][:16]}")
     report.count("tokenizer_hash")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import verifiers
 from errors import VerificationFailed
+from services import AnswerOptions
 from services.solve import judge
 
 # Templates whose answers are short integers: a recalled answer is " NN\n" (4 decode tokens).
@@ -55,7 +56,7 @@ def attempts_sha256(attempts: list[dict]) -> str:
 
 
 def _recall(lib, row: dict) -> dict:
-    res = lib.answer(row["question"], max_new_tokens=8, record=False)
+    res = lib.answer(row["question"], AnswerOptions(max_new_tokens=8, record=False))
     ok, detail = judge(row["verifier"], res.answer, row["reference"], row["question"])
     return {
         "answer": res.answer,

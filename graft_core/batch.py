@@ -120,7 +120,7 @@ def _linears(model) -> list:
 
 def _fma16_products(model) -> dict:
     """id(weight) -> fma16 product for every linear layer the passes call, or {} unless fma16 has them all."""
-    from .fma16 import product_of
+    from kernels.fma16 import product_of
 
     ops = {id(lin.weight): product_of(lin) for lin in _linears(model)}
     return ops if all(ops.values()) else {}

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .artifact import KVArtifact
-from .forward import forward_chunk, new_cache, prompt_and_decode
+from .decoding import prompt_and_decode
+from .forward import forward_chunk, new_cache
 from .graft import restore, restore_relocated
 from .model import LoadedModel
 from .probe import logits_sha256

@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass
 from . import templates
 from .accounting import TokenSavings, savings
 from .artifact import KVArtifact
+from .decoding import prompt_and_decode
 from .errors import InputTooLong, InvalidInput
 from .exactness import ExactnessCheck
-from .forward import new_cache, prompt_and_decode
+from .forward import new_cache
 from .graft import restore, restore_relocated
 from .model import LoadedModel
 from .probe import logits_sha256

@@ -266,7 +266,7 @@ class _Held:
 class GrowingLayer(_Held, DynamicLayer):
     """transformers' DynamicLayer with `update` appending into buffers with headroom instead of
     concatenating into a fresh tensor: a decode step writes its one row instead of copying the layer.
-    `keys`/`values` hold the same rows in the same order (views), so every byte read from them is as before."""
+    `keys`/`values` hold the same rows in the same order (views), so every byte read from them is the one a concatenated tensor holds."""
 
     def __init__(self):
         super().__init__()

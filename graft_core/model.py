@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import settings
 
 from .errors import KvgraftError
+from .fingerprints import tokenizer_sha256
 
 if TYPE_CHECKING:  # torch and transformers load in `load` (and the conversion), not at import: the web
     import torch  # page names this module (the model cache, whether to convert) before the engine is in
@@ -147,16 +148,6 @@ def resolve_model_dir(name: str) -> Path | str:
     return name  # a hub id: works where a network or the HF cache has it
 
 
-def _hash_tokenizer(tokenizer) -> str:
-    h = hashlib.sha256()
-    vocab = tokenizer.get_vocab()
-    h.update(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1]), ensure_ascii=False).encode())
-    h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
-    probe = "kvgraft tokenizer probe: 3.14 Zürich 東京 <b>\n\tend"
-    h.update(json.dumps(tokenizer(probe, add_special_tokens=True)["input_ids"]).encode())
-    return h.hexdigest()
-
-
 def _hash_weights(model: torch.nn.Module) -> str:
     import torch
 
@@ -220,7 +211,7 @@ def _fingerprints(model, tokenizer, source: Path | str) -> tuple[str, str, str]:
         if cached is not None:
             return cached
     weights = _hash_weights(model)
-    tok = _hash_tokenizer(tokenizer)
+    tok = tokenizer_sha256(tokenizer)
     cfg = config_sha256(model.config.to_dict())
     combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
     if cache_file is not None:
@@ -296,7 +287,9 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from . import fma16, numerics
+    from kernels import fma16
+
+    from . import numerics
     from .determinism import ATTN_IMPLEMENTATION, WEIGHT_PLACEMENT, pin, place_weights
     from .products import speed_up
 
@@ -328,9 +321,9 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
     if moved:
         log.info("placed %d weight tensors at the pinned address alignment (copied)", moved)
     if name != DEFAULT_MODEL and device.startswith("cpu") and why:  # place_weights places CPU tensors only
-        # The packaged model's file has always put every weight where place_weights puts it, so its bits
-        # and record are as before. Any other model may compute other bits since the placement: its
-        # record says so, and artifacts made before are refused as incompatible (rebuild them), not
+        # The packaged model's file puts every weight where place_weights puts it, so its bits and record
+        # do not depend on the placement. Any other model may compute other bits placed than unplaced: its
+        # record says so, and artifacts made unplaced are refused as incompatible (rebuild them), not
         # quarantined by a failing probe.
         mod, rem = WEIGHT_PLACEMENT
         config = replace(config, numerics=tuple(sorted((*config.numerics, ("weights_placement", f"{rem} mod {mod}")))))
@@ -367,7 +360,9 @@ def _load_packaged(t0: float) -> LoadedModel:
     import torch
     from transformers import AutoConfig
 
-    from . import fma16, numerics, packaged
+    from kernels import fma16
+
+    from . import numerics, packaged
     from .determinism import ATTN_IMPLEMENTATION, pin
 
     folder = _packaged_gguf_dir()
@@ -408,7 +403,9 @@ def _packaged_fingerprints(model, tokenizer, blocks: dict, isa: str, folder: Pat
     stamp of everything they are computed from (the GGUF's SHA-256, the expansion, the config, transformers)."""
     import transformers
 
-    from . import fma16, packaged
+    from kernels import fma16
+
+    from . import packaged
 
     cfg = config_sha256(model.config.to_dict())
     stamp = [packaged.GGUF_SHA256, fma16.VERSION, isa, cfg, transformers.__version__]
@@ -417,7 +414,7 @@ def _packaged_fingerprints(model, tokenizer, blocks: dict, isa: str, folder: Pat
     if cached is not None:
         return cached
     weights = packaged.weights_sha256(model, blocks, isa)
-    tok = _hash_tokenizer(tokenizer)
+    tok = tokenizer_sha256(tokenizer)
     combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
     if weights == packaged.WEIGHTS_SHA256:  # only a proven expansion is remembered
         _remember_fingerprints(cache_file, stamp, (weights, tok, combined))
@@ -428,7 +425,7 @@ def _packaged_blocks(model, source: Path) -> dict:
     """The packaged model's GGUF blocks for fma16, keyed by parameter name: read from the packaged GGUF on
     the first load that needs them and saved beside the float32 folder for the loads after. Each is used
     only where it expands to its float32 weight's bytes (fma16.take_over checks). {} when unavailable."""
-    from . import fma16
+    from kernels import fma16
 
     path = Path(source) / BLOCKS_FILE
     try:
@@ -447,7 +444,8 @@ def warm_up(model, tokens: int = 4) -> None:
     """One throw-away forward at load (on its own cache): the first forward of a process pays one-off
     costs (thread pool, allocator, kernel selection) that would otherwise land on the first answer's
     time to first token. It computes nothing that is kept."""
-    from .forward import forward_chunk, new_cache, prefill_alone, step_alone
+    from .decoding import prefill_alone, step_alone
+    from .forward import forward_chunk, new_cache
 
     forward_chunk(model, new_cache(model), [0] * tokens, 0)
     cache = new_cache(model)  # and the lean pass answers take, prompt and step

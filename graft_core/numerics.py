@@ -1,12 +1,13 @@
 """kvgraft-f32-v2: one numerical definition for the whole float32 forward of a Gemma 3 model.
 
-fma16 (fma16.py) fixes the order of the weight products. This module puts the rest of a forward on code
+fma16 (kernels/fma16.py) fixes the order of the weight products. This module puts the rest of a forward on code
 whose bits do not depend on the CPU's vendor or vector width, so that the definition, not the machine,
 decides every byte:
 - attention (`attention`, registered with transformers as "kvgraft"): one fused C call per key/value head
-  (`kv_attention` in fma16.c, where its definition is written): Q.K^T and P.V in fma16's order (16 lanes
-  of fmaf along the reduced dimension, then the fixed tree), a softmax of scale, mask, max, kvgraft's own
-  exp, a sum in fma16's order and a division; the query heads of a group (GQA) share the keys' loads;
+  (`kv_attention` in kernels/c/attention.c; its definition is written in kernels/c/reference.c): Q.K^T and
+  P.V in fma16's order (16 lanes of fmaf along the reduced dimension, then the fixed tree), a softmax of
+  scale, mask, max, kvgraft's own exp, a sum in fma16's order and a division; the query heads of a group
+  (GQA) share the keys' loads;
 - the rotary tables (`Rotary`): inverse frequencies correctly rounded to float32 from a 60-digit decimal
   power, cos and sin by kvgraft's own double-precision code, rounded once (no matmul, no libm);
 - RMSNorm (`Norm`): the mean of squares as fma16's dot of the row with itself, then 1/sqrtf;
@@ -25,80 +26,13 @@ import decimal
 import numpy as np
 import torch
 
-from . import fma16
+from kernels import fma16, ops
 
 VERSION = "kvgraft-f32-v2"  # the definition's name: change it when any order here or in fma16 (fma16.VERSION) changes
 NAME = "kvgraft"  # the attention implementation's name in transformers' registries
 
 
-def lib(isa: str | None = None):
-    """fma16's library (variant `isa`, default `fma16.variant()`): this module's entry points live in fma16.c
-    and are declared where the library is loaded (fma16.lib)."""
-    handle = fma16.lib(isa)
-    if handle is None:
-        raise RuntimeError(f"kvgraft's kernels are unavailable: {fma16.why_not() or 'fma16.c did not build'}")
-    return handle
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        raise RuntimeError(f"kvgraft {what} failed ({rc})")
-
-
-def _ours(x: torch.Tensor) -> bool:
-    """Whether a call is the engine's: float32 on the CPU, no gradient wanted."""
-    return x.dtype == torch.float32 and x.device.type == "cpu" and not (torch.is_grad_enabled() and x.requires_grad)
-
-
-def expf(x: float) -> float:
-    """kvgraft's exp of one float32 (the softmax's), for tests."""
-    return lib().kv_expf(x)
-
-
 # ---- attention -------------------------------------------------------------------------------------
-
-
-def _mask_rows(mask: torch.Tensor | None, b: int, h: int, sq: int, sk: int):
-    """(keep, add) for batch row b and query head h (any head where the mask is shared): [sq, >= sk] rows
-    whose last dimension is contiguous, bool viewed as uint8 (no copy where it already is)."""
-    if mask is None:
-        if sq == 1:
-            return None, None
-        keep = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)  # causal, the last query sees every key
-        return keep.view(torch.uint8), None
-    m = mask[b if mask.shape[0] > 1 else 0]
-    m = m[h if m.shape[0] > 1 else 0][:, :sk]
-    if m.stride(-1) != 1 or (sq > 1 and m.stride(0) < sk):
-        m = m.contiguous()
-    if m.dtype == torch.bool:
-        return m.view(torch.uint8), None
-    return None, m if m.dtype == torch.float32 else m.to(torch.float32).contiguous()
-
-
-def attend(
-    q, k, v, keep, add, scale: float, out, *, reference: bool = False, isa: str | None = None, _profiled: bool = False
-) -> None:
-    """One key/value head's attention (kv_attention in fma16.c): q [H, Sq, D] (any head and position
-    strides, D contiguous), k and v [Sk, D] (rows contiguous), `keep` uint8 or `add` float32 [Sq, >= Sk]
-    mask rows (or neither: every key), into out [H, Sq, D] (a strided view). `reference` computes it one
-    operation at a time (the definition; slow); `isa` names the build (default: fma16.variant())."""
-    h, sq, d = q.shape
-    sk = k.shape[0]
-    for t in (q, k, v, out):
-        assert t.dtype == torch.float32 and t.stride(-1) == 1, "kvgraft attention takes float32 rows with contiguous values"
-    mask = keep if keep is not None else add
-    if not _profiled and torch._C._autograd._profiler_enabled():  # a profiled run (bench.kernels) sees the call as one op
-        with torch.profiler.record_function("kvgraft::attention"):
-            return attend(q, k, v, keep, add, scale, out, reference=reference, isa=isa, _profiled=True)
-    rc = lib(isa).kv_attention(
-        q.data_ptr(), h, sq, d, q.stride(0), q.stride(1),
-        k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), sk,
-        keep.data_ptr() if keep is not None else None,
-        add.data_ptr() if add is not None else None,
-        mask.stride(0) if mask is not None else 0,
-        scale, out.data_ptr(), out.stride(0), out.stride(1), torch.get_num_threads(), int(reference),
-    )  # fmt: skip
-    _check(rc, "attention")
 
 
 def attention(
@@ -115,12 +49,12 @@ def attention(
     """transformers' attention contract (eager_attention_forward's): query [B, Hq, Sq, D], key and value
     [B, Hkv, Sk, D], a boolean (True: attend) or additive mask [B or 1, 1 or Hq, Sq, >= Sk]; returns
     ([B, Sq, Hq, D], None). One fused C call per key/value head over all of its query heads (GQA without
-    copies), per query head where the mask differs by head; the definition is kv_attention's (fma16.c)."""
+    copies), per query head where the mask differs by head; the definition is kv_attention's (kernels/c/reference.c)."""
     if dropout:
         raise ValueError("kvgraft attention is for inference: dropout must be 0")
     if softcap is not None:
         raise ValueError("kvgraft attention has no logit soft-capping (kvgraft-f32-v2 covers Gemma 3 without it)")
-    if not (_ours(query) and key.dtype == value.dtype == torch.float32):
+    if not (ops.ours(query) and key.dtype == value.dtype == torch.float32):
         raise TypeError(f"kvgraft attention takes float32 CPU tensors, got {query.dtype} on {query.device}")
     b_n, hq, sq, d = query.shape
     hkv, sk = key.shape[1], key.shape[2]
@@ -138,18 +72,9 @@ def attention(
             values = values if values.stride(-1) == 1 else values.contiguous()
             heads = [(h, 1) for h in range(g * group, (g + 1) * group)] if per_head_mask else [(g * group, group)]
             for h0, n in heads:
-                keep, add = _mask_rows(attention_mask, b, h0, sq, sk)
-                attend(query[b, h0 : h0 + n], keys, values, keep, add, scale, out[b, :, h0 : h0 + n].transpose(0, 1), isa=isa)
+                keep, add = ops.mask_rows(attention_mask, b, h0, sq, sk)
+                ops.attend(query[b, h0 : h0 + n], keys, values, keep, add, scale, out[b, :, h0 : h0 + n].transpose(0, 1), isa=isa)
     return out, None
-
-
-def _mask(*args, **kwargs):
-    """transformers' boolean mask (True: attend), never skipped for a causal shortcut: the attention
-    above takes the mask it is given and nothing else."""
-    from transformers.masking_utils import sdpa_mask
-
-    kwargs["allow_is_causal_skip"] = False
-    return sdpa_mask(*args, **kwargs)
 
 
 def register() -> None:
@@ -158,7 +83,7 @@ def register() -> None:
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, attention)
-    AttentionMaskInterface.register(NAME, _mask)
+    AttentionMaskInterface.register(NAME, ops.full_mask)
 
 
 # ---- rotary tables, norms, GELU ----------------------------------------------------------------------
@@ -207,8 +132,8 @@ class Rotary:
         f = inv.numel()
         cos = torch.empty((*pos.shape, 2 * f), dtype=torch.float32)
         sin = torch.empty_like(cos)
-        _check(
-            lib(self.isa).kv_rotary(pos.data_ptr(), pos.numel(), inv.data_ptr(), f, scaling, cos.data_ptr(), sin.data_ptr()),
+        ops.check(
+            ops.lib(self.isa).kv_rotary(pos.data_ptr(), pos.numel(), inv.data_ptr(), f, scaling, cos.data_ptr(), sin.data_ptr()),
             "rotary",
         )
         return cos, sin
@@ -224,16 +149,16 @@ class Norm:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.module.weight
-        if not _ours(x) or w.dtype != torch.float32:
+        if not ops.ours(x) or w.dtype != torch.float32:
             return self.plain(x)
         n = x.shape[-1]
         flat = x.reshape(-1, n).contiguous()
         y = torch.empty_like(flat)
         weight = w.detach().contiguous()
-        rc = lib(self.isa).kv_rmsnorm(
+        rc = ops.lib(self.isa).kv_rmsnorm(
             flat.data_ptr(), flat.shape[0], n, weight.data_ptr(), float(self.module.eps), y.data_ptr(), torch.get_num_threads()
         )
-        _check(rc, "RMSNorm")
+        ops.check(rc, "RMSNorm")
         return y.view(x.shape)
 
 
@@ -246,11 +171,11 @@ class Gelu:
         self.isa = isa  # the build the model was loaded on (None: fma16.variant())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not _ours(x):
+        if not ops.ours(x):
             return self.plain(x)
         flat = x.contiguous()
         y = torch.empty_like(flat)
-        _check(lib(self.isa).kv_gelu_tanh(flat.data_ptr(), flat.numel(), y.data_ptr(), torch.get_num_threads()), "GELU")
+        ops.check(ops.lib(self.isa).kv_gelu_tanh(flat.data_ptr(), flat.numel(), y.data_ptr(), torch.get_num_threads()), "GELU")
         return y
 
 
@@ -281,7 +206,7 @@ def take_over(model, isa: str | None = None) -> str:
     if why:
         raise ValueError(why)
     isa = fma16.variant(isa)
-    lib(isa)
+    ops.lib(isa)
     counts = {"rotary": 0, "norms": 0, "gelu": 0}
     for m in model.modules():
         if isinstance(m, g3.Gemma3RotaryEmbedding):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import fma16
+from kernels import fma16
 
 CONFIG_DIR = Path(__file__).with_name("gemma-3-270m")  # config.json as the float32 conversion writes it
 # The GGUF file this module was checked against (the package's own EXPECTED_SHA256) and the SHA-256 of the
@@ -65,7 +65,7 @@ def tokenizer(path: Path):
 
     Building it takes ~2.6 s of a start (transformers' converter walks the 262,144-token vocabulary in
     Python, then deep-copies the result). The first build is saved beside the GGUF as tokenizers' own file
-    and kept only where the tokenizer read back from that file is the built one (`model._hash_tokenizer`:
+    and kept only where the tokenizer read back from that file is the built one (`fingerprints.tokenizer_sha256`:
     the vocabulary, the special tokens, a probe's ids); its record names the GGUF, the library versions and
     the file's SHA-256. A later start reads the file (~1 s) when the record matches, and uses what it read
     only where its serialisation hashes to the record; anything else (no record, another GGUF or version, a
@@ -79,7 +79,7 @@ def tokenizer(path: Path):
     built = GemmaTokenizer.from_pretrained(folder, gguf_file=path.name)
     try:
         _save_tokenizer(built, folder)
-    except Exception:  # a read-only cache, a full disk: build at every start, as before
+    except Exception:  # a read-only cache, a full disk: build it again at every start
         import logging
 
         logging.getLogger(__name__).warning(
@@ -130,7 +130,7 @@ def _save_tokenizer(built, folder: Path) -> None:
     import json
     import os
 
-    from .model import _hash_tokenizer
+    from .fingerprints import tokenizer_sha256
 
     data = built.backend_tokenizer.to_str().encode()
     kwargs = {k: getattr(built, k) for k in _TOKENIZER_KWARGS if isinstance(getattr(built, k, None), (str, bool))}
@@ -141,7 +141,7 @@ def _save_tokenizer(built, folder: Path) -> None:
         from transformers import GemmaTokenizer
 
         back = GemmaTokenizer(tokenizer_file=str(tmp), **kwargs)
-        if _hash_tokenizer(back) != _hash_tokenizer(built):
+        if tokenizer_sha256(back) != tokenizer_sha256(built):
             return
         os.replace(tmp, folder / TOKENIZER_FILE)
         rec_tmp = folder / f".{TOKENIZER_RECORD}.{os.getpid()}.tmp"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from .forward import decode, prefill_alone
+from .decoding import decode, prefill_alone
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,8 @@ def attempt(
     `steps` (a graft_core.batch.StepGroup) its prompt and steps go with other sessions' (same tokens). `form`
     is the query form (templates.FORMS)."""
     from . import generate, templates
-    from .forward import new_cache, prompt_and_decode
+    from .decoding import prompt_and_decode
+    from .forward import new_cache
 
     prompt_ids = generate.encode_prompt(lm, question, grafted=False, form=form)
     tok = lm.tokenizer

@@ -126,7 +126,8 @@ def ran_on(lm: LoadedModel) -> dict:
     """What computed the cases in this process: fma16's build, how sessions batch here (measured where torch's
     products run), ATen's capability, the thread count and the CPU.
     Under a numerical definition none of it is in the record (the golden set must match whatever it is)."""
-    from . import fma16
+    from kernels import fma16
+
     from .batch import Batcher
     from .determinism import _cpu_vendor_and_isa
 

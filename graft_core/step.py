@@ -1,4 +1,4 @@
-"""The lean one-token forward: a decode step's decoder layers in one C call (kv_decode_layers in fma16.c).
+"""The lean one-token forward: a decode step's decoder layers in one C call (kv_decode_layers in kernels/c/step.c).
 
 A step through the model's modules makes ~50 small torch calls and a dozen ctypes calls per layer; at one
 row per product the Python between them cost about a quarter of a step. `Stepper` keeps, per layer, a
@@ -20,14 +20,15 @@ import ctypes
 
 import torch
 
-from . import fma16
+from kernels import fma16
+
 from .layers import commit_rows, is_sliding, reserve_rows
 
 _KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class _Layer(ctypes.Structure):
-    """kv_layer in fma16.c: one decoder layer's weights (rows in their formats), norms and shapes."""
+    """kv_layer in kernels/c/step.c: one decoder layer's weights (rows in their formats), norms and shapes."""
 
     _fields_ = [
         ("w", ctypes.c_void_p * 7),

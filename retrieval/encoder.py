@@ -1,7 +1,7 @@
 """The retrieval embedder's forward (a sentence-transformers BERT, mean pooled) on kvgraft's kernels.
 
 It owns how a loaded all-MiniLM-L6-v2 computes a text's unit vector so that no MKL or oneDNN call runs
-on a deposit or an answer: the linear layers through fma16 (float32 weights, fma16.c's order), attention
+on a deposit or an answer: the linear layers through fma16 (float32 weights, the definition's order), attention
 through `kv_attention` (bidirectional: every key the padding mask keeps), LayerNorm and the erf GELU
 through `kv_layernorm` and `kv_gelu_erf`, and the mean pooling and the L2 normalisation as fma16 dot
 products. It knows nothing about indexes, artifacts or the language model.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from graft_core import fma16, numerics
+from kernels import fma16, ops
 
 VERSION = "kvgraft-enc-v1"  # the definition's name: change it when an order here or in its kernels changes
 NAME = "kvgraft-encoder"  # the attention implementation's name in transformers' registries
@@ -52,29 +52,29 @@ def why_not(model) -> str:
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs):
     """transformers' attention contract for a bidirectional encoder without grouped heads: query, key and value
     [B, H, S, D], a boolean (True: attend) or additive mask [B or 1, 1, Sq, >= Sk] or None (every key, where
-    numerics.attention would read the language model's causal mask); returns ([B, Sq, H, D], None). One
+    graft_core.numerics.attention would read the language model's causal mask); returns ([B, Sq, H, D], None). One
     kv_attention call per head, the mask's rows made once per batch row."""
     if dropout:
         raise ValueError("kvgraft attention is for inference: dropout must be 0")
-    if not (numerics._ours(query) and key.dtype == value.dtype == torch.float32):
+    if not (ops.ours(query) and key.dtype == value.dtype == torch.float32):
         raise TypeError(f"kvgraft attention takes float32 CPU tensors, got {query.dtype} on {query.device}")
     b_n, h_n, sq, d = query.shape
     sk = key.shape[2]
     if attention_mask is not None and attention_mask.shape[1] != 1:
         raise ValueError(f"{VERSION} takes one mask for every head, got {tuple(attention_mask.shape)}")
     scale = float(scaling if scaling is not None else d**-0.5)
-    kernels = numerics.lib(getattr(module, "kvgraft_isa", None))
+    kernels = ops.lib(getattr(module, "kvgraft_isa", None))
     query = query if query.stride(-1) == 1 else query.contiguous()
     key = key if key.stride(-1) == 1 else key.contiguous()
     value = value if value.stride(-1) == 1 else value.contiguous()
     out = torch.empty((b_n, sq, h_n, d), dtype=torch.float32)
-    # numerics.attend's call, one per head, without its per-call checks and lookups (12 heads x 6 layers of a
+    # ops.attend's call, one per head, without its per-call checks and lookups (12 heads x 6 layers of a
     # question cost more in Python than in C): the strides are the checked tensors' own, offsets in bytes
     qs, ks, vs, outs = query.stride(), key.stride(), value.stride(), out.stride()
     qp, kp, vp, op = query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr()
     threads = torch.get_num_threads()
     for b in range(b_n):
-        keep, add = (None, None) if attention_mask is None else numerics._mask_rows(attention_mask, b, 0, sq, sk)
+        keep, add = (None, None) if attention_mask is None else ops.mask_rows(attention_mask, b, 0, sq, sk)
         mask = keep if keep is not None else add
         keep_p, add_p = (keep.data_ptr() if keep is not None else None), (add.data_ptr() if add is not None else None)
         mask_stride = mask.stride(0) if mask is not None else 0
@@ -85,7 +85,7 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
                 keep_p, add_p, mask_stride,
                 scale, op + 4 * (b * outs[0] + h * outs[2]), outs[2], outs[1], threads, 0,
             )  # fmt: skip
-            numerics._check(rc, "attention")
+            ops.check(rc, "attention")
     return out, None
 
 
@@ -95,7 +95,7 @@ def register() -> None:
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, attention)
-    AttentionMaskInterface.register(NAME, numerics._mask)
+    AttentionMaskInterface.register(NAME, ops.full_mask)
 
 
 class LayerNorm:
@@ -106,16 +106,16 @@ class LayerNorm:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = self.module
-        if not numerics._ours(x) or m.weight is None or m.bias is None:
+        if not ops.ours(x) or m.weight is None or m.bias is None:
             return self.plain(x)
         n = x.shape[-1]
         flat = x.reshape(-1, n).contiguous()
         y = torch.empty_like(flat)
         w, b = m.weight.detach().contiguous(), m.bias.detach().contiguous()
-        rc = numerics.lib(self.isa).kv_layernorm(
+        rc = ops.lib(self.isa).kv_layernorm(
             flat.data_ptr(), flat.shape[0], n, w.data_ptr(), b.data_ptr(), float(m.eps), y.data_ptr(), torch.get_num_threads()
         )
-        numerics._check(rc, "LayerNorm")
+        ops.check(rc, "LayerNorm")
         return y.view(x.shape)
 
 
@@ -126,13 +126,11 @@ class Gelu:
         self.module, self.plain, self.isa = module, module.forward, isa
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not numerics._ours(x):
+        if not ops.ours(x):
             return self.plain(x)
         flat = x.contiguous()
         y = torch.empty_like(flat)
-        numerics._check(
-            numerics.lib(self.isa).kv_gelu_erf(flat.data_ptr(), flat.numel(), y.data_ptr(), torch.get_num_threads()), "GELU"
-        )
+        ops.check(ops.lib(self.isa).kv_gelu_erf(flat.data_ptr(), flat.numel(), y.data_ptr(), torch.get_num_threads()), "GELU")
         return y
 
 

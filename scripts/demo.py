@@ -11,9 +11,10 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import retrieval  # noqa: E402,F401  (faiss before torch: services no longer imports it)
+import retrieval  # noqa: E402,F401  (faiss before torch: services does not import it)
 import services  # noqa: E402
 from errors import VerificationFailed  # noqa: E402
+from services import AnswerOptions
 
 ITEM = dict(
     question="Who built the lighthouse of Varnek Isle?",
@@ -37,9 +38,11 @@ def main() -> None:
             lib.deposit_item(**{**ITEM, "solution": "The lighthouse of Varnek Isle was built by the mason Edda Korr in 1874."})
         except VerificationFailed as e:
             print(f"a contradicting solution with the same typed answer: refused ({e})")
-        plain = lib.answer(ITEM["question"], graft=False, max_new_tokens=16)
+        plain = lib.answer(ITEM["question"], AnswerOptions(graft=False, max_new_tokens=16))
         print(f"\nwithout graft: {plain.answer!r}")
-        r = lib.answer("Which engineer built the Varnek Isle lighthouse?", check=True, compare=True, max_new_tokens=16)
+        r = lib.answer(
+            "Which engineer built the Varnek Isle lighthouse?", AnswerOptions(check=True, compare=True, max_new_tokens=16)
+        )
         print(f"with graft (a paraphrase, found by retrieval at similarity {r.retrieved[0].score:.3f}): {r.answer!r}")
         print(f"  grafted {r.grafted_tokens} tokens, computed {r.computed_tokens}, decoded {r.decode_tokens}")
         c = r.check

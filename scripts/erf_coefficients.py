@@ -1,10 +1,10 @@
-"""Print the polynomial coefficients of kv_gelu_erf (graft_core/fma16.c), as C literals.
+"""Print the polynomial coefficients of kv_gelu_erf (kernels/c/scalar.c), as C literals.
 
 Two pieces, each a Chebyshev fit (200 Chebyshev nodes, values from mpmath at 40 digits) converted to the
 power basis of a variable on [-1, 1]:
   A: erf(t) / t for t^2 = w in [0, 1], variable s = 2w - 1, degree 11 (max error 7e-16 absolute);
   B: e^(a^2) erfc(a) for a in [1, 4], variable s = (2a - 5) / 3, degree 20 (max error 7e-15 relative).
-The literals in fma16.c are the definition; this script says where they came from (a rerun on another
+The literals in scalar.c are the definition; this script says where they came from (a rerun on another
 machine may differ in the last digits through LAPACK's least squares, which changes nothing committed).
 
     python scripts/erf_coefficients.py

@@ -1,4 +1,4 @@
-/* faultfs: make the Nth write or fsync under one folder fail, for the fault sweeps of scripts/faults.py.
+/* faultfs: make the Nth write or fsync under one folder fail, for the fault sweeps of scripts/sweeps.py.
 
    Loaded with LD_PRELOAD into a child process, it wraps write, pwrite, pwrite64, writev, pwritev,
    fsync and fdatasync. A call counts when its file descriptor names a path under the armed prefix

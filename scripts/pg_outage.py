@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from services import AnswerOptions
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -81,7 +83,7 @@ def run(
     def asker(a: int) -> None:
         while not stop.is_set():
             try:
-                lib.answer(f"Which facts did depositor {a % depositors} keep?", k=2, max_new_tokens=2)
+                lib.answer(f"Which facts did depositor {a % depositors} keep?", AnswerOptions(k=2, max_new_tokens=2))
                 with lock:
                     answers[phase["now"]] += 1
             except Exception as e:  # noqa: BLE001

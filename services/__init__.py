@@ -2,11 +2,12 @@
 engine (`graft_core`), the catalog and blobs (`db`) and retrieval (`retrieval`) together.
 
 Front ends (`cli/`, `web/`) call one member of a `LibraryDoor` (or one upkeep function below) and format its
-result with `to_json()` or the result's typed fields. Modules: `door` (what front ends call: `LibraryDoor`,
-which `Library` implements), `library` (the store and the model), `deposit`, `answer`,
-`samples`, `index` (the pipelines mixed into it), `gate` (the deposit check), `vetting` (what an import
-re-checks), the upkeep of a store (`exchange`: export/import bundles, `checks`: rebuild-and-compare and
-fsck, `replay`: the answer ledger re-run), `results` (what the door returns), `limits` (input bounds).
+result with `to_json()` or the result's typed fields. Modules: `door` (what front ends call: `LibraryDoor`
+with each member's contract, which `Library` implements, and `AnswerOptions`), `store` (one store: catalog,
+blobs, index, model lock), `library` (a store and the model), `deposit`, `answer`, `samples`, `solve` (the
+pipelines mixed into it), `gate` (the deposit check), `vetting` (what an import re-checks), the upkeep of a
+store, on `library.store` (`exchange`: export/import bundles, `checks`: rebuild-and-compare and fsck,
+`replay`: the answer ledger re-run), `results` (what the door returns), `limits` (input bounds).
 
 Importing it loads neither the engine (torch, transformers) nor retrieval (faiss, the embedder): each
 pipeline imports them where it first needs them, so the web app serves its page before they load (its
@@ -15,7 +16,7 @@ see retrieval/__init__.py).
 """
 
 from .checks import ORPHAN_GRACE_S, BlobProblem, FsckReport, IndexStatus, RebuildReport, Repaired, fsck, rebuild_compare
-from .door import LibraryDoor
+from .door import DEFAULT_ANSWER, AnswerOptions, LibraryDoor
 from .exchange import BUNDLE_FORMAT, ExportReport, ImportReport, export_bundle, import_bundle
 from .library import Library, default_home
 from .limits import MAX_K, MAX_QUESTION_CHARS, MAX_TEXT_CHARS
@@ -39,6 +40,8 @@ __all__ = [
     "MAX_K",
     "MAX_QUESTION_CHARS",
     "MAX_TEXT_CHARS",
+    "DEFAULT_ANSWER",
+    "AnswerOptions",
     "AnswerResult",
     "DeleteReport",
     "Deposited",

@@ -19,6 +19,7 @@ from files import write_faults
 from graft_core import templates
 
 from . import limits
+from .door import DEFAULT_ANSWER, AnswerOptions
 from .limits import MAX_K, MAX_QUESTION_CHARS, bounded, prompt_bounded
 from .results import AnswerResult, Retrieved
 
@@ -39,16 +40,16 @@ def _threshold(threshold: float | None) -> float:
 
 
 class AnswerPipeline:
-    """Mixed into `Library`; uses its `_catalog`, `_lock`, `lm`, `embedder`, `index`, `load_artifact`, `compose`."""
+    """Mixed into `Library`; uses its `store`, `lm`, `embedder`, `index`, `load_artifact`, `compose`."""
 
     def _describe(self, hit: Hit, question: str) -> Retrieved:
         from retrieval import relevance
 
-        row = self._catalog.get(hit.artifact_id)
-        vs = self._catalog.verifications(row.id)
+        row = self.store.catalog.get(hit.artifact_id)
+        vs = self.store.catalog.verifications(row.id)
         last = vs[-1] if vs else None
         # A verified item is judged by its own question; free text (no question) by its words.
-        src = self._catalog.source(row.id)
+        src = self.store.catalog.source(row.id)
         if src.question:
             rel = relevance.decide(question, src.question, float(hit.score))
         else:
@@ -78,7 +79,7 @@ class AnswerPipeline:
         """The leaf to graft: the deepest hit whose chain contains the most other hits (exact composition)."""
         best, best_cover = hits[0].id, -1
         for h in hits:
-            chain_ids = {r.id for r in self._catalog.chain(h.id)}
+            chain_ids = {r.id for r in self.store.catalog.chain(h.id)}
             cover = sum(1 for o in hits if o.id in chain_ids)
             if cover > best_cover:
                 best, best_cover = h.id, cover
@@ -91,7 +92,7 @@ class AnswerPipeline:
         if not graft:
             return [], [], "graft off: plain baseline"
         if artifact:
-            return [], [r.id for r in self._catalog.chain(artifact)], "artifact chosen by the caller"
+            return [], [r.id for r in self.store.catalog.chain(artifact)], "artifact chosen by the caller"
         retrieved = self.retrieve(question, k=k, threshold=threshold)
         if not retrieved:
             return retrieved, [], f"no artifact above similarity {threshold}: answered without graft"
@@ -103,16 +104,16 @@ class AnswerPipeline:
                 f"{len(retrieved)} hit(s) dropped as not relevant ({retrieved[0].reason}): answered without graft",
             )
         if relocated:
-            roots = [h.id for h in kept if self._catalog.get(h.id).parent_id is None]
+            roots = [h.id for h in kept if self.store.catalog.get(h.id).parent_id is None]
             return retrieved, roots, "relocated composition of independent roots (approximate, labelled)"
         leaf = self._choose(kept)
-        chain_ids = [r.id for r in self._catalog.chain(leaf)]
+        chain_ids = [r.id for r in self.store.catalog.chain(leaf)]
         missing = [h.id for h in kept if h.id not in chain_ids]
         if missing and compose:
             leaf = self.compose([leaf, *missing])
             return (
                 retrieved,
-                [r.id for r in self._catalog.chain(leaf)],
+                [r.id for r in self.store.catalog.chain(leaf)],
                 f"composed {len(missing) + 1} retrieved items into one exact chain",
             )
         if missing:
@@ -146,7 +147,7 @@ class AnswerPipeline:
         and refuses on a failed proof, before any token is chosen. Ancestors get `graftable`'s checks."""
         if not ids or relocated:
             return self.graftable(ids), None, None
-        leaf = self._catalog.get(ids[-1])
+        leaf = self.store.catalog.get(ids[-1])
         arts = [self.load_artifact(i) for i in ids]
         if leaf.probe_sha256 != arts[-1].probe_sha256:  # a catalog/file disagreement: probe_check reports it
             self.graftable(ids)
@@ -166,7 +167,7 @@ class AnswerPipeline:
             self._probed.pop(content_sha256, None)
             what = "probe check" if proof.kind == "probe" else "state proof"
             why = f"{what} failed: {proof.note} (expected {proof.expected[:16]}…, observed {proof.observed[:16]}…)"
-            self._catalog.set_quarantine(artifact_id, why)
+            self.store.catalog.set_quarantine(artifact_id, why)
             raise IntegrityError(quarantine_message(artifact_id, why))
 
         return check
@@ -200,12 +201,12 @@ class AnswerPipeline:
             check_json=json.dumps(record) if record else None,
         )
         with write_faults(self.home, "ask again", needed_bytes=1 << 20, outcome="the answer was not recorded"):
-            return self._catalog.add_ledger(row)
+            return self.store.catalog.add_ledger(row)
 
     def decode_group(self):
         """The graft_core.batch.StepGroup answers decode through once `start_decoding_together` built it; None
         before, with KVGRAFT_DECODE_TOGETHER=1, or where no padded width gives the 1-row bytes (then every
-        answer decodes alone, as before). A one-answer process (`cli.py ask`) never builds it."""
+        answer decodes alone). A one-answer process (`cli.py ask`) never builds it."""
         return self._steps or None
 
     def start_decoding_together(self) -> str:
@@ -213,73 +214,63 @@ class AnswerPipeline:
         shape), under the model lock; what a serving process calls once its model is up. Returns a log line."""
         from graft_core.batch import Batcher, StepGroup
 
-        with self._lock:
+        with self.store.lock:
             if self._steps is None:
                 if limits.decode_together() <= 1:
                     self._steps, line = False, "answers decode one at a time (KVGRAFT_DECODE_TOGETHER=1)"
                 else:
                     batcher = Batcher(self.lm.model)
-                    self._steps = StepGroup(batcher, lock=self._lock) if batcher.widths else False
+                    self._steps = StepGroup(batcher, lock=self.store.lock) if batcher.widths else False
                     line = f"answers decode {batcher.describe()}"
                 log.info("%s", line)
                 return line
             return "answers decode together" if self._steps else "answers decode one at a time"
 
     def answer(
-        self,
-        question: str,
-        k: int = 3,
-        artifact: str | None = None,
-        graft: bool = True,
-        max_new_tokens: int = 32,
-        raw: bool = False,
-        check: bool = False,
-        compare: bool = False,
-        relocated: bool = False,
-        threshold: float | None = None,  # None: retrieval's DEFAULT_THRESHOLD
-        on_token: Callable[[str], None] | None = None,
-        record: bool = True,
-        compose: bool = False,
-        max_prompt_tokens: int | None = None,
-        form: str = "answer",
+        self, question: str, options: AnswerOptions = DEFAULT_ANSWER, on_token: Callable[[str], None] | None = None
     ) -> AnswerResult:
-        """Retrieve (the question alone is embedded and judged relevant, whatever the `form`), graft what is
-        relevant, answer in the query `form` (graft_core.templates.FORMS: `cot` lets the model reason first)."""
+        """LibraryDoor.answer (its contract): retrieval embeds and judges the question alone, whatever the
+        query form (`options.form`, graft_core.templates.FORMS: `cot` lets the model reason first)."""
         from graft_core import generate
         from graft_core.exactness import check_composed
 
+        o = options
         question = bounded("question", question, MAX_QUESTION_CHARS)
-        if max_prompt_tokens is not None:  # before retrieval: a refused question costs one tokenisation
-            prompt_bounded(len(generate.encode_prompt(self.lm, question, grafted=False, raw=raw, form=form)), max_prompt_tokens)
-        retrieved, chain_ids, note = self._plan(question, k, artifact, graft, relocated, _threshold(threshold), compose)
+        if o.max_prompt_tokens is not None:  # before retrieval: a refused question costs one tokenisation
+            prompt_bounded(
+                len(generate.encode_prompt(self.lm, question, grafted=False, raw=o.raw, form=o.form)), o.max_prompt_tokens
+            )
+        retrieved, chain_ids, note = self._plan(
+            question, o.k, o.artifact, o.graft, o.relocated, _threshold(o.threshold), o.compose
+        )
         steps = self.decode_group()
-        with steps.arriving() if steps is not None else nullcontext(), self._lock:
+        with steps.arriving() if steps is not None else nullcontext(), self.store.lock:
             lm = self.lm
             t0 = time.perf_counter()
             # probe-checked on first restore (a leaf by the answer's own probe chunk); quarantined ones refuse
-            chain, known, on_proof = self._load_for_answer(chain_ids, relocated)
+            chain, known, on_proof = self._load_for_answer(chain_ids, o.relocated)
             read_s = time.perf_counter() - t0
-            base = generate.baseline(lm, chain, question, max_new_tokens, raw, form) if (compare and chain) else None
+            base = generate.baseline(lm, chain, question, o.max_new_tokens, o.raw, o.form) if (o.compare and chain) else None
             ans = generate.answer(
                 lm,
                 chain,
                 question,
-                max_new_tokens=max_new_tokens,
-                raw=raw,
-                run_check=check and not relocated,
+                max_new_tokens=o.max_new_tokens,
+                raw=o.raw,
+                run_check=o.check and not o.relocated,
                 read_s=read_s,
-                relocated=relocated and len(chain) > 0,
-                on_token=self._token_callback(on_token, raw, form),
+                relocated=o.relocated and len(chain) > 0,
+                on_token=self._token_callback(on_token, o.raw, o.form),
                 baseline_decode_tokens=base.decode_tokens if base else None,
                 proven=known,
                 on_proof=on_proof,
                 steps=steps,
-                form=form,
+                form=o.form,
             )
             exactness = ans.check
-            if check and relocated and chain:
+            if o.check and o.relocated and chain:
                 exactness = check_composed(lm, chain, list(ans.prompt_ids))
-        ledger_id = self._record(question, ans, base, exactness) if record else None
+        ledger_id = self._record(question, ans, base, exactness) if o.record else None
         return AnswerResult(
             answer=ans.text,
             tier=ans.tier,

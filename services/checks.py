@@ -47,26 +47,26 @@ def rebuild_compare(lib: Library, artifact_id: str) -> RebuildReport:
     from graft_core.artifact import text_sha256
     from graft_core.capture import capture
 
-    row = lib._catalog.get(artifact_id)
+    row = lib.store.catalog.get(artifact_id)
     lm = lib.lm
     if row.model_fingerprint != lm.fingerprint:
         raise IncompatibleArtifact(
             f"artifact {row.id} was made by model {row.model_fingerprint[:16]}, this model is {lm.fingerprint[:16]}; "
             "rebuild it with the model that made it (--model)"
         )
-    text = lib._catalog.source(row.id).text
+    text = lib.store.catalog.source(row.id).text
     token_ids = lm.tokenizer(text, add_special_tokens=row.parent_id is None)["input_ids"]
-    with lib._lock:
+    with lib.store.lock:
         parents = lib.load_chain(row.parent_id)[0] if row.parent_id else []
         art, stats = capture(lm, token_ids, parents=parents, text_sha256=text_sha256(text))
     data = codec.dumps(art)
-    blob_sha = lib._blobs.actual_sha256(row.content_sha256)
+    blob_sha = lib.store.blobs.actual_sha256(row.content_sha256)
     rebuilt = sha256_bytes(data)
     why = lib.probe_check(row.id, force=True) if blob_sha == row.content_sha256 else "the stored blob is missing or corrupt"
     probe_ok = why is None
     same = probe_ok and rebuilt == row.content_sha256 and blob_sha == row.content_sha256 and art.key == row.id
     if same and row.quarantine:  # recomputed from its tokens to the stored bytes: proven, release it
-        lib._catalog.set_quarantine(row.id, None)
+        lib.store.catalog.set_quarantine(row.id, None)
     return RebuildReport(
         id=row.id,
         probe_ok=probe_ok,
@@ -172,7 +172,7 @@ def _index_status(lib: Library) -> IndexStatus:
     from retrieval import VectorIndex  # faiss loads here, not with the web page
     from retrieval.index import HalfSaved
 
-    version = lib._catalog.version()
+    version = lib.store.catalog.version()
     try:
         idx = VectorIndex.load(lib.home / "index")
     except HalfSaved as e:
@@ -180,7 +180,7 @@ def _index_status(lib: Library) -> IndexStatus:
     except IntegrityError as e:
         status = "corrupt" if (lib.home / "index" / "index.json").exists() else "missing"
         return IndexStatus(status, str(e), version)
-    embedded = {a for a, _ in lib._catalog.embeddings(idx.embedder_id)}
+    embedded = {a for a, _ in lib.store.catalog.embeddings(idx.embedder_id)}
     found = {"index_version": idx.version, "embedder_id": idx.embedder_id, "indexed": len(idx), "embedded": len(embedded)}
     if idx.version != version or len(idx) != len(embedded) or not all(a in idx for a in embedded):
         detail = f"index reflects catalog version {idx.version} with {len(idx)} vectors; the catalog is at {version} with {len(embedded)}"
@@ -214,8 +214,8 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S, de
     `grace_s` and rebuilds the index; it never removes a blob a catalog row refers to. `deep` also
     restores each artifact and checks its probe hash (a mismatch quarantines it). Quarantined
     artifacts are listed and make the store not consistent."""
-    rows = lib._catalog.list_artifacts(limit=max(lib._catalog.count_artifacts(), 1))
-    on_disk = set(lib._blobs)
+    rows = lib.store.catalog.list_artifacts(limit=max(lib.store.catalog.count_artifacts(), 1))
+    on_disk = set(lib.store.blobs)
     referenced: dict[str, list[str]] = {}
     for r in rows:
         referenced.setdefault(r.content_sha256, []).append(r.id)
@@ -224,20 +224,20 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S, de
         if digest not in on_disk:
             missing += [BlobProblem(i, digest) for i in sorted(ids)]
             continue
-        actual = lib._blobs.actual_sha256(digest)
+        actual = lib.store.blobs.actual_sha256(digest)
         if actual != digest:
             corrupt += [BlobProblem(i, digest, actual) for i in sorted(ids)]
     probes = _deep(lib, rows, {p.content_sha256 for p in missing + corrupt}) if deep else 0
-    quarantined = tuple(Quarantined(r.id, r.quarantine or "") for r in lib._catalog.quarantined())
+    quarantined = tuple(Quarantined(r.id, r.quarantine or "") for r in lib.store.catalog.quarantined())
     orphans = sorted(on_disk - set(referenced))
-    partials = sorted(lib._blobs.partials()) + sorted(lib.home.glob(".import-*"))  # interrupted writes and imports
+    partials = sorted(lib.store.blobs.partials()) + sorted(lib.home.glob(".import-*"))  # interrupted writes and imports
     index = _index_status(lib)
     removed_orphans, removed_partials, rebuilt = [], [], False
     if repair:
         for digest in orphans:
             # re-check: a deposit in another process may have committed a row for it meanwhile
-            if _older_than(lib._blobs.path(digest), grace_s) and lib._catalog.content_refcount(digest) == 0:
-                lib._blobs.delete(digest)
+            if _older_than(lib.store.blobs.path(digest), grace_s) and lib.store.catalog.content_refcount(digest) == 0:
+                lib.store.blobs.delete(digest)
                 removed_orphans.append(digest)
         for p in partials:
             if _older_than(p, grace_s):
@@ -247,7 +247,7 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S, de
                     p.unlink(missing_ok=True)
                 removed_partials.append(p.name)
         if index.status != "ok":
-            lib.rebuild_index()
+            lib.store.rebuild_index()
             rebuilt = True
     left_orphans = [o for o in orphans if o not in removed_orphans]
     left_partials = [p for p in partials if p.name not in removed_partials]

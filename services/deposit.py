@@ -6,17 +6,15 @@ nothing but its recorded verification row. Also `compose`, which deposits retrie
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 import verifiers
 from db.rows import ArtifactRow, SourceRow, VerificationRow
-from errors import ArtifactNotFound, InputTooLong, InvalidInput, KvgraftError, VerificationFailed
+from errors import ArtifactNotFound, InputTooLong, InvalidInput, VerificationFailed
 from files import write_faults
 from graft_core import templates
 
@@ -32,7 +30,7 @@ Gate = Callable[[list["KVArtifact"]], tuple[VerificationRow, float, int]]  # cha
 
 
 class DepositPipeline:
-    """Mixed into `Library`; uses its `home`, `_catalog`, `_blobs`, `_lock`, `lm`, `embedder` and `load_chain`."""
+    """Mixed into `Library`; uses its `home`, `store`, `lm`, `embedder` and `load_chain`."""
 
     def _deposit(
         self,
@@ -56,7 +54,7 @@ class DepositPipeline:
 
         progress = on_progress or (lambda f, m: None)
         lm = self.lm
-        parent_row = self._catalog.get(parent) if parent else None
+        parent_row = self.store.catalog.get(parent) if parent else None
         token_ids = lm.tokenizer(text, add_special_tokens=parent_row is None)["input_ids"]
         start = parent_row.end_pos if parent_row else 0
         if start + len(token_ids) > lm.info.max_positions:
@@ -66,13 +64,13 @@ class DepositPipeline:
             )
         key = artifact_key(lm.fingerprint, parent_row.id if parent_row else "", token_ids)
         try:  # hash before work: a repeated deposit costs nothing
-            row = self._catalog.get(key)
+            row = self.store.catalog.get(key)
             return self._deposited(row, prefill_s=0.0, created=False)
         except ArtifactNotFound:
             pass
         progress(0.1, f"prefilling {len(token_ids)} tokens")
         gate_s, gate_tokens = gate_cost
-        with self._lock:
+        with self.store.lock:
             parents = self.load_chain(parent_row.id)[0] if parent_row else []
             art, stats = capture(lm, token_ids, parents=parents, text_sha256=text_sha256(text))
             assert art.key == key, "capture must name the artifact exactly as artifact_key() predicted"
@@ -109,35 +107,22 @@ class DepositPipeline:
         made: list[str] = []
 
         def write_blob() -> str:
-            digest, created = self._blobs.write(data)
+            digest, created = self.store.blobs.write(data)
             if created:
                 made.append(digest)
             return digest
 
-        with write_faults(self._store_folder(), "deposit again", needed_bytes=len(data) + (1 << 20)):
+        with write_faults(self.store.folder(), "deposit again", needed_bytes=len(data) + (1 << 20)):
             try:
-                return self._catalog.add_deposit(row, src, verification, emb, write_blob)
+                return self.store.catalog.add_deposit(row, src, verification, emb, write_blob)
             except BaseException:
-                self._discard_blobs(made)
+                self.store.discard_blobs(made)
                 raise
-
-    def _discard_blobs(self, digests: list[str]) -> None:
-        """Remove blobs a failed write made, unless a row refers to them (a concurrent deposit of the same bytes
-        committed meanwhile). Where the catalog cannot even be asked, the blob stays: an orphan for fsck."""
-        for digest in digests:
-            with contextlib.suppress(KvgraftError, OSError):
-                if self._catalog.content_refcount(digest) == 0:
-                    self._blobs.delete(digest)
-
-    def _store_folder(self) -> Path:
-        """The folder a disk error names: the store's home, or the blob folder where it lies elsewhere."""
-        root = self._blobs.root
-        return self.home if root.is_relative_to(self.home) else root
 
     def _deposited(
         self, row: ArtifactRow, prefill_s: float, created: bool, gate_s: float = 0.0, gate_tokens: int = 0
     ) -> Deposited:
-        passed = [v for v in self._catalog.verifications(row.id) if v.verdict == "pass"]
+        passed = [v for v in self.store.catalog.verifications(row.id) if v.verdict == "pass"]
         last = passed[-1] if passed else None
         return Deposited(
             id=row.id,
@@ -224,7 +209,7 @@ class DepositPipeline:
         if given:  # the cheap pre-check: refuse a wrong typed answer before any prefill
             verdict = verifiers.judge(given, verifier, reference, question)
             if not verdict.ok:
-                self._catalog.record_refusal(
+                self.store.catalog.record_refusal(
                     VerificationRow(
                         None, item_sha, verifier, "refused", reference, f"pre-check: {verdict.detail}", provenance="verified"
                     )
@@ -237,7 +222,7 @@ class DepositPipeline:
             verifiers.judge(reference, verifier, reference, question)  # a reference its kind cannot read is an input error
         steps = verifiers.check_solution(solution, verifier, reference, question)  # before any prefill
         if not steps.ok:
-            self._catalog.record_refusal(
+            self.store.catalog.record_refusal(
                 VerificationRow(
                     None, item_sha, verifier, "refused", reference, f"solution: {steps.detail}", provenance="verified"
                 )
@@ -245,10 +230,10 @@ class DepositPipeline:
             raise VerificationFailed(f"refused, nothing deposited: {steps.detail}")
         progress = on_progress or (lambda f, m: None)
         progress(0.05, "gate: answering the question with the solution grafted")
-        with self._lock:
+        with self.store.lock:
             fact = gate.fact_run(self.lm, question, solution, verifier, reference)
         if not fact.ok:
-            self._catalog.record_refusal(gate.record(fact, item_sha, verifier, reference))
+            self.store.catalog.record_refusal(gate.record(fact, item_sha, verifier, reference))
             raise VerificationFailed(fact.refusal(reference))
 
         def gate_check(chain: list[KVArtifact]) -> tuple[VerificationRow, float, int]:
@@ -276,10 +261,10 @@ class DepositPipeline:
         """The deposit of exactly this text after this parent, if it is already stored (costs no model run)."""
         from graft_core.artifact import artifact_key
 
-        parent_row = self._catalog.get(parent) if parent else None
+        parent_row = self.store.catalog.get(parent) if parent else None
         token_ids = self.lm.tokenizer(text, add_special_tokens=parent_row is None)["input_ids"]
         try:
-            row = self._catalog.get(artifact_key(self.lm.fingerprint, parent_row.id if parent_row else "", token_ids))
+            row = self.store.catalog.get(artifact_key(self.lm.fingerprint, parent_row.id if parent_row else "", token_ids))
         except ArtifactNotFound:
             return None
         return self._deposited(row, prefill_s=0.0, created=False)
@@ -310,7 +295,7 @@ class DepositPipeline:
             provenance="attested",
         )
         if not verdict.ok:
-            self._catalog.record_refusal(vrow)
+            self.store.catalog.record_refusal(vrow)
             raise VerificationFailed(f"refused, nothing deposited: {verdict.detail}")
         text = templates.item_text(question, solution, answer or "")
         return self._deposit(
@@ -330,19 +315,19 @@ class DepositPipeline:
         deterministic, so composing the same items again costs nothing). Returns the leaf id."""
         if not ids:
             raise InvalidInput("nothing to compose: give at least one artifact id")
-        leaf = self._catalog.get(ids[0])
-        have = {self._catalog.source(r.id).text for r in self._catalog.chain(leaf.id)}
+        leaf = self.store.catalog.get(ids[0])
+        have = {self.store.catalog.source(r.id).text for r in self.store.catalog.chain(leaf.id)}
         todo = []
         for other in ids[1:]:
-            for node in self._catalog.chain(other):
-                src = self._catalog.source(node.id)
+            for node in self.store.catalog.chain(other):
+                src = self.store.catalog.source(node.id)
                 if src.text not in have:
                     have.add(src.text)
                     todo.append((node, src))
         for i, (node, src) in enumerate(todo):
             if on_progress:
                 on_progress(i / max(1, len(todo)), f"composing {i + 1}/{len(todo)}")
-            passed = [v for v in self._catalog.verifications(node.id) if v.verdict == "pass"]
+            passed = [v for v in self.store.catalog.verifications(node.id) if v.verdict == "pass"]
             v = passed[-1] if passed else None
             vrow, check = None, None
             if v is not None and v.provenance == "verified" and src.question:
@@ -353,14 +338,14 @@ class DepositPipeline:
             d = self._deposit(
                 src.text, leaf.id, node.title, node.kind, item, vrow, embed_text=src.question or src.text, gate_check=check
             )
-            leaf = self._catalog.get(d.id)
+            leaf = self.store.catalog.get(d.id)
         return leaf.id
 
     def _graft_run(self, chain: list[KVArtifact], question: str, solution: str, verifier: str, reference: str, item_sha: str):
         """The gate's graft run on `chain`; a refusal is recorded here (the caller decides what it means)."""
         run = gate.graft_run(self.lm, chain, question, solution, verifier, reference)
         if not run.ok:
-            self._catalog.record_refusal(gate.record(run, item_sha, verifier, reference))
+            self.store.catalog.record_refusal(gate.record(run, item_sha, verifier, reference))
         return run
 
     def _regate(self, origin: str, src, v: VerificationRow):

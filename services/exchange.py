@@ -79,13 +79,13 @@ class ExportReport:
 
 def _checked_blob(lib: Library, digest: str) -> Path:
     """The stored file of blob `digest` after hashing it in 1 MiB chunks: a corrupt blob is never exported."""
-    actual = lib._blobs.actual_sha256(digest)
+    actual = lib.store.blobs.actual_sha256(digest)
     if actual != digest:
         raise IntegrityError(
             f"blob integrity check failed for {digest}: its bytes hash to {actual or 'nothing (missing)'}; "
             "nothing was exported. Restore it from a bundle or run `cli.py rebuild --verify`"
         )
-    return lib._blobs.path(digest)
+    return lib.store.blobs.path(digest)
 
 
 def export_bundle(lib: Library, ids: list[str], out: str | Path, at: datetime | None = None) -> ExportReport:
@@ -98,8 +98,8 @@ def export_bundle(lib: Library, ids: list[str], out: str | Path, at: datetime | 
 
     if not ids:
         raise InvalidInput("give at least one artifact id to export; list ids with `cli.py list`")
-    requested = tuple(lib._catalog.get(i).id for i in ids)
-    rows = lib._catalog.export_rows(requested)
+    requested = tuple(lib.store.catalog.get(i).id for i in ids)
+    rows = lib.store.catalog.export_rows(requested)
     if at is not None:
         when = at.isoformat()
         rows = {
@@ -283,7 +283,7 @@ def import_bundle(
         needed = 2 * Path(path).stat().st_size + (1 << 20)  # staged, then stored
     except OSError:
         needed = 1 << 20  # bundles.stage says what is wrong with the path
-    with write_faults(lib._store_folder(), "import again", needed):
+    with write_faults(lib.store.folder(), "import again", needed):
         return _import(lib, path, limits, check_model, trust_verdicts, on_progress, recomputed)
 
 
@@ -319,21 +319,21 @@ def _import(
         written = []
         try:
             for digest, staged_file in sorted(blobs.items()):
-                if lib._blobs.exists(digest):
+                if lib.store.blobs.exists(digest):
                     try:
-                        lib._blobs.get(digest, rehash=True)
+                        lib.store.blobs.get(digest, rehash=True)
                         continue
                     except IntegrityError:  # a corrupt copy: the bundle's verified bytes restore it
-                        lib._blobs.delete(digest)
+                        lib.store.blobs.delete(digest)
                 data = staged_file if isinstance(staged_file, bytes) else staged_file.read_bytes()
-                stored, created = lib._blobs.write(data)
+                stored, created = lib.store.blobs.write(data)
                 if created:
                     written.append(stored)
                 if stored != digest:  # the staged file changed after its check: undone below
                     raise IntegrityError(f"staged blob {digest} changed during the import; nothing was imported")
-            new = lib._catalog.import_rows(rows)
+            new = lib.store.catalog.import_rows(rows)
         except BaseException:
-            lib._discard_blobs(written)  # undo: a blob no row refers to would be an orphan
+            lib.store.discard_blobs(written)  # undo: a blob no row refers to would be an orphan
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,9 +1,10 @@
-"""`Library`: one store (catalog + blobs + index) and one model, behind the door front ends use (`LibraryDoor`).
+"""`Library`: one store (`services.store.Store`: catalog, blobs, index, model lock) and one model, behind
+the door front ends use (`LibraryDoor`).
 
-The pipelines live in their own modules (deposit, answer, verify, index) and are mixed in here; this
+The pipelines live in their own modules (deposit, answer, samples, solve) and are mixed in here; this
 module holds the shared parts (lazily loaded model and embedder, artifact reads) and the read-only
-views of the store (list, show, stats). The catalog, the blob store and the model lock are private:
-front ends call a method and format its result.
+views of the store (list, show, stats). Front ends call a method and format its result; the upkeep
+functions (services.checks, exchange, replay) work on `store`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from typing import TYPE_CHECKING
 
 import settings
 from db import aggregates
-from db.blobs import BlobStore
-from db.catalog import Catalog, Embedding
+from db.catalog import Embedding
 from db.queries import library_rows
 from db.rows import ArtifactRow, LedgerRow, SourceRow
 from errors import IntegrityError, KvgraftError, quarantine_message
@@ -28,10 +28,11 @@ from graft_core import model as model_mod  # names only: torch loads in model_mo
 from . import limits
 from .answer import AnswerPipeline
 from .deposit import DepositPipeline
-from .index import IndexPipeline
+from .door import AnswerOptions
 from .results import DeleteReport, LibraryEntry, ShowReport, StoreStats, WarmReport
 from .samples import VerifyPipeline
 from .solve import SolvePipeline
+from .store import Store
 
 WARM_UP_QUESTION = "What is this about?"  # warm_answer's fixed question: never a user's, never recorded
 
@@ -45,10 +46,10 @@ def default_home() -> Path:
     return settings.get("KVGRAFT_HOME")
 
 
-class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, SolvePipeline):
+class Library(DepositPipeline, AnswerPipeline, VerifyPipeline, SolvePipeline):
     """One store (catalog + blobs + index) and one model, shared by every request of a process.
 
-    The model runs one request at a time per process (a private lock); the catalog is safe to share
+    The model runs one request at a time per process (the store's lock); the catalog is safe to share
     between processes."""
 
     def __init__(
@@ -62,14 +63,11 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
     ):
         self.home = Path(home) if home else default_home()
         self.home.mkdir(parents=True, exist_ok=True)
-        self._catalog = Catalog.open(db_url or settings.get("KVGRAFT_DB_URL"), self.home)
-        self._blobs = BlobStore(Path(blob_root) if blob_root else self.home / "blobs")  # shared by replicas (serving/)
+        blobs = Path(blob_root) if blob_root else None  # a root shared by replicas (serving/)
+        self.store = Store.open(self.home, db_url or settings.get("KVGRAFT_DB_URL"), blobs, lambda: self.embedder)
         self.model_name = model_name
         self._lm = lm
         self._embedder = embedder
-        self._index: VectorIndex | None = None
-        self._lock = threading.RLock()
-        self._index_lock = threading.Lock()
         self._probed: dict[str, ProvenState] = {}  # content hash -> its restored state, probe-proved in this process
         # content hash -> the artifact as decoded, while a restored cache still holds it (graft_core.graft.restore
         # keeps its chain on the cache): concurrent answers from one artifact read one copy of its rows
@@ -80,7 +78,11 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
 
     def close(self) -> None:
         """Release the catalog's connections (the library is unusable afterwards)."""
-        self._catalog.close()
+        self.store.close()
+
+    def index(self) -> VectorIndex:
+        """The store's FAISS index (loaded, synced or rebuilt from the catalog: `Store.index`)."""
+        return self.store.index()
 
     # ---- lazily loaded parts ----------------------------------------------------------------
 
@@ -88,7 +90,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
     def lm(self) -> model_mod.LoadedModel:
         if self._lm is not None:  # loaded: no lock, or every use (a tokenisation, a record) would wait for the model
             return self._lm
-        with self._lock:
+        with self.store.lock:
             if self._lm is None:
                 self._lm = model_mod.load(self.model_name)
             return self._lm
@@ -114,7 +116,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         what to call between two parts of the work, to let answers that arrived meanwhile go first again."""
         steps = self.decode_group()
         if steps is None:
-            with self._lock:
+            with self.store.lock:
                 yield lambda: None
         else:
             with steps.after_answers(limits.ANSWERS_FIRST_S):
@@ -128,7 +130,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         the same content (read, hash-checked and decoded by that answer), that object is returned instead of
         a second copy: the answers grafting it then read one copy of its rows (graft_core.layers), and each
         answer's state proof still hashes the state it serves."""
-        row = self._catalog.get(artifact_id)
+        row = self.store.catalog.get(artifact_id)
         if row.quarantine and not quarantined_too:
             raise IntegrityError(quarantine_message(row.id, row.quarantine))
         from graft_core import codec
@@ -136,7 +138,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         with self._live_lock:
             art = self._live.get(row.content_sha256)
         if art is None:
-            art = codec.loads(self._blobs.get(row.content_sha256))
+            art = codec.loads(self.store.blobs.get(row.content_sha256))
             with self._live_lock:
                 art = self._live.setdefault(row.content_sha256, art)
         if art.key != row.id:
@@ -149,16 +151,16 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         quarantines the artifact and is returned as the reason; None: passed."""
         from graft_core.proof import check_probe
 
-        row = self._catalog.get(artifact_id)
+        row = self.store.catalog.get(artifact_id)
         if self._probed.get(row.content_sha256) and not force:
             return None
-        with self._lock:
+        with self.store.lock:
             if self._probed.get(row.content_sha256) and not force:  # an answer proved it while this one waited
                 return None
-            chain = [self.load_artifact(r.id, quarantined_too=r.id == row.id) for r in self._catalog.chain(row.id)]
+            chain = [self.load_artifact(r.id, quarantined_too=r.id == row.id) for r in self.store.catalog.chain(row.id)]
             why, state = check_probe(self.lm, chain, row.probe_sha256)
         if why is not None:
-            self._catalog.set_quarantine(row.id, f"probe check failed: {why}")
+            self.store.catalog.set_quarantine(row.id, f"probe check failed: {why}")
             self._probed.pop(row.content_sha256, None)
             return why
         self._probed[row.content_sha256] = state
@@ -171,7 +173,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         process that knows its artifact before its question (`cli.py ask --artifact`) does at load.
         Returns the seconds it took."""
         t0 = time.perf_counter()
-        self.graftable([r.id for r in self._catalog.chain(artifact_id)])
+        self.graftable([r.id for r in self.store.catalog.chain(artifact_id)])
         return time.perf_counter() - t0
 
     def warm_answer(self, artifact_id: str) -> float:
@@ -183,7 +185,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         before it. Run after `prove_chain` (so it carries the state proof, as the real answer will).
         Returns the seconds it took."""
         t0 = time.perf_counter()
-        self.answer(WARM_UP_QUESTION, artifact=artifact_id, max_new_tokens=1, record=False)
+        self.answer(WARM_UP_QUESTION, AnswerOptions(artifact=artifact_id, max_new_tokens=1, record=False))
         return time.perf_counter() - t0
 
     def warm_proofs(self, limit: int) -> WarmReport:
@@ -193,7 +195,7 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
         takes the model lock on its own, so answers asked meanwhile interleave. Quarantined artifacts, other
         models' artifacts and artifacts without a probe hash are passed over (answers refuse or skip them anyway)."""
         t0 = time.perf_counter()
-        rows = self._catalog.list_artifacts(limit=limit) if limit > 0 else []
+        rows = self.store.catalog.list_artifacts(limit=limit) if limit > 0 else []
         fingerprint = self.lm.fingerprint if rows else ""
         proved = already = 0
         skipped: list[str] = []
@@ -242,51 +244,51 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
 
     def load_chain(self, artifact_id: str) -> tuple[list[KVArtifact], float]:
         t0 = time.perf_counter()
-        chain = [self.load_artifact(r.id) for r in self._catalog.chain(artifact_id)]
+        chain = [self.load_artifact(r.id) for r in self.store.catalog.chain(artifact_id)]
         return chain, time.perf_counter() - t0
 
     # ---- views of the store ------------------------------------------------------------------
 
     def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
         """Artifacts newest first, each with its latest verification; `query` matches title or text."""
-        return [LibraryEntry.of(x) for x in library_rows(self._catalog, query=query, kind=kind, limit=limit, offset=offset)]
+        return [LibraryEntry.of(x) for x in library_rows(self.store.catalog, query=query, kind=kind, limit=limit, offset=offset)]
 
     def catalog_version(self) -> int:
         """The catalog's change counter (every deposit or delete bumps it); an index built at another
         version is stale. Replicas (serving/) compare it with their index in their health check."""
-        return self._catalog.version()
+        return self.store.catalog.version()
 
     def count(self) -> int:
         """Artifacts in the store (a running total: one primary-key read, whatever the store's size)."""
-        return aggregates.read(self._catalog, (aggregates.store_size,))[0].artifacts
+        return aggregates.read(self.store.catalog, (aggregates.store_size,))[0].artifacts
 
     def artifact_ids(self) -> list[str]:
         """Every artifact id, newest first."""
-        return [r.id for r in self._catalog.list_artifacts(limit=max(1, self.count()))]
+        return [r.id for r in self.store.catalog.list_artifacts(limit=max(1, self.count()))]
 
     def show(self, ref: str) -> ShowReport:
         """One artifact (id or unique prefix): row, source, verification records, chain, children."""
-        row = self._catalog.get(ref)
+        row = self.store.catalog.get(ref)
         return ShowReport(
             artifact=row,
-            source=self._catalog.source(row.id),
-            verifications=tuple(self._catalog.verifications(row.id)),
-            chain=tuple(r.id for r in self._catalog.chain(row.id)),
-            children=tuple(r.id for r in self._catalog.children(row.id)),
-            blob_present=self._blobs.exists(row.content_sha256),
+            source=self.store.catalog.source(row.id),
+            verifications=tuple(self.store.catalog.verifications(row.id)),
+            chain=tuple(r.id for r in self.store.catalog.chain(row.id)),
+            children=tuple(r.id for r in self.store.catalog.children(row.id)),
+            blob_present=self.store.blobs.exists(row.content_sha256),
         )
 
     def ledger(self, last: int | None = None) -> list[LedgerRow]:
         """Recorded answers, oldest first (the newest `last` when given)."""
-        return self._catalog.ledger(last=last)
+        return self.store.catalog.ledger(last=last)
 
     def stats(self, recent: int = 60) -> StoreStats:
         """Ledger sums (running totals: every answer ever recorded, pruned rows included), the latest `recent`
         answers and the store's size against the context window: three bounded reads whatever the ledger's size."""
-        size = aggregates.read(self._catalog, (aggregates.store_size,))[0]
+        size = aggregates.read(self.store.catalog, (aggregates.store_size,))[0]
         return StoreStats(
-            totals=self._catalog.ledger_totals(),
-            recent=tuple(self._catalog.ledger(last=recent)),
+            totals=self.store.catalog.ledger_totals(),
+            recent=tuple(self.store.catalog.ledger(last=recent)),
             store_tokens=size.tokens,
             artifacts=size.artifacts,
             window=self.lm.info.max_positions,
@@ -294,36 +296,36 @@ class Library(IndexPipeline, DepositPipeline, AnswerPipeline, VerifyPipeline, So
 
     def delete(self, ref: str) -> DeleteReport:
         """Remove one artifact (refused while others continue its chain) and its blob if nothing else uses it."""
-        key = self._catalog.get(ref).id
-        content = self._catalog.delete(key)
-        removed = self._catalog.content_refcount(content) == 0 and self._blobs.delete(content)
+        key = self.store.catalog.get(ref).id
+        content = self.store.catalog.delete(key)
+        removed = self.store.catalog.content_refcount(content) == 0 and self.store.blobs.delete(content)
         return DeleteReport(id=key, content_sha256=content, blob_removed=bool(removed))
 
     # ---- for the tools that measure or stress a store (bench/, scripts/) ----------------------
 
     def stored_tokens(self) -> int:
         """Tokens held by every artifact of the store together."""
-        return self._catalog.total_tokens()
+        return self.store.catalog.total_tokens()
 
     def blob_file(self, content_sha256: str) -> Path:
         """Where the bytes stored under `content_sha256` lie (for their size and age; read them with `read_blob`)."""
-        return self._blobs.path(content_sha256)
+        return self.store.blobs.path(content_sha256)
 
     def read_blob(self, content_sha256: str) -> bytearray:
         """The bytes stored under `content_sha256`, integrity-checked as `load_artifact` reads them."""
-        return self._blobs.get(content_sha256)
+        return self.store.blobs.get(content_sha256)
 
     def blob_trusted_after_s(self, content_sha256: str) -> float:
         """Seconds until the blob is older than the store's racy window (its next read is then hashed once and
         trusted after, db/blobs.py); 0 when it already is."""
-        age_ns = time.time_ns() - os.stat(self._blobs.path(content_sha256)).st_ctime_ns
-        return max(0.0, (self._blobs.racy_ns - age_ns) / 1e9)
+        age_ns = time.time_ns() - os.stat(self.store.blobs.path(content_sha256)).st_ctime_ns
+        return max(0.0, (self.store.blobs.racy_ns - age_ns) / 1e9)
 
     def corrupt_blobs(self) -> list[str]:
         """Every visible blob, referenced or orphan, whose bytes do not hash to its name (fsck reads referenced ones)."""
-        return [h for h in list(self._blobs) if self._blobs.actual_sha256(h) != h]
+        return [h for h in list(self.store.blobs) if self.store.blobs.actual_sha256(h) != h]
 
     def record_synthetic(self, row: ArtifactRow, source: SourceRow, embedding: Embedding, data: bytes) -> None:
         """Record bytes the caller made as one artifact, without capture or the gate: how bench/scale.py fills a
         store with random payloads in the model's shapes. Never a deposit path."""
-        self._catalog.add_deposit(row, source, None, embedding, lambda: self._blobs.put(data))
+        self.store.catalog.add_deposit(row, source, None, embedding, lambda: self.store.blobs.put(data))

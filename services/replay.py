@@ -84,7 +84,7 @@ def _replay_one(lib: Library, row) -> ReplayEntry:
     if raw is None:
         return failed("the query no longer encodes to the recorded prompt (prompt_sha256 differs)")
     try:
-        with lib._lock:
+        with lib.store.lock:
             chain = [lib.load_artifact(i) for i in row.artifact_ids] if grafted else []
             ans = generate.answer(
                 lm, chain, row.query, max_new_tokens=base["max_new_tokens"], raw=raw, relocated=row.tier == "relocated"
@@ -109,7 +109,7 @@ def replay_ledger(lib: Library, last: int | None = None) -> ReplayReport:
     """Re-run ledger entries (the newest `last`, oldest first) and compare output and logits hashes."""
     if last is not None and last < 1:
         raise InvalidInput(f"--last must be at least 1, got {last}")
-    rows = lib._catalog.ledger(last=last)
+    rows = lib.store.catalog.ledger(last=last)
     if not rows:
         raise ArtifactNotFound("the ledger is empty: nothing to replay (answer a question first with `cli.py ask`)")
     entries = tuple(_replay_one(lib, r) for r in rows)

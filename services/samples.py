@@ -20,7 +20,7 @@ QUESTIONS = ("What is it?", "Who built it?", "When did it happen?", "Summarise t
 
 
 class VerifyPipeline:
-    """Mixed into `Library`; uses its `_catalog`, `_after_answers`, `lm` and `load_chain`."""
+    """Mixed into `Library`; uses its `store`, `_after_answers`, `lm` and `load_chain`."""
 
     def verify_samples(
         self,
@@ -44,7 +44,7 @@ class VerifyPipeline:
             raise InvalidInput(f"samples must be between 1 and 1000, got {samples}")
         if not 1 <= decode_steps <= 16:
             raise InvalidInput(f"decode_steps must be between 1 and 16, got {decode_steps}")
-        rows = [r for r in self._catalog.list_artifacts(limit=10_000) if not r.quarantine]
+        rows = [r for r in self.store.catalog.list_artifacts(limit=10_000) if not r.quarantine]
         if not rows:
             raise ArtifactNotFound("the store is empty: deposit something first (cli.py deposit --text-file F)")
         if max_tokens is not None:

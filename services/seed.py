@@ -137,7 +137,7 @@ def _recomputed(library, doc: dict, progress) -> dict[str, bytes]:
             cur = entries[cur]["parent"]
         text = texts[a["id"]]
         ids = lm.tokenizer(text, add_special_tokens=not chain)["input_ids"]
-        with library._lock:
+        with library.store.lock:
             art, _ = capture(lm, list(ids), parents=chain, text_sha256=text_sha256(text))
         data = codec.dumps(art)
         entry = entries[a["id"]]

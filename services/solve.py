@@ -18,6 +18,7 @@ import verifiers
 from db import aggregates
 from errors import InvalidInput, VerificationFailed
 
+from .door import AnswerOptions
 from .limits import MAX_QUESTION_CHARS, bounded
 from .results import Flywheel, SolveAttempt, Solved
 
@@ -41,7 +42,7 @@ class SolvePipeline:
     """Mixed into `Library`; uses its `answer`, `deposit_item`, `lm`, `_lock`, `decode_group` and `home`."""
 
     def _from_library(self, question: str, verifier: str, reference: str, max_new_tokens: int) -> SolveAttempt:
-        res = self.answer(question, max_new_tokens=max_new_tokens)
+        res = self.answer(question, AnswerOptions(max_new_tokens=max_new_tokens))
         ok, detail = judge(verifier, res.answer, reference, question)
         mode = "library" if res.artifact_ids else "greedy"
         return SolveAttempt(
@@ -62,10 +63,10 @@ class SolvePipeline:
         # as an answer: its prompt and steps go in the answers' shared passes (same tokens as alone), so a chat
         # never waits behind a whole attempt; it is background work, so it does not hold verify samples back
         if steps is None:
-            with self._lock:
+            with self.store.lock:
                 a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed)
         else:
-            with steps.background(), steps.arriving(), self._lock:
+            with steps.background(), steps.arriving(), self.store.lock:
                 a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed, steps=steps)
 
         return SolveAttempt(
@@ -156,7 +157,7 @@ class SolvePipeline:
         with open(self.home / FLYWHEEL_LOG, "a", encoding="utf-8") as f:
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
         if result.source == "model" and result.id:
-            self._catalog.record_discovery(result.id, result.tokens_spent)
+            self.store.catalog.record_discovery(result.id, result.tokens_spent)
         return result
 
     def flywheel(self) -> Flywheel:
@@ -166,7 +167,7 @@ class SolvePipeline:
         the cumulative tokens saved over the newest RECALL_POINTS recalls, where saved = the sum over
         recalls of (discovery - recall), i.e. against a baseline that would have had to discover it again."""
         growth, found, recalls = aggregates.read(
-            self._catalog,
+            self.store.catalog,
             (aggregates.growth, GROWTH_POINTS),
             (aggregates.recent_discoveries, ITEMS_SHOWN),
             (aggregates.recent_recalls, RECALL_POINTS),
@@ -191,7 +192,7 @@ class SolvePipeline:
             if s["source"] == "model" and s["id"]:
                 first = found.get(s["id"], (0, datetime.fromtimestamp(s["at"], UTC)))[1]
                 found[s["id"]] = (s["tokens_spent"], first)
-        aggregates.fill(self._catalog, found)
+        aggregates.fill(self.store.catalog, found)
 
     def solves(self) -> list[dict]:
         """Every recorded solve, oldest first (empty when nothing was solved in this store)."""

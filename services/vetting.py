@@ -94,7 +94,7 @@ def _rebuild(lib: Library, chain: list[KVArtifact]) -> KVArtifact:
     from graft_core.capture import capture
 
     art = chain[-1]
-    with lib._lock:
+    with lib.store.lock:
         rebuilt, _ = capture(lib.lm, art.token_ids.tolist(), parents=chain[:-1], text_sha256=art.text_sha256)
     return rebuilt
 
@@ -131,7 +131,7 @@ def _replay(lib: Library, chain: list[KVArtifact], src: dict, v: VerificationRow
         raise IntegrityError(
             f"artifact {chain[-1].key}: a '{v.verifier}' verification without question, solution or reference cannot be replayed; nothing was imported"
         )
-    with lib._lock:
+    with lib.store.lock:
         fact = gate.fact_run(lib.lm, q, s, v.verifier, v.reference)
         run = gate.graft_run(lib.lm, chain, q, s, v.verifier, v.reference) if fact.ok else fact
     if not (fact.ok and run.ok):

@@ -21,6 +21,7 @@ from ray import serve
 import services
 from errors import ArtifactNotFound, InputTooLong, IntegrityError, InvalidInput, KvgraftError, VerificationFailed
 from retrieval.embedder import HashEmbedder, SentenceEmbedder
+from services import AnswerOptions
 from services.limits import (
     ANON_MAX_NEW_TOKENS,
     ANON_VERIFY_SAMPLES,
@@ -199,16 +200,18 @@ class Replica:
         cap = MAX_NEW_TOKENS if admin else ANON_MAX_NEW_TOKENS
         return self.lib.answer(
             _text(body, "question"),
-            k=whole("k", body.get("k", 3), 1, MAX_K),
-            artifact=_text(body, "artifact", required=False),
-            graft=not _flag(body, "no_graft"),
-            max_new_tokens=whole("max_new_tokens", body.get("max_new_tokens", 32), 1, cap),
-            raw=_flag(body, "raw"),
-            check=_flag(body, "check"),
-            compare=_flag(body, "compare"),
-            relocated=_flag(body, "relocated"),
-            compose=_flag(body, "compose"),
-            max_prompt_tokens=None if admin else anon_prompt_tokens(),
+            AnswerOptions(
+                k=whole("k", body.get("k", 3), 1, MAX_K),
+                artifact=_text(body, "artifact", required=False),
+                graft=not _flag(body, "no_graft"),
+                max_new_tokens=whole("max_new_tokens", body.get("max_new_tokens", 32), 1, cap),
+                raw=_flag(body, "raw"),
+                check=_flag(body, "check"),
+                compare=_flag(body, "compare"),
+                relocated=_flag(body, "relocated"),
+                compose=_flag(body, "compose"),
+                max_prompt_tokens=None if admin else anon_prompt_tokens(),
+            ),
         ).to_json()
 
     def _deposit(self, body: dict, admin: bool) -> dict:

@@ -126,11 +126,11 @@ def scan_flywheel(found: dict[str, int], rows: list[LedgerRow]):
 def selects(lib: Library, fn) -> int:
     seen: list[str] = []
     listener = lambda conn, cursor, stmt, *a: seen.append(stmt)  # noqa: E731
-    event.listen(lib._catalog._engine, "before_cursor_execute", listener)
+    event.listen(lib.store.catalog._engine, "before_cursor_execute", listener)
     try:
         fn()
     finally:
-        event.remove(lib._catalog._engine, "before_cursor_execute", listener)
+        event.remove(lib.store.catalog._engine, "before_cursor_execute", listener)
     return sum(1 for s in seen if s.lstrip().upper().startswith("SELECT"))
 
 
@@ -139,7 +139,7 @@ def test_dashboard_figures_equal_a_scan_and_a_render_reads_a_bounded_number_of_r
 
     lib = Library(home=tmp_path / "home", db_url=url, lm=FAKE_LM, embedder=object())
     try:
-        cat = lib._catalog
+        cat = lib.store.catalog
         arts, found, ledger = build(cat, 250, 300)
         small = selects(lib, lambda: _dashboard(lib))
         rng = random.Random(8)

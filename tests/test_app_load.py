@@ -82,5 +82,5 @@ def test_depositors_and_askers_at_once(tiny_gemma, tmp_path):
     report = services.fsck(lib)
     assert report.consistent, report.to_json()
     assert lib.count() == DEPOSITORS + 1
-    assert lib.index().ids() == {r.id for r in lib._catalog.list_artifacts(limit=100)}
+    assert lib.index().ids() == {r.id for r in lib.store.catalog.list_artifacts(limit=100)}
     assert len(lib.ledger()) == ASKERS * PER_ASKER

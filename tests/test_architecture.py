@@ -15,6 +15,7 @@ from sqlalchemy import event
 import services
 from db.blobs import RACY_NS
 from retrieval import HashEmbedder
+from services import AnswerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 ITEM = ("Who built the Varnek lighthouse?", "The Varnek lighthouse was built by Osric Pellamy.", "Osric Pellamy")
@@ -48,7 +49,7 @@ def test_graft_core_names_resolve_lazily_and_errors_are_one_hierarchy():
 
 def _selects(lib: services.Library, fn) -> int:
     seen: list[str] = []
-    engine = lib._catalog._engine
+    engine = lib.store.catalog._engine
     listener = lambda conn, cursor, stmt, *a: seen.append(stmt)  # noqa: E731
     event.listen(engine, "before_cursor_execute", listener)
     try:
@@ -73,7 +74,7 @@ def test_library_table_is_one_query_with_the_latest_verification(lib):
 
 def test_results_are_typed_and_serialise_once(lib):
     d = lib.deposit_item(*ITEM, "exact", ITEM[2])
-    r = lib.answer(ITEM[0], check=True, compare=True, max_new_tokens=3, threshold=0.0)
+    r = lib.answer(ITEM[0], AnswerOptions(check=True, compare=True, max_new_tokens=3, threshold=0.0))
     assert r.check is not None and r.check.exact and r.check.fresh_sha256 == r.check.grafted_sha256
     assert r.baseline is not None and r.ttft_speedup == r.baseline.ttft_s / max(r.ttft_s, 1e-9)
     j = r.to_json()
@@ -112,7 +113,7 @@ def test_results_are_typed_and_serialise_once(lib):
 
 def test_blob_store_hashes_what_is_on_disk(lib):
     d = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.")
-    blobs = lib._blobs
+    blobs = lib.store.blobs
     assert blobs.actual_sha256(d.content_sha256) == d.content_sha256
     path = blobs.path(d.content_sha256)
     data = path.read_bytes()
@@ -209,11 +210,13 @@ def test_no_module_edits_sys_path():
 
 GROUND = {"errors", "files", "settings"}  # root modules that import no project package
 PRODUCT_FORBIDS = {"bench", "scripts", "tests"}
+ABOVE_KERNELS = {"graft_core", "db", "retrieval", "verifiers", "services", "web", "cli", "serving", "eval"}
 FORBIDDEN = {  # top-level package (or root module) -> what it must never import
-    **{g: {"graft_core", "db", "retrieval", "verifiers", "services", "web", "cli", "serving", "eval"} for g in GROUND},
+    **{g: {"kernels", *ABOVE_KERNELS} for g in GROUND},
+    "kernels": ABOVE_KERNELS,  # the floor below graft_core and retrieval: both compute through it
     "graft_core": {"db", "retrieval", "services", "web", "cli", "serving", "verifiers", "eval"},
     "db": {"services", "web", "cli", "serving", "eval"},
-    "retrieval": {"services", "web", "cli", "serving", "eval"},
+    "retrieval": {"graft_core", "services", "web", "cli", "serving", "eval"},  # the engine's neighbour, not its tenant
     "verifiers": {"services", "web", "cli", "serving", "eval"},
     "services": {"web", "cli", "serving"},
 }
@@ -278,13 +281,38 @@ def test_layers_import_only_downward(tmp_path, monkeypatch):
     ]
 
 
+TORCH_DOORS = {"retrieval/encoder.py"}  # the embedder's forward on the kernels: retrieval's one module that uses torch
+
+
+def test_torch_reaches_retrieval_only_through_the_kernels_door():
+    """retrieval's index, relevance and embedder interface load no torch; the one module that computes with it
+    (the embedder's forward, on the kernels) is declared, imported lazily, and imports no graft_core."""
+    users = sorted(
+        str(p.relative_to(ROOT))
+        for p in _source_files()
+        if p.relative_to(ROOT).parts[0] == "retrieval" and any(top in {"torch", "transformers"} for _, top in _imported_tops(p))
+    )
+    assert users == sorted(TORCH_DOORS), f"torch imported in retrieval outside {sorted(TORCH_DOORS)}: {users}"
+    door = {top for _, top in _imported_tops(ROOT / "retrieval" / "encoder.py")}
+    assert "kernels" in door and "graft_core" not in door, sorted(door)
+
+
 def test_front_ends_and_tools_reach_the_store_only_through_library_methods(lib):
+    """No product module reaches into a library's private state: the store's parts are its public members
+    (services/store.py), which the pipelines and upkeep in services/ use, and front ends and tools do not."""
+    private = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in _source_files()
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if any(f"{who}.{name}" in line for who in ("lib", "library", "self") for name in ("_catalog", "_blobs", "_lock."))
+    ]
+    assert private == []
     reach = [
         f"{p.relative_to(ROOT)}:{i}"
         for p in _source_files()
-        if p.relative_to(ROOT).parts[0] in {"bench", "scripts", "eval", "web", "cli"}
+        if p.relative_to(ROOT).parts[0] in {"bench", "scripts", "eval", "web", "cli", "serving"}
         for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-        if "._catalog" in line or "._blobs" in line
+        if ".store.catalog" in line or ".store.blobs" in line or ".store.lock" in line
     ]
     assert reach == []
     d = lib.deposit_text("The Varnek lighthouse was built by Osric Pellamy in 1874.")

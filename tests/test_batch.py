@@ -11,10 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from graft_core import batch, fma16
+from graft_core import batch
 from graft_core.forward import forward_chunk, new_cache
+from kernels import fma16
+from services import AnswerOptions
 
-# Each tiny test runs on both product paths: fma16 (graft_core/fma16.py: AVX-512, AVX2 or portable C, the same bits) and
+# Each tiny test runs on both product paths: fma16 (kernels/fma16.py: AVX-512, AVX2 or portable C, the same bits) and
 # torch's MKL products with the checked widths and stacked sizes (KVGRAFT_LINEAR=torch).
 BOTH = pytest.mark.parametrize("which", ["tiny_gemma", "tiny_gemma_torch"], ids=["fma16", "torch"])
 
@@ -234,11 +236,13 @@ def test_concurrent_answers_are_byte_identical_to_each_answer_alone(tmp_path, ti
         lib.start_decoding_together()
         ids = [lib.deposit_text(f"Fact {i}: the harbour of Quenmora{i} has {i * 7 + 3} cranes.\n").id for i in range(4)]
         questions = [f"How many cranes has the harbour of Quenmora{i}?" for i in range(4)]
-        alone = [lib.answer(q, artifact=a, max_new_tokens=12, record=False) for q, a in zip(questions, ids, strict=True)]
+        alone = [
+            lib.answer(q, AnswerOptions(artifact=a, max_new_tokens=12, record=False)) for q, a in zip(questions, ids, strict=True)
+        ]
         together: list = [None] * 4
 
         def ask(i: int) -> None:
-            together[i] = lib.answer(questions[i], artifact=ids[i], max_new_tokens=12, record=False)
+            together[i] = lib.answer(questions[i], AnswerOptions(artifact=ids[i], max_new_tokens=12, record=False))
 
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
         for t in threads:
@@ -458,7 +462,7 @@ def test_a_solve_attempt_holds_the_model_lock(tmp_path, tiny_gemma, monkeypatch)
     real, held = sample.attempt, []
 
     def attempt(*a, **kw):  # may another thread take the model while the attempt computes?
-        probe = threading.Thread(target=lambda: held.append(not lib._lock.acquire(timeout=0) or lib._lock.release()))
+        probe = threading.Thread(target=lambda: held.append(not lib.store.lock.acquire(timeout=0) or lib.store.lock.release()))
         probe.start()
         probe.join(10)
         return real(*a, **kw)

@@ -21,7 +21,7 @@ def test_without_the_peer_the_bench_says_how_to_get_it_and_writes_nothing(tmp_pa
         capture_output=True,
         text=True,
     )
-    assert r.returncode == 0 and "bench.peer skipped" in r.stdout and "bench/peer/build.sh" in r.stdout
+    assert r.returncode == 0 and "bench.peer skipped" in r.stdout and "bench/llamacpp/build.sh" in r.stdout
     assert not out.exists()
 
 
@@ -36,7 +36,7 @@ def test_kvgraft_side_serves_byte_equal_with_the_probe_proof(kvgraft_home, tiny_
     row = peer.run_kvgraft(lib, text, repeats=2)
     assert row["logits_byte_equal"] is True and row["state_proof_passed"] is True
     assert row["prefix_tokens"] == len(tiny_gemma.tokenizer(text.rstrip("\n") + "\n")["input_ids"])
-    assert row["state_bytes"] == lib._blobs.path(lib._catalog.get(row["artifact_id"]).content_sha256).stat().st_size
+    assert row["state_bytes"] == lib.store.blobs.path(lib.store.catalog.get(row["artifact_id"]).content_sha256).stat().st_size
     assert 0 < row["ttft_grafted_warm_s"] and 0 < row["ttft_fresh_s"]
 
 

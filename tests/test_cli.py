@@ -17,6 +17,7 @@ import retrieval.embedder
 import services
 from db.schema import ledger
 from retrieval import HashEmbedder
+from services import AnswerOptions
 
 
 @pytest.fixture(autouse=True)
@@ -108,7 +109,7 @@ def test_rebuild_verify_exit_codes(run, lib, chain):
     root, child = chain
     code, out, _ = run("rebuild", "--verify", child.id)
     assert code == 0 and out["equal"] and out["rebuilt_sha256"] == out["stored_sha256"] == child.content_sha256
-    path = lib._blobs.path(child.content_sha256)
+    path = lib.store.blobs.path(child.content_sha256)
     data = path.read_bytes()
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     code, out, _ = run("rebuild", "--verify", child.id)
@@ -121,15 +122,15 @@ def test_fsck_exit_codes_and_repair(run, lib, chain):
     assert code == 0 and out["consistent"]
     assert out["counts"] == {"missing": 0, "orphans": 0, "corrupt": 0, "partials": 0, "quarantined": 0}
     assert out["index"]["status"] == "ok" and out["artifacts"] == 2 and out["blobs"] == 2
-    orphan = lib._blobs.put(b"stray bytes")
-    os.utime(lib._blobs.path(orphan), (0, 0))  # old enough not to be a deposit in flight
+    orphan = lib.store.blobs.put(b"stray bytes")
+    os.utime(lib.store.blobs.path(orphan), (0, 0))  # old enough not to be a deposit in flight
     code, out, _ = run("fsck")  # a leftover of an interrupted write: space to free, not damage
     assert code == 0 and out["consistent"] and out["orphans"] == [orphan]
     assert out["advice"] == [
         "1 orphan blob(s) and 0 partial file(s) are leftovers of interrupted writes: nothing acknowledged refers "
         "to them; `cli.py fsck --repair` removes them to free their space"
     ]
-    bad = lib._blobs.path(chain[0].content_sha256)
+    bad = lib.store.blobs.path(chain[0].content_sha256)
     good = bad.read_bytes()
     bad.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # damage: a stored artifact's bytes changed
     code, out, _ = run("fsck")
@@ -142,10 +143,10 @@ def test_fsck_exit_codes_and_repair(run, lib, chain):
 
 
 def test_replay_exit_codes(run, lib, chain):
-    lib.answer("Which bridge?", artifact=chain[1].id, max_new_tokens=4)
+    lib.answer("Which bridge?", AnswerOptions(artifact=chain[1].id, max_new_tokens=4))
     code, out, _ = run("replay", "--last", "5")
     assert code == 0 and out["ok"] and out["replayed"] == 1 and out["entries"][0]["output_equal"]
-    with lib._catalog._engine.begin() as conn:
+    with lib.store.catalog._engine.begin() as conn:
         conn.execute(sa.update(ledger).values(output_sha256="0" * 64))
     code, out, _ = run("replay")
     assert code == 1 and out["mismatched"] == 1 and not out["entries"][0]["output_equal"]
@@ -198,7 +199,7 @@ def test_ask_with_a_named_artifact_proves_its_chain_at_load_and_serves_the_same_
     assert out["proof"]["kind"] == "state" and out["proof"]["passed"] is True  # the probe ran before the question
     rows = lib.ledger()  # the throw-away warm-up answer is not recorded; the question is, once
     assert len(rows) == before + 1 and rows[-1].query == q and out["ledger_id"] is not None
-    alone = lib.answer(q, artifact=child.id, max_new_tokens=3)  # this process proves it inside the answer
+    alone = lib.answer(q, AnswerOptions(artifact=child.id, max_new_tokens=3))  # this process proves it inside the answer
     assert alone.proof.kind == "probe" and alone.proof.passed
     assert (out["output_sha256"], out["logits_sha256"]) == (alone.output_sha256, alone.logits_sha256)
     code, out, _ = run("ask", q, "--max-new-tokens", "3")  # retrieval picks the artifact: nothing known at load
@@ -221,4 +222,4 @@ def test_ask_refuses_a_named_artifact_whose_probe_fails_at_load(run, lib, chain,
     code, out, err = run("ask", "What is the capital of Quendia?", "--artifact", child.id, as_json=False)
     assert code == 2 and out == ""
     assert_one_line_error(err, "quarantined")
-    assert lib._catalog.get(lib._catalog.chain(child.id)[0].id).quarantine.startswith("probe check failed")
+    assert lib.store.catalog.get(lib.store.catalog.chain(child.id)[0].id).quarantine.startswith("probe check failed")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from graft_core import fma16
+from kernels import fma16
 from retrieval import SentenceEmbedder
 
 TEXTS = [
@@ -36,7 +36,7 @@ def test_no_mkl_or_onednn_call_when_embedding_depositing_or_answering(tiny_dirs,
         "v=hashlib.sha256(e.embed_batch(json.loads(sys.argv[3])).tobytes()).hexdigest();"
         "lib=services.Library(home=sys.argv[2], lm=model.load(sys.argv[1]), embedder=e);"
         "d=lib.deposit_text('The town of Velmora was founded in 1342 by the river merchant Aldric Venn.');"
-        "r=lib.answer('Who founded the town of Velmora?', max_new_tokens=2);"
+        "r=lib.answer('Who founded the town of Velmora?', services.AnswerOptions(max_new_tokens=2));"
         "print(json.dumps([torch.backends.cpu.get_cpu_capability(), v, e.embedder_id, d.id, [h.id for h in r.retrieved]]));"
         "lib.close()"
     )

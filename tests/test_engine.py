@@ -405,7 +405,7 @@ def test_weights_sit_where_their_bits_depend_only_on_their_values(tiny_gemma, ti
     shared[1].weight = shared[0].weight  # tied, as Gemma's head and embedding are
     place_weights(shared)
     assert shared[1].weight.data_ptr() == shared[0].weight.data_ptr() and shared[0].weight.data_ptr() % mod == rem
-    # a model other than the packaged one may compute other bits since the placement: its record says so
+    # a model other than the packaged one may compute other bits placed than unplaced: its record says so
     assert dict(tiny_gemma_torch.config.numerics)["weights_placement"] == f"{rem} mod {mod}"
     assert "weights_placement" not in dict(tiny_gemma.config.numerics)  # fma16's rows do not depend on addresses
 
@@ -439,7 +439,7 @@ print(json.dumps([mapped_by(n), keep_large_buffers(), mapped_by(n), mapped_by(LA
     mapped_default, kept, mapped_after, mapped_over = json.loads(out.strip().splitlines()[-1])
     assert mapped_default >= 40_906_928  # glibc's default: its own fresh mapping
     assert kept is True and mapped_after == 0  # now from the heap
-    assert mapped_over > LARGE_BUFFER_BYTES  # above the bound it still maps (and unmaps) as before
+    assert mapped_over > LARGE_BUFFER_BYTES  # above the bound it maps (and unmaps) its own region
 
 
 def test_pin_sets_the_pinned_thread_count_whatever_the_cores(monkeypatch):

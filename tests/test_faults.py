@@ -1,6 +1,6 @@
 """Faults lose nothing: a full disk and I/O errors at every write of every store operation, a real full
 file system, a PostgreSQL server killed under load, SIGKILLs during deposits, imports and `fsck --repair`,
-and fsck's verdict on a healthy store. The machinery is in scripts/faults.py (the write-point sweeps and
+and fsck's verdict on a healthy store. The machinery is in scripts/sweeps.py (the write-point sweeps and
 the full file system), scripts/pg_outage.py and scripts/crash_deposits.py; bench/faults.py runs all of it
 in full and writes docs/bench/faults.json. Each test here asserts the exact one-line messages."""
 
@@ -14,7 +14,7 @@ import pytest
 import cli
 import retrieval.embedder
 from retrieval import HashEmbedder
-from scripts import crash_deposits, faults, pg_outage
+from scripts import crash_deposits, pg_outage, sweeps
 from tests.conftest import in_ci
 
 MB = 1 << 20
@@ -37,7 +37,7 @@ SWEEPS = [
 
 @pytest.fixture(scope="module")
 def swept(tiny_dirs, tmp_path_factory) -> dict[tuple[str, str], dict]:
-    results = faults.sweep(SWEEPS, tiny_dirs["gemma3"], tmp_path_factory.mktemp("sweeps"))
+    results = sweeps.sweep(SWEEPS, tiny_dirs["gemma3"], tmp_path_factory.mktemp("sweeps"))
     return {(r["op"], r["errno"]): r for r in results}
 
 
@@ -47,8 +47,8 @@ def test_a_write_failing_anywhere_in_an_operation_leaves_the_store_whole(swept, 
     byte-identical, fsck consistent without repair (also from a fresh process), and the operation run
     again once the fault is gone gives what a fault-free run gives."""
     result = swept[(op, err)]
-    assert faults.judge(result) == []
-    assert faults.lost_acknowledged(result) == 0
+    assert sweeps.judge(result) == []
+    assert sweeps.lost_acknowledged(result) == 0
     failed = [r for r in result["records"] if r["error"] is not None]
     assert failed and all(r["faults"] for r in failed), "the sweep must hit write points, and fail only where it injected"
     assert result["records"][-1]["faults"] == 0 and result["records"][-1]["error"] is None  # past the last write point
@@ -90,7 +90,7 @@ def test_the_judge_finds_each_broken_promise(swept):
     def broken(change) -> list[str]:
         bad = copy.deepcopy(good)
         change(bad["records"][rec_at])
-        return faults.judge(bad)
+        return sweeps.judge(bad)
 
     at = f"deposit ENOSPC write point {good['records'][rec_at]['n']}"
 
@@ -122,7 +122,7 @@ def test_the_judge_finds_each_broken_promise(swept):
     ):
         problems = broken(change)
         assert problems and all(p.startswith(at) for p in problems) and says in " ".join(problems), (says, problems)
-    assert faults.lost_acknowledged(_with(good, rec_at, inexact)) == len(good["pristine"]["artifacts"])
+    assert sweeps.lost_acknowledged(_with(good, rec_at, inexact)) == len(good["pristine"]["artifacts"])
 
 
 def test_each_disk_refusal_has_its_line_and_other_errors_pass_unchanged(tmp_path):
@@ -160,14 +160,14 @@ def test_a_real_full_filesystem_refuses_each_write_in_one_line_and_recovers_with
     """A 24 MB tmpfs filled to the last page: the CLI's deposit, a deposit, an import, an export, an index
     rebuild and a ledger write each refused with their line; nothing changed; the filler removed, each works."""
     try:
-        mounted = faults.small_filesystem(24)
+        mounted = sweeps.small_filesystem(24)
         mount = mounted.__enter__()
-    except faults.FilesystemUnavailable as e:
+    except sweeps.FilesystemUnavailable as e:
         if in_ci():
             pytest.fail(f"CI is set but no small file system can be mounted: {e}")
         pytest.skip(f"no small file system here: {e}")
     try:
-        r = faults.full_disk_run(mount, tiny_dirs["gemma3"], tiny_gemma, HashEmbedder())
+        r = sweeps.full_disk_run(mount, tiny_dirs["gemma3"], tiny_gemma, HashEmbedder())
     finally:
         mounted.__exit__(None, None, None)
     store, exports = r["store"], r["exports"]
@@ -242,7 +242,7 @@ def test_an_index_save_cut_between_its_two_files_is_a_cache_state_not_damage(kvg
     lib.index()
     old_meta = (kvgraft_home / "index" / "index.json").read_bytes()
     lib.deposit_text("The Orlen Gate was painted green.")
-    lib.rebuild_index()
+    lib.store.rebuild_index()
     (kvgraft_home / "index" / "index.json").write_bytes(old_meta)  # the second save killed before its JSON
     r = services.fsck(lib)
     assert r.index.status == "half-saved" and r.consistent, r.to_json()

@@ -1,4 +1,4 @@
-"""graft_core.fma16: one fixed operation order for every product, checked byte for byte.
+"""kernels.fma16: one fixed operation order for every product, checked byte for byte.
 
 Each build this CPU can run (avx512, avx2, portable) against the plain C definition and against each
 other, on every path; its expansion of GGUF blocks against gguf-py's (the one the float32 model folder was
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from errors import InvalidSetting
-from graft_core import fma16
+from kernels import fma16
 
 pytestmark = pytest.mark.skipif(bool(fma16.why_not()), reason=f"fma16 unavailable here: {fma16.why_not()}")
 

@@ -16,7 +16,7 @@ from db import connection as dbconn
 from db.schema import artifacts, verifications
 from errors import IncompatibleArtifact, IntegrityError, VerificationFailed
 from graft_core import generate, templates
-from services import gate
+from services import AnswerOptions, gate
 from tests.test_maintenance import files_under, make_lib, read_members, rewrite
 
 Q, S, A = "Who built the Varnek lighthouse?", "The Varnek lighthouse was built by Osric Pellamy.", "Osric Pellamy"
@@ -28,7 +28,7 @@ def lib(kvgraft_home, tiny_gemma):
 
 
 def _sql(lib, stmt):
-    with dbconn.write(lib._catalog._engine) as conn:
+    with dbconn.write(lib.store.catalog._engine) as conn:
         conn.execute(stmt)
 
 
@@ -42,8 +42,8 @@ def test_a_model_that_cannot_answer_is_refused_and_nothing_is_stored(lib):
     assert msg.startswith("the model answered ") and msg.endswith(
         " with the graft; the reference is 'Osric Pellamy'; nothing deposited"
     )
-    assert lib.count() == 0 and list(lib._blobs) == [] and len(lib.index()) == 0
-    with dbconn.read(lib._catalog._engine) as conn:
+    assert lib.count() == 0 and list(lib.store.blobs) == [] and len(lib.index()) == 0
+    with dbconn.read(lib.store.catalog._engine) as conn:
         [row] = conn.execute(sa.select(verifications)).all()
     assert row.verdict == "refused" and row.artifact_id is None and json.loads(row.generated_token_ids)
 
@@ -133,7 +133,7 @@ def test_import_replays_verifications_and_recomputes_embeddings(lib, tmp_path, t
     [v] = target.show(d.id).verifications
     [orig] = lib.show(d.id).verifications
     assert v.counts_as_verified and v.generated_token_ids == orig.generated_token_ids
-    assert target._catalog.embeddings(target.embedder.embedder_id) == lib._catalog.embeddings(lib.embedder.embedder_id)
+    assert target.store.catalog.embeddings(target.embedder.embedder_id) == lib.store.catalog.embeddings(lib.embedder.embedder_id)
 
 
 def test_trust_verdicts_labels_rows_imported_not_reverified(lib, tmp_path, tiny_gemma, monkeypatch):
@@ -150,18 +150,18 @@ def test_trust_verdicts_labels_rows_imported_not_reverified(lib, tmp_path, tiny_
 
 def test_a_flipped_probe_hash_quarantines_the_artifact(lib):
     d = lib.deposit_item(Q, S, A, "exact", A)
-    probe = lib._catalog.get(d.id).probe_sha256
+    probe = lib.store.catalog.get(d.id).probe_sha256
     flipped = ("0" if probe[0] != "0" else "1") + probe[1:]
     _sql(lib, sa.update(artifacts).where(artifacts.c.id == d.id).values(probe_sha256=flipped))
     lib._probed.clear()  # a new process: the first restore checks the probe
     with pytest.raises(IntegrityError, match=f"artifact {d.id} is quarantined .*rebuild --verify {d.id}"):
-        lib.answer(Q, artifact=d.id, max_new_tokens=2)
-    assert lib._catalog.get(d.id).quarantine.startswith("probe check failed")
+        lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=2))
+    assert lib.store.catalog.get(d.id).quarantine.startswith("probe check failed")
     assert lib.retrieve(Q, threshold=0.0) == []  # retrieval skips it
     r = services.fsck(lib)
     assert [q.id for q in r.quarantined] == [d.id] and not r.consistent and "rebuild --verify" in r.advice[-1]
     with pytest.raises(IntegrityError, match="quarantined"):
-        lib.answer(Q, artifact=d.id, max_new_tokens=2)
+        lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=2))
 
 
 def test_fsck_deep_checks_every_probe(lib):
@@ -298,9 +298,9 @@ def test_an_import_without_the_model_is_quarantined_until_rebuilt(lib, tmp_path,
     target = make_lib(tmp_path / "target", tiny_gemma)
     rep = services.import_bundle(target, out, check_model=False)
     assert rep.model_checked is False and rep.probes_checked == 0
-    assert target._catalog.get(d.id).quarantine.startswith("imported without recomputation")
+    assert target.store.catalog.get(d.id).quarantine.startswith("imported without recomputation")
     assert services.rebuild_compare(target, d.id).equal
-    assert target._catalog.get(d.id).quarantine is None
+    assert target.store.catalog.get(d.id).quarantine is None
 
 
 def test_a_long_import_reports_its_progress_by_tokens(lib, tmp_path, tiny_gemma):
@@ -358,16 +358,16 @@ def test_a_bundle_of_another_numerical_definition_is_rebuilt_here_from_its_token
     assert rep.rebuilt == 2 and rep.probes_checked == 0 and rep.replayed == 1
     assert sorted(rep.new) == sorted([d_here.id, child_here.id]) and d.id not in rep.new
     for aid in (d_here.id, child_here.id):
-        row, ref = target._catalog.get(aid), here._catalog.get(aid)
+        row, ref = target.store.catalog.get(aid), here.store.catalog.get(aid)
         assert row.content_sha256 == ref.content_sha256 and row.model_fingerprint == tiny_gemma.fingerprint
-        assert target._blobs.get(row.content_sha256) == here._blobs.get(ref.content_sha256)  # this machine's bytes
+        assert target.store.blobs.get(row.content_sha256) == here.store.blobs.get(ref.content_sha256)  # this machine's bytes
         assert row.origin.startswith(f"rebuilt: made under numerics {other.config.digest()[:16]}")
-    assert target._catalog.get(child_here.id).parent_id == d_here.id
-    src_blob = src._catalog.get(d.id).content_sha256
-    assert not target._blobs.exists(src_blob)  # the bundle's bytes were not kept
+    assert target.store.catalog.get(child_here.id).parent_id == d_here.id
+    src_blob = src.store.catalog.get(d.id).content_sha256
+    assert not target.store.blobs.exists(src_blob)  # the bundle's bytes were not kept
     [v] = target.show(d_here.id).verifications
     assert v.counts_as_verified  # replayed on the rebuilt chain
-    assert target.answer(Q, artifact=child_here.id, max_new_tokens=4, record=False).tier == "exact"
+    assert target.answer(Q, AnswerOptions(artifact=child_here.id, max_new_tokens=4, record=False)).tier == "exact"
 
 
 @pytest.mark.parametrize("claim", ["another identity", "no claim"])
@@ -399,14 +399,14 @@ def test_an_import_of_this_machines_bytes_is_labelled_imported(lib, tmp_path, ti
     target = make_lib(tmp_path / "target", tiny_gemma)
     rep = services.import_bundle(target, out)
     assert rep.rebuilt == 0 and rep.probes_checked == 1
-    row = target._catalog.get(d.id)
-    assert row.origin == "imported" and row.content_sha256 == lib._catalog.get(d.id).content_sha256
-    assert lib._catalog.get(d.id).origin is None  # deposited there
+    row = target.store.catalog.get(d.id)
+    assert row.origin == "imported" and row.content_sha256 == lib.store.catalog.get(d.id).content_sha256
+    assert lib.store.catalog.get(d.id).origin is None  # deposited there
 
 
 def test_the_fact_run_grafts_a_one_line_fact_alone_and_a_worked_solution_below_its_question():
     """The shape decides the form, never the typed answer: a one-line fact (every knowledge and library item) as
-    `Fact: <solution>`, as before; a worked solution of several lines with its question above it."""
+    `Fact: <solution>`; a worked solution of several lines with its question above it."""
     q, fact = "What colour is the flag of Tzerin?", "The charter of Tzerin fixes its flag as plain saffron."
     assert templates.fact_run_text(q, fact) == templates.fact_text(fact) == f"Fact: {fact}\n"
     assert templates.fact_run_text(q, f"\n  {fact}  \n\n") == f"Fact: {fact}\n"  # blank lines are not steps

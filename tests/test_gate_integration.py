@@ -12,7 +12,7 @@ import services
 from db import connection as dbconn
 from db.schema import artifacts
 from errors import IntegrityError, VerificationFailed
-from services import gate
+from services import AnswerOptions, gate
 from tests.test_gate import _forge_kv, _same_length_pair, _tamper_catalog  # the careful tamperers (re-hash what they edit)
 
 pytestmark = pytest.mark.integration
@@ -37,14 +37,14 @@ def test_a_contradicting_solution_is_refused_and_leaves_nothing(tmp_path, real_l
     with pytest.raises(VerificationFailed) as e:
         lib.deposit_item(Q, CONTRADICTS, "11", "numeric", "11")  # the typed answer passes the pre-check
     assert str(e.value).startswith("the model answered ") and str(e.value).endswith("the reference is '11'; nothing deposited")
-    assert lib.count() == 0 and list(lib._blobs) == [] and len(lib.index()) == 0
+    assert lib.count() == 0 and list(lib.store.blobs) == [] and len(lib.index()) == 0
 
 
 def test_a_consistent_solution_is_accepted_and_its_paraphrase_answered_from_the_graft(store):
     lib, d = store
     assert d.created and d.verified and d.provenance == "verified"
     print(f"gate cost: {d.gate_s:.2f} s, {d.gate_tokens} tokens; prefill {d.prefill_s:.2f} s, {d.prefill_tokens} tokens")
-    r = lib.answer(PARAPHRASE, max_new_tokens=16)
+    r = lib.answer(PARAPHRASE, AnswerOptions(max_new_tokens=16))
     assert r.artifact_ids == (d.id,) and r.tier == "exact"
     assert gate.judge(r.answer, Q, GOOD, "numeric", "11").ok, r.answer
 
@@ -78,8 +78,8 @@ def test_a_flipped_byte_in_the_stored_probe_hash_quarantines(store, tmp_path, re
     services.export_bundle(lib, [d.id], out)
     other = services.Library(home=home, lm=real_lm)
     services.import_bundle(other, out, trust_verdicts=True)
-    probe = other._catalog.get(d.id).probe_sha256
-    with dbconn.write(other._catalog._engine) as conn:
+    probe = other.store.catalog.get(d.id).probe_sha256
+    with dbconn.write(other.store.catalog._engine) as conn:
         conn.execute(
             sa.update(artifacts)
             .where(artifacts.c.id == d.id)
@@ -87,7 +87,7 @@ def test_a_flipped_byte_in_the_stored_probe_hash_quarantines(store, tmp_path, re
         )
     other._probed.clear()
     with pytest.raises(IntegrityError, match="quarantined"):
-        other.answer(Q, max_new_tokens=4, artifact=d.id)
+        other.answer(Q, AnswerOptions(max_new_tokens=4, artifact=d.id))
     assert [q.id for q in services.fsck(other).quarantined] == [d.id]
 
 
@@ -136,7 +136,7 @@ def test_the_tzerin_deposit_is_accepted_for_what_its_answer_asserts(tmp_path, re
     [v] = lib.show(d.id).verifications
     said = "The flag of the free city of Tzerin is a plain saffron with no emblem."
     assert v.detail.startswith(f"with the solution grafted the model answered {said!r}; "), v.detail
-    assert lib._catalog.source(d.id).answer == "saffron"  # the deposited answer is the claimed value
+    assert lib.store.catalog.source(d.id).answer == "saffron"  # the deposited answer is the claimed value
 
 
 def test_a_solution_that_denies_the_reference_is_refused(tmp_path, real_lm):

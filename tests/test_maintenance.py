@@ -21,6 +21,7 @@ from db import bundles
 from db.schema import ledger
 from errors import ArtifactNotFound, IncompatibleArtifact, IntegrityError, InvalidInput, KvgraftError
 from retrieval import HashEmbedder
+from services import AnswerOptions
 
 ROOT_TEXT = "Zorblat is the capital of Quendia. It has nine bridges."
 CHILD_TEXT = "The tallest bridge of Zorblat is the Ivory Span."
@@ -94,10 +95,10 @@ def test_export_import_round_trip_is_byte_identical_and_deterministic(lib, chain
     imp = services.import_bundle(other, out)
     assert imp.new == (root.id, child.id) and imp.blobs_written == 2 and imp.model_checked
     for d in (root, child):
-        assert other._blobs.get(d.content_sha256) == lib._blobs.get(d.content_sha256)
-        assert other._catalog.get(d.id).content_sha256 == d.content_sha256
-    assert other._catalog.source(child.id).text == lib._catalog.source(child.id).text
-    assert [r.id for r in other._catalog.chain(child.id)] == [root.id, child.id]
+        assert other.store.blobs.get(d.content_sha256) == lib.store.blobs.get(d.content_sha256)
+        assert other.store.catalog.get(d.id).content_sha256 == d.content_sha256
+    assert other.store.catalog.source(child.id).text == lib.store.catalog.source(child.id).text
+    assert [r.id for r in other.store.catalog.chain(child.id)] == [root.id, child.id]
     assert not [p for p in other.home.iterdir() if p.name.startswith(".import-")], "staging must be removed"
     assert services.import_bundle(other, out).new == ()  # idempotent
     assert services.fsck(other, repair=True).consistent
@@ -107,8 +108,8 @@ def test_import_restores_missing_and_corrupt_blobs(lib, chain, tmp_path):
     root, child = chain
     out = tmp_path / "b.tar"
     services.export_bundle(lib, [child.id], out)
-    lib._blobs.delete(root.content_sha256)
-    path = lib._blobs.path(child.content_sha256)
+    lib.store.blobs.delete(root.content_sha256)
+    path = lib.store.blobs.path(child.content_sha256)
     good = path.read_bytes()
     path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
     (lib.home / ".import-leftover").mkdir()
@@ -231,7 +232,7 @@ def test_rebuild_verify_reproduces_bytes_and_detects_a_changed_blob(lib, chain):
     root, child = chain
     r = services.rebuild_compare(lib, child.id)
     assert r.equal and r.rebuilt_sha256 == r.stored_sha256 == r.blob_sha256 == child.content_sha256, r
-    path = lib._blobs.path(child.content_sha256)
+    path = lib.store.blobs.path(child.content_sha256)
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
     path.write_bytes(bytes(data))
@@ -244,13 +245,13 @@ def test_fsck_reports_and_repairs_without_touching_referenced_blobs(lib, chain):
     lib.index()
     clean = services.fsck(lib)
     assert clean.consistent and clean.index.status == "ok" and clean.artifacts == 2, clean
-    orphan = lib._blobs.put(b"nobody refers to me")
-    partial = lib._blobs.path(orphan).parent / ".tmp-abc.part"
+    orphan = lib.store.blobs.put(b"nobody refers to me")
+    partial = lib.store.blobs.path(orphan).parent / ".tmp-abc.part"
     partial.write_bytes(b"half")
-    corrupt_path = lib._blobs.path(child.content_sha256)
+    corrupt_path = lib.store.blobs.path(child.content_sha256)
     good = corrupt_path.read_bytes()
     corrupt_path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
-    missing_path = lib._blobs.path(root.content_sha256)
+    missing_path = lib.store.blobs.path(root.content_sha256)
     missing_bytes = missing_path.read_bytes()
     missing_path.unlink()
     (lib.home / "index" / "index.json").unlink()
@@ -263,14 +264,14 @@ def test_fsck_reports_and_repairs_without_touching_referenced_blobs(lib, chain):
     assert r.index.status == "missing"
     young = services.fsck(lib, repair=True)  # default grace: too young, maybe a deposit in flight
     assert young.repaired == services.Repaired((), (), index_rebuilt=True)
-    assert lib._blobs.exists(orphan) and partial.exists() and services.fsck(lib).index.status == "ok"
+    assert lib.store.blobs.exists(orphan) and partial.exists() and services.fsck(lib).index.status == "ok"
 
     r = services.fsck(lib, repair=True, grace_s=0)
     assert r.repaired == services.Repaired((orphan,), (".tmp-abc.part",), index_rebuilt=False)
     assert r.to_json()["repaired"] == {"orphans_removed": [orphan], "partials_removed": [".tmp-abc.part"], "index_rebuilt": False}
     assert not r.consistent and corrupt_path.exists(), "a referenced blob is never deleted, even a corrupt one"
     assert any("rebuild --verify" in a for a in r.advice)
-    assert not lib._blobs.exists(orphan) and not partial.exists()
+    assert not lib.store.blobs.exists(orphan) and not partial.exists()
 
     missing_path.write_bytes(missing_bytes)
     corrupt_path.write_bytes(good)
@@ -306,15 +307,15 @@ def test_a_corrupt_index_file_is_not_consistent_until_repaired(lib, chain):
 
 def test_replay_confirms_every_tier_and_flags_a_changed_record(lib, chain):
     root, child = chain
-    lib.answer("Which bridge is the tallest?", artifact=child.id, max_new_tokens=6)
-    lib.answer("Which bridge is the tallest?", graft=False, max_new_tokens=5)
-    lib.answer("Zorblat capital Quendia bridges", relocated=True, threshold=0.0, max_new_tokens=4)
+    lib.answer("Which bridge is the tallest?", AnswerOptions(artifact=child.id, max_new_tokens=6))
+    lib.answer("Which bridge is the tallest?", AnswerOptions(graft=False, max_new_tokens=5))
+    lib.answer("Zorblat capital Quendia bridges", AnswerOptions(relocated=True, threshold=0.0, max_new_tokens=4))
     rep = services.replay_ledger(lib)
     assert [e.tier for e in rep.entries] == ["exact", "none", "relocated"]
     assert rep.ok and rep.matched == 3, rep
     assert rep.entries[0].artifact_ids == (root.id, child.id)
     assert services.replay_ledger(lib, last=1).replayed == 1
-    with lib._catalog._engine.begin() as conn:
+    with lib.store.catalog._engine.begin() as conn:
         conn.execute(sa.update(ledger).where(ledger.c.id == rep.entries[1].ledger_id).values(logits_sha256="0" * 64))
     rep = services.replay_ledger(lib)
     assert not rep.ok and rep.mismatched == 1 and rep.entries[1].output_equal and not rep.entries[1].logits_equal
@@ -334,9 +335,9 @@ def test_show_list_delete(lib, chain):
     with pytest.raises(KvgraftError, match="continue its chain"):
         lib.delete(root.id)
     d = lib.delete(child.id)
-    assert d.blob_removed and not lib._blobs.exists(child.content_sha256)
+    assert d.blob_removed and not lib.store.blobs.exists(child.content_sha256)
     with pytest.raises(ArtifactNotFound):
-        lib._catalog.get(child.id)
+        lib.store.catalog.get(child.id)
     assert services.fsck(lib, repair=True).consistent
 
 
@@ -354,8 +355,8 @@ _WORKER = textwrap.dedent(
         if cmd["op"] == "deposit":
             out = {"id": lib.deposit_text(cmd["text"]).id}
         elif cmd["op"] == "answer":
-            r = lib.answer(cmd["q"], max_new_tokens=3, threshold=0.2)
-            out = {"tier": r.tier, "ids": list(r.artifact_ids), "version": lib._catalog.version()}
+            r = lib.answer(cmd["q"], services.AnswerOptions(max_new_tokens=3, threshold=0.2))
+            out = {"tier": r.tier, "ids": list(r.artifact_ids), "version": lib.store.catalog.version()}
         else:
             break
         print(json.dumps(out), flush=True)

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from graft_core import fma16, numerics
+from graft_core import numerics
+from kernels import fma16, ops
 
 pytestmark = pytest.mark.skipif(bool(fma16.why_not("fma16")), reason="fma16 cannot run on this machine")
 
@@ -81,7 +82,7 @@ F32 = fma16.FORMATS["F32"]
 
 
 def _definition(q, k, v, keep, add, scale):
-    """kv_attention's definition (fma16.c), composed here from fma16's C reference product and numpy float32
+    """kv_attention's definition (kernels/c/reference.c), composed here from fma16's C reference product and numpy float32
     arithmetic, one row at a time: q [H, Sq, D], k and v [Sk, D], keep (bool) or add (float) [Sq, Sk]."""
     import numpy as np
 
@@ -102,7 +103,7 @@ def _definition(q, k, v, keep, add, scale):
             m = t[kr].max()
             if m == -np.inf:
                 continue
-            e = np.array([numerics.expf(float(np.float32(x - m))) if c else 0.0 for x, c in zip(t, kr)], dtype=np.float32)
+            e = np.array([ops.expf(float(np.float32(x - m))) if c else 0.0 for x, c in zip(t, kr)], dtype=np.float32)
             lanes = np.zeros(16, dtype=np.float32)
             for j, x in enumerate(e):  # key j0 + j in lane j mod 16 (j0 is a multiple of 16)
                 lanes[j % 16] = np.float32(lanes[j % 16] + x)
@@ -134,7 +135,7 @@ def _case(h, sq, sk, d, mask, seed):
 
 def _attend(q, k, v, keep, add, scale, **kw):
     out = torch.empty(q.shape[1], q.shape[0], q.shape[2]).transpose(0, 1)  # [H, Sq, D] over an [Sq, H, D] buffer
-    numerics.attend(q, k, v, keep.contiguous().view(torch.uint8) if keep is not None else None, add, scale, out, **kw)
+    ops.attend(q, k, v, keep.contiguous().view(torch.uint8) if keep is not None else None, add, scale, out, **kw)
     return out
 
 
@@ -187,16 +188,16 @@ def _same_over_builds_and_threads(sq: int) -> None:
 
 def test_exp_is_correctly_rounded_on_a_sweep():
     xs = torch.linspace(-103.0, 88.0, 20_001).tolist() + [0.0, -1e-30, 1e-7, -87.3, 88.72]
-    bad = [x for x in xs if numerics.expf(x) != float(torch.tensor(math.exp(float(torch.tensor(x))), dtype=torch.float32))]
+    bad = [x for x in xs if ops.expf(x) != float(torch.tensor(math.exp(float(torch.tensor(x))), dtype=torch.float32))]
     assert len(bad) <= 2, f"{len(bad)} of {len(xs)} differ from the correctly rounded exp: {bad[:5]}"
-    assert numerics.expf(float("-inf")) == 0.0 and numerics.expf(-200.0) == 0.0 and math.isinf(numerics.expf(100.0))
+    assert ops.expf(float("-inf")) == 0.0 and ops.expf(-200.0) == 0.0 and math.isinf(ops.expf(100.0))
 
 
 def test_the_softmax_exp_gives_kv_expf_bytes_for_every_nonpositive_input():
     """The softmax's branch-free exp (x <= 0) against kv_expf, on a dense sweep and around the cut at -104."""
-    lib = numerics.lib()
+    lib = ops.lib()
     xs = torch.linspace(-120.0, 0.0, 200_001).tolist() + [-104.0, -103.99999, -104.00001, -103.97, -1e-38, -0.0, float("-inf")]
-    bad = [x for x in xs if lib.kv_expf_neg_ref(x) != numerics.expf(x)]
+    bad = [x for x in xs if lib.kv_expf_neg_ref(x) != ops.expf(x)]
     assert not bad, f"{len(bad)} differ, first {bad[:5]}"
 
 
@@ -205,7 +206,7 @@ def test_the_vectorised_gelu_gives_the_bytes_of_its_plain_form():
     sweep of every magnitude and the edges: +-inf, huge, tiny, the clamps of its exp."""
     import struct
 
-    lib = numerics.lib()
+    lib = ops.lib()
     xs = torch.linspace(-30.0, 30.0, 120_001).tolist()
     xs += [s * 10.0**e for e in range(-40, 39) for s in (1.0, -1.0, 3.3, -3.3)]
     xs += [float("inf"), float("-inf"), -0.0, 0.0, 1e-45, -1e-45, 3.4e38, -3.4e38]

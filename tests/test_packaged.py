@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from graft_core import fma16, numerics, packaged
+from graft_core import fingerprints, numerics, packaged
+from kernels import fma16
 
 pytestmark = pytest.mark.skipif(bool(fma16.why_not()), reason=f"fma16 unavailable: {fma16.why_not()}")
 
@@ -127,8 +128,6 @@ def test_the_tokenizer_built_from_the_gguf_is_saved_checked_and_read_back(tmp_pa
 
     from transformers import GemmaTokenizer
 
-    from graft_core import model
-
     path = packaged.gguf_file(tmp_path)
     built = packaged.tokenizer(path)
     record = json.loads((tmp_path / packaged.TOKENIZER_RECORD).read_text())
@@ -143,7 +142,7 @@ def test_the_tokenizer_built_from_the_gguf_is_saved_checked_and_read_back(tmp_pa
     monkeypatch.setattr(GemmaTokenizer, "from_pretrained", classmethod(counting))
     read = packaged.tokenizer(path)
     assert builds == []
-    assert model._hash_tokenizer(read) == model._hash_tokenizer(built)
+    assert fingerprints.tokenizer_sha256(read) == fingerprints.tokenizer_sha256(built)
     text = "<start_of_turn>user\nWho was the harbour master of Quenmora? 3.14 Zürich<end_of_turn>\n"
     assert read(text)["input_ids"] == built(text)["input_ids"]
     # one vocabulary piece changed in the saved file: not used, built again, the file rewritten
@@ -152,7 +151,7 @@ def test_the_tokenizer_built_from_the_gguf_is_saved_checked_and_read_back(tmp_pa
         saved.replace('"Quen"', '"Qxen"', 1) if '"Quen"' in saved else saved.replace('"the"', '"thx"', 1)
     )
     again = packaged.tokenizer(path)
-    assert builds == [path.name] and model._hash_tokenizer(again) == model._hash_tokenizer(built)
+    assert builds == [path.name] and fingerprints.tokenizer_sha256(again) == fingerprints.tokenizer_sha256(built)
     assert (tmp_path / packaged.TOKENIZER_FILE).read_text() == saved
     # a record made from another GGUF: built again
     record["made_from"]["gguf_sha256"] = "0" * 64

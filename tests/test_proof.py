@@ -21,6 +21,7 @@ from graft_core.layers import state_digest
 from graft_core.probe import probe_ids
 from graft_core.proof import proven
 from retrieval import HashEmbedder
+from services import AnswerOptions
 
 TEXT = "Fact: the lighthouse of Varnek Isle was built by Osric Pellamy in 1874.\n"
 
@@ -106,7 +107,7 @@ def test_no_proof_applies_without_a_graft_or_an_own_position_and_raw_prompts_get
     off = generate.answer(lm, [art], "who?", max_new_tokens=2, probe=False)
     assert [a.proof.passed for a in (plain, moved, off)] == [None, None, None]
     assert "nothing grafted" in plain.proof.note and "relocated" in moved.proof.note and "turned off" in off.proof.note
-    raw = generate.answer(lm, [art], "Tell me who", max_new_tokens=2, raw=True)  # the proof no longer reads the prompt
+    raw = generate.answer(lm, [art], "Tell me who", max_new_tokens=2, raw=True)  # the proof does not read the prompt
     assert raw.proof.kind == "probe" and raw.proof.passed is True
 
 
@@ -114,7 +115,7 @@ def test_the_library_reports_and_records_the_proof(tmp_path, tiny_gemma):
     lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
     try:
         d = lib.deposit_item("Who built it?", "Osric Pellamy built it.", "Osric Pellamy", "exact", "Osric Pellamy")
-        r = lib.answer("Who built it?", artifact=d.id, max_new_tokens=3)
+        r = lib.answer("Who built it?", AnswerOptions(artifact=d.id, max_new_tokens=3))
         assert r.check is None and r.proof.passed is True
         assert r.to_json()["proof"]["observed"] == r.proof.expected
         row = lib.ledger()[-1]

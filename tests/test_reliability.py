@@ -38,6 +38,7 @@ from graft_core import codec, graft, templates
 from graft_core.artifact import KVArtifact
 from graft_core.capture import capture
 from retrieval import HashEmbedder
+from services import AnswerOptions
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ_EXAMPLES = 500
@@ -471,7 +472,7 @@ def _assert_store_agrees(lib: services.Library, expected_ids: set[str]) -> None:
     lib.index()  # the index is rebuilt from the catalog when stale, as every reader does
     rep = services.fsck(lib)
     assert rep.consistent, rep.to_json()
-    ids = {r.id for r in lib._catalog.list_artifacts(limit=1000)}
+    ids = {r.id for r in lib.store.catalog.list_artifacts(limit=1000)}
     assert ids == expected_ids, (len(ids), len(expected_ids))
     idx = lib.index()
     assert all(i in idx for i in ids) and len(idx) == len(ids)
@@ -502,7 +503,7 @@ def test_threads_deposit_and_ask_at_once_through_one_library(kvgraft_home, tiny_
         try:
             start.wait(timeout=30)
             for i in range(2):
-                r = lib.answer(f"How many arches has bridge {n}-{i}?", max_new_tokens=3)
+                r = lib.answer(f"How many arches has bridge {n}-{i}?", AnswerOptions(max_new_tokens=3))
                 assert r.ledger_id is not None
         except Exception as e:  # noqa: BLE001
             errors.append(f"asker {n}: {e!r}")
@@ -517,7 +518,7 @@ def test_threads_deposit_and_ask_at_once_through_one_library(kvgraft_home, tiny_
     assert errors == []
     assert len(deposited) == depositors * per
     assert len(lib.ledger()) == askers * 2
-    seed = lib._catalog.list_artifacts(query="Seed fact")[0].id
+    seed = lib.store.catalog.list_artifacts(query="Seed fact")[0].id
     _assert_store_agrees(lib, set(deposited) | {seed})
 
 
@@ -537,7 +538,7 @@ def deposit(m):
         parent = d.id
 def ask(j):
     for i in range(2):
-        lib.answer(f"How many floors has tower {n}-{j}-{i}?", max_new_tokens=3)
+        lib.answer(f"How many floors has tower {n}-{j}-{i}?", services.AnswerOptions(max_new_tokens=3))
 def guard(f, *a):
     try:
         f(*a)
@@ -589,7 +590,7 @@ def test_inputs_are_bounded_with_exact_messages(kvgraft_home, tiny_gemma):
         (lambda: lib.answer("what\x00is"), InvalidInput, "question contains NUL bytes; send plain text"),
         (lambda: lib.answer("   "), InvalidInput, "question is empty"),
         (lambda: lib.answer(b"bytes"), InvalidInput, "question is empty"),
-        (lambda: lib.answer("ok?", k=17), InvalidInput, "k must be between 1 and 16, got 17"),
+        (lambda: lib.answer("ok?", AnswerOptions(k=17)), InvalidInput, "k must be between 1 and 16, got 17"),
         (lambda: lib.deposit_text("y" * 200_001), InputTooLong, "text is 200,001 characters; the limit is 200,000"),
         (lambda: lib.deposit_text("a\x00b"), InvalidInput, "text contains NUL bytes; send plain text"),
         (
@@ -602,7 +603,7 @@ def test_inputs_are_bounded_with_exact_messages(kvgraft_home, tiny_gemma):
         with pytest.raises(cls) as exc:
             call()
         assert str(exc.value) == message
-    assert lib.count() == 0 and list(lib._blobs) == []
+    assert lib.count() == 0 and list(lib.store.blobs) == []
 
 
 # ---- incompatible artifacts ------------------------------------------------------------------------
@@ -634,7 +635,7 @@ def test_cli_and_services_refuse_an_artifact_of_another_model(kvgraft_home, tiny
     )
     lib = services.Library(home=kvgraft_home, lm=tiny_gemma, embedder=HashEmbedder())
     with pytest.raises(IncompatibleArtifact, match=r"model fingerprint [0-9a-f]{12}\.\.\. != this model's"):
-        lib.answer("How deep is the lake?", artifact=made_by_llama.id)
+        lib.answer("How deep is the lake?", AnswerOptions(artifact=made_by_llama.id))
     r = subprocess.run(
         [sys.executable, "cli.py", "--home", str(kvgraft_home), "--model", str(tiny_dirs["gemma3"])]
         + ["ask", "How deep is the lake?", "--artifact", made_by_llama.id],

@@ -12,7 +12,7 @@ import pytest
 import services
 from errors import IntegrityError
 from retrieval import HashEmbedder
-from services import seed
+from services import AnswerOptions, seed
 
 
 def _library(home, lm):
@@ -61,7 +61,7 @@ def test_bring_in_recomputes_each_artifact_and_imports_it(written, tmp_path, tin
         assert seed.bring_in(fresh, bundle=out) == 11
         assert sorted(fresh.artifact_ids()) == sorted(lib.artifact_ids())
         for aid in fresh.artifact_ids():  # the same bytes the gate deposited
-            assert fresh._catalog.get(aid).content_sha256 == lib._catalog.get(aid).content_sha256
+            assert fresh.store.catalog.get(aid).content_sha256 == lib.store.catalog.get(aid).content_sha256
         labels = {v.label for aid in fresh.artifact_ids() for v in fresh.show(aid).verifications}
         assert labels == {"imported, not re-verified", "attested"}
         assert seed.bring_in(fresh, bundle=out) == 0  # a repeat costs nothing
@@ -113,7 +113,7 @@ def test_the_real_model_brings_in_the_committed_library(real_lm, tmp_path):
     lib = _library(tmp_path / "in", real_lm)
     try:
         assert seed.bring_in(lib) == 11
-        r = lib.answer("Who founded the town of Velmora?", max_new_tokens=16)
+        r = lib.answer("Who founded the town of Velmora?", AnswerOptions(max_new_tokens=16))
         assert r.artifact_ids and r.tier == "exact", (r.tier, r.answer)
     finally:
         lib.close()

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from graft_core import fma16, selftest
+from graft_core import selftest
+from kernels import fma16
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [f"{c}.{k}" for c in ("short", "long", "chain") for k in ("artifact", "grafted_logits", "fresh_logits")]

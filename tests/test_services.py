@@ -8,6 +8,7 @@ import pytest
 import services
 from errors import InputTooLong, InvalidInput, VerificationFailed
 from retrieval import HashEmbedder
+from services import AnswerOptions
 
 FACTS = [
     ("Who built the Varnek lighthouse?", "The Varnek lighthouse was built by Osric Pellamy.", "Osric Pellamy"),
@@ -46,10 +47,10 @@ def test_text_deposit_is_unverified_unless_attested(lib):
 
 def test_answer_retrieves_grafts_checks_and_records(lib):
     ids = [lib.deposit_item(q, s, a, "exact", a).id for q, s, a in FACTS]
-    r = lib.answer(FACTS[0][0], k=2, check=True, max_new_tokens=4, threshold=0.0)
+    r = lib.answer(FACTS[0][0], AnswerOptions(k=2, check=True, max_new_tokens=4, threshold=0.0))
     assert r.retrieved[0].id == ids[0] and r.tier == "exact"
     assert r.check.exact and r.check.fresh_sha256 == r.check.grafted_sha256
-    assert r.grafted_tokens == lib._catalog.get(ids[0]).end_pos
+    assert r.grafted_tokens == lib.store.catalog.get(ids[0]).end_pos
     assert set(r.to_json()) >= {"answer", "grafted_tokens", "computed_tokens", "decode_tokens", "ttft_s", "check", "retrieved"}
     row = lib.ledger()[-1]
     assert row.id == r.ledger_id and row.exact is True and row.output_sha256 == r.output_sha256
@@ -57,20 +58,20 @@ def test_answer_retrieves_grafts_checks_and_records(lib):
 
 def test_no_hit_answers_without_graft_and_says_so(lib):
     lib.deposit_item(*FACTS[0][:3], "exact", FACTS[0][2])
-    r = lib.answer("zzzz qqqq", threshold=0.99, max_new_tokens=3)
+    r = lib.answer("zzzz qqqq", AnswerOptions(threshold=0.99, max_new_tokens=3))
     assert r.tier == "none" and r.grafted_tokens == 0 and r.note.startswith("no artifact above similarity 0.99")
 
 
 def test_compose_builds_an_exact_chain_once(lib):
     a, b = (lib.deposit_item(q, s, ans, "exact", ans).id for q, s, ans in FACTS)
     leaf = lib.compose([a, b])
-    chain = lib._catalog.chain(leaf)
+    chain = lib.store.catalog.chain(leaf)
     assert [c.id for c in chain][0] == a and len(chain) == 2 and chain[1].parent_id == a
     assert lib.compose([a, b]) == leaf  # deterministic keys: composing again costs nothing
-    r = lib.answer("anything", artifact=leaf, check=True, max_new_tokens=3)
+    r = lib.answer("anything", AnswerOptions(artifact=leaf, check=True, max_new_tokens=3))
     assert r.tier == "exact" and r.check.exact
     # the composed child's verdict is a fresh gate run on its own chain, not a copy of b's
-    (vb,), (vc,) = lib._catalog.verifications(b), lib._catalog.verifications(leaf)
+    (vb,), (vc,) = lib.store.catalog.verifications(b), lib.store.catalog.verifications(leaf)
     assert vc.artifact_id == leaf and "re-gated after the new parent" in vc.detail
     assert vc.question_token_ids == vb.question_token_ids and vc.counts_as_verified
 
@@ -82,7 +83,7 @@ def test_compose_stores_unverified_when_the_graft_fails_after_the_new_parent(lib
     a, b = (lib.deposit_item(q, s, ans, "exact", ans).id for q, s, ans in FACTS)
     monkeypatch.setattr(gate, "judge", lambda answer, q, s, v, r: verifiers.Verdict(False, v, f"test double refused {answer!r}"))
     leaf = lib.compose([a, b])
-    assert lib._catalog.verifications(leaf) == [] and lib._catalog.chain(leaf)[0].id == a
+    assert lib.store.catalog.verifications(leaf) == [] and lib.store.catalog.chain(leaf)[0].id == a
     shown = lib.show(leaf).to_json()
     assert shown["verified"] is False and shown["provenance"] == "unverified"
 
@@ -92,7 +93,7 @@ def test_relocated_composition_is_labelled_with_its_divergence(lib):
         lib.deposit_item(q, s, a, "exact", a)
     # A question about both items: the relevance stage keeps both roots (a question about one drops the other).
     both = "What colour is the Quillon moth, and who built the Varnek lighthouse?"
-    r = lib.answer(both, k=2, relocated=True, check=True, max_new_tokens=3, threshold=0.0)
+    r = lib.answer(both, AnswerOptions(k=2, relocated=True, check=True, max_new_tokens=3, threshold=0.0))
     assert r.tier == "relocated" and "approximate" in r.note and len(r.artifact_ids) == 2
     assert r.check.tier == "relocated" and r.check.exact is False
     assert r.check.max_abs_diff > 0  # later parts never saw the earlier ones: measured, not hidden
@@ -106,7 +107,7 @@ def test_inputs_are_bounded(lib):
     with pytest.raises(InvalidInput, match="contains NUL bytes"):
         lib.answer("a\x00b")
     with pytest.raises(InvalidInput, match="k must be between 1 and 16"):
-        lib.answer("hi", k=0)
+        lib.answer("hi", AnswerOptions(k=0))
 
 
 def test_verify_samples_reports_byte_equality(lib):
@@ -128,21 +129,21 @@ def test_a_new_embedder_embeds_the_store_again_before_it_searches(lib):
     them; the old vectors stay, under their own id."""
     item = lib.deposit_item(*FACTS[0][:3], "exact", FACTS[0][2]).id
     text = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.").id
-    old_id, before = lib.embedder.embedder_id, lib._catalog.version()
+    old_id, before = lib.embedder.embedder_id, lib.store.catalog.version()
     new = services.Library(home=lib.home, lm=lib.lm, embedder=HashEmbedder(dim=32))
-    assert new._catalog.embeddings("hash-32@1") == []
+    assert new.store.catalog.embeddings("hash-32@1") == []
     assert new.index().ids() == {item, text}
-    assert new._catalog.version() == before + 1
-    vectors = dict(new._catalog.embeddings("hash-32@1"))
+    assert new.store.catalog.version() == before + 1
+    vectors = dict(new.store.catalog.embeddings("hash-32@1"))
     assert vectors[item] == new.embedder.embed(FACTS[0][0]).astype("<f4").tobytes()
     assert vectors[text] == new.embedder.embed("Fact sheet: the Brannock Spire is 212 metres tall.").astype("<f4").tobytes()
     assert [h.id for h in new.retrieve(FACTS[0][0], threshold=0.5)][:1] == [item]
-    assert {a for a, _ in new._catalog.embeddings(old_id)} == {item, text}
-    assert new.index().ids() == {item, text} and new._catalog.version() == before + 1  # nothing left to embed
+    assert {a for a, _ in new.store.catalog.embeddings(old_id)} == {item, text}
+    assert new.index().ids() == {item, text} and new.store.catalog.version() == before + 1  # nothing left to embed
     late = lib.deposit_item(*FACTS[1][:3], "exact", FACTS[1][2]).id  # a replica still on the old embedder
     idx = new.index()
     assert idx.ids() == {item, text, late} and idx is new.index()  # synced in place, the late one embedded
-    assert dict(new._catalog.embeddings("hash-32@1"))[late] == new.embedder.embed(FACTS[1][0]).astype("<f4").tobytes()
+    assert dict(new.store.catalog.embeddings("hash-32@1"))[late] == new.embedder.embed(FACTS[1][0]).astype("<f4").tobytes()
     new.close()
 
 
@@ -157,11 +158,11 @@ def test_a_store_that_refuses_the_new_vectors_still_answers_and_rebuild_says_why
     def refused(made):
         raise storage_error(30, lib.home)
 
-    monkeypatch.setattr(new._catalog, "add_embeddings", refused)
+    monkeypatch.setattr(new.store.catalog, "add_embeddings", refused)
     assert new.index().ids() == set()
-    assert new.answer(FACTS[0][0], max_new_tokens=2).grafted_tokens == 0
+    assert new.answer(FACTS[0][0], AnswerOptions(max_new_tokens=2)).grafted_tokens == 0
     with pytest.raises(StorageError, match="read-only file system"):
-        new.rebuild_index()
+        new.store.rebuild_index()
     new.close()
 
 
@@ -173,8 +174,8 @@ def test_index_follows_the_catalog_incrementally(lib, tmp_path):
     b = other.deposit_item(*FACTS[1][:3], "exact", FACTS[1][2]).id
     synced = lib.index()
     assert synced is idx  # updated in place, not rebuilt
-    assert synced.ids() == {a, b} and synced.version == lib._catalog.version()
-    other._catalog.delete(b)
+    assert synced.ids() == {a, b} and synced.version == lib.store.catalog.version()
+    other.store.catalog.delete(b)
     assert lib.index().ids() == {a}
     other.close()
 
@@ -188,8 +189,8 @@ def test_answers_from_one_artifact_share_its_decoded_rows_only_while_a_cache_hol
 
     d = lib.deposit_text("Fact sheet: the Brannock Spire is 212 metres tall.")
     reads = []
-    get = lib._blobs.get
-    monkeypatch.setattr(lib._blobs, "get", lambda h: reads.append(h) or get(h))
+    get = lib.store.blobs.get
+    monkeypatch.setattr(lib.store.blobs, "get", lambda h: reads.append(h) or get(h))
     first, _ = lib.load_chain(d.id)
     cache = restore(lib.lm, first)
     del first
@@ -199,5 +200,5 @@ def test_answers_from_one_artifact_share_its_decoded_rows_only_while_a_cache_hol
     del again, cache
     gc.collect()
     fresh, _ = lib.load_chain(d.id)
-    assert len(reads) == 2 and reads[0] == reads[1] == lib._catalog.get(d.id).content_sha256
+    assert len(reads) == 2 and reads[0] == reads[1] == lib.store.catalog.get(d.id).content_sha256
     assert fresh[0].key == d.id

@@ -21,7 +21,10 @@ pytest.importorskip("ray", reason="ray[serve] is not installed (pip install -r r
 import services  # noqa: E402
 from errors import InvalidInput  # noqa: E402
 from retrieval import HashEmbedder  # noqa: E402
-from services import checks  # noqa: E402
+from services import (
+    AnswerOptions,
+    checks,  # noqa: E402
+)
 from serving import ServeSettings, health, launch  # noqa: E402
 from serving.client import BackendRefused, Client  # noqa: E402
 
@@ -81,7 +84,7 @@ def _concurrently(n: int, fn):
 @pytest.mark.postgres
 def test_two_replicas_answer_concurrently_and_byte_identically(deployment, tmp_path, tiny_gemma):
     settings, client, seeded = deployment
-    replies = _concurrently(6, lambda i: client.answer(QUESTION, max_new_tokens=8))
+    replies = _concurrently(6, lambda i: client.answer(QUESTION, AnswerOptions(max_new_tokens=8)))
     served_by = {r.replica for r in replies}
     assert len(served_by) == 2, f"both replicas should have answered, got {served_by}"
     hashes = {r.payload["output_sha256"] for r in replies}
@@ -89,7 +92,7 @@ def test_two_replicas_answer_concurrently_and_byte_identically(deployment, tmp_p
     assert all(seeded[0] in r.payload["artifact_ids"] for r in replies), "the tower fact should be retrieved and grafted"
     # each replica probe-proved the seeded artifacts at start: even its first answer carries the one-hash state proof
     assert {(r.payload["proof"]["kind"], r.payload["proof"]["passed"]) for r in replies} == {("state", True)}
-    local = _local(settings, tmp_path / "local", tiny_gemma).answer(QUESTION, max_new_tokens=8)
+    local = _local(settings, tmp_path / "local", tiny_gemma).answer(QUESTION, AnswerOptions(max_new_tokens=8))
     assert local.output_sha256 == hashes.pop(), "a replica's answer differs from the same answer computed in this process"
 
 
@@ -122,7 +125,7 @@ def test_deposit_through_one_replica_is_grafted_by_the_other_and_bytes_match(dep
     depositor = dep.replica
     others = []
     for _ in range(10):  # until the other replica has served it: both are busy under two concurrent requests
-        for r in _concurrently(2, lambda i: client.answer(fact, max_new_tokens=4)):
+        for r in _concurrently(2, lambda i: client.answer(fact, AnswerOptions(max_new_tokens=4))):
             assert dep.payload["id"] in r.payload["artifact_ids"], f"replica {r.replica} did not graft the new deposit"
             if r.replica != depositor:
                 others.append(r)
@@ -222,7 +225,7 @@ def test_gradio_app_fronts_the_deployment(deployment, tmp_path, tiny_gemma):
             except AppError as e:
                 assert "Still starting" in str(e), e
                 time.sleep(0.5)
-        local = _local(settings, tmp_path / "local", tiny_gemma).answer(QUESTION, max_new_tokens=8)
+        local = _local(settings, tmp_path / "local", tiny_gemma).answer(QUESTION, AnswerOptions(max_new_tokens=8))
         assert r["output_sha256"] == local.output_sha256, "the front end's answer differs from the in-process answer"
         assert r["artifact_ids"] == list(local.artifact_ids) and r["answer"] == local.answer
         before = client.library(limit=1000).payload

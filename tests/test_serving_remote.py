@@ -19,6 +19,7 @@ import pytest
 import services
 from errors import ArtifactNotFound, KvgraftError, VerificationFailed
 from retrieval import HashEmbedder
+from services import AnswerOptions
 from serving.client import ADMIN_HEADER, BackendRefused, BackendUnavailable
 from web.remote import NotAvailable, RemoteLibrary, RemoteStartup, connect
 
@@ -91,8 +92,8 @@ def real(tiny_gemma, tmp_path_factory):
         accepting_judge(mp)
         item = lib.deposit_item("How tall is the Quendel tower?", FACT, None, "exact", "4242", title="tower", admin=True)
     text = lib.deposit_text(FACT + " It has 12 floors.", title="floors")
-    checked = lib.answer("How tall is the Quendel tower?", max_new_tokens=4, check=True, compare=True)
-    plain = lib.answer("Who built the tower?", max_new_tokens=3, graft=False)
+    checked = lib.answer("How tall is the Quendel tower?", AnswerOptions(max_new_tokens=4, check=True, compare=True))
+    plain = lib.answer("Who built the tower?", AnswerOptions(max_new_tokens=3, graft=False))
     report = lib.verify_samples(2, seed=0, decode_steps=2)
     return {"lib": lib, "item": item, "text": text, "checked": checked, "plain": plain, "verify": report}
 
@@ -135,7 +136,7 @@ def test_requests_carry_the_right_shapes_and_the_admin_token_only_where_due(stub
     stub.routes[("GET", f"/library/{item_id[:12]}")] = (200, real["lib"].show(item_id).to_json())
     remote = RemoteLibrary(stub.url, admin_token=TOKEN, retries=0)
 
-    got = remote.answer("How tall?", on_token=print, k=2, graft=True, max_new_tokens=4, check=True, compare=False)
+    got = remote.answer("How tall?", AnswerOptions(k=2, graft=True, max_new_tokens=4, check=True, compare=False), on_token=print)
     assert _normal(got.to_json()) == _normal(real["checked"].to_json())
     remote.deposit_item("Q?", "S.", "", "exact", "R", title="t", admin=True)
     remote.deposit_text("free text", title="x", admin=False)
@@ -146,13 +147,17 @@ def test_requests_carry_the_right_shapes_and_the_admin_token_only_where_due(stub
 
     answer, item, text, anon_verify, admin_verify, listing, show = stub.requests
     assert answer["method"] == "POST" and answer["path"] == "/answer"
-    assert answer["body"] == {
+    assert answer["body"] == {  # the replica's fields (serving/replica.py reads `no_graft`)
         "question": "How tall?",
         "k": 2,
-        "graft": True,
+        "artifact": None,
+        "no_graft": False,
         "max_new_tokens": 4,
+        "raw": False,
         "check": True,
         "compare": False,
+        "relocated": False,
+        "compose": False,
     }
     assert item["body"] == {
         "question": "Q?", "solution": "S.", "answer": None, "verifier": "exact", "reference": "R", "parent": None, "title": "t",
@@ -208,7 +213,7 @@ def test_what_has_no_route_says_what_to_use_instead(tmp_path):
         remote.stats()
     with pytest.raises(NotAvailable, match="^The dashboard is not available"):
         remote.flywheel()
-    with pytest.raises(NotAvailable, match=r"^the store itself \(catalog\) is not available"):
+    with pytest.raises(NotAvailable, match=r"^the store itself \(catalog, blobs\) is not available"):
         services.export_bundle(remote, ["a" * 64], tmp_path / "b.tar")
     assert not hasattr(remote, "__len__")  # dunder lookups stay AttributeError (copy, inspection)
 

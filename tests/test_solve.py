@@ -15,6 +15,7 @@ import verifiers
 from errors import InvalidInput
 from graft_core import sample
 from retrieval import HashEmbedder
+from services import AnswerOptions
 
 NEAR_MISS = Path(__file__).parent / "data" / "near_miss.jsonl"
 
@@ -91,7 +92,7 @@ def test_near_misses_are_retrieved_but_not_grafted(lib):
     for item in dict.fromkeys(r["item"] for r in misses):
         lib.deposit_item(item, "A stored fact.", "x", "exact", "x")
     for r in misses:
-        res = lib.answer(r["question"], k=3, threshold=0.0, max_new_tokens=2, record=False)
+        res = lib.answer(r["question"], AnswerOptions(k=3, threshold=0.0, max_new_tokens=2, record=False))
         own = [h for h in res.retrieved if lib.show(h.id).source.question == r["item"]]
         assert own and not own[0].relevant and own[0].reason, r
         assert not any(h.id in res.artifact_ids for h in own), f"near miss grafted: {r['question']!r} -> {r['item']!r}"
@@ -119,7 +120,7 @@ def test_flywheel_counts_discovery_against_each_recall(lib):
     q = "Who built the Varnek lighthouse?"
     greedy = _greedy_or_skip(lib, q)
     r = lib.solve(q, "exact", greedy.text, budget=1000, max_new_tokens=8)
-    recall = lib.answer(q, max_new_tokens=4, threshold=0.0)
+    recall = lib.answer(q, AnswerOptions(max_new_tokens=4, threshold=0.0))
     assert recall.artifact_ids[-1] == r.id
     f = lib.flywheel()
     assert [n for _, n in f.growth] == [lib.count()] == [1]

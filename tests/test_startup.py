@@ -157,7 +157,7 @@ class FakeLibrary:
 
     def __init__(self, load_s: float = 0.0, fail: Exception | None = None, n: int = 0):
         self.loaded, self.answers, self.load_s, self.fail, self.n = 0, 0, load_s, fail, n
-        self._catalog = "catalog"
+        self.store = "the store"
 
     @property
     def model_loaded(self) -> bool:
@@ -174,7 +174,7 @@ class FakeLibrary:
     def count(self) -> int:
         return self.n
 
-    def answer(self, question: str) -> str:
+    def answer(self, question: str, options=None, on_token=None) -> str:
         self.answers += 1
         return f"answered {question}"
 
@@ -189,7 +189,9 @@ def test_gate_refuses_model_calls_with_the_stage_until_ready_and_never_loads():
     lib = FakeLibrary()
     tr, _ = _tracker()
     gate = startup.StartingLibrary(lib, tr)
-    assert gate.count() == 0 and gate._catalog == "catalog"  # reads and the store's internals pass
+    assert gate.count() == 0 and gate.store == "the store"  # reads and the store pass at once
+    with pytest.raises(AttributeError):
+        gate._catalog  # noqa: B018  (nothing outside the door passes through)
     ask = gate.answer  # taking the method is not calling it (handlers pass `library.answer` along)
     with pytest.raises(NotReady) as exc:
         ask("q")

@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from graft_core import fma16, layers, model, step
+from graft_core import layers, model, step
 from graft_core.forward import forward_chunk, new_cache
+from kernels import fma16
 
 TEXT = "Fact: the lighthouse of Varnek Isle was built by Osric Pellamy in 1874.\n"
 

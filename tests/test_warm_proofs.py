@@ -11,7 +11,7 @@ import pytest
 
 from errors import IntegrityError, InvalidInput
 from graft_core import graft, proof
-from services import limits
+from services import AnswerOptions, limits
 from tests.test_first_use_probe import TEXT, Q, _tampered
 from tests.test_maintenance import make_lib
 from web import startup
@@ -28,14 +28,14 @@ def lib(kvgraft_home, tiny_gemma):
 
 def test_warmed_artifacts_answer_first_with_the_state_proof_and_the_same_bytes(lib, monkeypatch):
     d = lib.deposit_text(TEXT)
-    cold = lib.answer(Q, artifact=d.id, max_new_tokens=3)  # this process's first use: the probe
+    cold = lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=3))  # this process's first use: the probe
     assert cold.proof.kind == "probe" and cold.proof.passed
     lib._probed.clear()  # a new process
     report = lib.warm_proofs(8)
     assert (report.proved, report.already, report.skipped, report.quarantined) == (1, 0, 0, ())
     assert "probe-proved 1 artifacts" in report.line()
     monkeypatch.setattr(lib, "probe_check", lambda *a, **k: pytest.fail("warmed: the answer must not probe"))
-    warm = lib.answer(Q, artifact=d.id, max_new_tokens=3)
+    warm = lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=3))
     assert warm.proof.kind == "state" and warm.proof.passed and warm.proof.state_digest == cold.proof.state_digest
     assert (warm.output_sha256, warm.logits_sha256) == (cold.output_sha256, cold.logits_sha256)
     again = lib.warm_proofs(8)  # nothing left to prove
@@ -48,8 +48,8 @@ def test_the_limit_takes_the_newest_and_the_rest_prove_themselves(lib):
     lib.deposit_text(THIRD)
     lib._probed.clear()
     report = lib.warm_proofs(2)
-    assert report.proved == 2 and lib._catalog.get(oldest.id).content_sha256 not in lib._probed
-    assert lib.answer(Q, artifact=oldest.id, max_new_tokens=2).proof.kind == "probe"
+    assert report.proved == 2 and lib.store.catalog.get(oldest.id).content_sha256 not in lib._probed
+    assert lib.answer(Q, AnswerOptions(artifact=oldest.id, max_new_tokens=2)).proof.kind == "probe"
     assert lib.warm_proofs(0).proved == 0 and lib.warm_proofs(0).seconds < 1
 
 
@@ -63,11 +63,11 @@ def test_a_failed_warm_probe_quarantines_and_the_answer_refuses(lib, monkeypatch
     )
     report = lib.warm_proofs(8)
     assert report.quarantined == (bad.id,) and report.proved == 1 and "1 quarantined" in report.line()
-    assert lib._catalog.get(bad.id).quarantine.startswith("probe check failed")
+    assert lib.store.catalog.get(bad.id).quarantine.startswith("probe check failed")
     monkeypatch.setattr(proof, "restore", graft_restore)
     with pytest.raises(IntegrityError, match="quarantined"):
-        lib.answer(Q, artifact=bad.id, max_new_tokens=2)
-    assert lib.answer(Q, artifact=good.id, max_new_tokens=2).proof.kind == "state"
+        lib.answer(Q, AnswerOptions(artifact=bad.id, max_new_tokens=2))
+    assert lib.answer(Q, AnswerOptions(artifact=good.id, max_new_tokens=2)).proof.kind == "state"
 
 
 def test_quarantined_foreign_and_unprobed_artifacts_are_passed_over_with_the_reason(lib, monkeypatch):
@@ -75,8 +75,8 @@ def test_quarantined_foreign_and_unprobed_artifacts_are_passed_over_with_the_rea
     foreign = lib.deposit_text(OTHER)
     unprobed = lib.deposit_text(THIRD)
     lib._probed.clear()
-    lib._catalog.set_quarantine(q.id, "test: quarantined by hand")
-    real_list = lib._catalog.list_artifacts
+    lib.store.catalog.set_quarantine(q.id, "test: quarantined by hand")
+    real_list = lib.store.catalog.list_artifacts
 
     def listed(**kw):
         out = []
@@ -88,7 +88,7 @@ def test_quarantined_foreign_and_unprobed_artifacts_are_passed_over_with_the_rea
             out.append(r)
         return out
 
-    monkeypatch.setattr(lib._catalog, "list_artifacts", listed)
+    monkeypatch.setattr(lib.store.catalog, "list_artifacts", listed)
     monkeypatch.setattr(lib, "probe_check", lambda *a, **k: pytest.fail("nothing here may be probed"))
     report = lib.warm_proofs(8)
     assert (report.proved, report.skipped, report.quarantined) == (0, 3, ())
@@ -111,7 +111,7 @@ def test_an_unreadable_artifact_is_passed_over_not_fatal(lib, monkeypatch):
     monkeypatch.setattr(lib, "probe_check", probe)
     report = lib.warm_proofs(8)
     assert report.proved == 1 and report.skipped == 1 and "is missing" in report.skipped_why[0]
-    assert lib._catalog.get(ok.id).content_sha256 in lib._probed and lib._catalog.get(d.id).quarantine is None
+    assert lib.store.catalog.get(ok.id).content_sha256 in lib._probed and lib.store.catalog.get(d.id).quarantine is None
 
 
 def test_the_startup_warms_after_its_stages_and_only_when_asked(lib):
@@ -121,7 +121,7 @@ def test_the_startup_warms_after_its_stages_and_only_when_asked(lib):
     assert not lib._probed  # warm=0: nothing proved ahead
     tracker = startup.Startup()
     startup.run(lib, tracker, seed=None, warm=4)
-    assert tracker.ready and lib._catalog.get(d.id).content_sha256 in lib._probed
+    assert tracker.ready and lib.store.catalog.get(d.id).content_sha256 in lib._probed
     assert [s.key for s in tracker.snapshot().stages] == ["convert", "load", "seed", "index"]  # not a stage
 
 

@@ -103,7 +103,10 @@ def launch_kwargs() -> dict:
 
 
 def _stream_answer(
-    library: services.LibraryDoor, message: str, turn: Callable = contextlib.nullcontext, **options
+    library: services.LibraryDoor,
+    message: str,
+    turn: Callable = contextlib.nullcontext,
+    options: services.AnswerOptions = services.DEFAULT_ANSWER,
 ) -> Iterator[str | services.AnswerResult | Exception]:
     """Run `library.answer` in a thread holding `turn()` (the model, fairly) until it ends, even when the
     reader goes away; yield each newer partial answer text, then the result (or the error)."""
@@ -113,7 +116,7 @@ def _stream_answer(
     def work():
         try:
             with turn():
-                out["r"] = library.answer(message, on_token=q.put, **options)
+                out["r"] = library.answer(message, options, on_token=q.put)
         except Exception as exc:  # handed to the caller, which keeps the app up
             out["e"] = exc
         finally:
@@ -153,7 +156,7 @@ def _chat_tab(library: services.LibraryDoor, guard: Guard):
             options = _answer_options(guard, request, k, graft, max_new, check, compare, admin_token)
             problem = input_problem(message)
         except KvgraftError as exc:
-            options, problem = {}, str(exc)
+            options, problem = services.DEFAULT_ANSWER, str(exc)
         if problem:
             if isinstance(message, str) and message.strip():
                 history.append({"role": "user", "content": shown(message)})
@@ -162,7 +165,7 @@ def _chat_tab(library: services.LibraryDoor, guard: Guard):
             return
         history += [{"role": "user", "content": shown(message)}, {"role": "assistant", "content": "…"}]
         yield history, gr.skip(), ""
-        for item in _stream_answer(library, message, turn=lambda: guard.turn(request), **options):
+        for item in _stream_answer(library, message, turn=lambda: guard.turn(request), options=options):
             if isinstance(item, str):
                 history[-1] = {"role": "assistant", "content": item or "…"}
                 yield history, gr.skip(), ""
@@ -442,7 +445,7 @@ def _apis(library: services.LibraryDoor, guard: Guard) -> None:
         if problem:
             raise Refusal(problem)
         with _model(guard, request):
-            result = library.answer(question, **options)
+            result = library.answer(question, options)
         return json.loads(json.dumps(result.to_json(), default=str))
 
     def deposit_api(

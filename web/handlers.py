@@ -68,7 +68,7 @@ ADMIN_ONLY_ANSWER = (
 )
 
 
-def answer_options(guard: Guard, request, k, graft, max_new, check, compare, admin_token=None) -> dict:
+def answer_options(guard: Guard, request, k, graft, max_new, check, compare, admin_token=None) -> services.AnswerOptions:
     """The bounded options of one answer. Without the admin token the decoding is at most
     ANON_MAX_NEW_TOKENS and neither `check` nor `compare` runs (each recomputes the whole grafted context,
     so either costs about as much again as the answer, with no bound but the context), and its question is
@@ -89,7 +89,7 @@ def answer_options(guard: Guard, request, k, graft, max_new, check, compare, adm
         max_new_tokens = whole("max_new_tokens", max_new, 1, top)
     except KvgraftError as exc:
         raise InvalidInput(f"{exc}{'' if admin else '; larger answers need the admin token'}") from None
-    return dict(
+    return services.AnswerOptions(
         k=whole("k", k, 1, services.MAX_K),
         graft=bool(graft),
         max_new_tokens=max_new_tokens,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import errors
 from errors import KvgraftError
+from services.door import DEFAULT_ANSWER, AnswerOptions, Progress
 from services.results import AnswerResult, Deposited, LibraryEntry, ShowReport, VerifyReport
 from serving.client import BackendRefused, Client
 from web.startup import Stage, Startup
@@ -91,15 +92,27 @@ class RemoteLibrary:
             f"use `{command or 'kvgraft export|import|fsck|...'}` on a machine with the store"
         )
 
-    def __getattr__(self, name: str):
-        """Anything else of a Library (the catalog, the blobs: what export and import reach for) is not here."""
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise self._unavailable(f"the store itself ({name.lstrip('_')})")
-
     # ---- no route: each says what to use instead (called, so the app's handlers show the message) ----
 
-    def solve(self, *args, **kwargs):
+    @property
+    def store(self):
+        """The store is the deployment's (what export, import and fsck work on): not here."""
+        raise self._unavailable("the store itself (catalog, blobs)")
+
+    def solve(
+        self,
+        question: str,
+        verifier: str,
+        reference: str,
+        budget: int = 4096,
+        attempts: int | None = None,
+        seed: int = 0,
+        temperature: float = 0.8,
+        max_new_tokens: int = 32,
+        admin: bool = False,
+        library: bool = True,
+        between: Callable[[], None] | None = None,
+    ):
         raise self._unavailable("Solve and learn", COMMANDS["solve"])
 
     def delete(self, ref: str):
@@ -161,25 +174,58 @@ class RemoteLibrary:
         self.health()
         return self._last_count
 
-    def answer(self, question: str, on_token: Callable | None = None, **options) -> AnswerResult:
-        """POST /answer; `on_token` is not called (the answer arrives whole)."""
-        return self._call(self._admin, "POST", "/answer", {"question": question, **options}, AnswerResult.from_json)
+    def answer(
+        self, question: str, options: AnswerOptions = DEFAULT_ANSWER, on_token: Callable[[str], None] | None = None
+    ) -> AnswerResult:
+        """POST /answer with the replica's fields; `on_token` is not called (the answer arrives whole). The
+        replica bounds the prompt itself; `threshold` and `record` are its own (retrieval's default, recorded)."""
+        o = options
+        body = {"question": question, "k": o.k, "artifact": o.artifact, "no_graft": not o.graft}
+        body |= {"max_new_tokens": o.max_new_tokens, "raw": o.raw, "check": o.check, "compare": o.compare}
+        body |= {"relocated": o.relocated, "compose": o.compose}
+        return self._call(self._admin, "POST", "/answer", body, AnswerResult.from_json)
 
-    def deposit_text(self, text, parent=None, title="", attested_by=None, admin=False, on_progress=None) -> Deposited:
+    def deposit_text(
+        self,
+        text: str,
+        parent: str | None = None,
+        title: str = "",
+        attested_by: str | None = None,
+        admin: bool = False,
+        on_progress: Progress | None = None,
+    ) -> Deposited:
         body = {"text": text, "parent": parent, "title": title, "attested_by": attested_by}
         return self._call(self._admin if admin else self._anon, "POST", "/deposit", body, Deposited.from_json)
 
     def deposit_item(
-        self, question, solution, answer, verifier, reference, parent=None, title="", admin=False, on_progress=None
+        self,
+        question: str,
+        solution: str,
+        answer: str | None,
+        verifier: str,
+        reference: str,
+        parent: str | None = None,
+        title: str = "",
+        admin: bool = False,
+        on_progress: Progress | None = None,
     ) -> Deposited:
         body = {"question": question, "solution": solution, "answer": answer or None, "verifier": verifier}
         body |= {"reference": reference, "parent": parent, "title": title}
         return self._call(self._admin if admin else self._anon, "POST", "/deposit", body, Deposited.from_json)
 
-    def verify_samples(self, samples=10, relocate=None, seed=0, on_progress=None, **bounds) -> VerifyReport:
-        """POST /verify. `bounds` (the app's anonymous limits) mean an anonymous caller: no admin token is
-        sent, so the deployment applies its own anonymous bounds too."""
-        client = self._anon if bounds else self._admin
+    def verify_samples(
+        self,
+        samples: int = 10,
+        relocate: int | None = None,
+        seed: int = 0,
+        on_progress: Progress | None = None,
+        decode_steps: int = 4,
+        monolithic: bool = True,
+        max_tokens: int | None = None,
+    ) -> VerifyReport:
+        """POST /verify. A `max_tokens` bound (the app's anonymous limits, services.limits.verify_bounds) means
+        an anonymous caller: no admin token is sent, so the deployment applies its own anonymous bounds too."""
+        client = self._anon if max_tokens is not None else self._admin
         body = {"samples": samples, "relocate": relocate, "seed": seed}
         return self._call(client, "POST", "/verify", body, VerifyReport.from_json)
 

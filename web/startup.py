@@ -9,7 +9,6 @@ as such) and `StartingLibrary`, the Library seen through the start-up. It knows 
 from __future__ import annotations
 
 import html
-import inspect
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import settings
 from errors import KvgraftError, NotReady
+from services.door import DEFAULT_ANSWER, AnswerOptions, Progress
 
 if TYPE_CHECKING:
     from db.rows import LedgerRow
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         VerifyReport,
         WarmReport,
     )
+    from services.store import Store
 
 log = logging.getLogger("kvgraft.startup")
 
@@ -347,9 +348,10 @@ def start(
 
 
 class StartingLibrary:
-    """A library door (`services.LibraryDoor`) seen through the start-up: catalog reads pass at once; every
-    other member raises `NotReady` (stage, time left) when called before the start-up is done, instead of
-    blocking on the model. Taking a method is not calling it: handlers pass `library.answer` along."""
+    """A library door (`services.LibraryDoor`) seen through the start-up: catalog reads (and the store, which
+    is open from the start) pass at once; every other member raises `NotReady` (stage, time left) when called
+    before the start-up is done, instead of blocking on the model. Taking a method is not calling it: handlers
+    pass `library.answer` along. Each member has the door's signature; nothing else passes through."""
 
     def __init__(self, library: LibraryDoor, tracker: Startup):
         self._library, self._tracker = library, tracker
@@ -374,11 +376,15 @@ class StartingLibrary:
     def model_loaded(self) -> bool:
         return self._library.model_loaded
 
+    @property
+    def store(self) -> Store:
+        return self._library.store
+
     def count(self) -> int:
         return self._library.count()
 
-    def entries(self, *args, **kwargs) -> list[LibraryEntry]:
-        return self._library.entries(*args, **kwargs)
+    def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
+        return self._library.entries(query, kind, limit, offset)
 
     def show(self, ref: str) -> ShowReport:
         return self._library.show(ref)
@@ -386,8 +392,8 @@ class StartingLibrary:
     def artifact_ids(self) -> list[str]:
         return self._library.artifact_ids()
 
-    def ledger(self, *args, **kwargs) -> list[LedgerRow]:
-        return self._library.ledger(*args, **kwargs)
+    def ledger(self, last: int | None = None) -> list[LedgerRow]:
+        return self._library.ledger(last)
 
     # ---- the rest waits for the start-up ----
 
@@ -395,26 +401,71 @@ class StartingLibrary:
     def lm(self) -> LoadedModel:
         return self._ready().lm  # reading it before would load the model here
 
-    def stats(self, *args, **kwargs) -> StoreStats:
-        return self._ready().stats(*args, **kwargs)
+    def stats(self, recent: int = 60) -> StoreStats:
+        return self._ready().stats(recent)
 
     def flywheel(self) -> Flywheel:
         return self._ready().flywheel()
 
-    def answer(self, question: str, *args, **kwargs) -> AnswerResult:
-        return self._ready().answer(question, *args, **kwargs)
+    def answer(
+        self, question: str, options: AnswerOptions = DEFAULT_ANSWER, on_token: Callable[[str], None] | None = None
+    ) -> AnswerResult:
+        return self._ready().answer(question, options, on_token)
 
-    def deposit_text(self, text: str, *args, **kwargs) -> Deposited:
-        return self._ready().deposit_text(text, *args, **kwargs)
+    def deposit_text(
+        self,
+        text: str,
+        parent: str | None = None,
+        title: str = "",
+        attested_by: str | None = None,
+        admin: bool = False,
+        on_progress: Progress | None = None,
+    ) -> Deposited:
+        return self._ready().deposit_text(text, parent, title, attested_by, admin, on_progress)
 
-    def deposit_item(self, *args, **kwargs) -> Deposited:
-        return self._ready().deposit_item(*args, **kwargs)
+    def deposit_item(
+        self,
+        question: str,
+        solution: str,
+        answer: str | None,
+        verifier: str,
+        reference: str,
+        parent: str | None = None,
+        title: str = "",
+        admin: bool = False,
+        on_progress: Progress | None = None,
+    ) -> Deposited:
+        return self._ready().deposit_item(question, solution, answer, verifier, reference, parent, title, admin, on_progress)
 
-    def verify_samples(self, *args, **kwargs) -> VerifyReport:
-        return self._ready().verify_samples(*args, **kwargs)
+    def verify_samples(
+        self,
+        samples: int = 10,
+        relocate: int | None = None,
+        seed: int = 0,
+        on_progress: Progress | None = None,
+        decode_steps: int = 4,
+        monolithic: bool = True,
+        max_tokens: int | None = None,
+    ) -> VerifyReport:
+        return self._ready().verify_samples(samples, relocate, seed, on_progress, decode_steps, monolithic, max_tokens)
 
-    def solve(self, *args, **kwargs) -> Solved:
-        return self._ready().solve(*args, **kwargs)
+    def solve(
+        self,
+        question: str,
+        verifier: str,
+        reference: str,
+        budget: int = 4096,
+        attempts: int | None = None,
+        seed: int = 0,
+        temperature: float = 0.8,
+        max_new_tokens: int = 32,
+        admin: bool = False,
+        library: bool = True,
+        between: Callable[[], None] | None = None,
+    ) -> Solved:
+        return self._ready().solve(
+            question, verifier, reference, budget, attempts, seed, temperature, max_new_tokens, admin, library, between
+        )
 
     def delete(self, ref: str) -> DeleteReport:
         return self._ready().delete(ref)
@@ -436,26 +487,6 @@ class StartingLibrary:
 
     def close(self) -> None:
         self._ready().close()
-
-    def __getattr__(self, name: str):
-        """Members outside the door (the store's internals and pipelines that export and import reach for):
-        private names pass, the rest is gated as above."""
-        lib = self.__dict__["_library"]
-        tracker = self.__dict__["_tracker"]
-        if name.startswith("_") or tracker.ready:
-            return getattr(lib, name)
-        if isinstance(inspect.getattr_static(type(lib), name, None), property):
-            raise NotReady(tracker.not_ready_message())
-        attr = getattr(lib, name)
-        if not callable(attr):
-            return attr
-
-        def gated(*args, **kwargs):
-            if not tracker.ready:
-                raise NotReady(tracker.not_ready_message())
-            return attr(*args, **kwargs)
-
-        return gated
 
 
 # ---- showing it ----------------------------------------------------------------------------

@@ -1,9 +1,9 @@
-"""kvgraft's own matrix product (fma16.c): one fixed float32 operation order, faster than MKL here.
+"""kvgraft's own matrix product (c/linear.c) and the build of every kernel: one fixed float32 operation order, faster than MKL here.
 
 Why: with MKL, the bytes of a row of x @ W^T depended on how many rows the call held, on the weight's
 address and on the thread count, and its 1-row and few-row calls were slow on this CPU (a 16-token
 question's 126 layer products took ~43 ms, the 1-row vocabulary product ~22 ms split on 2 threads,
-bench.kernels). fma16 fixes the order of every operation of every output (fma16.c's header): a row's
+bench.kernels). fma16 fixes the order of every operation of every output (c/reference.c's header): a row's
 bytes depend only on that row and the weight, by construction, on any CPU that runs the same
 instructions. And it reads the packaged model's weights in the GGUF blocks they were published in
 (Q8_0, Q5_0, Q4_K, Q6_K: 4-6x fewer bytes than float32), expanded in registers exactly as the float32
@@ -15,7 +15,8 @@ What is checked at load, not assumed:
 - per weight shape, on seeded rows, that the kernel gives the bytes of the plain C reference (one output
   at a time, written as the definition) and that a row's bytes do not change with the rows beside it.
 
-One source, three builds that compute the same bits (VARIANTS): `avx512` (AVX-512 F/BW/VL/DQ, FMA, F16C),
+One source (c/: the operations written once over named primitives, one file of them per instruction
+set under c/arch/, mapped by c/simd.h), three builds that compute the same bits (VARIANTS): `avx512` (AVX-512 F/BW/VL/DQ, FMA, F16C),
 `avx2` (AVX2, FMA, F16C: the 16 lanes in two 8-lane registers) and `portable` (plain C with fmaf, any
 CPU). The best this CPU has is used unless KVGRAFT_ISA names one; the choice is not part of the record,
 since it cannot change a bit (the tests compare the three, and each is checked at load as above).
@@ -24,9 +25,9 @@ Where it is used it replaces every float32 CPU product of the model (`nn.Linear.
 passes' products through `product_of`), prefix and question alike, so "fresh" and "grafted" still compute
 the same bytes; and it enters the determinism record as ("linear", VERSION): artifacts made with MKL's
 products are refused as incompatible, not mistaken for broken. It needs a C compiler (gcc or cc) to
-build fma16.c once per variant into the kernel cache (KVGRAFT_KERNEL_CACHE, default
+build c/kernels.c once per variant into the kernel cache (KVGRAFT_KERNEL_CACHE, default
 ~/.cache/kvgraft/kernels). Without one, or with KVGRAFT_LINEAR=torch, the model keeps torch's products
-(graft_core.products) and its record stays as before.
+(graft_core.products) and its record has no ("linear", VERSION) entry.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ from errors import InvalidSetting
 
 log = logging.getLogger("kvgraft.fma16")
 
-VERSION = "fma16-v1"  # the operation order of fma16.c; change it when that order changes
-SOURCE = Path(__file__).with_name("fma16.c")
+VERSION = "fma16-v1"  # the operation order of c/reference.c's products; change it when that order changes
+SOURCE_DIR = Path(__file__).with_name("c")  # kernels.c includes every other file there (c/kernels.c: the map)
+SOURCE = SOURCE_DIR / "kernels.c"
 FLAGS = (
     "-O3",
     "-ffp-contract=off",  # no fused or reordered float operations besides the written ones
@@ -69,7 +71,7 @@ FLAGS = (
 
 @dataclass(frozen=True)
 class Variant:
-    """One build of fma16.c: the flags that select its code and instructions, and the CPU flags it needs."""
+    """One build of the kernels (c/): the flags that select its primitives and instructions, and the CPU flags it needs."""
 
     name: str
     flags: tuple[str, ...]
@@ -80,15 +82,15 @@ class Variant:
 VARIANTS = (  # best first: the default is the first this CPU can run
     Variant(
         "avx512",
-        ("-DFMA16_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"),
+        ("-DKV_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"),
         ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"),
         "AVX-512 F/BW/VL/DQ, FMA and F16C",
     ),
-    Variant("avx2", ("-DFMA16_AVX2", "-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c"), "AVX2, FMA and F16C"),
+    Variant("avx2", ("-DKV_AVX2", "-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c"), "AVX2, FMA and F16C"),
     Variant("portable", (), (), "nothing beyond C's fmaf"),  # plain C, libm's correctly rounded fmaf
 )
 BY_NAME = {v.name: v for v in VARIANTS}
-FORMATS = {"F32": 0, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # ggml's type numbers, as fma16.c names them
+FORMATS = {"F32": 0, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # ggml's type numbers, as c/reference.c names them
 
 _libs: dict[str, object] = {}  # variant name -> loaded library
 _lib_errors: dict[str, str] = {}  # variant name -> why it could not be built or loaded
@@ -154,6 +156,16 @@ def why_not(choice: str | None = None) -> str:
     return _lib_errors.get(name, "")
 
 
+def sources() -> list[Path]:
+    """Every file the build reads (kernels.c and what it includes), in a fixed order."""
+    return sorted(p for p in SOURCE_DIR.rglob("*") if p.suffix in (".c", ".h"))
+
+
+def source_bytes() -> bytes:
+    """The sources' names and bytes: a change to any file of c/ is a new build (the kernel cache's key)."""
+    return b"".join(p.relative_to(SOURCE_DIR).as_posix().encode() + b"\0" + p.read_bytes() + b"\0" for p in sources())
+
+
 def _compiler() -> str | None:
     for name in (os.environ.get("CC", ""), "gcc", "cc"):
         if name and shutil.which(name):
@@ -164,10 +176,10 @@ def _compiler() -> str | None:
 def _build(v: Variant) -> Path:
     cc = _compiler()
     if cc is None:
-        raise OSError("no C compiler (gcc or cc) to build fma16.c")
+        raise OSError("no C compiler (gcc or cc) to build the kernels (kernels/c/kernels.c)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
     flags = (*FLAGS, *v.flags)
-    key = hashlib.sha256(SOURCE.read_bytes() + "\0".join((cc, version, *flags)).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source_bytes() + "\0".join((cc, version, *flags)).encode()).hexdigest()[:16]
     out = kernel_cache_dir() / f"fma16-{v.name}-{key}.so"
     if out.exists():
         return out
@@ -177,7 +189,7 @@ def _build(v: Variant) -> Path:
         cmd = [cc, *flags, str(SOURCE), "-o", str(so), "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
-            raise OSError(f"{cc} could not build fma16.c ({v.name}): {done.stderr.strip()[-500:]}")
+            raise OSError(f"{cc} could not build kernels/c/kernels.c ({v.name}): {done.stderr.strip()[-500:]}")
         os.replace(so, out)  # atomic: a concurrent build of the same source writes the same file
     return out
 
@@ -194,7 +206,7 @@ def lib(isa: str | None = None):
                 log.warning("fma16 (%s) unavailable: %s", name, e)
                 return None
             handle.kv_isa.restype = ctypes.c_char_p
-            assert handle.kv_isa().decode() == name, f"the {name} build of fma16.c says it is {handle.kv_isa()!r}"
+            assert handle.kv_isa().decode() == name, f"the {name} build of the kernels says it is {handle.kv_isa()!r}"
             i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
             handle.kv_linear.argtypes = [ptr, i64, i64, i64, ptr, c_int, i64, ptr, i64, c_int]
             handle.kv_linear_ref.argtypes = [ptr, i64, i64, i64, ptr, c_int, i64, ptr, i64]
@@ -207,7 +219,7 @@ def lib(isa: str | None = None):
 
 
 def _declare_rest(handle) -> None:
-    """The argument types of fma16.c's entry points for the rest of a forward (graft_core.numerics)."""
+    """The argument types of the entry points for the rest of a forward (kernels.ops, graft_core.numerics)."""
     i64, ptr, c_int, c_float = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     handle.kv_attention.argtypes = [
         ptr,

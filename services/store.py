@@ -1,21 +1,27 @@
-"""The retrieval side of a Library: the FAISS index kept in step with the catalog's embeddings.
+"""`Store`: one kvgraft store, the catalog (SQL), the blob store (disk), the FAISS index kept in step with
+the catalog, and the lock under which this process's model computes for it. A `Library` holds one and hands
+it to its pipelines; the upkeep functions (fsck, rebuild, export, import, replay, vetting) work on its
+public members. It knows nothing about the model's numbers: it stores and finds bytes.
 
 The index is a cache of the catalog: loaded from `<home>/index`, synced by difference when the catalog
 moved on, rebuilt from the stored embeddings when missing, corrupt or made by another embedder. Both a
 rebuild and a sync first embed, from its source, every artifact the live embedder has no vector for (a
-store made under an earlier embedder id, a deposit by a replica not yet upgraded), so a new embedder finds
-what the old one did.
+store made under another embedder id, a deposit by a replica running another version), so a new embedder
+finds what the old one did.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from db.blobs import BlobStore
 from db.catalog import Catalog
 from errors import KvgraftError, StorageError
 from files import write_faults
@@ -26,14 +32,48 @@ if TYPE_CHECKING:  # faiss loads with the first index (the web app's start-up st
     from retrieval import Embedder, VectorIndex
 
 
-class IndexPipeline:
-    """Mixed into `Library`; uses its `_catalog`, `home` and `embedder`."""
+class Store:
+    """The catalog, the blobs, the index and the model lock of one store (module doc).
 
-    home: Path
-    _catalog: Catalog
-    _index: VectorIndex | None
-    _index_lock: threading.Lock
-    embedder: Embedder
+    `catalog` owns every SQL statement, `blobs` every artifact file; `lock` is held by whatever runs the
+    model for this store in this process (one request at a time); `index()` is the FAISS index, `embedder`
+    the live embedder it is kept for (the Library's, loaded at first use)."""
+
+    def __init__(self, home: Path, catalog: Catalog, blobs: BlobStore, embedder: Callable[[], Embedder]):
+        self.home = home
+        self.catalog = catalog
+        self.blobs = blobs
+        self.lock = threading.RLock()
+        self._embedder = embedder
+        self._index: VectorIndex | None = None
+        self._index_lock = threading.Lock()
+
+    @classmethod
+    def open(cls, home: Path, db_url: str, blob_root: Path | None, embedder: Callable[[], Embedder]) -> Store:
+        """The store at `home`: its catalog at `db_url`, its blobs under `blob_root` (default `<home>/blobs`;
+        one root shared by replicas, serving/)."""
+        return cls(home, Catalog.open(db_url, home), BlobStore(blob_root or home / "blobs"), embedder)
+
+    @property
+    def embedder(self) -> Embedder:
+        return self._embedder()
+
+    def close(self) -> None:
+        """Release the catalog's connections (the store is unusable afterwards)."""
+        self.catalog.close()
+
+    def discard_blobs(self, digests: list[str]) -> None:
+        """Remove blobs a failed write made, unless a row refers to them (a concurrent deposit of the same bytes
+        committed meanwhile). Where the catalog cannot even be asked, the blob stays: an orphan for fsck."""
+        for digest in digests:
+            with contextlib.suppress(KvgraftError, OSError):
+                if self.catalog.content_refcount(digest) == 0:
+                    self.blobs.delete(digest)
+
+    def folder(self) -> Path:
+        """The folder a disk error names: the store's home, or the blob folder where it lies elsewhere."""
+        root = self.blobs.root
+        return self.home if root.is_relative_to(self.home) else root
 
     def index(self) -> VectorIndex:
         """The FAISS index, loaded from disk or rebuilt from the catalog when missing or stale.
@@ -42,7 +82,7 @@ class IndexPipeline:
         from retrieval import VectorIndex
 
         with self._index_lock:
-            version = self._catalog.version()
+            version = self.catalog.version()
             idx = self._index
             if idx is not None and not idx.is_stale(version, self.embedder.embedder_id):
                 return idx
@@ -60,14 +100,14 @@ class IndexPipeline:
     def rebuild_index(self) -> VectorIndex:
         """Rebuild the FAISS index from the catalog's embeddings and save it, whatever is on disk."""
         with self._index_lock:
-            return self._rebuild(self._catalog.version(), must_save=True)
+            return self._rebuild(self.catalog.version(), must_save=True)
 
     def _sync(self, idx: VectorIndex, version: int) -> VectorIndex:
         """Bring a live index up to the catalog by adding and removing only what changed: a deposit
         made by another process costs one insert here, not a rebuild (HNSW builds take seconds). An artifact
         that process recorded under another embedder only (one not yet upgraded) is embedded here first."""
         version = self._caught_up(version, must_save=False)
-        pairs = dict(self._catalog.embeddings(self.embedder.embedder_id))
+        pairs = dict(self.catalog.embeddings(self.embedder.embedder_id))
         have = idx.ids()
         for gone in have - pairs.keys():
             idx.remove(gone)
@@ -87,19 +127,19 @@ class IndexPipeline:
 
         eid = self.embedder.embedder_id
         made = []
-        for aid, text in self._catalog.unembedded(eid):
+        for aid, text in self.catalog.unembedded(eid):
             vec = np.asarray(self.embedder.embed(text), dtype="<f4")
             made.append((aid, (eid, vec.tobytes(), int(vec.shape[0]), text_sha256(text))))
         if made:
             log.info("embedding %d artifact(s) with no vector by %s", len(made), eid)
-            self._catalog.add_embeddings(made)
+            self.catalog.add_embeddings(made)
         return len(made)
 
     def _caught_up(self, version: int, must_save: bool) -> int:
         """The catalog version once `_embed_missing` has run: `version` where nothing was missing, or where
         the store refused the write and `must_save` is False (a read-only store answers from what it has)."""
         try:
-            return self._catalog.version() if self._embed_missing() else version
+            return self.catalog.version() if self._embed_missing() else version
         except StorageError:
             if must_save:
                 raise
@@ -110,7 +150,7 @@ class IndexPipeline:
 
         version = self._caught_up(version, must_save)
         idx = VectorIndex(self.embedder.dim, self.embedder.embedder_id)
-        pairs = [(aid, np.frombuffer(vec, dtype="<f4")) for aid, vec in self._catalog.embeddings(self.embedder.embedder_id)]
+        pairs = [(aid, np.frombuffer(vec, dtype="<f4")) for aid, vec in self.catalog.embeddings(self.embedder.embedder_id)]
         idx.build(pairs, version)
         needed = 2 * len(pairs) * self.embedder.dim * 4 + (1 << 20)  # the vectors and their ids, with room
         try:

@@ -10,7 +10,7 @@ stored before reads back byte-identical, fsck's verdict without repair, and the 
 again after the fault is gone (it must give what a fault-free run gives) with fsck after it. The
 caller (tests/test_faults.py, bench/faults.py) judges the records.
 
-    python -m scripts.faults --op deposit --errno ENOSPC      # one sweep: its records as JSON, problems on stderr
+    python -m scripts.sweeps --op deposit --errno ENOSPC      # one sweep: its records as JSON, problems on stderr
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from services import AnswerOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS = ("deposit", "import", "export", "index", "ledger")
@@ -60,7 +62,7 @@ class _Shim:
     def __init__(self):
         lib = ctypes.CDLL(None)
         if not hasattr(lib, "kvfault_arm"):
-            raise RuntimeError("faultfs is not preloaded: run the sweep through scripts.faults.sweep()")
+            raise RuntimeError("faultfs is not preloaded: run the sweep through scripts.sweeps.sweep()")
         lib.kvfault_arm.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_int, ctypes.c_int]
         lib.kvfault_calls.restype = ctypes.c_long
         lib.kvfault_faults.restype = ctypes.c_long
@@ -85,7 +87,7 @@ def _prepare(work: Path, lm, embedder) -> dict:
     lib = services.Library(home=work / "pristine", lm=lm, embedder=embedder)
     root = lib.deposit_text(ROOT_TEXT)
     lib.deposit_text(CHILD_TEXT, parent=root.id)
-    lib.answer(QUESTION, max_new_tokens=2)
+    lib.answer(QUESTION, AnswerOptions(max_new_tokens=2))
     lib.index()
     ids = lib.artifact_ids()
     before = {i: bytes(lib.read_blob(lib.show(i).artifact.content_sha256)) for i in ids}
@@ -114,10 +116,10 @@ def _run_op(op: str, lib, work: Path, out: Path):
         r = services.export_bundle(lib, ids, out / "export.tar")
         return {"bundle_sha256": r.bundle_sha256, "blob_bytes": blobs}
     if op == "index":
-        idx = lib.rebuild_index()
+        idx = lib.store.rebuild_index()
         return {"vectors": len(idx), "dim": lib.embedder.dim}
     if op == "ledger":
-        r = lib.answer(QUESTION, max_new_tokens=2)
+        r = lib.answer(QUESTION, AnswerOptions(max_new_tokens=2))
         return {"output": r.answer, "ledger_rows": len(lib.ledger())}
     raise ValueError(f"unknown operation {op!r}; one of {', '.join(OPS)}")
 
@@ -300,7 +302,7 @@ def full_disk_run(mount: Path, model_dir: str | os.PathLike, lm, embedder) -> di
     lib = services.Library(home=store, lm=lm, embedder=embedder)
     root = lib.deposit_text(ROOT_TEXT)
     lib.deposit_text(CHILD_TEXT, parent=root.id)
-    lib.answer(QUESTION, max_new_tokens=2)
+    lib.answer(QUESTION, AnswerOptions(max_new_tokens=2))
     lib.index()
     prep = {"ids": lib.artifact_ids()}
     prep["before"] = {i: bytes(lib.read_blob(lib.show(i).artifact.content_sha256)) for i in prep["ids"]}
@@ -346,8 +348,8 @@ def full_disk_run(mount: Path, model_dir: str | os.PathLike, lm, embedder) -> di
             attempt("deposit", lambda: lib.deposit_text(TEXT).to_json()),
             attempt("import", lambda: list(services.import_bundle(lib, side / "bundle.tar", limits=small_disk).new)),
             attempt("export", lambda: services.export_bundle(lib, lib.artifact_ids(), exports / "all.tar").bundle_sha256),
-            attempt("index", lambda: len(lib.rebuild_index())),
-            attempt("ledger", lambda: lib.answer(QUESTION, max_new_tokens=2).answer),
+            attempt("index", lambda: len(lib.store.rebuild_index())),
+            attempt("ledger", lambda: lib.answer(QUESTION, AnswerOptions(max_new_tokens=2)).answer),
         ]
 
     filler = fill(mount)
@@ -493,7 +495,7 @@ def sweep(sweeps: list[tuple[str, str, int]], model_dir: str | os.PathLike, work
     spec = {"sweeps": [list(x) for x in sweeps], "model_dir": str(model_dir), "work": str(child_work)}
     env = dict(os.environ, LD_PRELOAD=str(shim), PYTHONPATH=str(ROOT), KVGRAFT_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "scripts.faults", "--child", json.dumps(spec)],
+        [sys.executable, "-m", "scripts.sweeps", "--child", json.dumps(spec)],
         capture_output=True,
         text=True,
         env=env,

@@ -1,0 +1,91 @@
+/* AVX2 primitives (AVX2, FMA, F16C): v16 is two 256-bit registers, lanes 0-7 in lo and 8-15 in hi, and a
+   part (vp) is one of them. The same fmaf per lane as AVX-512, and s[j] + s[j+8] is exactly lo[j] + hi[j],
+   so the same bits. Integer-to-float conversions are of small integers (exact). Built with -DKV_AVX2. */
+
+#include <immintrin.h>
+
+#define KV_ISA_NAME "avx2"
+
+typedef struct {
+    __m256 lo, hi;
+} v16;
+static inline v16 v_of(__m256 lo, __m256 hi) {
+    v16 r = {lo, hi};
+    return r;
+}
+static inline v16 v_zero(void) { return v_of(_mm256_setzero_ps(), _mm256_setzero_ps()); }
+static inline v16 v_set1(float a) { return v_of(_mm256_set1_ps(a), _mm256_set1_ps(a)); }
+static inline v16 v_load(const float *p) { return v_of(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
+static inline v16 v_load_first(const float *p, int64_t n) { /* lanes 0..n-1 from p, the rest 0 (n < 16) */
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), count = _mm256_set1_epi32((int)n);
+    const __m256i lo = _mm256_cmpgt_epi32(count, lanes), hi = _mm256_cmpgt_epi32(count, _mm256_add_epi32(lanes, _mm256_set1_epi32(8)));
+    return v_of(_mm256_maskload_ps(p, lo), _mm256_maskload_ps(p + 8, hi));
+}
+static inline void v_store(float *p, v16 a) {
+    _mm256_storeu_ps(p, a.lo);
+    _mm256_storeu_ps(p + 8, a.hi);
+}
+static inline v16 v_fmadd(v16 a, v16 b, v16 c) { return v_of(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)); }
+static inline v16 v_mul(v16 a, v16 b) { return v_of(_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)); }
+static inline v16 v_sub(v16 a, v16 b) { return v_of(_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)); }
+static inline float reduce16(v16 s) { /* s[j] + s[j+8] is lo[j] + hi[j]; then as the AVX-512 build */
+    __m256 t = _mm256_add_ps(s.lo, s.hi);
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+static inline float h2f(const uint8_t *p) { return _cvtsh_ss(rd16(p)); } /* F16C: exact, as half_to_float */
+static inline void v_prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
+
+static inline __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline __m256i i8x8(const uint8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline __m256i nibbles8(const uint8_t *p, int high) {
+    __m256i v = u8x8(p);
+    return high ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(0xF));
+}
+static inline v16 q_i8(const uint8_t *p) { return v_of(_mm256_cvtepi32_ps(i8x8(p)), _mm256_cvtepi32_ps(i8x8(p + 8))); }
+static inline v16 q_nibbles(const uint8_t *p, int high) {
+    return v_of(_mm256_cvtepi32_ps(nibbles8(p, high)), _mm256_cvtepi32_ps(nibbles8(p + 8, high)));
+}
+/* 16 where bit j of `bits` (8 bits) is set, else 0, for lanes j = 0..7 */
+static inline __m256i bit16x8(uint32_t bits) {
+    const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), sel), sel);
+    return _mm256_and_si256(set, _mm256_set1_epi32(16));
+}
+static inline v16 q_q5(const uint8_t *p, int high, uint32_t bits) {
+    const __m256i sixteen = _mm256_set1_epi32(16);
+    __m256i lo = _mm256_or_si256(nibbles8(p, high), bit16x8(bits & 0xFF));
+    __m256i hi = _mm256_or_si256(nibbles8(p + 8, high), bit16x8((bits >> 8) & 0xFF));
+    return v_of(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, sixteen)), _mm256_cvtepi32_ps(_mm256_sub_epi32(hi, sixteen)));
+}
+static inline __m256i q6x8(const uint8_t *ql, int ls, const uint8_t *qh, int hs) {
+    __m256i l = _mm256_and_si256(_mm256_srli_epi32(u8x8(ql), ls), _mm256_set1_epi32(0xF));
+    __m256i h = _mm256_and_si256(_mm256_srli_epi32(u8x8(qh), hs), _mm256_set1_epi32(3));
+    return _mm256_sub_epi32(_mm256_or_si256(l, _mm256_slli_epi32(h, 4)), _mm256_set1_epi32(32));
+}
+static inline v16 q_q6(const uint8_t *ql, int ls, const uint8_t *qh, int hs) {
+    return v_of(_mm256_cvtepi32_ps(q6x8(ql, ls, qh, hs)), _mm256_cvtepi32_ps(q6x8(ql + 8, ls, qh + 8, hs)));
+}
+
+/* A part is one register of 8 lanes: the tiles accumulate lanes 0-7 of every output over the whole reduction,
+   then lanes 8-15 (each lane's fmaf chain is the one a v16 accumulator holds, in the same order, and the
+   halves meet in reduce16), so a tile of 8-lane accumulators fits twice the outputs in 16 registers. */
+#define VP_LANES 8
+#define VP_PARTS 2
+typedef __m256 vp;
+static inline vp vp_zero(void) { return _mm256_setzero_ps(); }
+static inline vp vp_set1(float a) { return _mm256_set1_ps(a); }
+static inline vp vp_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vp_store(float *p, vp a) { _mm256_storeu_ps(p, a); }
+static inline vp vp_fmadd(vp a, vp b, vp c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vp vp_add(vp a, vp b) { return _mm256_add_ps(a, b); }
+static inline vp v_part(v16 a, int h) { return h ? a.hi : a.lo; }
+static inline v16 v_join(vp first, vp last) { return v_of(first, last); }
+
+/* Tile shapes (16 registers of 8 lanes: a v16 takes two, so its tiles are smaller; larger ones spill their
+   accumulators to the stack). They decide which outputs are computed side by side, never how one is. */
+#define PANEL_RB 3   /* weight rows of a panel per tile of products (x 4 rows of x: 12 accumulators, 3 weights) */
+#define FUSEDM_TOP 4 /* 8 x 2 v16 accumulators would take 32 of AVX2's 16 registers */
+#define QK_C 3       /* keys per tile of dot products (x 4 query rows: 12 accumulators) */
+#define PV_WIDE_C 3  /* parts of 8 values per wide tile of P.V (x 4 probability rows): 24 values */

@@ -1,0 +1,71 @@
+/* AVX-512 primitives (F, BW, VL, DQ, FMA, F16C): v16 is one 512-bit register, and so is a part (vp).
+   Each primitive is the IEEE operation simd.h names, per lane; integer-to-float conversions are of small
+   integers (exact). Built with -DKV_AVX512 (kernels/fma16.py VARIANTS). */
+
+#include <immintrin.h>
+
+#define KV_ISA_NAME "avx512"
+
+typedef __m512 v16;
+static inline v16 v_zero(void) { return _mm512_setzero_ps(); }
+static inline v16 v_set1(float a) { return _mm512_set1_ps(a); }
+static inline v16 v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline v16 v_load_first(const float *p, int64_t n) { /* lanes 0..n-1 from p, the rest 0 (n < 16) */
+    return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+}
+static inline void v_store(float *p, v16 a) { _mm512_storeu_ps(p, a); }
+static inline v16 v_fmadd(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
+static inline v16 v_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+static inline v16 v_sub(v16 a, v16 b) { return _mm512_sub_ps(a, b); }
+static inline float reduce16(v16 s) {
+    __m256 t = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+static inline float h2f(const uint8_t *p) { return _cvtsh_ss(rd16(p)); } /* F16C: exact, as half_to_float */
+static inline void v_prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
+
+static inline __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+/* 16 signed bytes as floats */
+static inline v16 q_i8(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+/* the low (high == 0) or high nibbles of 16 bytes as floats */
+static inline v16 q_nibbles(const uint8_t *p, int high) {
+    __m512i v = u8x16(p);
+    return _mm512_cvtepi32_ps(high ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0xF)));
+}
+/* Q5_0: (nibble | bit j of `bits` << 4) - 16 for lanes j = 0..15 */
+static inline v16 q_q5(const uint8_t *p, int high, uint32_t bits) {
+    __m512i v = u8x16(p);
+    v = high ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0xF));
+    v = _mm512_mask_or_epi32(v, (__mmask16)bits, v, _mm512_set1_epi32(16));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(v, _mm512_set1_epi32(16)));
+}
+/* Q6_K: ((ql >> ls) & 15 | ((qh >> hs) & 3) << 4) - 32 */
+static inline v16 q_q6(const uint8_t *ql, int ls, const uint8_t *qh, int hs) {
+    __m512i l = _mm512_and_si512(_mm512_srli_epi32(u8x16(ql), ls), _mm512_set1_epi32(0xF));
+    __m512i h = _mm512_and_si512(_mm512_srli_epi32(u8x16(qh), hs), _mm512_set1_epi32(3));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(l, _mm512_slli_epi32(h, 4)), _mm512_set1_epi32(32)));
+}
+
+/* A part is the whole register: the tiles accumulate all 16 lanes at once. */
+#define VP_LANES 16
+#define VP_PARTS 1
+typedef __m512 vp;
+static inline vp vp_zero(void) { return _mm512_setzero_ps(); }
+static inline vp vp_set1(float a) { return _mm512_set1_ps(a); }
+static inline vp vp_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vp_store(float *p, vp a) { _mm512_storeu_ps(p, a); }
+static inline vp vp_fmadd(vp a, vp b, vp c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vp vp_add(vp a, vp b) { return _mm512_add_ps(a, b); }
+static inline vp v_part(v16 a, int h) { (void)h; return a; }
+static inline v16 v_join(vp first, vp last) { (void)last; return first; }
+
+/* Tile shapes (32 registers of 16 lanes): they decide which outputs are computed side by side, never how
+   one is computed. */
+#define PANEL_RB 4   /* weight rows of a panel per tile of products (x 4 rows of x: 16 accumulators) */
+#define FUSEDM_TOP 8 /* rows of x per tile with the weights expanded in registers (8 x 2 accumulators) */
+#define QK_C 4       /* keys per tile of dot products (x 4 query rows) */
+#define PV_WIDE_C 4  /* parts of 16 values per wide tile of P.V (x 4 probability rows): 64 values */

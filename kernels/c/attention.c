@@ -1,0 +1,279 @@
+/* Attention (kv_attention) written once over simd.h's primitives: reference.c's definition (attend_row_ref)
+   computed on blocks of query positions whose heads share the keys' loads, or, for one position over many
+   keys, split over threads by keys and values. The tests compare every build with the definition byte for
+   byte (tests/test_numerics.py). */
+
+#define ATT_PB 16 /* query positions per block: their heads' rows share the keys' loads */
+
+/* Tiles of attention: QK_R query rows x QK_C keys of dot products, PV_H probability rows x PV_WIDE_C parts of
+   values of P.V (QK_C and PV_WIDE_C from the arch file). They decide which outputs share the loads, never how
+   one output is computed. */
+#define QK_R 4
+#define PV_H 4
+#define PV_WIDE_VALUES (PV_WIDE_C * VP_LANES) /* values of a wide P.V call; a narrow one takes 16 (VP_PARTS parts) */
+
+/* R query rows q[r] against the C keys from k (row stride lk), D a multiple of 16: t[r][j + c]. One part of
+   the 16 lanes at a time (simd.h), as the products' tiles: each lane's fmaf chain over D is the one a v16
+   accumulator holds, in the same order, and the parts meet in reduce16. */
+#define QK_(R, C)                                                                                             \
+    static void qk_##R##_##C(const float *const *q, const float *k, int64_t lk, int64_t D, float *const *t,   \
+                             int64_t j) {                                                                     \
+        vp part[VP_PARTS][R][C];                                                                              \
+        for (int h = 0; h < VP_PARTS; h++) {                                                                  \
+            vp acc[R][C];                                                                                     \
+            for (int r = 0; r < R; r++)                                                                       \
+                for (int c = 0; c < C; c++) acc[r][c] = vp_zero();                                            \
+            for (int64_t d = VP_LANES * h; d < D; d += 16) {                                                  \
+                vp kv[C];                                                                                     \
+                for (int c = 0; c < C; c++) kv[c] = vp_load(k + c * lk + d);                                  \
+                for (int r = 0; r < R; r++) {                                                                 \
+                    const vp qv = vp_load(q[r] + d);                                                          \
+                    for (int c = 0; c < C; c++) acc[r][c] = vp_fmadd(qv, kv[c], acc[r][c]);                   \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int r = 0; r < R; r++)                                                                       \
+                for (int c = 0; c < C; c++) part[h][r][c] = acc[r][c];                                        \
+        }                                                                                                     \
+        for (int r = 0; r < R; r++)                                                                           \
+            for (int c = 0; c < C; c++) t[r][j + c] = reduce16(v_join(part[0][r][c], part[VP_PARTS - 1][r][c])); \
+    }
+
+/* H probability rows p[h] (indexed by key) against the values v over keys [j0, j1), the C parts of VP_LANES
+   values from d0: y[h][d0 .. d0 + C VP_LANES). Lane L holds the keys j0 + L + 16i (j0 a multiple of 16: lane
+   j mod 16), each lane's fmaf chain in increasing j, then the tree over lanes, value by value: a value's chains
+   and tree do not depend on how many values a call holds beside it. */
+#define PV_(H, C)                                                                                             \
+    static void pv_##H##_##C(const float *const *p, const kv_rows *kv, int64_t j0, int64_t j1, int64_t d0,    \
+                             float *lanes, float *const *y) {                                                 \
+        for (int L = 0; L < 16; L++) {                                                                        \
+            vp acc[H][C];                                                                                     \
+            for (int h = 0; h < H; h++)                                                                       \
+                for (int c = 0; c < C; c++) acc[h][c] = vp_zero();                                            \
+            for (int64_t j = j0 + L; j < j1; j += 16) {                                                       \
+                vp vv[C];                                                                                     \
+                const float *vr = value_row(kv, j) + d0;                                                      \
+                for (int c = 0; c < C; c++) vv[c] = vp_load(vr + VP_LANES * c);                               \
+                for (int h = 0; h < H; h++) {                                                                 \
+                    const vp pp = vp_set1(p[h][j]);                                                           \
+                    for (int c = 0; c < C; c++) acc[h][c] = vp_fmadd(pp, vv[c], acc[h][c]);                   \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int h = 0; h < H; h++)                                                                       \
+                for (int c = 0; c < C; c++) vp_store(lanes + ((L * H + h) * C + c) * VP_LANES, acc[h][c]);   \
+        }                                                                                                     \
+        for (int h = 0; h < H; h++)                                                                           \
+            for (int c = 0; c < C; c++) {                                                                     \
+                vp x[16];                                                                                     \
+                for (int L = 0; L < 16; L++) x[L] = vp_load(lanes + ((L * H + h) * C + c) * VP_LANES);        \
+                for (int L = 0; L < 8; L++) x[L] = vp_add(x[L], x[L + 8]);                                    \
+                for (int L = 0; L < 4; L++) x[L] = vp_add(x[L], x[L + 4]);                                    \
+                for (int L = 0; L < 2; L++) x[L] = vp_add(x[L], x[L + 2]);                                    \
+                vp_store(y[h] + d0 + VP_LANES * c, vp_add(x[0], x[1]));                                       \
+            }                                                                                                 \
+    }
+#define QK(R, C) QK_(R, C) /* expands QK_C and VP_PARTS before pasting */
+#define PV(H, C) PV_(H, C)
+#define FN_(KIND, A, B) KIND##_##A##_##B
+#define FN(KIND, A, B) FN_(KIND, A, B)
+
+typedef void (*qk_fn)(const float *const *, const float *, int64_t, int64_t, float *const *, int64_t);
+typedef void (*pv_fn)(const float *const *, const kv_rows *, int64_t, int64_t, int64_t, float *, float *const *);
+QK(1, QK_C) QK(2, QK_C) QK(3, QK_C) QK(4, QK_C) QK(1, 1) QK(2, 1) QK(3, 1) QK(4, 1)
+PV(1, PV_WIDE_C) PV(2, PV_WIDE_C) PV(3, PV_WIDE_C) PV(4, PV_WIDE_C)
+PV(1, VP_PARTS) PV(2, VP_PARTS) PV(3, VP_PARTS) PV(4, VP_PARTS)
+static const qk_fn QK_WIDE[QK_R + 1] = {0, FN(qk, 1, QK_C), FN(qk, 2, QK_C), FN(qk, 3, QK_C), FN(qk, 4, QK_C)};
+static const qk_fn QK_ONE[QK_R + 1] = {0, qk_1_1, qk_2_1, qk_3_1, qk_4_1};
+static const pv_fn PV_WIDE[PV_H + 1] = {0, FN(pv, 1, PV_WIDE_C), FN(pv, 2, PV_WIDE_C), FN(pv, 3, PV_WIDE_C),
+                                        FN(pv, 4, PV_WIDE_C)};
+static const pv_fn PV_ONE[PV_H + 1] = {0, FN(pv, 1, VP_PARTS), FN(pv, 2, VP_PARTS), FN(pv, 3, VP_PARTS),
+                                       FN(pv, 4, VP_PARTS)};
+
+/* How many wide P.V calls (PV_WIDE_VALUES values each) cover the start of D values (D a multiple of 16), the
+   rest going in narrow calls of 16: the most that leave a multiple of 16. */
+static inline int64_t pv_wide_calls(int64_t D) {
+    int64_t a = D / PV_WIDE_VALUES;
+    while (a > 0 && (D - a * PV_WIDE_VALUES) % 16) a--;
+    return a;
+}
+
+/* Query positions [i0, i0 + n) of H heads, D a multiple of 16 (t: H * ATT_PB rows of sk floats; lanes:
+   16 * 4 * 4 * 16 floats, the widest P.V tile of any build). The dot products of every row over the union of the rows' ranges R (a
+   score outside a row's own R is never read), then each row's softmax over its own R, then P.V per
+   position over its R, its heads side by side. */
+static void attend_block(const float *q, int64_t H, int64_t i0, int64_t n, int64_t D, int64_t q_hs, int64_t q_ss,
+                         const kv_rows *kv, int64_t sk, const uint8_t *keep, const float *add, int64_t m_ss, float scale,
+                         float *y, int64_t y_hs, int64_t y_ss, float *t, float *lanes) {
+    int64_t lo[ATT_PB], hi[ATT_PB], bj0 = sk, bj1 = 0, cnt = 0;
+    const int64_t nw = pv_wide_calls(D); /* P.V's wide calls per row, the same for every row */
+    int has[ATT_PB];
+    const float *qr[ATT_PB * H];
+    float *tr[ATT_PB * H];
+    for (int64_t r = 0; r < n; r++) {
+        int64_t f, l;
+        has[r] = kept_range(keep ? keep + (i0 + r) * m_ss : 0, sk, &f, &l);
+        if (!has[r]) continue;
+        lo[r] = f / 16 * 16;
+        hi[r] = l + 1;
+        bj0 = lo[r] < bj0 ? lo[r] : bj0;
+        bj1 = hi[r] > bj1 ? hi[r] : bj1;
+        for (int64_t h = 0; h < H; h++, cnt++) {
+            qr[cnt] = q + h * q_hs + (i0 + r) * q_ss;
+            tr[cnt] = t + (r * H + h) * sk;
+        }
+    }
+    for (int64_t j = bj0; j < bj1;) {
+        const int wide = segment_left(kv, j, bj1) >= QK_C;
+        for (int64_t rr = 0; rr < cnt; rr += QK_R) {
+            const int64_t R = cnt - rr < QK_R ? cnt - rr : QK_R;
+            (wide ? QK_WIDE : QK_ONE)[R](qr + rr, key_row(kv, j), kv->ks, D, tr + rr, j);
+        }
+        j += wide ? QK_C : 1;
+    }
+    for (int64_t r = 0; r < n; r++) {
+        const float *pr[H];
+        float *yr[H];
+        int64_t live = 0;
+        for (int64_t h = 0; h < H; h++) {
+            float *out = y + h * y_hs + (i0 + r) * y_ss, *row = t + (r * H + h) * sk;
+            if (has[r] && softmax_range(row, add ? add + (i0 + r) * m_ss : 0, keep ? keep + (i0 + r) * m_ss : 0, lo[r],
+                                        hi[r], scale)) {
+                pr[live] = row;
+                yr[live++] = out;
+            } else {
+                memset(out, 0, (size_t)D * 4);
+            }
+        }
+        for (int64_t h = 0; h < live; h += PV_H) {
+            const int64_t Hh = live - h < PV_H ? live - h : PV_H;
+            int64_t d0 = 0;
+            for (int64_t c = 0; c < nw; c++, d0 += PV_WIDE_VALUES) PV_WIDE[Hh](pr + h, kv, lo[r], hi[r], d0, lanes, yr + h);
+            for (; d0 < D; d0 += 16) PV_ONE[Hh](pr + h, kv, lo[r], hi[r], d0, lanes, yr + h);
+        }
+    }
+}
+
+/* One query position (sq == 1, a decode step) of H heads over many keys, split over `threads` where
+   kv_attention's blocks of positions would give one thread all of it: the dot products by tiles of keys,
+   each head's softmax, then P.V by chunks of 16 values. Every t[j] and every y[h][d] is computed by one
+   thread with the operations attend_block uses (the same QK and PV tiles), so the bytes are the same; only
+   which thread computes which is different. Returns -2 when scratch memory is unavailable. */
+static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, const kv_rows *kv, int64_t sk,
+                         const uint8_t *keep, const float *add, float scale, float *y, int64_t y_hs, int threads) {
+    int64_t f, l;
+    if (!kept_range(keep, sk, &f, &l)) {
+        for (int64_t h = 0; h < H; h++) memset(y + h * y_hs, 0, (size_t)D * 4);
+        return 0;
+    }
+    const int64_t lo = f / 16 * 16, hi = l + 1;
+    float *t = malloc((size_t)H * (size_t)sk * 4);
+    if (!t) return -2;
+    const float *qr[64];
+    float *tr[64], *yr[64];
+    const float *pr[64];
+    int live[64];
+    for (int64_t h = 0; h < H; h++) {
+        qr[h] = q + h * q_hs;
+        tr[h] = t + h * sk;
+        yr[h] = y + h * y_hs;
+    }
+    const int64_t tile = 64 / QK_C * QK_C; /* keys per share of the dot products: a multiple of QK_C (64 or 63) */
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t j0 = lo; j0 < hi; j0 += tile) {
+        const int64_t j1 = j0 + tile < hi ? j0 + tile : hi;
+        for (int64_t j = j0; j < j1;) {
+            const int wide = segment_left(kv, j, j1) >= QK_C;
+            for (int64_t rr = 0; rr < H; rr += QK_R) {
+                const int64_t R = H - rr < QK_R ? H - rr : QK_R;
+                (wide ? QK_WIDE : QK_ONE)[R](qr + rr, key_row(kv, j), kv->ks, D, tr + rr, j);
+            }
+            j += wide ? QK_C : 1;
+        }
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t h = 0; h < H; h++) live[h] = softmax_range(tr[h], add, keep, lo, hi, scale);
+    int64_t n = 0;
+    for (int64_t h = 0; h < H; h++) {
+        if (live[h]) {
+            pr[n] = tr[h];
+            yr[n++] = y + h * y_hs;
+        } else {
+            memset(y + h * y_hs, 0, (size_t)D * 4);
+        }
+    }
+    const int64_t wide = pv_wide_calls(D), chunks = wide + (D - wide * PV_WIDE_VALUES) / 16;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *lanes = aligned_alloc(64, 16 * 4 * 4 * 16 * 4);
+        if (!lanes) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < chunks; c++) {
+            if (!lanes) continue;
+            const int64_t d0 = c < wide ? c * PV_WIDE_VALUES : wide * PV_WIDE_VALUES + (c - wide) * 16;
+            for (int64_t h = 0; h < n; h += PV_H) {
+                const int64_t Hh = n - h < PV_H ? n - h : PV_H;
+                (c < wide ? PV_WIDE : PV_ONE)[Hh](pr + h, kv, lo, hi, d0, lanes, yr + h);
+            }
+        }
+        free(lanes);
+    }
+    free(t);
+    return failed ? -2 : 0;
+}
+
+/* Attention of H query heads that share one key/value head: q row (h, i) at q + h q_hs + i q_ss (D values,
+   contiguous), key j at k + j k_ss, value j at v + j v_ss, output row (h, i) at y + h y_hs + i y_ss; the
+   mask row of position i (shared by the heads) at keep + i m_ss (uint8, 1: attend) or add + i m_ss (float,
+   added to the scaled score), or neither (every key). The definition above for every row; `reference` 1
+   computes it one operation at a time (attend_row_ref), as every build does where D is not a multiple of 16. Blocks of
+   positions are split over `threads`; that never changes a byte. `attention` takes the keys and values in
+   segments (kv_rows), kv_attention in one. */
+static int attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs, int64_t q_ss, const kv_rows *kv,
+                     int64_t sk, const uint8_t *keep, const float *add, int64_t m_ss, float scale, float *y, int64_t y_hs,
+                     int64_t y_ss, int threads, int reference) {
+    if (H <= 0 || H > 64 || sq < 0 || D <= 0 || sk <= 0 || (keep && add)) return -1;
+    const int vector = !reference && D % 16 == 0;
+    if (vector && sq == 1 && threads > 1 && (double)sk * (double)(D * H) >= 16.0 * SPLIT_MIN) /* 512 keys of 4 x 256 */
+        return attend_single(q, H, D, q_hs, kv, sk, keep, add, scale, y, y_hs, threads);
+    /* A short prompt (a question after a restore) in blocks of equal size, one per thread, rather than 16
+       positions and a remainder: 17 positions were 16 on one thread and 1 on the other. */
+    const int64_t pb = threads > 1 && sq <= ATT_PB * threads ? (sq + threads - 1) / threads : ATT_PB;
+    const int64_t blocks = (sq + pb - 1) / pb;
+    int failed = 0;
+    const int team = threads < 1 ? 1 : threads > blocks ? (int)blocks : threads; /* no thread without a block */
+#pragma omp parallel num_threads(team) if (team > 1 && (double)sq * (double)sk * (double)(D * H) >= 4.0 * SPLIT_MIN * 16)
+    {
+        float *t = malloc((size_t)(H * ATT_PB) * (size_t)sk * 4);
+        float *lanes = aligned_alloc(64, 16 * 4 * 4 * 16 * 4);
+        if (!t || !lanes) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < blocks; b++) {
+            if (!t || !lanes) continue;
+            const int64_t i0 = b * pb, n = sq - i0 < pb ? sq - i0 : pb;
+            if (vector) {
+                attend_block(q, H, i0, n, D, q_hs, q_ss, kv, sk, keep, add, m_ss, scale, y, y_hs, y_ss, t, lanes);
+                continue;
+            }
+            for (int64_t i = i0; i < i0 + n; i++)
+                for (int64_t h = 0; h < H; h++)
+                    attend_row_ref(q + h * q_hs + i * q_ss, D, kv, sk, keep ? keep + i * m_ss : 0,
+                                   add ? add + i * m_ss : 0, scale, y + h * y_hs + i * y_ss, t);
+        }
+        free(t);
+        free(lanes);
+    }
+    return failed ? -2 : 0;
+}
+
+int kv_attention(const float *q, int64_t H, int64_t sq, int64_t D, int64_t q_hs, int64_t q_ss, const float *k,
+                 int64_t k_ss, const float *v, int64_t v_ss, int64_t sk, const uint8_t *keep, const float *add,
+                 int64_t m_ss, float scale, float *y, int64_t y_hs, int64_t y_ss, int threads, int reference) {
+    const kv_rows kv = {k, v, k, v, k_ss, v_ss, INT64_MAX};
+    return attention(q, H, sq, D, q_hs, q_ss, &kv, sk, keep, add, m_ss, scale, y, y_hs, y_ss, threads, reference);
+}

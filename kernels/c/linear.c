@@ -1,0 +1,303 @@
+/* The products y = x @ W^T (kv_linear) written once over simd.h's primitives: the same operations as
+   reference.c's definition (outputs_ref), computed on tiles of outputs side by side, with the weights
+   expanded into a panel of float32 rows or in registers as they are read. Which outputs share a tile, how
+   the rows are split over threads and which build runs change no byte (tests/test_fma16.py). */
+
+/* The expansion of dequant_row_ref with vectors: the same operations on 16 values at a time. */
+static void dequant_row(int fmt, const uint8_t *src, int64_t K, float *dst) {
+    if (fmt == FMT_F32) {
+        memcpy(dst, src, (size_t)K * 4);
+    } else if (fmt == FMT_Q8_0) {
+        for (int64_t b = 0; b < K / 32; b++, src += 34) {
+            const v16 d = v_set1(h2f(src));
+            v_store(dst + b * 32, v_mul(d, q_i8(src + 2)));
+            v_store(dst + b * 32 + 16, v_mul(d, q_i8(src + 18)));
+        }
+    } else if (fmt == FMT_Q5_0) {
+        for (int64_t b = 0; b < K / 32; b++, src += 22) {
+            const v16 d = v_set1(h2f(src));
+            uint32_t qh = (uint32_t)src[2] | ((uint32_t)src[3] << 8) | ((uint32_t)src[4] << 16) | ((uint32_t)src[5] << 24);
+            v_store(dst + b * 32, v_mul(d, q_q5(src + 6, 0, qh & 0xFFFF)));
+            v_store(dst + b * 32 + 16, v_mul(d, q_q5(src + 6, 1, qh >> 16)));
+        }
+    } else if (fmt == FMT_Q4_K) {
+        for (int64_t b = 0; b < K / 256; b++, src += 144) {
+            float d = h2f(src), dmin = h2f(src + 2);
+            const uint8_t *scales = src + 4, *qs = src + 16;
+            for (int c = 0; c < 4; c++) {
+                int sc0, m0, sc1, m1;
+                q4k_scale_min(scales, 2 * c, &sc0, &m0);
+                q4k_scale_min(scales, 2 * c + 1, &sc1, &m1);
+                const v16 d0 = v_set1(d * (float)sc0), dm0 = v_set1(dmin * (float)m0);
+                const v16 d1 = v_set1(d * (float)sc1), dm1 = v_set1(dmin * (float)m1);
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *q = qs + 32 * c + 16 * h;
+                    v_store(dst + b * 256 + 64 * c + 16 * h, v_sub(v_mul(d0, q_nibbles(q, 0)), dm0));
+                    v_store(dst + b * 256 + 64 * c + 32 + 16 * h, v_sub(v_mul(d1, q_nibbles(q, 1)), dm1));
+                }
+            }
+        }
+    } else if (fmt == FMT_Q6_K) {
+        for (int64_t b = 0; b < K / 256; b++, src += 210) {
+            const uint8_t *ql = src, *qh = src + 128;
+            const int8_t *sc = (const int8_t *)(src + 192);
+            float d = h2f(src + 208);
+            for (int c = 0; c < 16; c++) { /* 16 weights at i = 16c: one scale */
+                int h = c / 8, t = (c % 8) * 16;
+                const v16 q = q_q6(ql + h * 64 + t % 64, 4 * (t / 64), qh + h * 32 + t % 32, 2 * (t / 32));
+                v_store(dst + b * 256 + 16 * c, v_mul(v_set1(d * (float)sc[c]), q));
+            }
+        }
+    }
+}
+
+/* MB rows of x against RB rows of a panel (float32, each padded with zeros to Kp, a multiple of 16), one part
+   of the 16 lanes at a time (simd.h: the whole v16, or lanes 0-7 then 8-15): each lane's fmaf chain over all
+   of K is the one a v16 accumulator holds, in the same order, and the parts meet in reduce16. */
+#define TILE_(MB, RB)                                                                                         \
+    static void tile_##MB##_##RB(const float *x, int64_t ldx, const float *w, int64_t Kp, int64_t K, float *y, \
+                                 int64_t ldy) {                                                               \
+        vp part[VP_PARTS][MB][RB];                                                                            \
+        for (int h = 0; h < VP_PARTS; h++) {                                                                  \
+            vp acc[MB][RB];                                                                                   \
+            for (int m = 0; m < MB; m++)                                                                      \
+                for (int r = 0; r < RB; r++) acc[m][r] = vp_zero();                                           \
+            int64_t k = 0;                                                                                    \
+            for (; k + 16 <= K; k += 16) {                                                                    \
+                vp wv[RB];                                                                                    \
+                for (int r = 0; r < RB; r++) wv[r] = vp_load(w + r * Kp + k + VP_LANES * h);                  \
+                for (int m = 0; m < MB; m++) {                                                                \
+                    const vp xv = vp_load(x + m * ldx + k + VP_LANES * h);                                    \
+                    for (int r = 0; r < RB; r++) acc[m][r] = vp_fmadd(xv, wv[r], acc[m][r]);                  \
+                }                                                                                             \
+            }                                                                                                 \
+            if (k < K) { /* the ragged tail: x read as 0 past K (the panel's rows are zero there) */          \
+                vp wv[RB];                                                                                    \
+                for (int r = 0; r < RB; r++) wv[r] = vp_load(w + r * Kp + k + VP_LANES * h);                  \
+                for (int m = 0; m < MB; m++) {                                                                \
+                    const vp xv = v_part(v_load_first(x + m * ldx + k, K - k), h);                            \
+                    for (int r = 0; r < RB; r++) acc[m][r] = vp_fmadd(xv, wv[r], acc[m][r]);                  \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int m = 0; m < MB; m++)                                                                      \
+                for (int r = 0; r < RB; r++) part[h][m][r] = acc[m][r];                                       \
+        }                                                                                                     \
+        for (int m = 0; m < MB; m++)                                                                          \
+            for (int r = 0; r < RB; r++) y[m * ldy + r] = reduce16(v_join(part[0][m][r], part[VP_PARTS - 1][m][r])); \
+    }
+#define TILE(MB, RB) TILE_(MB, RB) /* expands PANEL_RB and ROW_RB before pasting */
+#define TILE_FN_(MB, RB) tile_##MB##_##RB
+#define TILE_FN(MB, RB) TILE_FN_(MB, RB)
+
+/* Tile shapes: how many rows of x (PANEL_MB) and of a panel (PANEL_RB, from the arch file; ROW_RB for one row
+   of x) a call holds side by side. They decide which outputs are computed together, never how one is. */
+#define PANEL_MB 4
+#define ROW_RB 8
+typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t);
+TILE(1, 1) TILE(2, 1) TILE(3, 1) TILE(4, 1)
+TILE(1, PANEL_RB) TILE(2, PANEL_RB) TILE(3, PANEL_RB) TILE(4, PANEL_RB)
+TILE(1, ROW_RB)
+static const tile_fn TILES1[PANEL_MB + 1] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1};
+static const tile_fn TILESR[PANEL_MB + 1] = {0, TILE_FN(1, PANEL_RB), TILE_FN(2, PANEL_RB), TILE_FN(3, PANEL_RB),
+                                             TILE_FN(4, PANEL_RB)};
+#define tile_1_row TILE_FN(1, ROW_RB)
+
+/* Sixteen weights of a row, W[n][k0..k0+15], expanded in registers: the same operations as dequant_row. */
+static inline v16 w16_f32(const uint8_t *row, int64_t k0) { return v_load((const float *)row + k0); }
+
+static inline v16 w16_q8_0(const uint8_t *row, int64_t k0) {
+    const uint8_t *blk = row + (k0 / 32) * 34;
+    return v_mul(v_set1(h2f(blk)), q_i8(blk + 2 + (k0 % 32)));
+}
+
+static inline v16 w16_q5_0(const uint8_t *row, int64_t k0) {
+    const uint8_t *blk = row + (k0 / 32) * 22;
+    const int high = (k0 % 32) != 0;
+    uint32_t qh = (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) | ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24);
+    return v_mul(v_set1(h2f(blk)), q_q5(blk + 6, high, high ? qh >> 16 : qh & 0xFFFF));
+}
+
+/* Where the bytes of W[n][k0..] start in a row (the prefetches ask for them two row groups ahead). */
+static inline int64_t off_f32(int64_t k) { return 4 * k; }
+static inline int64_t off_q8_0(int64_t k) { return k / 32 * 34; }
+static inline int64_t off_q5_0(int64_t k) { return k / 32 * 22; }
+
+/* One output row of x (M == 1) against RB weight rows, the weights expanded as they are read. */
+#define FUSED(NAME, RB)                                                                                       \
+    static void fused_##NAME##_##RB(const float *x, const uint8_t *w, int64_t rb, int64_t K, float *y) {      \
+        v16 acc[RB];                                                                                          \
+        for (int r = 0; r < RB; r++) acc[r] = v_zero();                                                       \
+        for (int64_t k = 0; k < K; k += 16) {                                                                 \
+            v16 xv = v_load(x + k);                                                                           \
+            for (int r = 0; r < RB; r++) {                                                                    \
+                v_prefetch(w + (r + 2 * RB) * rb + off_##NAME(k));                                              \
+                acc[r] = v_fmadd(xv, w16_##NAME(w + r * rb, k), acc[r]);                                      \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int r = 0; r < RB; r++) y[r] = reduce16(acc[r]);                                                 \
+    }
+FUSED(f32, 8) FUSED(f32, 1) FUSED(q8_0, 1) FUSED(q5_0, 8) FUSED(q5_0, 1)
+
+/* Q8_0 against 8 rows, a block (two chunks of 16) at a time: one scale per row and block. */
+static void fused_q8_0_8(const float *x, const uint8_t *w, int64_t rb, int64_t K, float *y) {
+    v16 acc[8];
+    for (int r = 0; r < 8; r++) acc[r] = v_zero();
+    for (int64_t k = 0; k < K; k += 32) {
+        const v16 x0 = v_load(x + k), x1 = v_load(x + k + 16);
+        const uint8_t *blk = w + (k / 32) * 34;
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++, blk += rb) {
+            v_prefetch(blk + 16 * rb); /* two groups of 8 rows ahead */
+            const v16 d = v_set1(h2f(blk));
+            acc[r] = v_fmadd(x0, v_mul(d, q_i8(blk + 2)), acc[r]);
+            acc[r] = v_fmadd(x1, v_mul(d, q_i8(blk + 18)), acc[r]);
+        }
+    }
+    for (int r = 0; r < 8; r++) y[r] = reduce16(acc[r]);
+}
+
+
+/* MB rows of x against RB weight rows (MB <= FUSEDM_TOP, RB <= 2), the weights expanded in registers: for
+   few rows of x, expanding a weight again per block of rows costs less than a round trip through a panel. */
+#define FUSEDM(NAME, MB, RB)                                                                                     \
+    static void fusedm_##NAME##_##MB##_##RB(const float *x, int64_t ldx, const uint8_t *w, int64_t rb,         \
+                                            int64_t K, float *y, int64_t ldy) {                                \
+        v16 acc[MB][RB];                                                                                       \
+        for (int m = 0; m < MB; m++)                                                                           \
+            for (int r = 0; r < RB; r++) acc[m][r] = v_zero();                                                 \
+        for (int64_t k = 0; k < K; k += 16) {                                                                  \
+            v16 wv[RB];                                                                                        \
+            for (int r = 0; r < RB; r++) {                                                                     \
+                v_prefetch(w + (r + 2 * RB) * rb + off_##NAME(k));                                              \
+                wv[r] = w16_##NAME(w + r * rb, k);                                                             \
+            }                                                                                                  \
+            for (int m = 0; m < MB; m++) {                                                                     \
+                const v16 xv = v_load(x + m * ldx + k);                                                        \
+                for (int r = 0; r < RB; r++) acc[m][r] = v_fmadd(xv, wv[r], acc[m][r]);                        \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int m = 0; m < MB; m++)                                                                           \
+            for (int r = 0; r < RB; r++) y[m * ldy + r] = reduce16(acc[m][r]);                                \
+    }
+#define FUSEDM_ALL(NAME)                                                                                        \
+    FUSEDM(NAME, 8, 2) FUSEDM(NAME, 4, 2) FUSEDM(NAME, 2, 2) FUSEDM(NAME, 1, 2)                                 \
+    FUSEDM(NAME, 8, 1) FUSEDM(NAME, 4, 1) FUSEDM(NAME, 2, 1) FUSEDM(NAME, 1, 1)                                 \
+    static void fusedm_##NAME(const float *x, int64_t M, int64_t ldx, const uint8_t *w, int64_t rb, int64_t K,  \
+                              int64_t n0, int64_t n1, float *y, int64_t ldy) {                                  \
+        for (int64_t n = n0; n < n1;) {                                                                        \
+            const int two = n + 2 <= n1;                                                                       \
+            for (int64_t m = 0; m < M;) {                                                                      \
+                const int64_t left = M - m;                                                                    \
+                const float *xm = x + m * ldx;                                                                 \
+                float *ym = y + m * ldy + n;                                                                   \
+                const uint8_t *wn = w + n * rb;                                                                \
+                if (FUSEDM_TOP >= 8 && left >= 8) {                                                            \
+                    (two ? fusedm_##NAME##_8_2 : fusedm_##NAME##_8_1)(xm, ldx, wn, rb, K, ym, ldy);            \
+                    m += 8;                                                                                    \
+                } else if (left >= 4) {                                                                        \
+                    (two ? fusedm_##NAME##_4_2 : fusedm_##NAME##_4_1)(xm, ldx, wn, rb, K, ym, ldy);            \
+                    m += 4;                                                                                    \
+                } else if (left >= 2) {                                                                        \
+                    (two ? fusedm_##NAME##_2_2 : fusedm_##NAME##_2_1)(xm, ldx, wn, rb, K, ym, ldy);            \
+                    m += 2;                                                                                    \
+                } else {                                                                                       \
+                    (two ? fusedm_##NAME##_1_2 : fusedm_##NAME##_1_1)(xm, ldx, wn, rb, K, ym, ldy);            \
+                    m += 1;                                                                                    \
+                }                                                                                              \
+            }                                                                                                  \
+            n += two ? 2 : 1;                                                                                  \
+        }                                                                                                      \
+    }
+FUSEDM_ALL(f32) FUSEDM_ALL(q8_0) FUSEDM_ALL(q5_0)
+
+typedef void (*fusedm_fn)(const float *, int64_t, int64_t, const uint8_t *, int64_t, int64_t, int64_t, int64_t, float *,
+                          int64_t);
+#define FUSEDM_MAX_ROWS 8 /* up to this many rows of x: the weights expanded in registers; more: through panels */
+
+typedef void (*fused_fn)(const float *, const uint8_t *, int64_t, int64_t, float *);
+
+/* The fused kernels for a format (K a multiple of 16 for float32), or none: the panel path takes it. */
+static int fused_for(int fmt, int64_t K, fused_fn *f8, fused_fn *f1, fusedm_fn *fm) {
+    if (fmt == FMT_F32 && K % 16 == 0) { *f8 = fused_f32_8; *f1 = fused_f32_1; *fm = fusedm_f32; return 1; }
+    if (fmt == FMT_Q8_0) { *f8 = fused_q8_0_8; *f1 = fused_q8_0_1; *fm = fusedm_q8_0; return 1; }
+    if (fmt == FMT_Q5_0) { *f8 = fused_q5_0_8; *f1 = fused_q5_0_1; *fm = fusedm_q5_0; return 1; }
+    return 0;
+}
+
+
+static int64_t panel_rows(int64_t Kp) {
+    int64_t r = 65536 / Kp; /* about 256 KB of float32 per panel */
+    r = r < 8 ? 8 : r > 64 ? 64 : r;
+    return r / 8 * 8;
+}
+
+/* The end of panel p of P weight rows (the last panel may be short). */
+static int64_t panel_end(int64_t p, int64_t P, int64_t N) { return N - p * P < P ? N : p * P + P; }
+
+/* y[M][N] (row stride ldy) = x[M][K] (row stride ldx) @ W^T, W given as N rows of row_bytes in `fmt`. */
+int kv_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int fmt, int64_t N,
+              float *y, int64_t ldy, int threads) {
+    int64_t rb = kv_row_bytes(fmt, K);
+    if (rb < 0 || M < 0 || N < 0 || K <= 0) return -1;
+    const int64_t Kp = pad16(K), P = panel_rows(Kp), panels = (N + P - 1) / P;
+    fused_fn f8, f1;
+    fusedm_fn fm;
+    const int fused = fused_for(fmt, K, &f8, &f1, &fm);
+    if (fused && M > 1 && M <= FUSEDM_MAX_ROWS) {
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
+        for (int64_t p = 0; p < panels; p++) fm(x, M, ldx, w, rb, K, p * P, panel_end(p, P, N), y, ldy);
+        return 0;
+    }
+    if (fused && M == 1) { /* one row: no panel, each weight is read once anyway */
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
+            const int64_t end = panel_end(p, P, N);
+            int64_t n = p * P;
+            for (; n + 8 <= end; n += 8) f8(x, w + n * rb, rb, K, y + n);
+            for (; n < end; n++) f1(x, w + n * rb, rb, K, y + n);
+        }
+        return 0;
+    }
+    int failed = 0;
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+    {
+        float *buf = aligned_alloc(64, (size_t)(P * Kp * 4));
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
+            if (!buf) continue;
+            const int64_t n0 = p * P, rows = panel_end(p, P, N) - n0;
+            for (int64_t r = 0; r < rows; r++) {
+                dequant_row(fmt, w + (n0 + r) * rb, K, buf + r * Kp);
+                if (Kp > K) memset(buf + r * Kp + K, 0, (size_t)(Kp - K) * 4);
+            }
+            if (M == 1) {
+                int64_t r = 0;
+                for (; r + ROW_RB <= rows; r += ROW_RB) tile_1_row(x, ldx, buf + r * Kp, Kp, K, y + n0 + r, ldy);
+                for (; r + PANEL_RB <= rows; r += PANEL_RB) TILE_FN(1, PANEL_RB)(x, ldx, buf + r * Kp, Kp, K, y + n0 + r, ldy);
+                for (; r < rows; r++) tile_1_1(x, ldx, buf + r * Kp, Kp, K, y + n0 + r, ldy);
+                continue;
+            }
+            for (int64_t m = 0; m < M; m += PANEL_MB) {
+                const int64_t mb = M - m < PANEL_MB ? M - m : PANEL_MB;
+                int64_t r = 0;
+                for (; r + PANEL_RB <= rows; r += PANEL_RB)
+                    TILESR[mb](x + m * ldx, ldx, buf + r * Kp, Kp, K, y + m * ldy + n0 + r, ldy);
+                for (; r < rows; r++) TILES1[mb](x + m * ldx, ldx, buf + r * Kp, Kp, K, y + m * ldy + n0 + r, ldy);
+            }
+        }
+        free(buf);
+    }
+    return failed ? -2 : 0;
+}
+
+/* W as float32 [N][K]: `vector` 1 uses the expansion this build's products use, 0 the plain C one. */
+int kv_dequant(const uint8_t *w, int fmt, int64_t N, int64_t K, float *out, int vector) {
+    int64_t rb = kv_row_bytes(fmt, K);
+    if (rb < 0) return -1;
+    for (int64_t n = 0; n < N; n++) (vector ? dequant_row : dequant_row_ref)(fmt, w + n * rb, K, out + n * K);
+    return 0;
+}
