@@ -222,11 +222,11 @@ def vet(
     for a in rows["artifacts"]:
         src = srcs[a["id"]]
         text = src.get("question") or src["text"]
-        vec = np.asarray(lib.embedder.embed(text), dtype="<f4")
+        vec = np.asarray(lib.store.embedder.embed(text), dtype="<f4")
         embs.append(
             {
                 "artifact_id": a["id"],
-                "embedder_id": lib.embedder.embedder_id,
+                "embedder_id": lib.store.embedder.embedder_id,
                 "dim": int(vec.shape[0]),
                 "vector": base64.b64encode(vec.tobytes()).decode("ascii"),
                 "text_sha256": text_sha256(text),

@@ -53,7 +53,8 @@ def test_cli_selftest_json_and_exit_code(tiny_dirs, tmp_path):
     out = json.loads(ok.stdout)
     assert out["match"] is True and len(out["cases"]) == 10
     assert set(out["cases"][0]) == {"name", "expected", "got"} and out["numerics"] == {"numerics": "kvgraft-f32-v2"}
-    assert set(out["ran_on"]) == {"fma16_build", "aten_capability", "threads", "cpu"}
+    assert set(out["ran_on"]) == {"fma16_build", "batching", "aten_capability", "threads", "cpu"}
+    assert out["ran_on"]["batching"].startswith("together, up to 8 sessions a pass (fma16")  # this model: fma16 rows
     bad = tmp_path / "golden.json"
     bad.write_text(json.dumps({"sets": {}}))
     script = (

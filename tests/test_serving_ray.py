@@ -84,7 +84,7 @@ def _concurrently(n: int, fn):
 @pytest.mark.postgres
 def test_two_replicas_answer_concurrently_and_byte_identically(deployment, tmp_path, tiny_gemma):
     settings, client, seeded = deployment
-    replies = _concurrently(6, lambda i: client.answer(QUESTION, AnswerOptions(max_new_tokens=8)))
+    replies = _concurrently(6, lambda i: client.answer(QUESTION, max_new_tokens=8))
     served_by = {r.replica for r in replies}
     assert len(served_by) == 2, f"both replicas should have answered, got {served_by}"
     hashes = {r.payload["output_sha256"] for r in replies}
@@ -125,7 +125,7 @@ def test_deposit_through_one_replica_is_grafted_by_the_other_and_bytes_match(dep
     depositor = dep.replica
     others = []
     for _ in range(10):  # until the other replica has served it: both are busy under two concurrent requests
-        for r in _concurrently(2, lambda i: client.answer(fact, AnswerOptions(max_new_tokens=4))):
+        for r in _concurrently(2, lambda i: client.answer(fact, max_new_tokens=4)):
             assert dep.payload["id"] in r.payload["artifact_ids"], f"replica {r.replica} did not graft the new deposit"
             if r.replica != depositor:
                 others.append(r)

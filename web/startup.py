@@ -464,7 +464,17 @@ class StartingLibrary:
         between: Callable[[], None] | None = None,
     ) -> Solved:
         return self._ready().solve(
-            question, verifier, reference, budget, attempts, seed, temperature, max_new_tokens, admin, library, between
+            question,
+            verifier,
+            reference,
+            budget=budget,
+            attempts=attempts,
+            seed=seed,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            admin=admin,
+            library=library,
+            between=between,
         )
 
     def delete(self, ref: str) -> DeleteReport:
