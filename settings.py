@@ -156,6 +156,12 @@ _DECLARED = (
     ),
     Setting("KVGRAFT_MODEL", "text", None, "a Hugging Face causal LM folder or hub id", shown="packaged Gemma 3 270M"),
     Setting(
+        "KVGRAFT_MACHINE_BOUND",
+        "bool",
+        False,
+        "load a model outside the numerical definition anyway; its answers are exact on this machine class only",
+    ),
+    Setting(
         "KVGRAFT_MODEL_CACHE",
         "path",
         _cache("models"),

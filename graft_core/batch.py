@@ -20,7 +20,9 @@ another through the plain forward). The rows it returns are therefore the rows
 checks it on the tiny and the real model, rows and caches.
 
 Gemma 3 text models only (`Gemma3ForCausalLM`): the layer structure below is theirs; other models get
-`supported() == False` and step one by one.
+`supported() == False` and step one by one. A Gemma 3 off the numerical definition (machine-bound: torch's
+attention, norms or products) takes a width only where whole passes measured at build give each session's
+own bytes (`Batcher._measure`); there the product checks alone do not decide it.
 
 `Batcher.prefill` does the same for prompts: from 4 rows up a row of MKL's product does not depend on
 the other rows, so prompts of checked lengths are stacked into one product (`stack_sizes`).
@@ -119,7 +121,7 @@ def lean(model) -> Batcher | None:
     found = model.__dict__.get("_kvgraft_lean", False)
     if found is False:
         built = Batcher(model)
-        found = built if built.fma16 else None
+        found = built if built.fma16 and built.defined else None
         model.__dict__["_kvgraft_lean"] = found
     return found
 
@@ -143,11 +145,14 @@ class Batcher:
         self.stack_sizes: frozenset[int] = frozenset()
         self.why = ""
         self.stepper = None  # the steps' decoder layers in one C call (graft_core.step), where it runs
+        # Under the numerical definition (graft_core.numerics.take_over) every operation of a pass acts row by
+        # row; off it (the machine-bound path) the products are checked below and whole passes are measured.
+        self.defined = bool(getattr(model, "kvgraft_definition", ""))
         if not self.supported():
             self.why = f"{type(model).__name__} is not a Gemma 3 text model"
             return
         self.fma16 = _fma16_products(model)
-        if self.fma16:  # fma16 reads its own copy of every weight (GGUF blocks or float32): nothing else is checked
+        if self.fma16 and self.defined:  # fma16 reads its own copy of every weight (GGUF blocks or float32)
             # fma16 computes each row from that row and the weight alone (checked per shape when it took the
             # products over): any number of rows, no padding, gives each row's own bytes.
             self.widths = tuple(widths)
@@ -157,6 +162,11 @@ class Batcher:
 
             stepper = Stepper(model)
             self.stepper = stepper if not stepper.why else None
+            return
+        if self.fma16:  # fma16's products under torch's attention and norms: only the products are row by row
+            self.widths, self.threads = tuple(widths), torch.get_num_threads()
+            self.stack_sizes = frozenset(range(1, STACK_MAX + 1))
+            self._measure()
             return
         shapes = {}
         for lin in _linears(model):
@@ -173,6 +183,54 @@ class Batcher:
         self.stack_sizes = stack_sizes(layer_shapes) if self.widths else frozenset()
         if not self.widths:
             self.why = f"no padded width in {widths} gave the 1-row products' bytes for every shape here"
+            return
+        self._measure()
+
+    @torch.inference_mode()
+    def _measure(self, steps: int = 2) -> None:
+        """Off the definition, products agreeing is not enough (torch's attention, norms and activations run on
+        the stacked rows too): measure whole passes on seeded sessions, for every width at 2, width - 1 and
+        width sessions (`steps` steps each) and one pass of stacked prompts, against each session alone
+        (`forward_chunk`), byte for byte. A width whose pass differs is dropped; a stacked pass that differs
+        drops stacking; with no width left `why` says so and sessions step one by one."""
+        from .forward import forward_chunk, new_cache
+
+        model, vocab = self.model, self.model.config.vocab_size
+        gen = torch.Generator().manual_seed(3)
+
+        def sessions(n: int) -> tuple[list, list]:
+            prompts = [torch.randint(3, vocab, (3 + j,), generator=gen).tolist() for j in range(n)]
+            pairs = []
+            for ids in prompts:
+                a, b = new_cache(model), new_cache(model)
+                forward_chunk(model, a, ids, 0)
+                forward_chunk(model, b, ids, 0)
+                pairs.append((a, b))
+            return prompts, pairs
+
+        def equal_steps(n: int) -> bool:
+            prompts, pairs = sessions(n)
+            for k in range(steps):
+                toks = [int(t) for t in torch.randint(3, vocab, (n,), generator=gen)]
+                alone = [
+                    forward_chunk(model, a, [t], len(ids) + k)[-1] for (a, _), t, ids in zip(pairs, toks, prompts, strict=True)
+                ]
+                together = self._step([Session(b, t, len(ids) + k) for (_, b), t, ids in zip(pairs, toks, prompts, strict=True)])
+                if not all(torch.equal(x, y) for x, y in zip(alone, together, strict=True)):
+                    return False
+            return True
+
+        self.widths = tuple(w for w in self.widths if all(equal_steps(n) for n in sorted({2, w - 1, w} - {0, 1})))
+        lengths = sorted(self.stack_sizes)[:3]
+        if len(lengths) > 1:
+            prompts = [torch.randint(3, vocab, (t,), generator=gen).tolist() for t in lengths]
+            alone = [forward_chunk(model, new_cache(model), ids, 0)[-1] for ids in prompts]
+            stacked = self._pass([(new_cache(model), ids, 0) for ids in prompts], self._stacked)
+            if not all(torch.equal(x, y) for x, y in zip(alone, stacked, strict=True)):
+                self.stack_sizes = frozenset()
+        if not self.widths:
+            self.stack_sizes = frozenset()
+            self.why = "outside the numerical definition, a measured pass of sessions together differed from each alone here"
 
     def supported(self) -> bool:
         m = self.model
@@ -200,7 +258,7 @@ class Batcher:
         """Each session's logits row [vocab] for its token at its position; every cache gains the token."""
         from .forward import forward_chunk
 
-        if self.fma16 and torch.get_num_threads() == self.threads:  # alone too: the lean pass (no masks, no modules' glue)
+        if self.fma16 and self.defined and torch.get_num_threads() == self.threads:  # alone too: the lean pass
             return [row for i in range(0, len(sessions), self.most) for row in self._step(sessions[i : i + self.most])]
         if len(sessions) <= 1 or not self.widths or torch.get_num_threads() != self.threads:
             return [forward_chunk(self.model, s.cache, [s.token], s.pos)[-1] for s in sessions]
@@ -221,10 +279,11 @@ class Batcher:
 
         rows: list = [None] * len(prompts)
         group: list[int] = []
-        together = (len(prompts) > 1 or bool(self.fma16)) and bool(self.stack_sizes) and torch.get_num_threads() == self.threads
+        lean = bool(self.fma16) and self.defined
+        together = (len(prompts) > 1 or lean) and bool(self.stack_sizes) and torch.get_num_threads() == self.threads
 
         def flush() -> None:
-            if len(group) == 1 and not self.fma16:
+            if len(group) == 1 and not lean:
                 cache, ids, start = prompts[group[0]]
                 rows[group[0]] = forward_chunk(self.model, cache, list(ids), start)[-1]
             elif group:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # torch and transformers load in `load` (and the conversion),
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "packaged:gemma-3-270m"
+MACHINE_BOUND = "exact on this machine class only"  # what every answer of a machine-bound model says
 FINGERPRINT_FILE = "kvgraft-fingerprint.json"
 BLOCKS_FILE = "gguf-blocks.safetensors"  # fma16's copy of the packaged GGUF's blocks, beside the float32 folder
 _FINGERPRINT_VERSION = "2"
@@ -83,6 +84,12 @@ class LoadedModel:
     config: DeterminismConfig
     load_s: float
     products: str = ""  # which products run faster with the same bytes (graft_core.products.speed_up)
+
+    @property
+    def machine_bound(self) -> bool:
+        """Whether its bytes hold on this machine class only: its record names no numerical definition (the
+        kernel path instead), read from the record, not from how it was loaded."""
+        return "numerics" not in dict(self.config.numerics)
 
     @property
     def fingerprint(self) -> str:
@@ -281,9 +288,16 @@ def keep_large_buffers() -> bool:
     return bool(mallopt(m_mmap_threshold, LARGE_BUFFER_BYTES)) and bool(mallopt(m_trim_threshold, LARGE_BUFFER_BYTES))
 
 
-def load(name: str | None = None, device: str = "cpu", linear: str | None = None) -> LoadedModel:
+def load(
+    name: str | None = None, device: str = "cpu", linear: str | None = None, machine_bound: bool | None = None
+) -> LoadedModel:
     """Load `name` (default: `KVGRAFT_MODEL` or the packaged Gemma 3 270M) deterministically. `linear`
-    ("fma16" or "torch") chooses the products as KVGRAFT_LINEAR does, which is read when it is None."""
+    ("fma16" or "torch") chooses the products as KVGRAFT_LINEAR does, which is read when it is None.
+
+    A model outside the numerical definition (numerics.why_not) is refused with one line (KvgraftError)
+    unless `machine_bound` (default: KVGRAFT_MACHINE_BOUND) opts into torch's attention: then its record
+    names this machine's kernel path and `LoadedModel.machine_bound` is True, as it is wherever the
+    definition does not run (KVGRAFT_LINEAR=torch, no C compiler, another device)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -307,13 +321,24 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
     source = resolve_model_dir(name)
     # The whole forward on one definition (numerics.VERSION) where fma16 runs and the model is one it covers;
     # otherwise torch's kernels (and, for other architectures, fma16's products only), recorded by kernel path.
-    definition = "" if why or numerics.why_not(AutoConfig.from_pretrained(source)) else numerics.VERSION
+    lack = numerics.why_not(AutoConfig.from_pretrained(source))
+    if lack and not (settings.get("KVGRAFT_MACHINE_BOUND") if machine_bound is None else machine_bound):
+        raise KvgraftError(numerics.outside(name, lack))
+    definition = "" if why or lack else numerics.VERSION
     if definition:
         numerics.register()
     attn_implementation = numerics.NAME if definition else ATTN_IMPLEMENTATION
     config = pin(device=device, dtype=torch.float32, definition=definition, attn_implementation=attn_implementation)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=attn_implementation)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=attn_implementation)
+    except ValueError as e:  # Gemma 2, for one: transformers refuses SDPA for it (it would drop its soft-capping)
+        if definition:
+            raise
+        first = str(e).split(". ")[0]
+        raise KvgraftError(
+            f"KVGRAFT_MODEL {name}: transformers cannot run it on {attn_implementation} attention ({first})"
+        ) from e
     model.to(device).eval()
     # Where a weight sits changed the bits of MKL's one-row products: placed (and recorded) only where torch's
     # products run. fma16 reads each weight row in one fixed order wherever it sits.
@@ -343,10 +368,11 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
     else:
         products = f"torch ({why}); " + speed_up(model).line()
     log.info("products: %s", products)
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, info=info, config=config, load_s=0.0, products=products)
+    if loaded.machine_bound:
+        log.warning("%s: outside %s, %s (its record names this machine's kernel path)", name, numerics.VERSION, MACHINE_BOUND)
     warm_up(model)
-    return LoadedModel(
-        model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
-    )
+    return replace(loaded, load_s=time.perf_counter() - t0)
 
 
 def _packaged_gguf_dir() -> Path:
