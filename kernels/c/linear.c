@@ -37,7 +37,10 @@ static void dequant_row(int fmt, const uint8_t *src, int64_t K, float *dst) {
                 }
             }
         }
-    } else if (fmt == FMT_Q6_K) {
+    } else if (fmt != FMT_Q6_K) { /* F16, BF16, Q4_0, Q4_1, Q5_1, Q5_K: the reference's plain C (the same
+                                     operations in every build: -ffp-contract=off keeps d * q + m two roundings) */
+        dequant_row_ref(fmt, src, K, dst);
+    } else {
         for (int64_t b = 0; b < K / 256; b++, src += 210) {
             const uint8_t *ql = src, *qh = src + 128;
             const int8_t *sc = (const int8_t *)(src + 192);
