@@ -2,7 +2,9 @@
 
 Owns the model cache (`KVGRAFT_MODEL_CACHE`): where fma16 runs, the packaged default model is read straight
 from its GGUF (graft_core.packaged); elsewhere (KVGRAFT_LINEAR=torch, no C compiler) it is converted once to
-a float32 safetensors folder. It knows nothing about artifacts, SQL or embeddings.
+a float32 safetensors folder. Another GGUF file of the Gemma 3 family loads the same way (`_load_gguf`).
+A model outside the numerical definition is refused with one line unless KVGRAFT_MACHINE_BOUND opts in
+(`LoadedModel.machine_bound`). It knows nothing about artifacts, SQL or embeddings.
 """
 
 from __future__ import annotations
@@ -318,6 +320,8 @@ def load(
             return _load_packaged(t0)
         except Mismatch as e:
             log.warning("the packaged GGUF cannot stand for the float32 weights here (%s); converting it to float32", e)
+    if str(name).endswith(".gguf") and Path(name).expanduser().is_file():
+        return _load_gguf(Path(name).expanduser(), name, t0, why)
     source = resolve_model_dir(name)
     # The whole forward on one definition (numerics.VERSION) where fma16 runs and the model is one it covers;
     # otherwise torch's kernels (and, for other architectures, fma16's products only), recorded by kernel path.
@@ -417,6 +421,56 @@ def _load_packaged(t0: float) -> LoadedModel:
         products += "; " + numerics.take_over(model, taken.isa)
     else:
         config = replace(config, numerics=tuple(sorted((*config.numerics, ("linear", fma16.VERSION)))))
+    log.info("products: %s", products)
+    warm_up(model)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
+    )
+
+
+def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
+    """A GGUF file of the Gemma 3 family, read as the packaged one is (graft_core.packaged: a skeleton, the norms
+    read as float32, every other tensor multiplied from its blocks by fma16), with its config and tokenizer
+    (and chat template) from the file's metadata as transformers reads them, and the fingerprint from its
+    tensors: the float32 weights they expand to, hashed as a float32 folder's are (`packaged.weights_sha256`),
+    so the packaged model's own file given by path has the packaged model's fingerprint. Refused in one line
+    where the file is outside the definition or fma16 cannot run (`why`)."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    from kernels import fma16
+
+    from . import numerics, packaged
+    from .determinism import pin
+
+    if why:
+        raise KvgraftError(f"KVGRAFT_MODEL {name}: a GGUF file is read by kvgraft's kernels, which cannot run here ({why})")
+    hf_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    lack = numerics.why_not(hf_config)
+    if lack:
+        raise KvgraftError(
+            numerics.outside(name, lack).split("; set ")[0]
+            + "; a GGUF file loads directly only inside it (convert it to a Hugging Face folder for the machine-bound path)"
+        )
+    # as the float32 conversion writes them (from_pretrained(dtype=float32), then save_pretrained): hashed alike
+    hf_config.architectures = [f"{type(hf_config).__name__.removesuffix('TextConfig').removesuffix('Config')}ForCausalLM"]
+    hf_config.dtype = "float32"
+    numerics.register()
+    config = pin(device="cpu", dtype=torch.float32, definition=numerics.VERSION, attn_implementation=numerics.NAME)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = packaged.skeleton(hf_config, numerics.NAME)
+    try:
+        blocks = packaged.fill(model, path)
+    except packaged.Mismatch as e:
+        raise KvgraftError(f"KVGRAFT_MODEL {name}: {e}") from e
+    model.requires_grad_(False)
+    taken = fma16.take_over(model, blocks)
+    packaged.take_embedding(model, blocks, taken.isa)
+    weights = packaged.weights_sha256(model, blocks, taken.isa)
+    tok = tokenizer_sha256(tokenizer)
+    combined = hashlib.sha256(f"{weights}|{config_sha256(model.config.to_dict())}|{tok}".encode()).hexdigest()
+    info = describe(model, name, weights, tok, combined)
+    products = f"{taken.line()}, embedding rows expanded from their blocks; " + numerics.take_over(model, taken.isa)
     log.info("products: %s", products)
     warm_up(model)
     return LoadedModel(
