@@ -445,7 +445,11 @@ def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
 
     if why:
         raise KvgraftError(f"KVGRAFT_MODEL {name}: a GGUF file is read by kvgraft's kernels, which cannot run here ({why})")
-    hf_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    read = _gguf_metadata_dir(path)
+    if read is not None:
+        hf_config, tokenizer = AutoConfig.from_pretrained(read), AutoTokenizer.from_pretrained(read)
+    else:
+        hf_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     lack = numerics.why_not(hf_config)
     if lack:
         raise KvgraftError(
@@ -457,7 +461,9 @@ def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
     hf_config.dtype = "float32"
     numerics.register()
     config = pin(device="cpu", dtype=torch.float32, definition=numerics.VERSION, attn_implementation=numerics.NAME)
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    if read is None:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        _remember_gguf_metadata(path, hf_config, tokenizer)
     model = packaged.skeleton(hf_config, numerics.NAME)
     try:
         blocks = packaged.fill(model, path)
@@ -476,6 +482,40 @@ def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
     return LoadedModel(
         model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
     )
+
+
+def _gguf_stamp_dir(path: Path) -> Path:
+    """Where the config and tokenizer read from the GGUF at `path` are kept: named by the file's path, size and
+    modification time and transformers' version (what they were read by)."""
+    import transformers
+
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    return model_cache_dir() / "gguf-metadata" / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _gguf_metadata_dir(path: Path) -> Path | None:
+    """The kept config and tokenizer of the GGUF at `path` (reading them from the file's metadata took minutes
+    here), or None. They enter the fingerprint as read, so a changed folder gives another fingerprint."""
+    folder = _gguf_stamp_dir(path)
+    return folder if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file() else None
+
+
+def _remember_gguf_metadata(path: Path, hf_config, tokenizer) -> None:
+    """Keep `hf_config` and `tokenizer` (as read from the GGUF at `path`) for the next load, written beside and
+    renamed; a cache that cannot be written keeps nothing (they are read from the file again)."""
+    folder = _gguf_stamp_dir(path)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".read-") as tmp:
+            out = Path(tmp) / "read"
+            hf_config.save_pretrained(out)
+            tokenizer.save_pretrained(out)
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(out, folder)
+    except OSError as e:
+        log.warning("the GGUF's config and tokenizer could not be kept (%s); they are read from the file at every load", e)
 
 
 def _packaged_fingerprints(model, tokenizer, blocks: dict, isa: str, folder: Path) -> tuple[str, str, str]:

@@ -161,7 +161,7 @@ def test_the_tokenizer_built_from_the_gguf_is_saved_checked_and_read_back(tmp_pa
 
 
 @pytest.mark.integration
-def test_a_gemma3_gguf_given_by_path_loads_directly_with_the_packaged_models_identity(real_lm):
+def test_a_gemma3_gguf_given_by_path_loads_directly_with_the_packaged_models_identity(real_lm, tmp_path, monkeypatch):
     """KVGRAFT_MODEL=/path/model.gguf: config and tokenizer from the file's metadata, every product over its
     blocks, the fingerprint from its tensors. The packaged model's own file, given by path, is the packaged
     model: the same weights hash, tokenizer hash, config hash and fingerprint, and the same logits bytes."""
@@ -169,7 +169,11 @@ def test_a_gemma3_gguf_given_by_path_loads_directly_with_the_packaged_models_ide
     from graft_core.forward import forward_chunk, new_cache
 
     path = packaged.gguf_file(model._packaged_gguf_dir())
+    monkeypatch.setenv("KVGRAFT_MODEL_CACHE", str(tmp_path / "models"))  # the config and tokenizer kept there
     lm = model.load(str(path))
+    assert model._gguf_metadata_dir(path) is not None
+    again = model.load(str(path))  # from the kept config and tokenizer: the same identity
+    assert (again.info.tokenizer_sha256, again.fingerprint) == (lm.info.tokenizer_sha256, lm.fingerprint)
     assert lm.info.weights_sha256 == packaged.WEIGHTS_SHA256 and not lm.machine_bound
     assert "embedding rows expanded from their blocks" in lm.products and numerics.VERSION in lm.products
     assert (lm.info.tokenizer_sha256, lm.info.fingerprint, lm.fingerprint) == (
