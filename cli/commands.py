@@ -92,7 +92,7 @@ def cmd_ask(args) -> int:
         r.answer,
         "",
         f"tier {r.tier}; grafted {r.grafted_tokens}, computed {r.computed_tokens}, decoded {r.decode_tokens} tokens; "
-        f"ttft {r.ttft_s * 1000:.0f} ms",
+        f"ttft {r.ttft_s * 1000:.0f} ms" + (f"; {r.scope}" if r.scope else ""),
     ]
     if r.note:
         lines.append(r.note)

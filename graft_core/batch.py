@@ -20,7 +20,9 @@ another through the plain forward). The rows it returns are therefore the rows
 checks it on the tiny and the real model, rows and caches.
 
 Gemma 3 text models only (`Gemma3ForCausalLM`): the layer structure below is theirs; other models get
-`supported() == False` and step one by one.
+`supported() == False` and step one by one. A Gemma 3 off the numerical definition (machine-bound: torch's
+attention, norms or products) takes a width only where whole passes measured at build give each session's
+own bytes (`Batcher._measure`, as under torch's products); there the product checks alone do not decide it.
 
 `Batcher.prefill` does the same for prompts: from 4 rows up a row of MKL's product does not depend on
 the other rows, so prompts of checked lengths are stacked into one product (`stack_sizes`).
@@ -132,7 +134,7 @@ def lean(model) -> Batcher | None:
     found = model.__dict__.get("_kvgraft_lean", False)
     if found is False:
         built = Batcher(model)
-        found = built if built.fma16 else None
+        found = built if built.fma16 and built.defined else None
         model.__dict__["_kvgraft_lean"] = found
     return found
 
@@ -156,11 +158,14 @@ class Batcher:
         self.stack_sizes: frozenset[int] = frozenset()
         self.why = ""
         self.stepper = None  # the steps' decoder layers in one C call (graft_core.step), where it runs
+        # Under the numerical definition (graft_core.numerics.take_over) every operation of a pass acts row by
+        # row; off it (the machine-bound path) the products are checked below and whole passes are measured.
+        self.defined = bool(getattr(model, "kvgraft_definition", ""))
         if not self.supported():
             self.why = f"{type(model).__name__} is not a Gemma 3 text model"
             return
         self.fma16 = _fma16_products(model)
-        if self.fma16:  # fma16 reads its own copy of every weight (GGUF blocks or float32): nothing else is checked
+        if self.fma16 and self.defined:  # fma16 reads its own copy of every weight (GGUF blocks or float32)
             # fma16 computes each row from that row and the weight alone (checked per shape when it took the
             # products over): any number of rows, no padding, gives each row's own bytes.
             self.widths = tuple(widths)
@@ -170,6 +175,11 @@ class Batcher:
 
             stepper = Stepper(model)
             self.stepper = stepper if not stepper.why else None
+            return
+        if self.fma16:  # fma16's products under torch's attention and norms: only the products are row by row
+            self.widths, self.threads = tuple(widths), torch.get_num_threads()
+            self.stack_sizes = frozenset(range(1, STACK_MAX + 1))
+            self._measure()
             return
         shapes = {}
         for lin in _linears(model):
@@ -187,9 +197,13 @@ class Batcher:
         if not self.widths:
             self.why = f"no padded width in {widths} gave the 1-row products' bytes for every shape here"
             return
-        # The products agreeing is not the pass agreeing: the norms, activations, attention and adds run on
-        # the stacked rows or on views of them, and their kernels may treat a row by where it sits (a tail,
-        # another kernel for another row count or stride). Whole passes are measured on this model first.
+        self._measure()
+
+    def _measure(self) -> None:
+        """Where torch computes part of a pass (its products, or its attention, norms and activations off the
+        definition), the products agreeing is not the pass agreeing: those run on the stacked rows or on views
+        of them, and their kernels may treat a row by where it sits (a tail, another kernel for another row
+        count or stride). Whole passes are measured on this model first; what differs is not used."""
         steps_differ = self._steps_differ()
         if steps_differ:
             self.widths, self.stack_sizes = (), frozenset()
@@ -265,7 +279,7 @@ class Batcher:
 
     def describe(self) -> str:
         """How this machine's passes batch, for the record a process prints (selftest, start-up)."""
-        if self.fma16:
+        if self.fma16 and self.defined:
             return f"together, up to {self.most} sessions a pass (fma16 computes each row from that row alone)"
         if not self.widths:
             return f"one by one: {self.why}"
@@ -298,7 +312,7 @@ class Batcher:
         """Each session's logits row [vocab] for its token at its position; every cache gains the token."""
         from .forward import forward_chunk
 
-        if self.fma16 and torch.get_num_threads() == self.threads:  # alone too: the lean pass (no masks, no modules' glue)
+        if self.fma16 and self.defined and torch.get_num_threads() == self.threads:  # alone too: the lean pass
             return [row for i in range(0, len(sessions), self.most) for row in self._step(sessions[i : i + self.most])]
         if len(sessions) <= 1 or not self.widths or torch.get_num_threads() != self.threads:
             return [forward_chunk(self.model, s.cache, [s.token], s.pos)[-1] for s in sessions]
@@ -319,10 +333,11 @@ class Batcher:
 
         rows: list = [None] * len(prompts)
         group: list[int] = []
-        together = (len(prompts) > 1 or bool(self.fma16)) and bool(self.stack_sizes) and torch.get_num_threads() == self.threads
+        lean = bool(self.fma16) and self.defined
+        together = (len(prompts) > 1 or lean) and bool(self.stack_sizes) and torch.get_num_threads() == self.threads
 
         def flush() -> None:
-            if len(group) == 1 and not self.fma16:
+            if len(group) == 1 and not lean:
                 cache, ids, start = prompts[group[0]]
                 rows[group[0]] = forward_chunk(self.model, cache, list(ids), start)[-1]
             elif group:

@@ -2,7 +2,9 @@
 
 Owns the model cache (`KVGRAFT_MODEL_CACHE`): where fma16 runs, the packaged default model is read straight
 from its GGUF (graft_core.packaged); elsewhere (KVGRAFT_LINEAR=torch, no C compiler) it is converted once to
-a float32 safetensors folder. It knows nothing about artifacts, SQL or embeddings.
+a float32 safetensors folder. Another GGUF file of the Gemma 3 family loads the same way (`_load_gguf`).
+A model outside the numerical definition is refused with one line unless KVGRAFT_MACHINE_BOUND opts in
+(`LoadedModel.machine_bound`). It knows nothing about artifacts, SQL or embeddings.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ if TYPE_CHECKING:  # torch and transformers load in `load` (and the conversion),
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "packaged:gemma-3-270m"
+MACHINE_BOUND = "exact on this machine class only"  # what every answer of a machine-bound model says
 FINGERPRINT_FILE = "kvgraft-fingerprint.json"
 BLOCKS_FILE = "gguf-blocks.safetensors"  # fma16's copy of the packaged GGUF's blocks, beside the float32 folder
 _FINGERPRINT_VERSION = "2"
@@ -83,6 +86,12 @@ class LoadedModel:
     config: DeterminismConfig
     load_s: float
     products: str = ""  # which products run faster with the same bytes (graft_core.products.speed_up)
+
+    @property
+    def machine_bound(self) -> bool:
+        """Whether its bytes hold on this machine class only: its record names no numerical definition (the
+        kernel path instead), read from the record, not from how it was loaded."""
+        return "numerics" not in dict(self.config.numerics)
 
     @property
     def fingerprint(self) -> str:
@@ -281,9 +290,16 @@ def keep_large_buffers() -> bool:
     return bool(mallopt(m_mmap_threshold, LARGE_BUFFER_BYTES)) and bool(mallopt(m_trim_threshold, LARGE_BUFFER_BYTES))
 
 
-def load(name: str | None = None, device: str = "cpu", linear: str | None = None) -> LoadedModel:
+def load(
+    name: str | None = None, device: str = "cpu", linear: str | None = None, machine_bound: bool | None = None
+) -> LoadedModel:
     """Load `name` (default: `KVGRAFT_MODEL` or the packaged Gemma 3 270M) deterministically. `linear`
-    ("fma16" or "torch") chooses the products as KVGRAFT_LINEAR does, which is read when it is None."""
+    ("fma16" or "torch") chooses the products as KVGRAFT_LINEAR does, which is read when it is None.
+
+    A model outside the numerical definition (numerics.why_not) is refused with one line (KvgraftError)
+    unless `machine_bound` (default: KVGRAFT_MACHINE_BOUND) opts into torch's attention: then its record
+    names this machine's kernel path and `LoadedModel.machine_bound` is True, as it is wherever the
+    definition does not run (KVGRAFT_LINEAR=torch, no C compiler, another device)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -304,16 +320,29 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
             return _load_packaged(t0)
         except Mismatch as e:
             log.warning("the packaged GGUF cannot stand for the float32 weights here (%s); converting it to float32", e)
+    if str(name).endswith(".gguf") and Path(name).expanduser().is_file():
+        return _load_gguf(Path(name).expanduser(), name, t0, why)
     source = resolve_model_dir(name)
     # The whole forward on one definition (numerics.VERSION) where fma16 runs and the model is one it covers;
     # otherwise torch's kernels (and, for other architectures, fma16's products only), recorded by kernel path.
-    definition = "" if why or numerics.why_not(AutoConfig.from_pretrained(source)) else numerics.VERSION
+    lack = numerics.why_not(AutoConfig.from_pretrained(source))
+    if lack and not (settings.get("KVGRAFT_MACHINE_BOUND") if machine_bound is None else machine_bound):
+        raise KvgraftError(numerics.outside(name, lack))
+    definition = "" if why or lack else numerics.VERSION
     if definition:
         numerics.register()
     attn_implementation = numerics.NAME if definition else ATTN_IMPLEMENTATION
     config = pin(device=device, dtype=torch.float32, definition=definition, attn_implementation=attn_implementation)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=attn_implementation)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=attn_implementation)
+    except ValueError as e:  # Gemma 2, for one: transformers refuses SDPA for it (it would drop its soft-capping)
+        if definition:
+            raise
+        first = str(e).split(". ")[0]
+        raise KvgraftError(
+            f"KVGRAFT_MODEL {name}: transformers cannot run it on {attn_implementation} attention ({first})"
+        ) from e
     model.to(device).eval()
     # Where a weight sits changed the bits of MKL's one-row products: placed (and recorded) only where torch's
     # products run. fma16 reads each weight row in one fixed order wherever it sits.
@@ -343,10 +372,11 @@ def load(name: str | None = None, device: str = "cpu", linear: str | None = None
     else:
         products = f"torch ({why}); " + speed_up(model).line()
     log.info("products: %s", products)
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, info=info, config=config, load_s=0.0, products=products)
+    if loaded.machine_bound:
+        log.warning("%s: outside %s, %s (its record names this machine's kernel path)", name, numerics.VERSION, MACHINE_BOUND)
     warm_up(model)
-    return LoadedModel(
-        model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
-    )
+    return replace(loaded, load_s=time.perf_counter() - t0)
 
 
 def _packaged_gguf_dir() -> Path:
@@ -396,6 +426,96 @@ def _load_packaged(t0: float) -> LoadedModel:
     return LoadedModel(
         model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
     )
+
+
+def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
+    """A GGUF file of the Gemma 3 family, read as the packaged one is (graft_core.packaged: a skeleton, the norms
+    read as float32, every other tensor multiplied from its blocks by fma16), with its config and tokenizer
+    (and chat template) from the file's metadata as transformers reads them, and the fingerprint from its
+    tensors: the float32 weights they expand to, hashed as a float32 folder's are (`packaged.weights_sha256`),
+    so the packaged model's own file given by path has the packaged model's fingerprint. Refused in one line
+    where the file is outside the definition or fma16 cannot run (`why`)."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    from kernels import fma16
+
+    from . import numerics, packaged
+    from .determinism import pin
+
+    if why:
+        raise KvgraftError(f"KVGRAFT_MODEL {name}: a GGUF file is read by kvgraft's kernels, which cannot run here ({why})")
+    read = _gguf_metadata_dir(path)
+    if read is not None:
+        hf_config, tokenizer = AutoConfig.from_pretrained(read), AutoTokenizer.from_pretrained(read)
+    else:
+        hf_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    lack = numerics.why_not(hf_config)
+    if lack:
+        raise KvgraftError(
+            numerics.outside(name, lack).split("; set ")[0]
+            + "; a GGUF file loads directly only inside it (convert it to a Hugging Face folder for the machine-bound path)"
+        )
+    # as the float32 conversion writes them (from_pretrained(dtype=float32), then save_pretrained): hashed alike
+    hf_config.architectures = [f"{type(hf_config).__name__.removesuffix('TextConfig').removesuffix('Config')}ForCausalLM"]
+    hf_config.dtype = "float32"
+    numerics.register()
+    config = pin(device="cpu", dtype=torch.float32, definition=numerics.VERSION, attn_implementation=numerics.NAME)
+    if read is None:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        _remember_gguf_metadata(path, hf_config, tokenizer)
+    model = packaged.skeleton(hf_config, numerics.NAME)
+    try:
+        blocks = packaged.fill(model, path)
+    except packaged.Mismatch as e:
+        raise KvgraftError(f"KVGRAFT_MODEL {name}: {e}") from e
+    model.requires_grad_(False)
+    taken = fma16.take_over(model, blocks)
+    packaged.take_embedding(model, blocks, taken.isa)
+    weights = packaged.weights_sha256(model, blocks, taken.isa)
+    tok = tokenizer_sha256(tokenizer)
+    combined = hashlib.sha256(f"{weights}|{config_sha256(model.config.to_dict())}|{tok}".encode()).hexdigest()
+    info = describe(model, name, weights, tok, combined)
+    products = f"{taken.line()}, embedding rows expanded from their blocks; " + numerics.take_over(model, taken.isa)
+    log.info("products: %s", products)
+    warm_up(model)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
+    )
+
+
+def _gguf_stamp_dir(path: Path) -> Path:
+    """Where the config and tokenizer read from the GGUF at `path` are kept: named by the file's path, size and
+    modification time and transformers' version (what they were read by)."""
+    import transformers
+
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    return model_cache_dir() / "gguf-metadata" / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _gguf_metadata_dir(path: Path) -> Path | None:
+    """The kept config and tokenizer of the GGUF at `path` (reading them from the file's metadata took minutes
+    here), or None. They enter the fingerprint as read, so a changed folder gives another fingerprint."""
+    folder = _gguf_stamp_dir(path)
+    return folder if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file() else None
+
+
+def _remember_gguf_metadata(path: Path, hf_config, tokenizer) -> None:
+    """Keep `hf_config` and `tokenizer` (as read from the GGUF at `path`) for the next load, written beside and
+    renamed; a cache that cannot be written keeps nothing (they are read from the file again)."""
+    folder = _gguf_stamp_dir(path)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".read-") as tmp:
+            out = Path(tmp) / "read"
+            hf_config.save_pretrained(out)
+            tokenizer.save_pretrained(out)
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(out, folder)
+    except OSError as e:
+        log.warning("the GGUF's config and tokenizer could not be kept (%s); they are read from the file at every load", e)
 
 
 def _packaged_fingerprints(model, tokenizer, blocks: dict, isa: str, folder: Path) -> tuple[str, str, str]:

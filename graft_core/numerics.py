@@ -16,7 +16,8 @@ What is left to ATen is elementwise float32 arithmetic (adds, products, negation
 embedding lookup): one correctly rounded IEEE-754 operation per element on every CPU and vector width.
 
 It knows the module layout of transformers' Gemma 3 and nothing about artifacts or caches; another
-architecture is refused (`why_not`), and keeps torch's attention and its own record.
+architecture is outside it (`why_not` says what it lacks): graft_core.model refuses to load one with `outside`'s
+line unless KVGRAFT_MACHINE_BOUND opts into torch's attention and a record bound to the machine class.
 """
 
 from __future__ import annotations
@@ -179,20 +180,33 @@ class Gelu:
         return y
 
 
+COVERS = "covers gemma3 with tanh GELU and default RoPE"  # what the definition computes, as refusals say it
+
+
 def why_not(config) -> str:
-    """ "" where a model with this (text) config can be computed under this definition, else why not."""
+    """ "" where a model with this (text) config can be computed under this definition, else what it lacks,
+    as a phrase that `outside` puts in a sentence ("architecture 'llama'", "attention logit soft-capping")."""
     cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     if getattr(cfg, "model_type", "") not in ("gemma3_text", "gemma3"):
-        return f"{VERSION} covers Gemma 3 only, not {getattr(cfg, 'model_type', '?')}"
-    if getattr(cfg, "attn_logit_softcapping", None) is not None or getattr(cfg, "final_logit_softcapping", None) is not None:
-        return f"{VERSION} has no logit soft-capping"
+        return f"architecture {getattr(cfg, 'model_type', '?')!r}"
+    capped = [k for k in ("attn_logit_softcapping", "final_logit_softcapping") if getattr(cfg, k, None) is not None]
+    if capped:
+        return "logit soft-capping (" + ", ".join(capped) + ")"
     if getattr(cfg, "hidden_activation", None) != "gelu_pytorch_tanh":
-        return f"{VERSION} has no {getattr(cfg, 'hidden_activation', None)} activation"
+        return f"activation {getattr(cfg, 'hidden_activation', None)!r}"
     ropes = getattr(cfg, "rope_parameters", None) or {}
     types = {kind: (p or {}).get("rope_type") for kind, p in ropes.items()} if isinstance(ropes, dict) else {}
     if not types or any(t != "default" for t in types.values()):
-        return f"{VERSION} has only the default rotary embedding, not {types}"
+        return f"rotary embedding {types}"
     return ""
+
+
+def outside(name: str, lack: str) -> str:
+    """The one line that refuses model `name` lacking `lack` (`why_not`'s phrase) at load, and says how to opt in."""
+    return (
+        f"KVGRAFT_MODEL {name}: {lack} is outside the numerical definition {VERSION} ({COVERS}); "
+        "set KVGRAFT_MACHINE_BOUND=1 to run it on this machine class only"
+    )
 
 
 def take_over(model, isa: str | None = None) -> str:
@@ -204,7 +218,7 @@ def take_over(model, isa: str | None = None) -> str:
 
     why = why_not(model.config)
     if why:
-        raise ValueError(why)
+        raise ValueError(f"{why} is outside {VERSION}")
     isa = fma16.variant(isa)
     ops.lib(isa)
     counts = {"rotary": 0, "norms": 0, "gelu": 0}
@@ -217,4 +231,5 @@ def take_over(model, isa: str | None = None) -> str:
             m.forward, counts["gelu"] = Gelu(m, isa), counts["gelu"] + 1
         elif isinstance(m, g3.Gemma3Attention):
             m.kvgraft_isa = isa
+    model.kvgraft_definition = VERSION  # what graft_core.batch reads: every operation of a pass is this definition's
     return f"{VERSION}: attention {model.config._attn_implementation}, " + ", ".join(f"{v} {k}" for k, v in counts.items())

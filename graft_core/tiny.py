@@ -2,8 +2,8 @@
 
 `build(kind, folder)` writes an ordinary Hugging Face model folder (weights, config, a byte-level
 tokenizer) that `model.load(folder)` loads through the same path as any other model. Kinds:
-"gemma3" (sliding-window layers with a window of a few tokens plus full layers, two RoPE thetas)
-and "llama" (full attention only). Seeded: the same folder bytes on every run.
+"gemma3" (sliding-window layers with a window of a few tokens plus full layers, two RoPE thetas),
+"llama" (full attention only) and "gemma2" (with its logit soft-capping). Seeded: the same folder bytes on every run.
 """
 
 from __future__ import annotations
@@ -71,17 +71,39 @@ def config(kind: str, vocab_size: int, window: int = 4, max_positions: int = 512
             eos_token_id=2,
             pad_token_id=0,
         )
-    raise ValueError(f"unknown tiny model kind {kind!r}; use 'gemma3' or 'llama'")
+    if kind == "gemma2":  # with Gemma 2's attention and final logit soft-capping (its defaults)
+        from transformers import Gemma2Config
+
+        return Gemma2Config(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+            sliding_window=window,
+            max_position_embeddings=max_positions,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+    raise ValueError(f"unknown tiny model kind {kind!r}; use 'gemma3', 'llama' or 'gemma2'")
 
 
-def build(kind: str, folder: str | Path, window: int = 4, seed: int = 0) -> Path:
-    """Write a tiny random model of `kind` to `folder` (created) and return the folder."""
+def build(kind: str, folder: str | Path, window: int = 4, seed: int = 0, **overrides) -> Path:
+    """Write a tiny random model of `kind` to `folder` (created) and return the folder; `overrides` set
+    config entries (hidden_activation="gelu": a Gemma 3 outside the numerical definition)."""
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder)
     tokenizer, vocab_size = _tokenizer()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config(kind, vocab_size, window=window), dtype=torch.float32)
+    cfg = config(kind, vocab_size, window=window)
+    for key, value in overrides.items():
+        assert hasattr(cfg, key), f"the {kind} config has no {key}"
+        setattr(cfg, key, value)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

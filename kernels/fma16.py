@@ -7,7 +7,9 @@ bench.kernels). fma16 fixes the order of every operation of every output (c/refe
 bytes depend only on that row and the weight, by construction, on any CPU that runs the same
 instructions. And it reads the packaged model's weights in the GGUF blocks they were published in
 (Q8_0, Q5_0, Q4_K, Q6_K: 4-6x fewer bytes than float32), expanded in registers exactly as the float32
-weights were made from them.
+weights were made from them. It reads the other block formats llama.cpp's common quantisations write too
+(F16, BF16, Q4_0, Q4_1, Q5_1, Q5_K: ggml's layouts, expanded as gguf-py's dequantize does, with vectors where
+a format has integer values; no fused kernels for them yet: their products go through float32 panels).
 
 What is checked at load, not assumed:
 - per tensor, that the blocks expand to the float32 weight's bytes (a tensor whose blocks differ, or are
@@ -90,7 +92,20 @@ VARIANTS = (  # best first: the default is the first this CPU can run
     Variant("portable", (), (), "nothing beyond C's fmaf"),  # plain C, libm's correctly rounded fmaf
 )
 BY_NAME = {v.name: v for v in VARIANTS}
-FORMATS = {"F32": 0, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # ggml's type numbers, as c/reference.c names them
+# ggml's type numbers, as c/reference.c names them
+FORMATS = {
+    "F32": 0,
+    "F16": 1,
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q5_0": 6,
+    "Q5_1": 7,
+    "Q8_0": 8,
+    "Q4_K": 12,
+    "Q5_K": 13,
+    "Q6_K": 14,
+    "BF16": 30,
+}
 
 _libs: dict[str, object] = {}  # variant name -> loaded library
 _lib_errors: dict[str, str] = {}  # variant name -> why it could not be built or loaded

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="kvgraft-fuzz-") as tmp:
         gemma = model.load(str(tiny.build("gemma3", Path(tmp) / "gemma3")))
-        llama = model.load(str(tiny.build("llama", Path(tmp) / "llama")))
+        llama = model.load(str(tiny.build("llama", Path(tmp) / "llama")), machine_bound=True)
     bases = list(base_artifacts(gemma, llama).values())
     outcomes: Counter = Counter()
     by_kind: dict[str, Counter] = {k: Counter() for k in MUTATIONS}

@@ -291,4 +291,5 @@ class AnswerPipeline:
             note=note,
             output_token_ids=ans.token_ids,
             proof=ans.proof,
+            machine_bound=lm.machine_bound,
         )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from db.queries import Listed
 from db.rows import ArtifactRow, LedgerRow, LedgerTotals, SourceRow, VerificationRow
+from graft_core.model import MACHINE_BOUND  # torch-free at import
 
 if TYPE_CHECKING:  # the engine's types, named only in annotations: torch loads with the model, not with the page
     from graft_core.accounting import TokenSavings
@@ -134,6 +135,13 @@ class AnswerResult:
     note: str = ""
     output_token_ids: tuple[int, ...] = ()
     proof: Proof | None = None  # the cheap proof of the served state (kind "none" says why none applies)
+    machine_bound: bool = False  # the model's record names this machine's kernel path, not a numerical definition
+
+    @property
+    def scope(self) -> str:
+        """What its exactness holds on: "exact on this machine class only" for a machine-bound model, else ""
+        (the numerical definition: every machine)."""
+        return MACHINE_BOUND if self.machine_bound else ""
 
     @property
     def ttft_speedup(self) -> float | None:
@@ -161,6 +169,8 @@ class AnswerResult:
             "note": self.note,
             "output_token_ids": list(self.output_token_ids),
             "proof": None if self.proof is None else self.proof.as_dict(),
+            "machine_bound": self.machine_bound,
+            "scope": self.scope,
         }
         if self.baseline is not None:
             d["baseline"] = asdict(self.baseline) | {"ttft_speedup": self.ttft_speedup, "measured": True}
@@ -183,6 +193,7 @@ class AnswerResult:
             baseline=_record("Baseline", d["baseline"], derived=("ttft_speedup", "measured")),
             output_token_ids=tuple(d["output_token_ids"]),
             proof=_record("Proof", d["proof"]),
+            machine_bound=bool(d.get("machine_bound", False)),
         )
 
 

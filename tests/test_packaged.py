@@ -158,3 +158,67 @@ def test_the_tokenizer_built_from_the_gguf_is_saved_checked_and_read_back(tmp_pa
     (tmp_path / packaged.TOKENIZER_RECORD).write_text(json.dumps(record))
     packaged.tokenizer(path)
     assert builds == [path.name, path.name]
+
+
+@pytest.mark.integration
+def test_a_gemma3_gguf_given_by_path_loads_directly_with_the_packaged_models_identity(real_lm, tmp_path, monkeypatch):
+    """KVGRAFT_MODEL=/path/model.gguf: config and tokenizer from the file's metadata, every product over its
+    blocks, the fingerprint from its tensors. The packaged model's own file, given by path, is the packaged
+    model: the same weights hash, tokenizer hash, config hash and fingerprint, and the same logits bytes."""
+    from graft_core import model
+    from graft_core.forward import forward_chunk, new_cache
+
+    path = packaged.gguf_file(model._packaged_gguf_dir())
+    monkeypatch.setenv("KVGRAFT_MODEL_CACHE", str(tmp_path / "models"))  # the config and tokenizer kept there
+    lm = model.load(str(path))
+    assert model._gguf_metadata_dir(path) is not None
+    again = model.load(str(path))  # from the kept config and tokenizer: the same identity
+    assert (again.info.tokenizer_sha256, again.fingerprint) == (lm.info.tokenizer_sha256, lm.fingerprint)
+    assert lm.info.weights_sha256 == packaged.WEIGHTS_SHA256 and not lm.machine_bound
+    assert "embedding rows expanded from their blocks" in lm.products and numerics.VERSION in lm.products
+    assert (lm.info.tokenizer_sha256, lm.info.fingerprint, lm.fingerprint) == (
+        real_lm.info.tokenizer_sha256,
+        real_lm.info.fingerprint,
+        real_lm.fingerprint,
+    )
+    import gguf
+
+    field = gguf.GGUFReader(str(path)).fields.get("tokenizer.chat_template")  # this base model's file has none
+    assert getattr(lm.tokenizer, "chat_template", None) == (None if field is None else bytes(field.parts[field.data[0]]).decode())
+    ids = real_lm.tokenizer("The capital of France is")["input_ids"]
+    a = forward_chunk(lm.model, new_cache(lm.model), ids, 0)
+    b = forward_chunk(real_lm.model, new_cache(real_lm.model), ids, 0)
+    assert a.numpy().tobytes() == b.numpy().tobytes()
+
+
+def test_a_gguf_outside_the_family_is_refused_in_one_line(tmp_path):
+    """A GGUF whose metadata is not a Gemma 3 (a tiny llama written with its metadata) is refused at load in
+    one line that names what it lacks."""
+    import gguf
+
+    from errors import KvgraftError
+    from graft_core import model
+
+    path = tmp_path / "tiny-llama.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(64)
+    w.add_embedding_length(32)
+    w.add_block_count(1)
+    w.add_feed_forward_length(64)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(8)
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(KvgraftError) as e:
+        model.load(str(path))
+    assert str(e.value) == (
+        f"KVGRAFT_MODEL {path}: architecture 'llama' is outside the numerical definition kvgraft-f32-v2 "
+        "(covers gemma3 with tanh GELU and default RoPE); a GGUF file loads directly only inside it "
+        "(convert it to a Hugging Face folder for the machine-bound path)"
+    )

@@ -97,7 +97,9 @@ def evidence_html(r: services.AnswerResult) -> str:
     ours = r.savings.computed_total
     measured = r.baseline is not None
     parts = [
-        f'<div class="kv-evidence"><div class="kv-head">{badge(r)} <span class="kv-tier kv-tier-{esc(r.tier)}">tier {esc(r.tier)}</span></div>'
+        f'<div class="kv-evidence"><div class="kv-head">{badge(r)} <span class="kv-tier kv-tier-{esc(r.tier)}">tier {esc(r.tier)}</span>'
+        + (f' <span class="kv-scope">{esc(r.scope)}</span>' if r.scope else "")
+        + "</div>"
     ]
     rows = [
         ("tokens grafted (restored, not computed)", f"{r.grafted_tokens:,}"),
@@ -173,6 +175,7 @@ def evidence_summary(r: services.AnswerResult) -> tuple[str, str]:
     """(title, markdown) of the collapsible evidence note under an answer in the chat."""
     verdict = _verdict(r)[1].lower() if _verdict(r)[0] == "kv-nocheck" else _verdict(r)[1]
     title = f"Evidence · {verdict} · tier {r.tier} · {r.grafted_tokens} grafted / {r.computed_tokens} computed / {r.decode_tokens} decoded"
+    title += f" · {r.scope}" if r.scope else ""
     lines = [f"- {h.title} (similarity {h.score:.3f}, {h.tokens} tokens, {h.verifier}: {h.verdict})" for h in r.retrieved]
     if r.proof is not None and r.proof.passed is not None:
         lines.append(f"- {r.proof.kind} proof: expected `{r.proof.expected[:16]}…` vs served `{r.proof.observed[:16]}…`")

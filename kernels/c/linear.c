@@ -37,7 +37,51 @@ static void dequant_row(int fmt, const uint8_t *src, int64_t K, float *dst) {
                 }
             }
         }
-    } else if (fmt == FMT_Q6_K) {
+    } else if (fmt == FMT_Q4_0) { /* q - 8 and q + 16 below are exact: small integers */
+        for (int64_t b = 0; b < K / 32; b++, src += 18) {
+            const v16 d = v_set1(h2f(src)), eight = v_set1(8.0f);
+            v_store(dst + b * 32, v_mul(d, v_sub(q_nibbles(src + 2, 0), eight)));
+            v_store(dst + b * 32 + 16, v_mul(d, v_sub(q_nibbles(src + 2, 1), eight)));
+        }
+    } else if (fmt == FMT_Q4_1 || fmt == FMT_Q5_1) { /* d * q + m: a product, then a sum */
+        const int five = fmt == FMT_Q5_1, step = five ? 24 : 20;
+        for (int64_t b = 0; b < K / 32; b++, src += step) {
+            const v16 d = v_set1(h2f(src)), m = v_set1(h2f(src + 2)), sixteen = v_set1(16.0f);
+            if (five) {
+                uint32_t qh = (uint32_t)src[4] | ((uint32_t)src[5] << 8) | ((uint32_t)src[6] << 16) | ((uint32_t)src[7] << 24);
+                v_store(dst + b * 32, v_add(v_mul(d, v_add(q_q5(src + 8, 0, qh & 0xFFFF), sixteen)), m));
+                v_store(dst + b * 32 + 16, v_add(v_mul(d, v_add(q_q5(src + 8, 1, qh >> 16), sixteen)), m));
+            } else {
+                v_store(dst + b * 32, v_add(v_mul(d, q_nibbles(src + 4, 0)), m));
+                v_store(dst + b * 32 + 16, v_add(v_mul(d, q_nibbles(src + 4, 1)), m));
+            }
+        }
+    } else if (fmt == FMT_Q5_K) {
+        for (int64_t b = 0; b < K / 256; b++, src += 176) {
+            float d = h2f(src), dmin = h2f(src + 2);
+            const uint8_t *scales = src + 4, *qh = src + 16, *qs = src + 48;
+            const v16 sixteen = v_set1(16.0f);
+            for (int c = 0; c < 4; c++) {
+                int sc0, m0, sc1, m1;
+                q4k_scale_min(scales, 2 * c, &sc0, &m0);
+                q4k_scale_min(scales, 2 * c + 1, &sc1, &m1);
+                const v16 d0 = v_set1(d * (float)sc0), dm0 = v_set1(dmin * (float)m0);
+                const v16 d1 = v_set1(d * (float)sc1), dm1 = v_set1(dmin * (float)m1);
+                for (int h = 0; h < 2; h++) {
+                    uint32_t lo = 0, hi = 0; /* bit j: the high bit of value 16h + j of sub-blocks 2c and 2c + 1 */
+                    for (int j = 0; j < 16; j++) {
+                        lo |= (uint32_t)((qh[16 * h + j] >> (2 * c)) & 1) << j;
+                        hi |= (uint32_t)((qh[16 * h + j] >> (2 * c + 1)) & 1) << j;
+                    }
+                    const uint8_t *q = qs + 32 * c + 16 * h;
+                    v_store(dst + b * 256 + 64 * c + 16 * h, v_sub(v_mul(d0, v_add(q_q5(q, 0, lo), sixteen)), dm0));
+                    v_store(dst + b * 256 + 64 * c + 32 + 16 * h, v_sub(v_mul(d1, v_add(q_q5(q, 1, hi), sixteen)), dm1));
+                }
+            }
+        }
+    } else if (fmt != FMT_Q6_K) { /* F16 and BF16: one exact conversion per value, the reference's plain C */
+        dequant_row_ref(fmt, src, K, dst);
+    } else {
         for (int64_t b = 0; b < K / 256; b++, src += 210) {
             const uint8_t *ql = src, *qh = src + 128;
             const int8_t *sc = (const int8_t *)(src + 192);

@@ -12,13 +12,16 @@
    the row x[m] and the row W[n] only: not on how many rows a call holds, which rows sit next to it,
    how the work is split between threads, or the machine, as long as it executes these operations.
 
-   W is either float32 or GGUF blocks that are expanded to float32 first (Q8_0, Q5_0, Q4_K, Q6_K,
-   the formats of the packaged model's file). The expansion repeats gguf-py's dequantisation, the one
+   W is either float32 or GGUF blocks that are expanded to float32 first (F16, BF16, Q4_0, Q4_1, Q5_0,
+   Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: the formats llama.cpp's common quantisations write; ggml's layouts). The expansion repeats gguf-py's dequantisation, the one
    the float32 model folder was made with; the loader checks, tensor by tensor, that it gives the
    same bytes as the float32 weights before using it, so a product over blocks equals the product
    over the float32 weights byte for byte, and reads 4-6x fewer bytes. */
 
-enum { FMT_F32 = 0, FMT_Q5_0 = 6, FMT_Q8_0 = 8, FMT_Q4_K = 12, FMT_Q6_K = 14 };
+enum {
+    FMT_F32 = 0, FMT_F16 = 1, FMT_Q4_0 = 2, FMT_Q4_1 = 3, FMT_Q5_0 = 6, FMT_Q5_1 = 7, FMT_Q8_0 = 8,
+    FMT_Q4_K = 12, FMT_Q5_K = 13, FMT_Q6_K = 14, FMT_BF16 = 30
+};
 
 static float half_to_float(uint16_t h) { /* exact, in plain C (the AVX builds use F16C's, also exact) */
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -45,9 +48,15 @@ static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); 
 int64_t kv_row_bytes(int fmt, int64_t K) {
     switch (fmt) {
     case FMT_F32: return K * 4;
-    case FMT_Q8_0: return K % 32 ? -1 : K / 32 * 34;
+    case FMT_F16: return K * 2;
+    case FMT_BF16: return K * 2;
+    case FMT_Q4_0: return K % 32 ? -1 : K / 32 * 18;
+    case FMT_Q4_1: return K % 32 ? -1 : K / 32 * 20;
     case FMT_Q5_0: return K % 32 ? -1 : K / 32 * 22;
+    case FMT_Q5_1: return K % 32 ? -1 : K / 32 * 24;
+    case FMT_Q8_0: return K % 32 ? -1 : K / 32 * 34;
     case FMT_Q4_K: return K % 256 ? -1 : K / 256 * 144;
+    case FMT_Q5_K: return K % 256 ? -1 : K / 256 * 176;
     case FMT_Q6_K: return K % 256 ? -1 : K / 256 * 210;
     default: return -1;
     }
@@ -67,6 +76,34 @@ static void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
 static void dequant_row_ref(int fmt, const uint8_t *src, int64_t K, float *dst) {
     if (fmt == FMT_F32) {
         memcpy(dst, src, (size_t)K * 4);
+    } else if (fmt == FMT_F16) {
+        for (int64_t j = 0; j < K; j++) dst[j] = half_to_float(rd16(src + 2 * j));
+    } else if (fmt == FMT_BF16) { /* the upper half of a float32: exact */
+        for (int64_t j = 0; j < K; j++) {
+            uint32_t bits = (uint32_t)rd16(src + 2 * j) << 16;
+            memcpy(dst + j, &bits, 4);
+        }
+    } else if (fmt == FMT_Q4_0) { /* d, 16 bytes: value j the low nibble of byte j, j + 16 its high; d * (q - 8) */
+        for (int64_t b = 0; b < K / 32; b++, src += 18) {
+            float d = half_to_float(rd16(src));
+            for (int j = 0; j < 16; j++) {
+                dst[b * 32 + j] = d * (float)((src[2 + j] & 0xF) - 8);
+                dst[b * 32 + j + 16] = d * (float)((src[2 + j] >> 4) - 8);
+            }
+        }
+    } else if (fmt == FMT_Q4_1 || fmt == FMT_Q5_1) { /* d, m, [qh,] 16 bytes; d * q + m: a product, then a sum */
+        const int five = fmt == FMT_Q5_1, step = five ? 24 : 20;
+        for (int64_t b = 0; b < K / 32; b++, src += step) {
+            float d = half_to_float(rd16(src)), m = half_to_float(rd16(src + 2));
+            uint32_t qh = five ? (uint32_t)src[4] | ((uint32_t)src[5] << 8) | ((uint32_t)src[6] << 16) | ((uint32_t)src[7] << 24) : 0;
+            const uint8_t *qs = src + (five ? 8 : 4);
+            for (int j = 0; j < 16; j++) {
+                int lo = (qs[j] & 0xF) | (((qh >> j) & 1) << 4), hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+                float plo = d * (float)lo, phi = d * (float)hi;
+                dst[b * 32 + j] = plo + m;
+                dst[b * 32 + j + 16] = phi + m;
+            }
+        }
     } else if (fmt == FMT_Q8_0) {
         for (int64_t b = 0; b < K / 32; b++, src += 34) {
             float d = half_to_float(rd16(src));
@@ -96,6 +133,24 @@ static void dequant_row_ref(int fmt, const uint8_t *src, int64_t K, float *dst) 
                     float lo = d0 * (float)(qs[32 * c + j] & 0xF), hi = d1 * (float)(qs[32 * c + j] >> 4);
                     dst[b * 256 + 64 * c + j] = lo - dm0;
                     dst[b * 256 + 64 * c + 32 + j] = hi - dm1;
+                }
+            }
+        }
+    } else if (fmt == FMT_Q5_K) { /* Q4_K's scales, then 32 bytes of high bits (bit s of byte j: value j of sub-block s) */
+        for (int64_t b = 0; b < K / 256; b++, src += 176) {
+            float d = half_to_float(rd16(src)), dmin = half_to_float(rd16(src + 2));
+            const uint8_t *scales = src + 4, *qh = src + 16, *qs = src + 48;
+            for (int c = 0; c < 4; c++) {
+                int sc0, m0, sc1, m1;
+                q4k_scale_min(scales, 2 * c, &sc0, &m0);
+                q4k_scale_min(scales, 2 * c + 1, &sc1, &m1);
+                float d0 = d * (float)sc0, dm0 = dmin * (float)m0, d1 = d * (float)sc1, dm1 = dmin * (float)m1;
+                for (int j = 0; j < 32; j++) {
+                    int lo = (qs[32 * c + j] & 0xF) | (((qh[j] >> (2 * c)) & 1) << 4);
+                    int hi = (qs[32 * c + j] >> 4) | (((qh[j] >> (2 * c + 1)) & 1) << 4);
+                    float plo = d0 * (float)lo, phi = d1 * (float)hi;
+                    dst[b * 256 + 64 * c + j] = plo - dm0;
+                    dst[b * 256 + 64 * c + 32 + j] = phi - dm1;
                 }
             }
         }

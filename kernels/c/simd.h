@@ -9,7 +9,7 @@
      v_load v_store      16 floats from / to p (unaligned)
      v_load_first(p, n)  lanes 0..n-1 from p, the rest 0 (n < 16); reads nothing at p + n or after
      v_fmadd(a, b, c)    a * b + c rounded once (fmaf), per lane
-     v_mul v_sub         a * b, a - b, per lane
+     v_mul v_sub v_add   a * b, a - b, a + b, per lane
      reduce16(s)         the definition's tree: t[j] = s[j] + s[j+8], then + 4, + 2, + 1 (reference.c)
      h2f(p)              the float16 at p (little-endian) as a float, exactly
      v_prefetch(p)       a hint; never a fault, never a value

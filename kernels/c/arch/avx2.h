@@ -28,6 +28,7 @@ static inline void v_store(float *p, v16 a) {
 static inline v16 v_fmadd(v16 a, v16 b, v16 c) { return v_of(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)); }
 static inline v16 v_mul(v16 a, v16 b) { return v_of(_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)); }
 static inline v16 v_sub(v16 a, v16 b) { return v_of(_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)); }
+static inline v16 v_add(v16 a, v16 b) { return v_of(_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)); }
 static inline float reduce16(v16 s) { /* s[j] + s[j+8] is lo[j] + hi[j]; then as the AVX-512 build */
     __m256 t = _mm256_add_ps(s.lo, s.hi);
     __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));

@@ -17,6 +17,7 @@ static inline void v_store(float *p, v16 a) { _mm512_storeu_ps(p, a); }
 static inline v16 v_fmadd(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
 static inline v16 v_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
 static inline v16 v_sub(v16 a, v16 b) { return _mm512_sub_ps(a, b); }
+static inline v16 v_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
 static inline float reduce16(v16 s) {
     __m256 t = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
     __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
