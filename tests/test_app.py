@@ -65,7 +65,7 @@ def deposited(client):
 def answer_keys() -> set[str]:
     import services
 
-    return {f.name for f in dataclasses.fields(services.AnswerResult)}
+    return {f.name for f in dataclasses.fields(services.AnswerResult)} | {"scope"}  # scope: derived from machine_bound
 
 
 def test_deposit_refused_without_token(client):
