@@ -1,6 +1,6 @@
 """Decoding after a prompt chunk: the one decode loop (greedy or sampled, by its `choose`) and the prompt
 followed by greedy steps, alone (the lean pass where the model has one, graft_core.batch.lean, else
-`forward_chunk`) or together with other answers' steps (a graft_core.batch.StepGroup, the same rows).
+`forward_chunk`) or together with other answers' steps (a graft_core.stepgroup.StepGroup, the same rows).
 
 Purely token ids and caches, as graft_core.forward: nothing here tokenises or knows about artifacts.
 """
@@ -73,7 +73,7 @@ def decode(
     `pos`, repeat, until EOS, the stop rule or `max_new_tokens`. Returns (tokens, "eos" | "stop" | "length").
     `on_step(token, row)` sees each token with the row that chose it. Greedy and sampled decoding differ
     only in `choose`. `step(cache, token, pos)` computes a step's row (default: the lean pass alone;
-    graft_core.batch.StepGroup.step takes it together with other sessions' steps, same bytes)."""
+    graft_core.stepgroup.StepGroup.step takes it together with other sessions' steps, same bytes)."""
     if step is None:
         step = step_alone(model)
     generated: list[int] = []
@@ -107,7 +107,7 @@ def prompt_and_decode(
     steps=None,
 ) -> Decoded:
     """Prefill `prompt_ids` at `start` as one chunk (the chunk schedule is part of the bytes), then
-    decode greedily, one token per step: alone, or with `steps` (a graft_core.batch.StepGroup) the prompt
+    decode greedily, one token per step: alone, or with `steps` (a graft_core.stepgroup.StepGroup) the prompt
     and the steps together with other answers' prompts and steps, which gives the same rows."""
     assert prompt_ids, "the prompt chunk must hold at least one token"
     t0 = time.perf_counter()

@@ -131,7 +131,7 @@ def answer(
     else the probe on a second restore of the chain. `on_proof(proof)` sees it before any token is
     chosen and may raise to refuse the answer. `probe=False` skips the proof (bench/proof.py measures
     its cost). The prompt runs as one chunk either way, so the served bytes do not depend on the proof.
-    `steps` (a graft_core.batch.StepGroup) decodes together with concurrent answers: the same bytes.
+    `steps` (a graft_core.stepgroup.StepGroup) decodes together with concurrent answers: the same bytes.
     `form` is the query form (templates.FORMS): how the question is rendered and where its answer ends.
     """
     prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw, form=form)

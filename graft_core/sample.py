@@ -62,7 +62,7 @@ def prompt_and_sample(
     steps=None,
 ) -> Sampled:
     """Prefill `prompt_ids` at `start`, then draw up to `max_new_tokens` tokens: alone, or with `steps` (a
-    graft_core.batch.StepGroup) the prompt and each step's row computed together with other sessions' (the
+    graft_core.stepgroup.StepGroup) the prompt and each step's row computed together with other sessions' (the
     same rows, so the same draws)."""
     if not prompt_ids:
         raise ValueError("the prompt chunk must hold at least one token")
@@ -131,7 +131,7 @@ def attempt(
     form: str = "answer",
 ) -> Attempt:
     """Answer `question` with nothing grafted: greedy when `temperature` is 0, else sampled with `seed`; with
-    `steps` (a graft_core.batch.StepGroup) its prompt and steps go with other sessions' (same tokens). `form`
+    `steps` (a graft_core.stepgroup.StepGroup) its prompt and steps go with other sessions' (same tokens). `form`
     is the query form (templates.FORMS)."""
     from . import generate, templates
     from .decoding import prompt_and_decode

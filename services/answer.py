@@ -204,7 +204,7 @@ class AnswerPipeline:
             return self.store.catalog.add_ledger(row)
 
     def decode_group(self):
-        """The graft_core.batch.StepGroup answers decode through once `start_decoding_together` built it; None
+        """The graft_core.stepgroup.StepGroup answers decode through once `start_decoding_together` built it; None
         before, with KVGRAFT_DECODE_TOGETHER=1, or where no padded width gives the 1-row bytes (then every
         answer decodes alone). A one-answer process (`cli.py ask`) never builds it."""
         return self._steps or None
@@ -212,7 +212,8 @@ class AnswerPipeline:
     def start_decoding_together(self) -> str:
         """Build the StepGroup concurrent answers decode through (~1 s: every width is checked per weight
         shape), under the model lock; what a serving process calls once its model is up. Returns a log line."""
-        from graft_core.batch import Batcher, StepGroup
+        from graft_core.batch import Batcher
+        from graft_core.stepgroup import StepGroup
 
         with self.store.lock:
             if self._steps is None:

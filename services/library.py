@@ -73,7 +73,7 @@ class Library(DepositPipeline, AnswerPipeline, VerifyPipeline, SolvePipeline):
         # keeps its chain on the cache): concurrent answers from one artifact read one copy of its rows
         self._live: weakref.WeakValueDictionary[str, KVArtifact] = weakref.WeakValueDictionary()
         self._live_lock = threading.Lock()
-        self._steps = None  # graft_core.batch.StepGroup once an answer needs it; False where none applies
+        self._steps = None  # graft_core.stepgroup.StepGroup once an answer needs it; False where none applies
         self._fill_flywheel()
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from graft_core import batch
+from graft_core import batch, stepgroup
 from graft_core.forward import forward_chunk, new_cache
 from kernels import fma16
 from services import AnswerOptions
@@ -191,7 +191,7 @@ def test_a_step_group_takes_waiting_sessions_in_one_pass_with_their_own_bytes(ti
             rows.append(forward_chunk(tiny_gemma.model, c, [tok], lengths[i] + k)[-1])
             tok = int(torch.argmax(rows[-1]))
         expected.append(rows)
-    group = batch.StepGroup(b, wait_s=30.0)  # everyone registers before stepping: passes never time out
+    group = stepgroup.StepGroup(b, wait_s=30.0)  # everyone registers before stepping: passes never time out
     start = threading.Barrier(len(lengths))
     got: list = [None] * len(lengths)
 
@@ -220,7 +220,7 @@ def test_a_step_group_takes_waiting_sessions_in_one_pass_with_their_own_bytes(ti
 def test_a_failing_pass_fails_every_session_in_it(tiny_gemma, monkeypatch):
     b = batch.Batcher(tiny_gemma.model)
     monkeypatch.setattr(b, "step", lambda sessions: (_ for _ in ()).throw(RuntimeError("pass failed")))
-    group = batch.StepGroup(b, wait_s=0.01)
+    group = stepgroup.StepGroup(b, wait_s=0.01)
     with group.session() as step, pytest.raises(RuntimeError, match="pass failed"):
         step(new_cache(tiny_gemma.model), 7, 0)
     assert group.pending == [] and group.active == 0
@@ -262,7 +262,7 @@ def test_an_answer_that_never_reaches_its_decode_loop_does_not_hold_up_the_other
     b = batch.Batcher(tiny_gemma.model)
     if not b.widths:
         pytest.skip(f"no padded width here: {b.why}")
-    group = batch.StepGroup(b, wait_s=30.0)  # only a wake-up, not the bound, can end the wait below quickly
+    group = stepgroup.StepGroup(b, wait_s=30.0)  # only a wake-up, not the bound, can end the wait below quickly
     cache = _sessions(tiny_gemma, [5])[0]
     entered, done = threading.Event(), threading.Event()
 
@@ -402,7 +402,7 @@ def test_real_steps_and_prompts_in_one_pass_match_each_alone(real_lm):
 
 
 def test_other_work_waits_for_a_decoding_answer_then_runs(tiny_gemma):
-    group = batch.StepGroup(batch.Batcher(tiny_gemma.model), wait_s=0.01)
+    group = stepgroup.StepGroup(batch.Batcher(tiny_gemma.model), wait_s=0.01)
     decoding, finish, order = threading.Event(), threading.Event(), []
 
     def answer() -> None:
@@ -423,7 +423,7 @@ def test_other_work_waits_for_a_decoding_answer_then_runs(tiny_gemma):
 
 
 def test_other_work_waits_longer_for_a_chat_than_for_background_sessions_and_always_runs(tiny_gemma):
-    group = batch.StepGroup(batch.Batcher(tiny_gemma.model), wait_s=0.01)
+    group = stepgroup.StepGroup(batch.Batcher(tiny_gemma.model), wait_s=0.01)
 
     def decoding(background: bool):
         started, finish = threading.Event(), threading.Event()
@@ -481,7 +481,7 @@ def test_solve_attempts_taken_together_draw_what_each_draws_alone(tiny_gemma):
     b = batch.Batcher(tiny_gemma.model)
     if not b.widths:
         pytest.skip(f"no padded width here: {b.why}")
-    group = batch.StepGroup(b, wait_s=0.2)
+    group = stepgroup.StepGroup(b, wait_s=0.2)
     kinds = [dict(temperature=0.0), dict(temperature=0.9, seed=3), dict(temperature=1.3, seed=11, top_k=5)]
     questions = ["What is 2 + 2?", "Name a colour.", "Who built the lighthouse?"]
     alone = [sample.attempt(tiny_gemma, q, 12, **kw) for q, kw in zip(questions, kinds, strict=True)]
@@ -500,7 +500,7 @@ def test_solve_attempts_taken_together_draw_what_each_draws_alone(tiny_gemma):
 
 
 def test_other_work_lets_an_answer_that_arrived_meanwhile_go_first_at_its_halfway_point(tiny_gemma):
-    group = batch.StepGroup(batch.Batcher(tiny_gemma.model), wait_s=0.01)
+    group = stepgroup.StepGroup(batch.Batcher(tiny_gemma.model), wait_s=0.01)
     order = []
 
     def answer() -> None:  # as AnswerPipeline.answer: on its way (arriving), then the model lock, then decoding
