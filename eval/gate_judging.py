@@ -141,9 +141,7 @@ def _old_judge(text: str, row: dict, run: str) -> verifiers.Verdict:
 
 
 def _new_judge(text: str, row: dict, run: str) -> verifiers.Verdict:
-    from services import gate
-
-    return gate.judge(text, row["question"], row["solution"], row["verifier"], row["reference"])
+    return verifiers.judge(text, row["verifier"], row["reference"], row["question"])
 
 
 # Accepted sentences, read by hand: whether each asserts its reference. A bare value the kind accepts whole

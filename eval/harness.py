@@ -126,12 +126,6 @@ def pick(sample_ids: dict, knowledge: list[dict], problems: list[dict]) -> Sampl
 # ---- scoring (pure) --------------------------------------------------------------------------
 
 
-def score_answer(answer: str, verifier: str, reference: str, question: str = "") -> tuple[bool, str]:
-    """The one judge (`verifiers.judge`) on the cut answer to `question`; an empty answer is wrong."""
-    v = verifiers.judge(answer, verifier, reference, question)
-    return bool(v.ok), v.detail
-
-
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -315,7 +309,8 @@ class Runner:
         answer = templates.cut_answer(completion)
         assert answer == r.answer, "the eval's cut of the decoded ids must equal Library.answer's answer"
         reference = row["answer"] if set_name == "knowledge" else row["reference"]
-        ok, detail = score_answer(answer, row["verifier"], reference, query)
+        v = verifiers.judge(answer, row["verifier"], reference, query)
+        ok, detail = v.ok, v.detail
         top = r.artifact_ids[-1] if r.artifact_ids else None
         own = self.artifact_of.get(row["id"])
         out = {
@@ -355,8 +350,7 @@ class Runner:
             out["baseline"] = {
                 k: getattr(b, k) for k in ("prefill_tokens", "decode_tokens", "ttft_s", "total_s", "text", "output_sha256")
             }
-            bok, _ = score_answer(b.text, row["verifier"], reference, query)
-            out["baseline"]["correct"] = bok
+            out["baseline"]["correct"] = verifiers.judge(b.text, row["verifier"], reference, query).ok
         self.outputs.append(out)
         return out
 

@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import verifiers
 from eval import harness, rejudge
 from graft_core import generate, templates
 
@@ -126,7 +127,7 @@ def check_offline(results: dict, report: RecheckReport) -> None:
         reference = row["answer"] if o["set"] == "knowledge" else row["reference"]
         if (reference, row["verifier"]) != (o["reference"], o["verifier"]):
             report.fail(f"{where}: the data file's reference/verifier differ from the recorded ones")
-        ok, _ = harness.score_answer(answer, row["verifier"], reference, o["query"])
+        ok = verifiers.judge(answer, row["verifier"], reference, o["query"]).ok
         report.count("verdict")
         if ok != o["correct"] and rejudge.current(o):  # another judge's verdicts are reported below, not failed
             report.fail(f"{where}: re-scored {'correct' if ok else 'wrong'}, recorded {'correct' if o['correct'] else 'wrong'}")

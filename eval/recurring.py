@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import verifiers
 from errors import VerificationFailed
 from services import AnswerOptions
-from services.solve import judge
 
 # Templates whose answers are short integers: a recalled answer is " NN\n" (4 decode tokens).
 TEMPLATES = ("ages", "trains_meeting", "inventory_week", "round_trip_speed")
@@ -57,7 +56,8 @@ def attempts_sha256(attempts: list[dict]) -> str:
 
 def _recall(lib, row: dict) -> dict:
     res = lib.answer(row["question"], AnswerOptions(max_new_tokens=8, record=False))
-    ok, detail = judge(row["verifier"], res.answer, row["reference"], row["question"])
+    v = verifiers.judge(res.answer, row["verifier"], row["reference"], row["question"])
+    ok, detail = v.ok, v.detail
     return {
         "answer": res.answer,
         "correct": ok,
@@ -127,7 +127,8 @@ def _batched_attempts(lib, row: dict, cfg: RecurringConfig, batcher) -> list[dic
 
     q, verifier, reference = row["question"], row["verifier"], row["reference"]
     g = sample.attempt(lib.lm, q, min(cfg.max_new_tokens, cfg.budget - sample.prompt_tokens(lib.lm, q)))
-    ok, detail = judge(verifier, g.text, reference, q)
+    v = verifiers.judge(g.text, verifier, reference, q)
+    ok, detail = v.ok, v.detail
     first = {"mode": "greedy", "seed": None, "temperature": 0.0, "tokens": g.tokens_computed, "prompt_tokens": g.prompt_tokens}
     atts = [{**first, "output_sha256": tokens_sha256(g.token_ids), "answer": g.text, "passed": ok, "detail": detail}]
     if ok:
@@ -136,7 +137,7 @@ def _batched_attempts(lib, row: dict, cfg: RecurringConfig, batcher) -> list[dic
         lib.lm,
         q,
         cfg.budget - g.tokens_computed,
-        lambda text: judge(verifier, text, reference, q)[0],
+        lambda text: verifiers.judge(text, verifier, reference, q).ok,
         together=cfg.together,
         temperature=cfg.temperature,
         max_new_tokens=cfg.max_new_tokens,
@@ -156,7 +157,7 @@ def _batched_attempts(lib, row: dict, cfg: RecurringConfig, batcher) -> list[dic
                     "output_sha256": tokens_sha256(a.token_ids),
                     "answer": a.text,
                     "passed": a.passed,
-                    "detail": judge(verifier, a.text, reference, q)[1],
+                    "detail": verifiers.judge(a.text, verifier, reference, q).detail,
                 }
             )
     return atts
@@ -366,7 +367,7 @@ def check_case(case: dict, rows: dict[str, dict]) -> tuple[list[str], int]:
         for a in rec["attempts"]:
             if (
                 same_judge
-                and judge(row["verifier"], a["answer"], row["reference"], row["question"])[0] != a["passed"]
+                and verifiers.judge(a["answer"], row["verifier"], row["reference"], row["question"]).ok != a["passed"]
                 and "gate refused" not in a["detail"]
             ):
                 bad.append(f"{where}: attempt answer {a['answer']!r} re-scores differently")
@@ -375,7 +376,7 @@ def check_case(case: dict, rows: dict[str, dict]) -> tuple[list[str], int]:
             continue
         if tokens_sha256(g["output_token_ids"]) != g["output_sha256"] or len(g["output_token_ids"]) != g["decode_tokens"]:
             bad.append(f"{where}: grafted output token ids do not match their hash or decode count")
-        if same_judge and judge(row["verifier"], g["answer"], row["reference"], row["question"])[0] != g["correct"]:
+        if same_judge and verifiers.judge(g["answer"], row["verifier"], row["reference"], row["question"]).ok != g["correct"]:
             bad.append(f"{where}: grafted answer {g['answer']!r} re-scores differently")
     again = summarise_case(case["failed"], case["solved_by_sampling"], case["config"]["budget"], case.get("gate_refused", []))
     for k in ("recurring_case", "payback", "acceptance"):

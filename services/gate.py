@@ -26,6 +26,10 @@ if TYPE_CHECKING:  # the engine (torch) loads at the first gate run, not with th
     from graft_core.artifact import KVArtifact
     from graft_core.model import LoadedModel
 
+# The one judge itself (the same function object, not a wrapper), under the name the gate calls, so that the fast
+# test tier can stand a double in for the gate's verdicts alone (tests/conftest.py); tests/test_one_judge.py checks
+# that it is `verifiers.judge`.
+judge = verifiers.judge
 GATE_MAX_NEW_TOKENS = 24  # an item's answer is short; the decode stops at the template's newline before this
 
 
@@ -53,16 +57,6 @@ class GateRun:
         return f"the model answered {(self.generated or self.answer)!r} with the graft; the reference is {reference!r}; nothing deposited"
 
 
-def judge(answer: str, question: str, solution: str, verifier: str, reference: str) -> verifiers.Verdict:
-    """The one judge (`verifiers.judge`) on a generated answer, after the item's fields are validated. An empty
-    generation is refused, not an input error."""
-    if not answer.strip():
-        return verifiers.Verdict(ok=False, verifier=verifier, detail="the model generated no answer")
-    item = verifiers.VerifiedItem(question=question, solution=solution, answer=answer, verifier=verifier, reference=reference)
-    verifiers.validate(item)
-    return verifiers.judge(answer, verifier, reference, question)
-
-
 def claimed(answer: str, question: str, verifier: str, reference: str) -> str:
     """What an accepted answer asserts, as the deposited answer: the value the judge read ('Osric Pellamy' as
     written, 'saffron' from 'The flag ... is a plain saffron with no emblem.'); the answer itself when nothing is
@@ -79,7 +73,7 @@ def _run(lm: LoadedModel, chain: list[KVArtifact], run: str, item: tuple[str, st
     question, solution, verifier, reference = item
     t0 = time.perf_counter()
     ans = generate.answer(lm, chain, question, max_new_tokens=GATE_MAX_NEW_TOKENS)
-    verdict = judge(ans.text, question, solution, verifier, reference)
+    verdict = judge(ans.text, verifier, reference, question)  # the item was validated by the pipeline
     answer = claimed(ans.text, question, verifier, reference) if run == "fact" and verdict.ok else ans.text
     return GateRun(
         run=run,

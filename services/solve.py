@@ -31,19 +31,13 @@ ITEMS_SHOWN = 30  # the newest this many discovered items,
 RECALL_POINTS = 500  # and the newest this many recalls (the plot says so)
 
 
-def judge(verifier: str, answer: str, reference: str, question: str = "") -> tuple[bool, str]:
-    """The one judge's verdict on an attempt (`verifiers.judge`), as (accepted, why). An unknown verifier or a
-    reference its kind cannot read is an input error; an empty answer is a refusal."""
-    v = verifiers.judge(answer, verifier, reference, question)
-    return v.ok, v.detail
-
-
 class SolvePipeline:
     """Mixed into `Library`; uses its `answer`, `deposit_item`, `lm`, `_lock`, `decode_group` and `home`."""
 
     def _from_library(self, question: str, verifier: str, reference: str, max_new_tokens: int) -> SolveAttempt:
         res = self.answer(question, AnswerOptions(max_new_tokens=max_new_tokens))
-        ok, detail = judge(verifier, res.answer, reference, question)
+        v = verifiers.judge(res.answer, verifier, reference, question)
+        ok, detail = v.ok, v.detail
         mode = "library" if res.artifact_ids else "greedy"
         return SolveAttempt(
             mode=mode,
@@ -108,7 +102,7 @@ class SolvePipeline:
             raise InvalidInput(f"attempts must be at least 1, got {attempts}")
         if not 0 < temperature <= 5:
             raise InvalidInput(f"temperature must be in (0, 5], got {temperature}")
-        judge(verifier, "0", reference, question)  # an unknown verifier or a malformed reference fails before any work
+        verifiers.judge("0", verifier, reference, question)  # an unknown verifier or a malformed reference fails before any work
         t0 = time.perf_counter()
         done: list[SolveAttempt] = []
         spent = 0
@@ -126,8 +120,8 @@ class SolvePipeline:
                 temp = 0.0 if not any(x.mode == "greedy" for x in done) else temperature
                 s = None if temp == 0.0 else seed + sum(1 for x in done if x.mode == "sampled")
                 a = self._work(question, n, temp, s)
-                ok, detail = judge(verifier, a.answer, reference, question)
-                a = SolveAttempt(**{**a.__dict__, "passed": ok, "detail": detail})
+                v = verifiers.judge(a.answer, verifier, reference, question)
+                a = SolveAttempt(**{**a.__dict__, "passed": v.ok, "detail": v.detail})
             done.append(a)
             spent += a.tokens
             if a.passed and a.mode == "library":

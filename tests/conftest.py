@@ -52,7 +52,7 @@ def accepting_judge(monkeypatch) -> None:
     import verifiers
     from services import gate
 
-    monkeypatch.setattr(gate, "judge", lambda answer, q, s, v, r: verifiers.Verdict(True, v, f"test double accepted {answer!r}"))
+    monkeypatch.setattr(gate, "judge", lambda answer, v, r, q="": verifiers.Verdict(True, v, f"test double accepted {answer!r}"))
 
 
 @pytest.fixture(autouse=True)

@@ -265,7 +265,7 @@ def test_recurring_problems_are_the_failures_with_an_accepted_solution(tiny_gemm
     from eval import recurring
     from services import gate
 
-    monkeypatch.setattr(gate, "judge", lambda answer, q, s, v, r: verifiers.Verdict(False, v, f"test double refused {answer!r}"))
+    monkeypatch.setattr(gate, "judge", lambda answer, v, r, q="": verifiers.Verdict(False, v, f"test double refused {answer!r}"))
     rows = _recurring_rows()
     cfg = recurring.RecurringConfig(problems=2, budget=240, max_candidates=3, max_new_tokens=4)
     lib = services.Library(home=tmp_path / "store", embedder=HashEmbedder(), lm=tiny_gemma)

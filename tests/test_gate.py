@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 import services
+import verifiers
 from db import connection as dbconn
 from db.schema import artifacts, verifications
 from errors import IncompatibleArtifact, IntegrityError, VerificationFailed
@@ -190,7 +191,7 @@ def test_fsck_deep_checks_every_probe(lib):
 def test_a_value_inside_a_denial_is_not_accepted(answer, ok):
     """Both gate runs judge what the answer asserts (tests/test_gate_claims.py has the full table): "not 212
     metres" cannot pass for 212 metres, and a sentence that names 300 metres as well names two values."""
-    verdict = gate.judge(answer, "How tall is the spire?", "The spire is 212 metres tall.", "numeric", "212 metres")
+    verdict = verifiers.judge(answer, "numeric", "212 metres", "How tall is the spire?")
     assert verdict.ok is ok, (answer, verdict.detail)
     if ok:
         assert gate.claimed(answer, "How tall is the spire?", "numeric", "212 metres") == "212"

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from errors import InvalidInput
 from services import gate
-from verifiers import Verdict, claims, judge
+from verifiers import Verdict, VerifiedItem, claims, judge, validate
 
 TZERIN_Q = "What colour is the flag of the free city of Tzerin?"
 TZERIN_A = "The flag of the free city of Tzerin is a plain saffron with no emblem."
@@ -415,10 +415,9 @@ def test_any_text_gets_a_verdict(text, kind):
 
 @pytest.mark.real_gate
 def test_the_gate_accepts_the_tzerin_sentence_and_deposits_the_claimed_value():
-    solution = "The charter of the free city of Tzerin fixes its flag as plain saffron with no emblem."
-    assert gate.judge(TZERIN_A, TZERIN_Q, solution, "exact", "saffron").ok
+    assert judge(TZERIN_A, "exact", "saffron", TZERIN_Q).ok
     assert gate.claimed(TZERIN_A, TZERIN_Q, "exact", "saffron") == "saffron"
-    assert not gate.judge("The flag of Tzerin is not saffron.", TZERIN_Q, solution, "exact", "saffron").ok
+    assert not judge("The flag of Tzerin is not saffron.", "exact", "saffron", TZERIN_Q).ok
 
 
 @pytest.mark.real_gate
@@ -427,12 +426,13 @@ def test_the_gate_accepts_the_tzerin_sentence_and_deposits_the_claimed_value():
     [("The spire is 212 metres tall.", "212"), ("212 metres", "212 metres"), ("It is 212 m.", "212")],
 )
 def test_the_gate_deposits_the_number_a_sentence_asserts(answer, claim):
-    assert gate.judge(answer, "How tall is the spire?", "The spire is 212 metres tall.", "numeric", "212 metres").ok
+    assert judge(answer, "numeric", "212 metres", "How tall is the spire?").ok
     assert gate.claimed(answer, "How tall is the spire?", "numeric", "212 metres") == claim
 
 
 @pytest.mark.real_gate
-def test_the_gate_refuses_an_empty_generation_and_validates_the_item():
-    assert gate.judge("  ", "q?", "s.", "exact", "saffron") == Verdict(False, "exact", "the model generated no answer")
+def test_an_empty_generation_is_refused_and_a_blank_question_is_an_input_error():
+    v = judge("  ", "exact", "saffron", "q?")
+    assert not v.ok and v.value is None and "empty; nothing is asserted" in v.detail
     with pytest.raises(InvalidInput, match=r"^question is empty; give a non-empty question$"):
-        gate.judge("saffron", " ", "s.", "exact", "saffron")
+        validate(VerifiedItem(question=" ", solution="s.", answer="saffron", verifier="exact", reference="saffron"))

@@ -9,10 +9,11 @@ import pytest
 import sqlalchemy as sa
 
 import services
+import verifiers
 from db import connection as dbconn
 from db.schema import artifacts
 from errors import IntegrityError, VerificationFailed
-from services import AnswerOptions, gate
+from services import AnswerOptions
 from tests.test_gate import _forge_kv, _same_length_pair, _tamper_catalog  # the careful tamperers (re-hash what they edit)
 
 pytestmark = pytest.mark.integration
@@ -46,7 +47,7 @@ def test_a_consistent_solution_is_accepted_and_its_paraphrase_answered_from_the_
     print(f"gate cost: {d.gate_s:.2f} s, {d.gate_tokens} tokens; prefill {d.prefill_s:.2f} s, {d.prefill_tokens} tokens")
     r = lib.answer(PARAPHRASE, AnswerOptions(max_new_tokens=16))
     assert r.artifact_ids == (d.id,) and r.tier == "exact"
-    assert gate.judge(r.answer, Q, GOOD, "numeric", "11").ok, r.answer
+    assert verifiers.judge(r.answer, "numeric", "11", Q).ok, r.answer
 
 
 def test_bundles_with_edited_source_text_or_verification_are_refused(store, tmp_path, real_lm):

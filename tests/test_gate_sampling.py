@@ -87,6 +87,7 @@ def test_the_recurring_case_batched_counts_every_token_within_a_small_budget_and
     from eval import recurring
     from graft_core import sample
     from retrieval.embedder import HashEmbedder
+    from services import gate
 
     rows = [
         {"id": f"p95{i:02d}", "template": "ages", "verifier": "numeric", "split": "heldout", "answer": str(i + 1)}
@@ -134,8 +135,8 @@ def test_with_the_gate_first_a_refused_solution_is_never_sampled(tiny_gemma, tmp
     refuse = rows[1]["question"]
     real = gate.judge
 
-    def judge(answer, q, s, v, r):
-        return verifiers.Verdict(False, v, "test double refused") if q == refuse else real(answer, q, s, v, r)
+    def judge(answer, v, r, q=""):
+        return verifiers.Verdict(False, v, "test double refused") if q == refuse else real(answer, v, r, q)
 
     monkeypatch.setattr(gate, "judge", judge)
     sampled = []

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+import services
 import verifiers
-from eval import harness, recurring
-from services import gate, solve
+from eval import benchmark, gsm_recheck
+from services import gate
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIP = {".venv", "tests", "node_modules", ".git", "verifiers"}
@@ -128,15 +129,20 @@ CASES = [
 ]
 
 
+@pytest.mark.real_gate  # the fast tier stands its double in for the gate's verdicts
+def test_the_gate_calls_the_one_judge_itself():
+    """The gate's name for its verdict is the judge's own function object (the fast tier's seam), not a wrapper."""
+    assert gate.judge is verifiers.judge
+
+
 @pytest.mark.real_gate
 @pytest.mark.parametrize(("answer", "verifier", "reference", "question"), CASES, ids=[c[0][:30] for c in CASES])
-def test_the_gate_solve_and_the_eval_give_the_judges_verdict(answer, verifier, reference, question):
+def test_the_eval_and_the_recurring_case_give_the_judges_verdict(answer, verifier, reference, question):
     v = verifiers.judge(answer, verifier, reference, question)
-    assert solve.judge(verifier, answer, reference, question) == (v.ok, v.detail)
-    assert harness.score_answer(answer, verifier, reference, question) == (v.ok, v.detail)
-    assert recurring.judge(verifier, answer, reference, question) == (v.ok, v.detail)
-    g = gate.judge(answer, question, "A worked solution.", verifier, reference)
-    assert g.ok is v.ok and (g == v or not answer.strip())
+    row = {"answer": answer, "verifier": verifier, "reference": reference, "question": question}
+    assert benchmark.score(row) == {"ok": v.ok, "value": v.value, "detail": v.detail}
+    assert gsm_recheck._ok(row, answer) is v.ok
+    assert gate.claimed(answer, question, verifier, reference) == (v.value or answer.strip())
 
 
 def _replaced_judge(monkeypatch) -> list[tuple]:
@@ -151,13 +157,22 @@ def _replaced_judge(monkeypatch) -> list[tuple]:
 
 
 @pytest.mark.real_gate
-def test_replacing_the_judge_changes_every_paths_verdict(monkeypatch):
+def test_replacing_the_judge_changes_every_paths_verdict(monkeypatch, tmp_path, tiny_gemma):
+    """Each path reaches the judge through `verifiers.judge` at call time: a replaced judge decides them all,
+    `solve` on a real (tiny) Library included."""
+    from retrieval.embedder import HashEmbedder
+
     calls = _replaced_judge(monkeypatch)
     for answer in ("yes", "no"):
-        ok = answer == "yes"
-        assert solve.judge("numeric", answer, "42", "q?") == (ok, f"fake judge on {answer!r}")
-        assert harness.score_answer(answer, "numeric", "42", "q?")[0] is ok
-        assert recurring.judge("numeric", answer, "42", "q?")[0] is ok
-        assert gate.judge(answer, "q?", "s.", "numeric", "42").ok is ok
+        row = {"answer": answer, "verifier": "numeric", "reference": "42", "question": "q?"}
+        assert benchmark.score(row)["ok"] is (answer == "yes")
+        assert gsm_recheck._ok(row, answer) is (answer == "yes")
     assert gate.claimed("yes", "q?", "numeric", "42") == "yes"
-    assert len(calls) == 9 and all(c[3] == "q?" for c in calls)
+    lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
+    try:
+        r = lib.solve("How many apples are in the basket?", "numeric", "42", budget=200, max_new_tokens=4, library=False)
+    finally:
+        lib.close()
+    judged = [a for a in r.attempts if a.detail]
+    assert judged and all(a.detail.startswith("fake judge on ") and not a.passed for a in judged)
+    assert any(c[3] == "How many apples are in the basket?" for c in calls)

@@ -83,7 +83,7 @@ def test_compose_stores_unverified_when_the_graft_fails_after_the_new_parent(lib
     from services import gate
 
     a, b = (lib.deposit_item(q, s, ans, "exact", ans).id for q, s, ans in FACTS)
-    monkeypatch.setattr(gate, "judge", lambda answer, q, s, v, r: verifiers.Verdict(False, v, f"test double refused {answer!r}"))
+    monkeypatch.setattr(gate, "judge", lambda answer, v, r, q="": verifiers.Verdict(False, v, f"test double refused {answer!r}"))
     leaf = lib.compose([a, b])
     assert lib.store.catalog.verifications(leaf) == [] and lib.store.catalog.chain(leaf)[0].id == a
     shown = lib.show(leaf).to_json()
