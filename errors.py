@@ -22,7 +22,12 @@ class ArtifactNotFound(KvgraftError):
 
 
 class VerificationFailed(KvgraftError):
-    """A verified item's answer did not pass its verifier; nothing was deposited."""
+    """A verified item's answer did not pass its verifier; nothing was deposited. `gate_tokens`: the tokens the
+    gate's runs computed before the refusal (0 where it refused before running the model)."""
+
+    def __init__(self, message: str = "", gate_tokens: int = 0):
+        super().__init__(message)
+        self.gate_tokens = gate_tokens
 
 
 class InputTooLong(KvgraftError):

@@ -131,7 +131,8 @@ def deposit(lib, item: dict) -> dict:
     try:
         d = lib.deposit_item(item["question"], item["solution"], item["reference"], item["verifier"], item["reference"])
     except VerificationFailed as e:
-        return row | {"verdict": "refused", "detail": str(e), "seconds": round(time.perf_counter() - t0, 1)}
+        out = {"verdict": "refused", "detail": str(e), "gate_tokens": e.gate_tokens}
+        return row | out | {"seconds": round(time.perf_counter() - t0, 1)}
     return row | {
         "verdict": "accepted",
         "artifact": d.id,

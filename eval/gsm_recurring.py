@@ -147,6 +147,10 @@ def summarise(problems: list[dict], recalls: dict[str, dict], deposits: dict[str
     every = sum(x["recall_prompt_tokens"] + x["recall_decode_tokens"] for x in right)
     dep = sum(x["deposit_tokens"] for x in right)
     all_in = every + dep / cfg["recalls"]
+    # a sceptic's charge: every deposit offered (the refused ones' gate runs too) laid on the problems recalled
+    offered = sum(d.get("gate_tokens", 0) + d.get("prefill_tokens", 0) for d in deposits.values())
+    unrecorded = sum(1 for d in deposits.values() if "gate_tokens" not in d)
+    all_in_offered = every + offered / cfg["recalls"]
     return {
         "problems_tried": len(problems),
         "solved_within_budget": len(problems) - len(never),
@@ -160,5 +164,28 @@ def summarise(problems: list[dict], recalls: dict[str, dict], deposits: dict[str
         "amortised_over_recalls": cfg["recalls"],
         "ratio": round(base / dec, 1) if dec else None,
         "ratio_all_in": round(base / all_in, 2) if all_in else None,
+        "deposits_offered": len(deposits),
+        "deposits_cost_unrecorded": unrecorded,
+        "deposit_tokens_offered_total": offered,
+        "ratio_all_in_offered": round(base / all_in_offered, 2) if right and all_in_offered else None,
+        "ratio_at_budget": {
+            str(b): round(sum(_within(p, b) for p in never if p["id"] in {x["id"] for x in right}) / dec, 1)
+            for b in BUDGETS
+            if dec and b <= cfg["budget"]
+        },
         "rows": rows,
     }
+
+
+BUDGETS = (4_000, 10_000, 25_000, 50_000)  # the paper's ratio recomputed as if the budget had been each of these
+
+
+def _within(problem: dict, budget: int) -> int:
+    """The baseline tokens of a never-solved problem's attempts that fit in `budget`, in their order: a
+    never-solved problem's baseline is its budget, so the ratio is set by the budget chosen."""
+    spent = 0
+    for a in problem["attempts"]:
+        if spent + a["tokens"] > budget:
+            break
+        spent += a["tokens"]
+    return spent

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=50_000, help="recurring: tokens per problem (every attempt's)")
     p.add_argument("--problems", type=int, default=8, help="recurring: greedy failures sampled, in seeded order")
     p.add_argument("--form", default="cot", choices=("cot", "qa"), help="recurring: the query form of attempts and recalls")
+    p.add_argument("--together", type=int, default=8, help="recurring: sampled attempts a round (one prompt computation)")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     import services
@@ -85,7 +86,7 @@ def _recurring(lib, args, log) -> None:
     from eval import gsm_recurring
     from graft_core.batch import WIDTHS, Batcher
 
-    cfg = gsm_recurring.CaseConfig(budget=args.budget, seed=args.seed, form=args.form)
+    cfg = gsm_recurring.CaseConfig(budget=args.budget, seed=args.seed, form=args.form, together=args.together)
     want = "original" if args.form == "cot" else f"original-{args.form}"
     rows = [r for r in benchmark.read_jsonl(args.work / "outputs.jsonl") if r["condition"] == "no-graft" and r["set"] == want]
     greedy = {r["id"]: r for r in rows}

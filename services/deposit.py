@@ -234,12 +234,12 @@ class DepositPipeline:
             fact = gate.fact_run(self.lm, question, solution, verifier, reference)
         if not fact.ok:
             self.store.catalog.record_refusal(gate.record(fact, item_sha, verifier, reference))
-            raise VerificationFailed(fact.refusal(reference))
+            raise VerificationFailed(fact.refusal(reference), gate_tokens=fact.tokens)
 
         def gate_check(chain: list[KVArtifact]) -> tuple[VerificationRow, float, int]:
             run = self._graft_run(chain, question, solution, verifier, reference, item_sha)
             if not run.ok:
-                raise VerificationFailed(run.refusal(reference))
+                raise VerificationFailed(run.refusal(reference), gate_tokens=fact.tokens + run.tokens)
             detail = f"with the solution grafted the model answered {fact.generated!r}; with the artifact grafted {run.generated!r}; {run.detail}"
             return gate.record(run, item_sha, verifier, reference, detail=detail), run.seconds, run.tokens
 

@@ -76,7 +76,7 @@ def _check(results: dict) -> RecheckReport:
 
 
 def test_an_untouched_file_passes_and_its_figures_are_the_records(work):
-    results = gsm_report.build(work, budget=5000)
+    results = gsm_report.build(work, {"cot": 5000})
     text = gsm_report.dumps(results)
     assert json.loads(text) == results  # the compact layout is plain JSON
     rep = _check(json.loads(text))
@@ -103,14 +103,14 @@ def test_an_untouched_file_passes_and_its_figures_are_the_records(work):
     ],
 )
 def test_a_tampered_record_is_caught(work, tamper, message):
-    results = json.loads(gsm_report.dumps(gsm_report.build(work, budget=5000)))
+    results = json.loads(gsm_report.dumps(gsm_report.build(work, {"cot": 5000})))
     tamper(results)
     rep = _check(results)
     assert not rep.ok and any(message in p for p in rep.problems), rep.problems
 
 
 def test_a_file_scored_by_another_judge_is_reported_and_rescored(work):
-    results = json.loads(gsm_report.dumps(gsm_report.build(work, budget=5000)))
+    results = json.loads(gsm_report.dumps(gsm_report.build(work, {"cot": 5000})))
     results["judge"]["sha256"] = "f" * 64
     results["outputs"][1]["ok"] = not results["outputs"][1]["ok"]
     rep = _check(results)
@@ -119,7 +119,7 @@ def test_a_file_scored_by_another_judge_is_reported_and_rescored(work):
 
 
 def test_a_wrong_recall_counts_in_no_ratio(work):
-    results = gsm_report.build(work, budget=5000)
+    results = gsm_report.build(work, {"cot": 5000})
     rc = results["recurring"]
     recalls = {r["id"]: r for r in results["outputs"] if r["condition"] == "graft"}
     recalls["gsm0003-original"] = {**recalls["gsm0003-original"], "answer": "41"}  # wrong: the reference is 5
@@ -130,3 +130,33 @@ def test_a_wrong_recall_counts_in_no_ratio(work):
     recalls["gsm0001-original"] = {**recalls["gsm0001-original"], "answer": "41"}
     none = gsm_recurring.summarise(rc["problems"], recalls, deps, rc["config"], gsm_recheck._ok)
     assert none["recalled_correctly"] == 0 and none["ratio"] is None and none["ratio_all_in"] is None
+
+
+def test_the_recurring_sections_words_follow_the_records(work):
+    """The markdown's sentences are derived: a budget below the issue's target says so, one at it does not; a case
+    with no right recall says there is no saving, one with right recalls does not."""
+    results = gsm_report.build(work, {"cot": 5000})
+    md = gsm_report.markdown(results)
+    assert "this budget is below it" in md and "no saving to claim" not in md
+    rc = results["recurring"]
+    at_target = {**rc, "config": {**rc["config"], "budget": gsm_report.TARGET_BUDGET}}
+    none_right = {**rc, "case": {**rc["case"], "recalled_correctly": 0}}
+    assert "below it" not in "\n".join(gsm_report.recurring_md(at_target))
+    assert "no saving to claim" in "\n".join(gsm_report.recurring_md(none_right))
+
+
+def test_the_sceptics_charges_are_computed_from_the_records(work):
+    """Every deposit offered is charged (a refused one's gate runs too), and the paper's ratio is recomputed at
+    each smaller budget from the attempts that fit in it."""
+    deps = [json.loads(x) for x in (work / "deposits.jsonl").read_text().splitlines()]
+    deps.append({"id": "gsm0009-original", "verdict": "refused", "gate_tokens": 580, "reference": "1"})
+    deps.append({"id": "gsm0010-original", "verdict": "refused", "reference": "1"})  # cost not recorded
+    (work / "deposits.jsonl").write_text("".join(json.dumps(d) + "\n" for d in deps))
+    case = gsm_report.build(work, {"cot": 5000})["recurring"]["case"]
+    assert case["deposits_offered"] == 6 and case["deposits_cost_unrecorded"] == 1
+    assert case["deposit_tokens_offered_total"] == 4 * 420 + 580
+    assert case["ratio_all_in_offered"] == round(2 * 1513 / (2 * (750 + 4) + (4 * 420 + 580) / 10), 2)
+    # each problem's attempts are 753 then 760 tokens: 4,000 holds both, so 4,000 and 5,000 give the same ratio
+    assert case["ratio_at_budget"] == {"4000": round(2 * 1513 / 8, 1)}
+    md = gsm_report.markdown(gsm_report.build(work, {"cot": 5000}))
+    assert "1 without a recorded cost, counted 0" in md and "4,000 tokens a problem give" in md
