@@ -148,3 +148,17 @@ def test_the_built_in_librarys_recorded_gate_answers_still_pass():
             assert verdict.ok, verdict.detail
             judged += 1
     assert judged == 20
+
+
+OPTIONS = "The code for the given code is 11. If his code is 11 then which of the following code does mj have to do to win 11 eggs?\nA) 12\nB) 13\nC) 14\nD) 15\nE) 16"
+
+
+def test_a_last_line_that_is_one_of_listed_options_asserts_nothing():
+    """Rule 4d, written on a recurring attempt kvgraft-judge/2 accepted (gsm0012-original-qa, seed 379: a
+    development item): the list offers 12 to 16, it does not claim 16."""
+    v = judge(OPTIONS, "numeric", "16", "How many eggs won't he be able to place on the tray?")
+    assert not v.ok and v.value is None and "one of the lettered options" in v.detail
+    assert judge("E) 16", "numeric", "16").ok  # one line is its own claim, not a list
+    assert judge("A) 12\nB) 13\nThe answer is 16.", "numeric", "16").ok  # the answer sentence is read first
+    assert judge("(A) 12\n(B) 16\n#### 16", "numeric", "16").ok
+    assert not judge("Options:\n(A) 12\n(B) 16", "numeric", "16").ok

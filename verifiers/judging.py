@@ -16,6 +16,8 @@ The rules, in the order they apply:
    b. else the first sentence that says "the answer is" (any case), from its start to its end (. ! ? before a
       space, or the line's end);
    c. else the last non-empty line (a one-line answer is its own last line).
+   d. A last line that is one entry of a list of lettered options (two or more lines such as `A) 12`, `(B) 13`,
+      `C. 14`) asserts nothing: it is one of several offered values, not the answer's claim.
 5. That line is judged as a bare value first: a value the kind accepts whole ('saffron', '212 metres',
    '2277/361') passes without reading, and its `value` is the line as written.
 6. Else the claim reader (verifiers/claims.py, its rules at its top) reads the value the line asserts: the
@@ -39,13 +41,14 @@ from verifiers import claims
 from verifiers.judges import VERIFIERS
 from verifiers.verdict import FIELD_BOUNDS, Verdict, _q
 
-JUDGE = "kvgraft-judge/2"  # /1 was the claim reader for the gate beside whole-answer checks elsewhere
+JUDGE = "kvgraft-judge/3"  # /1: the claim reader beside whole-answer checks; /2: one judge; /3: rule 4d (options)
 KINDS = tuple(sorted(VERIFIERS))
 
 _ANNOTATION = re.compile(r"<<[^<>\n]{0,200}>>")
 _STRICT = re.compile(r"^[ \t]*####[ \t]*(?P<rest>.*)$", re.MULTILINE)
 _SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
 _THE_ANSWER_IS = re.compile(r"(?<![\w])the answer is\b[^\n]*", re.IGNORECASE)
+_OPTION = re.compile(r"^\s*(?:\([A-Ea-e]\)|[A-Ea-e]\)|[A-E][.:])\s*\S")
 
 
 def answer_line(answer: str) -> tuple[str, str]:
@@ -61,6 +64,8 @@ def answer_line(answer: str) -> tuple[str, str]:
         line = text[start:end].strip()
         return line, ("" if line == text.strip() else "its 'The answer is' sentence")
     lines = [x.strip() for x in text.splitlines() if x.strip()]
+    if len(lines) > 1 and _OPTION.match(lines[-1]) and sum(1 for x in lines if _OPTION.match(x)) >= 2:
+        return "", f"its last line {lines[-1]!r} is one of the lettered options it lists"
     if len(lines) > 1:
         return lines[-1], "its last line"
     return (lines[0] if lines else ""), ""
@@ -85,7 +90,8 @@ def judge(answer: str, verifier: str, reference: str, question: str = "") -> Ver
     line, how = answer_line(answer)
     where = f"{how} {_q(line)}: " if how else ""
     if not line:
-        return Verdict(False, verifier, f"answer {_q(answer)}: {where or ''}it is empty; nothing is asserted", None)
+        why = f"{how}; nothing is asserted" if how else "it is empty; nothing is asserted"
+        return Verdict(False, verifier, f"answer {_q(answer)}: {why}", None)
     if len(line) <= FIELD_BOUNDS["answer"]:
         whole = kind.check(line, reference)
         if whole.ok:
