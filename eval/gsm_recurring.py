@@ -122,7 +122,11 @@ def summarise(problems: list[dict], recalls: dict[str, dict], deposits: dict[str
     the judge accepts (the totals are theirs; every case problem is listed in `rows`). `judge_ok(row,
     answer)` is the one judge (recomputed: a stored `passed` is not trusted); `recalls` maps id -> the graft
     record, `deposits` id -> the gate's record."""
-    never = [p for p in problems if not any(judge_ok(p, a["answer"]) for a in p["attempts"])]
+    unsolved = [p for p in problems if not any(judge_ok(p, a["answer"]) for a in p["attempts"])]
+    # never solved = no attempt passes AND the budget was spent (no further round fitted); a run that stopped at
+    # an attempt its judge accepted and the current judge refuses is undecided: listed, in no total
+    never = [p for p in unsolved if exhausted(p, cfg)]
+    undecided = [p["id"] for p in unsolved if not exhausted(p, cfg)]
     rows = []
     for p in never:
         r, d = recalls.get(p["id"]), deposits.get(p["id"])
@@ -153,8 +157,9 @@ def summarise(problems: list[dict], recalls: dict[str, dict], deposits: dict[str
     all_in_offered = every + offered / cfg["recalls"]
     return {
         "problems_tried": len(problems),
-        "solved_within_budget": len(problems) - len(never),
+        "solved_within_budget": len(problems) - len(unsolved),
         "never_solved": len(never),
+        "undecided": undecided,
         "case_problems": len(rows),
         "recalled_correctly": sum(1 for x in rows if x["recall_correct"]),
         "baseline_tokens_total": base,
@@ -175,6 +180,14 @@ def summarise(problems: list[dict], recalls: dict[str, dict], deposits: dict[str
         },
         "rows": rows,
     }
+
+
+def exhausted(problem: dict, cfg: dict) -> bool:
+    """Whether the problem's attempts spent its budget: the next round (its prompt and one attempt of
+    `max_new_tokens`) would not have fitted, as `eval.sampling.sample_many` decides."""
+    sampled = [a for a in problem["attempts"] if a["mode"] == "sampled"]
+    prompt = sampled[0]["prompt_tokens"] if sampled else 0
+    return problem["budget"] - problem["baseline_tokens"] - prompt < cfg["max_new_tokens"]
 
 
 BUDGETS = (4_000, 10_000, 25_000, 50_000)  # the paper's ratio recomputed as if the budget had been each of these

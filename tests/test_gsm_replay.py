@@ -52,7 +52,7 @@ def work(tmp_path):
     ]
     (w / "deposits.jsonl").write_text("".join(json.dumps(d) + "\n" for d in deps))
     (w / "model.json").write_text(json.dumps({"model": "m", "model_fingerprint": "f", "torch_threads": 2}))
-    cfg = gsm_recurring.CaseConfig(budget=5000).as_dict()
+    cfg = gsm_recurring.CaseConfig(budget=2500).as_dict()
     probs = []
     for i in (1, 3):
         atts = [
@@ -62,10 +62,10 @@ def work(tmp_path):
              "output_sha256": "0" * 64, "answer": "no idea", "passed": False},
         ]  # fmt: skip
         p = {"id": f"gsm{i:04d}-original", "question": rows[2 * i]["question"], "verifier": "numeric"}
-        p |= {"reference": str(i + 2), "budget": 5000, "baseline_tokens": 1513, "attempts_n": 2, "solved": False}
+        p |= {"reference": str(i + 2), "budget": 2500, "baseline_tokens": 1513, "attempts_n": 2, "solved": False}
         p |= {"attempts": atts, "attempts_sha256": gsm_recurring.attempts_sha256(atts), "config": cfg}
         probs.append(p)
-    (w / "recurring-b5000-s0.jsonl").write_text("".join(json.dumps(p) + "\n" for p in probs))
+    (w / "recurring-b2500-s0.jsonl").write_text("".join(json.dumps(p) + "\n" for p in probs))
     return w
 
 
@@ -76,7 +76,7 @@ def _check(results: dict) -> RecheckReport:
 
 
 def test_an_untouched_file_passes_and_its_figures_are_the_records(work):
-    results = gsm_report.build(work, {"cot": 5000})
+    results = gsm_report.build(work, {"cot": 2500})
     text = gsm_report.dumps(results)
     assert json.loads(text) == results  # the compact layout is plain JSON
     rep = _check(json.loads(text))
@@ -103,14 +103,14 @@ def test_an_untouched_file_passes_and_its_figures_are_the_records(work):
     ],
 )
 def test_a_tampered_record_is_caught(work, tamper, message):
-    results = json.loads(gsm_report.dumps(gsm_report.build(work, {"cot": 5000})))
+    results = json.loads(gsm_report.dumps(gsm_report.build(work, {"cot": 2500})))
     tamper(results)
     rep = _check(results)
     assert not rep.ok and any(message in p for p in rep.problems), rep.problems
 
 
 def test_a_file_scored_by_another_judge_is_reported_and_rescored(work):
-    results = json.loads(gsm_report.dumps(gsm_report.build(work, {"cot": 5000})))
+    results = json.loads(gsm_report.dumps(gsm_report.build(work, {"cot": 2500})))
     results["judge"]["sha256"] = "f" * 64
     results["outputs"][1]["ok"] = not results["outputs"][1]["ok"]
     rep = _check(results)
@@ -119,7 +119,7 @@ def test_a_file_scored_by_another_judge_is_reported_and_rescored(work):
 
 
 def test_a_wrong_recall_counts_in_no_ratio(work):
-    results = gsm_report.build(work, {"cot": 5000})
+    results = gsm_report.build(work, {"cot": 2500})
     rc = results["recurring"]
     recalls = {r["id"]: r for r in results["outputs"] if r["condition"] == "graft"}
     recalls["gsm0003-original"] = {**recalls["gsm0003-original"], "answer": "41"}  # wrong: the reference is 5
@@ -135,7 +135,7 @@ def test_a_wrong_recall_counts_in_no_ratio(work):
 def test_the_recurring_sections_words_follow_the_records(work):
     """The markdown's sentences are derived: a budget below the issue's target says so, one at it does not; a case
     with no right recall says there is no saving, one with right recalls does not."""
-    results = gsm_report.build(work, {"cot": 5000})
+    results = gsm_report.build(work, {"cot": 2500})
     md = gsm_report.markdown(results)
     assert "this budget is below it" in md and "no saving to claim" not in md
     rc = results["recurring"]
@@ -152,11 +152,37 @@ def test_the_sceptics_charges_are_computed_from_the_records(work):
     deps.append({"id": "gsm0009-original", "verdict": "refused", "gate_tokens": 580, "reference": "1"})
     deps.append({"id": "gsm0010-original", "verdict": "refused", "reference": "1"})  # cost not recorded
     (work / "deposits.jsonl").write_text("".join(json.dumps(d) + "\n" for d in deps))
-    case = gsm_report.build(work, {"cot": 5000})["recurring"]["case"]
+    case = gsm_report.build(work, {"cot": 2500})["recurring"]["case"]
     assert case["deposits_offered"] == 6 and case["deposits_cost_unrecorded"] == 1
     assert case["deposit_tokens_offered_total"] == 4 * 420 + 580
     assert case["ratio_all_in_offered"] == round(2 * 1513 / (2 * (750 + 4) + (4 * 420 + 580) / 10), 2)
-    # each problem's attempts are 753 then 760 tokens: 4,000 holds both, so 4,000 and 5,000 give the same ratio
-    assert case["ratio_at_budget"] == {"4000": round(2 * 1513 / 8, 1)}
-    md = gsm_report.markdown(gsm_report.build(work, {"cot": 5000}))
-    assert "1 without a recorded cost, counted 0" in md and "4,000 tokens a problem give" in md
+    assert case["ratio_at_budget"] == {}  # a 2,500-token budget is below every budget it is recomputed at
+    md = gsm_report.markdown(gsm_report.build(work, {"cot": 2500}))
+    assert "1 without a recorded cost, counted 0" in md
+
+
+def _problem(pid: str, budget: int, tokens: list[int], passed_at: int | None = None) -> dict:
+    atts = [
+        {"mode": "greedy" if i == 0 else "sampled", "seed": None if i == 0 else i - 1, "tokens": t,
+         "prompt_tokens": 100 if i < 2 else 0, "decode_tokens": t - (100 if i < 2 else 0), "output_sha256": "0" * 64,
+         "answer": "16" if i == passed_at else "no idea", "passed": i == passed_at}
+        for i, t in enumerate(tokens)
+    ]  # fmt: skip
+    return {"id": pid, "question": "q?", "verifier": "numeric", "reference": "16", "budget": budget,
+            "baseline_tokens": sum(tokens), "attempts_n": len(tokens), "attempts": atts}  # fmt: skip
+
+
+def test_the_ratio_at_smaller_budgets_and_undecided_problems_come_from_the_attempts():
+    """A never-solved problem's baseline is its budget: the paper's ratio recomputed at each smaller budget from
+    the attempts that fit; a problem whose attempts stop short of its budget without a pass is undecided."""
+    cfg = gsm_recurring.CaseConfig(budget=10_000, max_new_tokens=256).as_dict()
+    spent = _problem("gsm0001-original", 10_000, [300] + [250] * 38)  # 9,800: no further round fits
+    short = _problem("gsm0002-original", 10_000, [300, 250, 250])  # stopped at 800 tokens, nothing passed
+    solved = _problem("gsm0003-original", 10_000, [300, 250, 250], passed_at=2)
+    recall = {"answer": "16", "verifier": "numeric", "reference": "16", "question": "q?", "artifact_ids": ["a"]}
+    recalls = {p["id"]: recall | {"decode_tokens": 5, "computed_tokens": 40} for p in (spent, short, solved)}
+    deps = {p["id"]: {"verdict": "accepted", "gate_tokens": 300, "prefill_tokens": 100} for p in (spent, short, solved)}
+    case = gsm_recurring.summarise([spent, short, solved], recalls, deps, cfg, gsm_recheck._ok)
+    assert case["never_solved"] == 1 and case["undecided"] == ["gsm0002-original"] and case["solved_within_budget"] == 1
+    assert case["baseline_tokens_total"] == 9_800 and case["ratio"] == round(9_800 / 5, 1)
+    assert case["ratio_at_budget"] == {"4000": round((300 + 250 * 14) / 5, 1), "10000": round(9_800 / 5, 1)}
