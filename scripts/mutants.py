@@ -295,7 +295,7 @@ MUTATIONS = (
     Mutation(
         "a deposit whose transaction failed leaves the blob it wrote (an orphan after a full disk)",
         "services/deposit.py",
-        "                self.store.discard_blobs(made)",
+        "                self._store.discard_blobs(made)",
         "                pass",
         ("tests/test_faults.py::test_a_write_failing_anywhere_in_an_operation_leaves_the_store_whole[deposit-ENOSPC]",),
     ),

@@ -4,8 +4,9 @@ engine (`graft_core`), the catalog and blobs (`db`) and retrieval (`retrieval`) 
 Front ends (`cli/`, `web/`) call one member of a `LibraryDoor` (or one upkeep function below) and format its
 result with `to_json()` or the result's typed fields. Modules: `door` (what front ends call: `LibraryDoor`
 with each member's contract, which `Library` implements, and `AnswerOptions`), `store` (one store: catalog,
-blobs, index, model lock), `library` (a store and the model), `deposit`, `answer`, `samples`, `solve` (the
-pipelines mixed into it), `gate` (the deposit check), `vetting` (what an import re-checks), the upkeep of a
+blobs, index, model lock), `library` (a store and the model, composed of: `artifacts`, reads and first-use
+proofs; `turns`, who computes on the model when; the pipelines `deposit`, `answer`, `samples`, `solve`, each
+handed what it needs), `gate` (the deposit check), `vetting` (what an import re-checks), the upkeep of a
 store, on `library.store` (`exchange`: export/import bundles, `checks`: rebuild-and-compare and fsck,
 `replay`: the answer ledger re-run), `results` (what the door returns), `limits` (input bounds).
 

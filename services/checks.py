@@ -62,7 +62,7 @@ def rebuild_compare(lib: Library, artifact_id: str) -> RebuildReport:
     data = codec.dumps(art)
     blob_sha = lib.store.blobs.actual_sha256(row.content_sha256)
     rebuilt = sha256_bytes(data)
-    why = lib.probe_check(row.id, force=True) if blob_sha == row.content_sha256 else "the stored blob is missing or corrupt"
+    why = lib.probe(row.id, force=True) if blob_sha == row.content_sha256 else "the stored blob is missing or corrupt"
     probe_ok = why is None
     same = probe_ok and rebuilt == row.content_sha256 and blob_sha == row.content_sha256 and art.key == row.id
     if same and row.quarantine:  # recomputed from its tokens to the stored bytes: proven, release it
@@ -202,7 +202,7 @@ def _deep(lib: Library, rows: list, bad: set[str]) -> int:
         if r.content_sha256 in bad or r.quarantine:
             continue
         try:
-            lib.probe_check(r.id, force=True)
+            lib.probe(r.id, force=True)
         except KvgraftError:  # a parent that is missing, corrupt or quarantined: reported on its own row
             continue
         n += 1

@@ -106,12 +106,13 @@ class LibraryDoor(Protocol):
     # ---- reads of the store ----
 
     def count(self) -> int:
-        """Artifacts in the store: one bounded read, whatever its size."""
+        """Artifacts in the store (a running total: one bounded read, whatever its size). Needs no model."""
         ...
 
     def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
         """Artifacts newest first, each with its latest verification; `query` matches title or text, `kind`
-        ("verified", "text", ...) filters. One query."""
+        ("verified", "text", ...) filters, at most `limit` from `offset`. One query; needs no model. Raises
+        `InvalidInput` for a `kind` that is none of the catalog's kinds."""
         ...
 
     def show(self, ref: str) -> ShowReport:
@@ -120,20 +121,24 @@ class LibraryDoor(Protocol):
         ...
 
     def artifact_ids(self) -> list[str]:
-        """Every artifact id, newest first (what an export of the whole store names)."""
+        """Every artifact id, newest first (what an export of the whole store names). Needs no model."""
         ...
 
     def ledger(self, last: int | None = None) -> list[LedgerRow]:
-        """Recorded answers, oldest first (the newest `last` when given)."""
+        """Recorded answers, oldest first (the newest `last` when given). Needs no model."""
         ...
 
     def stats(self, recent: int = 60) -> StoreStats:
-        """Ledger totals, the latest `recent` answers and the store's size against the context window: bounded
-        reads whatever the ledger's size."""
+        """Ledger totals (every answer ever recorded), the latest `recent` answers and the store's size against
+        the context window: bounded reads whatever the ledger's size. Reads the model's window, so it loads the
+        model on a library that has none yet (`NotReady` until the start-up is done, `NotAvailable` on the
+        remote library)."""
         ...
 
     def flywheel(self) -> Flywheel:
-        """What solve has deposited and what its recalls saved (running totals)."""
+        """What solve has deposited and what its recalls saved: the catalog's running figures, one read
+        transaction of bounded statements whatever the store's size (`NotReady` until the start-up is done,
+        `NotAvailable` on the remote library)."""
         ...
 
     # ---- what runs the model or writes ----
@@ -223,26 +228,36 @@ class LibraryDoor(Protocol):
     # ---- start-up and warm-up (web/startup.py, `cli.py ask --artifact`) ----
 
     def index(self) -> VectorIndex:
-        """The FAISS index at the catalog's current version (loaded, synced or rebuilt)."""
+        """The FAISS index at the catalog's current version (loaded, synced by difference or rebuilt from the
+        catalog's embeddings; an artifact the live embedder has no vector for is embedded first). A store that
+        refuses the index's write still answers from the index in memory. Raises `NotReady` before retrieval
+        has loaded, `NotAvailable` on the remote library."""
         ...
 
     def start_decoding_together(self) -> str:
-        """Build what lets concurrent answers decode in one pass (where its widths give the 1-row bytes);
-        returns a log line. Idempotent."""
+        """Build what lets concurrent answers decode in one pass, only at the padded widths whose bytes equal
+        the 1-row products (an answer's bytes do not depend on who decodes beside it); returns a log line.
+        Idempotent: a second call builds nothing. Loads the model; raises `NotReady` before the start-up has."""
         ...
 
     def warm_proofs(self, limit: int) -> WarmReport:
-        """Run the first-use probe on up to `limit` of the newest artifacts (a mismatch quarantines), so their
-        first answers carry the state proof instead of paying the probe."""
+        """Run the first-use probe on up to `limit` of the newest artifacts (the same check an answer's first
+        use runs: a mismatch quarantines), so their first answers carry the state proof instead of paying the
+        probe. Each probe takes the model lock alone (answers interleave); quarantined artifacts, other models'
+        and those without a probe hash are passed over and named in the report. An unreadable artifact is
+        reported, not raised. Raises `NotReady` before the model is up, `NotAvailable` on the remote library."""
         ...
 
     def prove_chain(self, artifact_id: str) -> float:
-        """Prove `artifact_id`'s chain now (its probes); raises `IntegrityError` on a mismatch. Returns seconds."""
+        """Prove `artifact_id`'s chain now, root first (each artifact's first-use probe, once per content in this
+        process), so the answer grafting it next carries the state proof. Returns the seconds it took. Raises
+        `IntegrityError` (the artifact quarantined) on a mismatch, `ArtifactNotFound` for an unknown id."""
         ...
 
     def warm_answer(self, artifact_id: str) -> float:
-        """One throw-away answer from `artifact_id` (not recorded) so the real one's first token does not pay the
-        first read and restore. Returns seconds."""
+        """One throw-away answer from `artifact_id` (a fixed question, one token, not recorded in the ledger) so
+        the real one's first token does not pay the first read and restore; it changes nothing an answer
+        computes. Returns the seconds it took. Raises as `answer` does."""
         ...
 
     def close(self) -> None:

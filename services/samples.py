@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,11 +17,25 @@ from errors import ArtifactNotFound, InvalidInput
 
 from .results import VerifyReport, VerifySample
 
+if TYPE_CHECKING:
+    from graft_core.model import LoadedModel
+
+    from .artifacts import Artifacts
+    from .store import Store
+    from .turns import ModelTurns
+
 QUESTIONS = ("What is it?", "Who built it?", "When did it happen?", "Summarise the fact.", "How many are there?", "Why?")
 
 
 class VerifyPipeline:
-    """Mixed into `Library`; uses its `store`, `_after_answers`, `lm` and `load_chain`."""
+    """The exactness reports of one store and one model. It is handed the store, the artifact reads, the
+    model's turns and an accessor of the model (loaded at first use)."""
+
+    def __init__(self, store: Store, artifacts: Artifacts, turns: ModelTurns, lm: Callable[[], LoadedModel]):
+        self._store = store
+        self._artifacts = artifacts
+        self._turns = turns
+        self._lm = lm
 
     def verify_samples(
         self,
@@ -44,7 +59,7 @@ class VerifyPipeline:
             raise InvalidInput(f"samples must be between 1 and 1000, got {samples}")
         if not 1 <= decode_steps <= 16:
             raise InvalidInput(f"decode_steps must be between 1 and 16, got {decode_steps}")
-        rows = [r for r in self.store.catalog.list_artifacts(limit=10_000) if not r.quarantine]
+        rows = [r for r in self._store.catalog.list_artifacts(limit=10_000) if not r.quarantine]
         if not rows:
             raise ArtifactNotFound("the store is empty: deposit something first (cli.py deposit --text-file F)")
         if max_tokens is not None:
@@ -59,14 +74,15 @@ class VerifyPipeline:
         for i in range(samples):
             row = rng.choice(rows)
             q = rng.choice(QUESTIONS)
-            with self._after_answers() as between:  # answers waiting for the model go first, and again halfway
-                chain, _ = self.load_chain(row.id)
-                qids = generate.encode_prompt(self.lm, q, grafted=True)
+            with self._turns.after_answers() as between:  # answers waiting for the model go first, and again halfway
+                lm = self._lm()
+                chain, _ = self._artifacts.chain(row.id)
+                qids = generate.encode_prompt(lm, q, grafted=True)
                 if relocate is not None:
-                    c = check_relocated(self.lm, chain[0], qids, offset=relocate, decode_steps=decode_steps, between=between)
+                    c = check_relocated(lm, chain[0], qids, offset=relocate, decode_steps=decode_steps, between=between)
                     done.append(VerifySample(chain[0].key, q, c))
                 else:
-                    c = exact_check(self.lm, chain, qids, decode_steps=decode_steps, monolithic=monolithic, between=between)
+                    c = exact_check(lm, chain, qids, decode_steps=decode_steps, monolithic=monolithic, between=between)
                     done.append(VerifySample(row.id, q, c))
             if on_progress:
                 on_progress((i + 1) / samples, f"sample {i + 1}/{samples}")

@@ -469,7 +469,7 @@ def test_a_solve_attempt_holds_the_model_lock(tmp_path, tiny_gemma, monkeypatch)
 
     monkeypatch.setattr(sample, "attempt", attempt)
     try:
-        lib._work("What is 2 + 2?", 2, 0.0, None)
+        lib.solving.work("What is 2 + 2?", 2, 0.0, None)
         assert held == [True]  # the attempt ran under the model lock, not beside another request's forward
     finally:
         lib.close()

@@ -153,7 +153,7 @@ def test_a_flipped_probe_hash_quarantines_the_artifact(lib):
     probe = lib.store.catalog.get(d.id).probe_sha256
     flipped = ("0" if probe[0] != "0" else "1") + probe[1:]
     _sql(lib, sa.update(artifacts).where(artifacts.c.id == d.id).values(probe_sha256=flipped))
-    lib._probed.clear()  # a new process: the first restore checks the probe
+    lib.artifacts.forget_proofs()  # a new process: the first restore checks the probe
     with pytest.raises(IntegrityError, match=f"artifact {d.id} is quarantined .*rebuild --verify {d.id}"):
         lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=2))
     assert lib.store.catalog.get(d.id).quarantine.startswith("probe check failed")

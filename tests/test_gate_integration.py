@@ -85,7 +85,7 @@ def test_a_flipped_byte_in_the_stored_probe_hash_quarantines(store, tmp_path, re
             .where(artifacts.c.id == d.id)
             .values(probe_sha256=probe[:-1] + ("0" if probe[-1] != "0" else "1"))
         )
-    other._probed.clear()
+    other.artifacts.forget_proofs()
     with pytest.raises(IntegrityError, match="quarantined"):
         other.answer(Q, AnswerOptions(max_new_tokens=4, artifact=d.id))
     assert [q.id for q in services.fsck(other).quarantined] == [d.id]
