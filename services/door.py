@@ -29,12 +29,12 @@ if TYPE_CHECKING:
         AnswerResult,
         DeleteReport,
         Deposited,
+        ExactnessReport,
         Flywheel,
         LibraryEntry,
         ShowReport,
         Solved,
         StoreStats,
-        VerifyReport,
         WarmReport,
     )
     from .store import Store
@@ -185,7 +185,7 @@ class LibraryDoor(Protocol):
         it does not, `InvalidInput` for an unknown verifier."""
         ...
 
-    def verify_samples(
+    def exactness_report(
         self,
         samples: int = 10,
         relocate: int | None = None,
@@ -194,7 +194,7 @@ class LibraryDoor(Protocol):
         decode_steps: int = 4,
         monolithic: bool = True,
         max_tokens: int | None = None,
-    ) -> VerifyReport:
+    ) -> ExactnessReport:
         """The N-sample exactness report: `samples` seeded artifacts (chains of at most `max_tokens` tokens),
         each grafted and compared byte for byte with a fresh computation over `decode_steps` greedy steps (and
         the monolithic forward unless `monolithic` is False); at offset `relocate` when given (approximate,

@@ -3,10 +3,10 @@ the door front ends use (`services.door.LibraryDoor`, where each member's contra
 
 The Library composes its parts and implements the door by delegating: `artifacts` (reads and first-use
 proofs, services.artifacts), `turns` (who computes on the model when, services.turns) and the pipelines
-`deposits`, `answers`, `verification` and `solving`, each handed what it needs (the store, those parts,
+`deposits`, `answers`, `reports` (the exactness report) and `solving`, each handed what it needs (the store, those parts,
 accessors of the lazily loaded model and embedder) when the Library is made. It holds the read-only views of
 the store itself (list, show, stats). Front ends call a member and format its result; the upkeep functions
-(services.checks, exchange, replay) work on `store`.
+(services.rebuild, integrity, exchange, replay) work on `store`.
 """
 
 from __future__ import annotations
@@ -29,20 +29,20 @@ from .answer import AnswerPipeline
 from .artifacts import Artifacts
 from .deposit import DepositPipeline
 from .door import DEFAULT_ANSWER, AnswerOptions, Progress
+from .exactness_report import ExactnessReportPipeline
 from .results import (
     AnswerResult,
     DeleteReport,
     Deposited,
+    ExactnessReport,
     Flywheel,
     LibraryEntry,
     Retrieved,
     ShowReport,
     Solved,
     StoreStats,
-    VerifyReport,
     WarmReport,
 )
-from .samples import VerifyPipeline
 from .solve import DEFAULT_BUDGET, DEFAULT_TEMPERATURE, SolvePipeline
 from .store import Store
 from .turns import ModelTurns
@@ -86,7 +86,7 @@ class Library:
         self.artifacts = Artifacts(self.store, model)
         self.deposits = DepositPipeline(self.store, self.artifacts, model, embed)
         self.answers = AnswerPipeline(self.store, self.artifacts, self.turns, model, embed, self.deposits.compose)
-        self.verification = VerifyPipeline(self.store, self.artifacts, self.turns, model)
+        self.reports = ExactnessReportPipeline(self.store, self.artifacts, self.turns, model)
         self.solving = SolvePipeline(self.store, self.turns, model, self.answers, self.deposits)
         self.solving.fill_flywheel()
 
@@ -167,7 +167,7 @@ class Library:
         """DepositPipeline.compose: the items of `ids` as one exact chain; returns the leaf id."""
         return self.deposits.compose(ids, on_progress)
 
-    def verify_samples(
+    def exactness_report(
         self,
         samples: int = 10,
         relocate: int | None = None,
@@ -176,9 +176,9 @@ class Library:
         decode_steps: int = 4,
         monolithic: bool = True,
         max_tokens: int | None = None,
-    ) -> VerifyReport:
-        """LibraryDoor.verify_samples (VerifyPipeline.verify_samples)."""
-        return self.verification.verify_samples(samples, relocate, seed, on_progress, decode_steps, monolithic, max_tokens)
+    ) -> ExactnessReport:
+        """LibraryDoor.exactness_report (ExactnessReportPipeline.exactness_report)."""
+        return self.reports.exactness_report(samples, relocate, seed, on_progress, decode_steps, monolithic, max_tokens)
 
     def solve(
         self,
@@ -238,7 +238,7 @@ class Library:
         self.answer(WARM_UP_QUESTION, AnswerOptions(artifact=artifact_id, max_new_tokens=1, record=False))
         return time.perf_counter() - t0
 
-    # ---- reading artifacts (the upkeep functions: services.checks, exchange, vetting) -------------
+    # ---- reading artifacts (the upkeep functions: services.rebuild, integrity, exchange, vetting) ---
 
     def load_artifact(self, artifact_id: str, quarantined_too: bool = False) -> KVArtifact:
         """Artifacts.load: one artifact read, hash-checked and decoded (IntegrityError on any mismatch)."""

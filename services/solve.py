@@ -83,15 +83,15 @@ class SolvePipeline:
     def work(self, question: str, max_new_tokens: int, temperature: float, seed: int | None) -> SolveAttempt:
         """One attempt of the model alone (greedy at temperature 0, else sampled with `seed`), not yet judged,
         in a background turn of the model (ModelTurns.background: a chat never waits behind a whole attempt)."""
-        from graft_core import sample  # the engine loads at the first solve, not with the web page
+        from graft_core import sampling  # the engine loads at the first solve, not with the web page
         from graft_core.generate import tokens_sha256
 
         with self._turns.background() as steps:
             lm = self._lm()
             if steps is None:
-                a = sample.attempt(lm, question, max_new_tokens, temperature=temperature, seed=seed)
+                a = sampling.attempt(lm, question, max_new_tokens, temperature=temperature, seed=seed)
             else:
-                a = sample.attempt(lm, question, max_new_tokens, temperature=temperature, seed=seed, steps=steps)
+                a = sampling.attempt(lm, question, max_new_tokens, temperature=temperature, seed=seed, steps=steps)
 
         return SolveAttempt(
             mode=a.mode,
@@ -123,7 +123,7 @@ class SolvePipeline:
         `library=False` skips the recall step (the no-graft model alone, as the eval's baseline); `between` is
         called before every attempt but the first, outside the model lock (the web app hands the model to the
         next waiting client there, so each attempt is one turn)."""
-        from graft_core import sample
+        from graft_core import sampling
 
         question = bounded("question", question, MAX_QUESTION_CHARS)
         if not 1 <= budget <= MAX_BUDGET:
@@ -136,7 +136,7 @@ class SolvePipeline:
         t0 = time.perf_counter()
         done: list[SolveAttempt] = []
         spent = 0
-        prompt = sample.prompt_tokens(self._lm(), question)
+        prompt = sampling.prompt_tokens(self._lm(), question)
         while attempts is None or len(done) < attempts:
             room = budget - spent - prompt
             if room < 1:

@@ -73,7 +73,7 @@ class ModelTurns:
     def background(self) -> Iterator[StepGroup | None]:
         """The turn of work that decodes as an answer does (a solve's attempt: its prompt and steps go in the
         answers' shared passes, the same tokens as alone) but is background work, so it holds no
-        exactness-report case back. Yields the decode group (None: decode alone)."""
+        exactness-report sample back. Yields the decode group (None: decode alone)."""
         steps = self.decode_group()
         if steps is None:
             with self.lock:
@@ -84,7 +84,7 @@ class ModelTurns:
 
     @contextlib.contextmanager
     def after_answers(self) -> Iterator[Callable[[], None]]:
-        """The model lock for one unit of work that is not an answer (an exactness-report case): where answers
+        """The model lock for one unit of work that is not an answer (an exactness-report sample): where answers
         decode together, taken once none is decoding or coming, or after `answers_first_s`, so a chat never
         waits behind a queue of other work, and that work still runs at least once per bound. Yields what to
         call between two parts of the work, to let answers that arrived meanwhile go first again."""

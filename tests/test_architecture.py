@@ -91,7 +91,7 @@ def test_results_are_typed_and_serialise_once(lib):
         "relevant": True,
         "reason": "the question has every distinctive term of the item (varnek)",
     }
-    rep = lib.verify_samples(2)
+    rep = lib.exactness_report(2)
     assert all(s.check.exact for s in rep.rows) and rep.byte_equal == 2
     short = rep.to_json(every_field=False)
     full = rep.to_json()["rows"][0]

@@ -38,7 +38,7 @@ from errors import KvgraftError, VerificationFailed  # noqa: E402  (types, not t
 from services import seed  # noqa: E402
 from services.limits import (  # noqa: E402
     ANON_MAX_NEW_TOKENS,
-    ANON_VERIFY_SAMPLES,
+    ANON_REPORT_SAMPLES,
     decode_together,
     warm_proofs_limit,
 )
@@ -48,9 +48,9 @@ from web.dashboard_tab import dashboard_tab  # noqa: E402
 from web.guard import ADMIN_HELP, FairTurns, Guard, address_depth, backend_slots, per_address  # noqa: E402
 from web.handlers import answer_options as _answer_options  # noqa: E402
 from web.handlers import call as _call  # noqa: E402
+from web.handlers import exactness_report as _exactness_report  # noqa: E402
 from web.handlers import model_turn as _model  # noqa: E402
 from web.handlers import upkeep as _upkeep  # noqa: E402
-from web.handlers import verify_samples as _verify_samples  # noqa: E402
 from web.refusal import Refusal, TextGate, quiet_checks, require_text, text_problem  # noqa: E402
 from web.solve_tab import solve_tab  # noqa: E402
 from web.startup import StartingLibrary, Startup, TerminalProgress, model_cache, status_html  # noqa: E402
@@ -386,7 +386,7 @@ UPLOAD_SESSION_JS = f"""async (token) => {{
 
 def _verify_tab(library: services.LibraryDoor, guard: Guard) -> gr.Tab:
     def verify_ui(samples, do_relocate, offset, request: gr.Request, progress=gr.Progress()):
-        rep, relocate = _verify_samples(library, guard, request, samples, offset if do_relocate else None, progress=progress)
+        rep, relocate = _exactness_report(library, guard, request, samples, offset if do_relocate else None, progress=progress)
         return (*verify_summary(rep), verify_plot(rep.rows, relocate))
 
     with gr.Tab("Verify", id="verify") as tab:
@@ -396,7 +396,7 @@ def _verify_tab(library: services.LibraryDoor, guard: Guard) -> gr.Tab:
             "the approximate tier, measured."
         )
         with gr.Row():
-            vn = gr.Slider(1, ANON_VERIFY_SAMPLES, ANON_VERIFY_SAMPLES, step=1, label="samples")
+            vn = gr.Slider(1, ANON_REPORT_SAMPLES, ANON_REPORT_SAMPLES, step=1, label="samples")
             vrel = gr.Checkbox(False, label="relocate")
             voff = gr.Number(64, precision=0, minimum=0, label="offset")
             vbtn = gr.Button("Run", variant="primary")
@@ -470,7 +470,7 @@ def _apis(library: services.LibraryDoor, guard: Guard) -> None:
         """N-sample exactness check (<= 5 samples without the admin token); with `relocate` the relocation
         experiment at that offset (approximate tier), within the model's context."""
         require_text(admin_token)
-        rep, _ = _verify_samples(library, guard, request, samples, relocate, admin_token)
+        rep, _ = _exactness_report(library, guard, request, samples, relocate, admin_token)
         return json.loads(json.dumps(rep.to_json(every_field=False), default=str))
 
     model = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS}
