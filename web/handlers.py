@@ -33,6 +33,7 @@ from web.guard import Guard, Refused
 from web.refusal import Refusal, require_text
 
 EXPORT_TTL_S = 600.0  # our own export file is removed this long after the handler returned it
+MODEL_WORKERS = 16  # handlers that may wait at once for the model; `FairTurns` runs KVGRAFT_DECODE_TOGETHER at a time
 
 
 def call(fn: Callable, *args, **kwargs):
