@@ -181,8 +181,10 @@ class LibraryDoor(Protocol):
         on_progress: Progress | None = None,
     ) -> Deposited:
         """A verified item, stored only through the gate: the model, with the item grafted, must answer and
-        `verifier` accept that answer against `reference`. Raises `VerificationFailed` (nothing stored) when
-        it does not, `InvalidInput` for an unknown verifier."""
+        `verifier` accept that answer against `reference`. A refusal is recorded (a verification row) and
+        nothing else is stored. Raises `VerificationFailed` when the gate refuses (or `verifier` is "attested"
+        without `admin`), `InvalidInput` for an unknown verifier or a reference its kind cannot read,
+        `ArtifactNotFound` for an unknown parent."""
         ...
 
     def exactness_report(
@@ -198,7 +200,11 @@ class LibraryDoor(Protocol):
         """The N-sample exactness report: `samples` seeded artifacts (chains of at most `max_tokens` tokens),
         each grafted and compared byte for byte with a fresh computation over `decode_steps` greedy steps (and
         the monolithic forward unless `monolithic` is False); at offset `relocate` when given (approximate,
-        labelled). `max_tokens` set is an anonymous caller's bound (the remote library sends no admin token then)."""
+        labelled). `max_tokens` set is an anonymous caller's bound (the remote library sends no admin token then).
+        Each sample takes the model on its own, after answers decoding meanwhile, and `on_progress` runs between
+        samples. Guarantees: `byte_equal` counts samples whose grafted and fresh rows are equal bytes, never a
+        label. Raises `InvalidInput` for `samples` outside 1..1000 or `decode_steps` outside 1..16,
+        `ArtifactNotFound` when the store holds no artifact (or none within `max_tokens`)."""
         ...
 
     def solve(
