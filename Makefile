@@ -95,7 +95,7 @@ bench: install-bench
 # The verification figures (docs/bench/gate.json, verify.json, relocate.json, relocate0.json): seeds the
 # built-in library through the deposit gate into a temp store, then `verify` at own position and relocated.
 bench-verify: install-dev
-	$(BIN)/python -m bench.samples
+	$(BIN)/python -m bench.exactness
 
 eval: install-dev
 	$(BIN)/python -m eval.run

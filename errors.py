@@ -49,7 +49,7 @@ class NotReady(KvgraftError):
 def quarantine_message(artifact_id: str, reason: str) -> str:
     """What an IntegrityError says about a quarantined artifact, and the two commands that deal with it."""
     return (
-        f"artifact {artifact_id} is quarantined ({reason}); it is never grafted. Run `cli.py rebuild --verify "
+        f"artifact {artifact_id} is quarantined ({reason}); it is never grafted. Run `cli.py rebuild --compare "
         f"{artifact_id}` to see what a recompute gives, or `cli.py delete {artifact_id}`"
     )
 

@@ -127,7 +127,7 @@ def _parse(s: Setting, raw: str) -> object | None:
 def _networks(raw: str) -> tuple[str, ...] | None:
     """Comma-separated addresses or networks, each written as its network (10.0.0.7 -> 10.0.0.7/32), or
     None. A word for off (0, false, no, off) is no network; a word for on (1, true, ...) names none and is
-    refused: it once meant "believe anyone's forwarded headers", which no value means any more."""
+    refused, as no value means "believe anyone's forwarded headers"."""
     if raw.lower() in _FALSE:
         return ()
     try:

@@ -10,7 +10,7 @@ as engine.json). None of this is installed with the product; run each from the r
     .venv/bin/python -m bench.kernels     # where the grafted TTFT goes, and what other CPU kernels would do
     .venv/bin/python -m bench.imports     # what an import's proof costs: every artifact recomputed from its tokens
     .venv/bin/python -m bench.peer        # the grafted path against llama.cpp's prompt-state save/restore
-    .venv/bin/python -m bench.samples     # the deposit gate's acceptance and the N-sample exactness reports
+    .venv/bin/python -m bench.exactness   # the deposit gate's acceptance and the N-sample exactness reports
     .venv/bin/python -m bench.relevance   # paraphrase top-1 and false grafts on near misses
     .venv/bin/python -m bench.proof       # the per-answer proof's share of an answer's wall time
     .venv/bin/python -m bench.abuse       # a user's chat latency while anonymous clients hammer the app

@@ -1,5 +1,5 @@
-"""A/B of kvgraft-f32-v2 against the path before it, in one process: fresh prefill + question, and the
-grafted question's time to first token, on the packaged model.
+"""A/B of kvgraft-f32-v2 against the torch path (fma16 products, SDPA, ATen's norms), in one process: fresh
+prefill + question, and the grafted question's time to first token, on the packaged model.
 
 "Before" is fma16's products with SDPA attention and ATen's RMSNorm, GELU and rotary tables (the
 definition's forwards taken off, the attention implementation set back to "sdpa"); rounds alternate so

@@ -125,7 +125,7 @@ def cmd_verify(args) -> int:
 
         n = bring_in(lib)
         print(f"empty store: seeded the built-in library first ({n} artifacts)", file=sys.stderr)
-    rep = lib.verify_samples(args.samples, relocate=args.relocate, seed=args.seed)
+    rep = lib.exactness_report(args.samples, relocate=args.relocate, seed=args.seed)
     payload = rep.to_json(every_field=args.rows)
     tier = f"relocated to offset {args.relocate} (approximate)" if args.relocate is not None else "own position (exact tier)"
     _emit(

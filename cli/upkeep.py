@@ -76,7 +76,7 @@ def cmd_import(args) -> int:
         + (
             ""
             if r.model_checked
-            else " (nothing recomputed: every artifact is quarantined until `cli.py rebuild --verify ID` proves it)"
+            else " (nothing recomputed: every artifact is quarantined until `cli.py rebuild --compare ID` proves it)"
         ),
     )
     return 0
@@ -85,7 +85,9 @@ def cmd_import(args) -> int:
 def cmd_rebuild(args) -> int:
     import services
 
-    r = services.rebuild_compare(_library(args), args.verify)
+    if args.verify:  # the flag's former name: it works, and says the name to type
+        print(f"note: `rebuild --verify ID` is `rebuild --compare ID`: comparing {args.verify}", file=sys.stderr)
+    r = services.rebuild_compare(_library(args), args.compare or args.verify)
     _emit(
         args,
         r.to_json(),
@@ -196,7 +198,9 @@ def register(sub) -> None:
     p.add_argument("--max-member-bytes", type=int, default=None, help="refuse members larger than this (default 2 GiB)")
 
     p = add("rebuild", "recompute an artifact from its source text and compare bytes", cmd_rebuild)
-    p.add_argument("--verify", required=True, metavar="ID")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--compare", metavar="ID", help="the artifact to recompute and compare")
+    which.add_argument("--verify", metavar="ID", help="the former name of --compare (accepted, says so on stderr)")
 
     p = add("fsck", "check catalog, blobs and index against each other", cmd_fsck)
     p.add_argument("--repair", action="store_true", help="remove orphan blobs and partial files, rebuild the index")

@@ -178,7 +178,7 @@ def flywheel_filled(conn: Connection) -> bool:
 def fill_flywheel(conn: Connection, found: dict[str, tuple[int, datetime]]) -> bool:
     """Back-fill `discoveries` and `recall_points` once, for a store whose solves were recorded before the
     catalog kept them (`found`: each discovered id -> (tokens spent, when)), by one pass over the ledger
-    in ledger order, counting what the old per-render scan counted. Claims the one-time flag first, so two
+    in ledger order, counting what a scan of the whole ledger counts. Claims the one-time flag first, so two
     openers never both fill; returns whether this call filled."""
     claimed = conn.execute(
         update(totals).where(totals.c.id == 1, totals.c.flywheel_filled.is_(False)).values(flywheel_filled=True)

@@ -148,7 +148,7 @@ class BlobStore:
                 self._verified.pop(content_hash, None)
             raise IntegrityError(
                 f"blob integrity check failed for {content_hash}: its bytes hash to {actual}. "
-                f"The file {p} is corrupt or was modified; restore it from a bundle or run `cli.py rebuild --verify`"
+                f"The file {p} is corrupt or was modified; restore it from a bundle or run `cli.py rebuild --compare`"
             )
         if not trusted and after == before and time.time_ns() - after[4] > self.racy_ns:
             with self._verified_lock:

@@ -232,9 +232,7 @@ def recurring_md(rc: dict | None, title: str = "## The recurring case") -> list[
         f"{cfg['seed']}, {cfg['seed'] + 1}, …; up to {cfg['max_new_tokens']} tokens each) until the judge accepted "
         f"one or **{cfg['budget']:,} tokens a problem** (every prompt and decode token; a round's prompt is computed "
         f"once and counted once) were spent.{below} {c['problems_tried']} problems tried, "
-        f"{c['solved_within_budget']} solved within the budget, {c['never_solved']} never solved"
-        + _undecided(c)
-        + "; "
+        f"{c['solved_within_budget']} solved within the budget, {c['never_solved']} never solved" + _undecided(c) + "; "
         f"{c['case_problems']} of those were asked again through retrieval (the graft condition's record); "
         f"{right} recalled correctly. {totals}",
         "",

@@ -121,19 +121,19 @@ def _batched_attempts(lib, row: dict, cfg: RecurringConfig, batcher) -> list[dic
     """Greedy alone (as solve starts), then seeded rounds of `cfg.together` attempts decoded together
     (eval/sampling.py) within what is left of the budget. A round's prompt is computed once: its tokens are
     counted on the round's first attempt (`prompt_tokens`), every attempt's decode tokens on the attempt."""
-    from eval import sampling
-    from graft_core import sample
+    from eval import sampling as batched
+    from graft_core import sampling
     from graft_core.generate import tokens_sha256
 
     q, verifier, reference = row["question"], row["verifier"], row["reference"]
-    g = sample.attempt(lib.lm, q, min(cfg.max_new_tokens, cfg.budget - sample.prompt_tokens(lib.lm, q)))
+    g = sampling.attempt(lib.lm, q, min(cfg.max_new_tokens, cfg.budget - sampling.prompt_tokens(lib.lm, q)))
     v = verifiers.judge(g.text, verifier, reference, q)
     ok, detail = v.ok, v.detail
     first = {"mode": "greedy", "seed": None, "temperature": 0.0, "tokens": g.tokens_computed, "prompt_tokens": g.prompt_tokens}
     atts = [{**first, "output_sha256": tokens_sha256(g.token_ids), "answer": g.text, "passed": ok, "detail": detail}]
     if ok:
         return atts
-    run = sampling.sample_many(
+    run = batched.sample_many(
         lib.lm,
         q,
         cfg.budget - g.tokens_computed,

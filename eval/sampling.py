@@ -1,7 +1,7 @@
 """Many seeded sampled attempts at one question, decoded together through the batched decode passes
 (graft_core/batch.Batcher), within a token budget: the recurring case's no-graft baseline at the paper's scale.
 
-Each attempt is `graft_core.sample.attempt(lm, question, n, temperature=t, seed=s)` token for token: its own
+Each attempt is `graft_core.sampling.attempt(lm, question, n, temperature=t, seed=s)` token for token: its own
 generator seeded with its seed, drawing from the prompt's last row and then from its own decode steps. What
 differs is the cost: the prompt is computed once per round and its cache copied into the round's attempts,
 and their decode steps run as one pass each (the Batcher's rows are each session's own bytes). Every token
@@ -116,13 +116,13 @@ def _round(
 ) -> Round:
     import torch
 
-    from graft_core import sample, templates
+    from graft_core import sampling, templates
     from graft_core.batch import Session
     from graft_core.forward import forward_chunk, new_cache
 
     t0 = time.perf_counter()
     tok = lm.tokenizer
-    eos = sample._eos(tok)
+    eos = sampling._eos(tok)
     with torch.inference_mode():
         cache = new_cache(lm.model)
         row = forward_chunk(lm.model, cache, prompt_ids, 0)[-1]
@@ -139,7 +139,7 @@ def _round(
             for i, r in enumerate(rows):
                 if stopped[i]:
                     continue
-                t = sample._draw(r.cpu(), temperature, 0, gens[i])
+                t = sampling._draw(r.cpu(), temperature, 0, gens[i])
                 out[i].append(t)
                 if t in eos:
                     stopped[i] = "eos"

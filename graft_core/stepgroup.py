@@ -92,7 +92,7 @@ class StepGroup:
 
     @contextmanager
     def after_answers(self, most_s: float, answers_s: float | None = None):
-        """Hold the model lock for one unit of other work (a verify sample) once no session is decoding,
+        """Hold the model lock for one unit of other work (an exactness-report sample) once no session is decoding,
         waiting or coming, or after `most_s` seconds of waiting once no answer to a person is (background
         sessions such as solve attempts may keep decoding then); past `answers_s` (default 4 x `most_s`) it
         goes anyway, so the other work always advances. Yields the seconds waited."""

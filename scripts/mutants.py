@@ -51,7 +51,7 @@ _WRONG_CACHE = _PROOF + "test_an_answer_served_from_a_wrong_cache_fails_the_proo
 _SERVED = _PROOF + "test_a_grafted_answer_carries_a_passing_probe_proof_and_its_served_rows_are_exact"
 MUTATIONS = (
     Mutation(
-        "exact from the tier label (verify.check)",
+        "exact from the tier label (exactness.check)",
         "graft_core/exactness.py",
         "exact=(f_sha == g_sha and torch.equal(f_rows, g_rows)),",
         'exact=(tier == "exact"),',
@@ -295,7 +295,7 @@ MUTATIONS = (
     Mutation(
         "a deposit whose transaction failed leaves the blob it wrote (an orphan after a full disk)",
         "services/deposit.py",
-        "                self.store.discard_blobs(made)",
+        "                self._store.discard_blobs(made)",
         "                pass",
         ("tests/test_faults.py::test_a_write_failing_anywhere_in_an_operation_leaves_the_store_whole[deposit-ENOSPC]",),
     ),
@@ -308,7 +308,7 @@ MUTATIONS = (
     ),
     Mutation(
         "an index cut between its two files called corrupt (fsck: NOT consistent)",
-        "services/checks.py",
+        "services/integrity.py",
         'return IndexStatus("half-saved", str(e), version)',
         'return IndexStatus("corrupt", str(e), version)',
         ("tests/test_faults.py::test_an_index_save_cut_between_its_two_files_is_a_cache_state_not_damage",),

@@ -1,12 +1,13 @@
-"""The pipelines: deposit, answer, verify, and the views of the store. The only package that wires the
-engine (`graft_core`), the catalog and blobs (`db`) and retrieval (`retrieval`) together.
+"""The pipelines: deposit, answer, the exactness report, solve, and the views of the store. The only package
+that wires the engine (`graft_core`), the catalog and blobs (`db`) and retrieval (`retrieval`) together.
 
 Front ends (`cli/`, `web/`) call one member of a `LibraryDoor` (or one upkeep function below) and format its
 result with `to_json()` or the result's typed fields. Modules: `door` (what front ends call: `LibraryDoor`
 with each member's contract, which `Library` implements, and `AnswerOptions`), `store` (one store: catalog,
-blobs, index, model lock), `library` (a store and the model), `deposit`, `answer`, `samples`, `solve` (the
-pipelines mixed into it), `gate` (the deposit check), `vetting` (what an import re-checks), the upkeep of a
-store, on `library.store` (`exchange`: export/import bundles, `checks`: rebuild-and-compare and fsck,
+blobs, index, model lock), `library` (a store and the model, composed of: `artifacts`, reads and first-use
+proofs; `turns`, who computes on the model when; the pipelines `deposit`, `answer`, `exactness_report`, `solve`, each
+handed what it needs), `gate` (the deposit check), `vetting` (what an import re-checks), the upkeep of a
+store, on `library.store` (`exchange`: export/import bundles, `rebuild`: rebuild-and-compare, `integrity`: fsck,
 `replay`: the answer ledger re-run), `results` (what the door returns), `limits` (input bounds).
 
 Importing it loads neither the engine (torch, transformers) nor retrieval (faiss, the embedder): each
@@ -15,24 +16,25 @@ start-up stages load them). Entry points that use both import `retrieval` first 
 see retrieval/__init__.py).
 """
 
-from .checks import ORPHAN_GRACE_S, BlobProblem, FsckReport, IndexStatus, RebuildReport, Repaired, fsck, rebuild_compare
 from .door import DEFAULT_ANSWER, AnswerOptions, LibraryDoor
 from .exchange import BUNDLE_FORMAT, ExportReport, ImportReport, export_bundle, import_bundle
+from .integrity import ORPHAN_GRACE_S, BlobProblem, FsckReport, IndexStatus, Repaired, fsck
 from .library import Library, default_home
 from .limits import MAX_K, MAX_QUESTION_CHARS, MAX_TEXT_CHARS
+from .rebuild import RebuildReport, rebuild_compare
 from .replay import ReplayEntry, ReplayReport, replay_ledger
 from .results import (
     AnswerResult,
     DeleteReport,
     Deposited,
+    ExactnessReport,
+    ExactnessSample,
     Flywheel,
     LibraryEntry,
     Retrieved,
     ShowReport,
     Solved,
     StoreStats,
-    VerifyReport,
-    VerifySample,
     WarmReport,
 )
 
@@ -53,8 +55,8 @@ __all__ = [
     "ShowReport",
     "Solved",
     "StoreStats",
-    "VerifyReport",
-    "VerifySample",
+    "ExactnessReport",
+    "ExactnessSample",
     "WarmReport",
     "default_home",
     "BUNDLE_FORMAT",

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from db.rows import LedgerRow
@@ -18,7 +16,6 @@ from errors import IntegrityError, InvalidInput, quarantine_message
 from files import write_faults
 from graft_core import templates
 
-from . import limits
 from .door import DEFAULT_ANSWER, AnswerOptions
 from .limits import MAX_K, MAX_QUESTION_CHARS, bounded, prompt_bounded
 from .results import AnswerResult, Retrieved
@@ -27,10 +24,13 @@ if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use,
     from graft_core import generate
     from graft_core.artifact import KVArtifact
     from graft_core.exactness import ExactnessCheck
+    from graft_core.model import LoadedModel
     from graft_core.proof import Proof, ProvenState
-    from retrieval import Hit
+    from retrieval import Embedder, Hit
 
-log = logging.getLogger("kvgraft.answer")
+    from .artifacts import Artifacts
+    from .store import Store
+    from .turns import ModelTurns
 
 
 def _threshold(threshold: float | None) -> float:
@@ -40,16 +40,34 @@ def _threshold(threshold: float | None) -> float:
 
 
 class AnswerPipeline:
-    """Mixed into `Library`; uses its `store`, `lm`, `embedder`, `index`, `load_artifact`, `compose`."""
+    """The answers of one store and one model. It is handed the store, the artifact reads and proofs, the
+    model's turns, accessors of the model and the embedder (loaded at first use) and `compose` (the deposit
+    pipeline's: an answer with `compose` deposits the retrieved items as one chain)."""
+
+    def __init__(
+        self,
+        store: Store,
+        artifacts: Artifacts,
+        turns: ModelTurns,
+        lm: Callable[[], LoadedModel],
+        embedder: Callable[[], Embedder],
+        compose: Callable[[list[str]], str],
+    ):
+        self._store = store
+        self._artifacts = artifacts
+        self._turns = turns
+        self._lm = lm
+        self._embedder = embedder
+        self._compose = compose
 
     def _describe(self, hit: Hit, question: str) -> Retrieved:
         from retrieval import relevance
 
-        row = self.store.catalog.get(hit.artifact_id)
-        vs = self.store.catalog.verifications(row.id)
+        row = self._store.catalog.get(hit.artifact_id)
+        vs = self._store.catalog.verifications(row.id)
         last = vs[-1] if vs else None
         # A verified item is judged by its own question; free text (no question) by its words.
-        src = self.store.catalog.source(row.id)
+        src = self._store.catalog.source(row.id)
         if src.question:
             rel = relevance.decide(question, src.question, float(hit.score))
         else:
@@ -72,14 +90,14 @@ class AnswerPipeline:
         `relevant` ones are ever grafted."""
         if not 1 <= k <= MAX_K:
             raise InvalidInput(f"k must be between 1 and {MAX_K}, got {k}")
-        vec = self.embedder.embed(question)
-        return [self._describe(h, question) for h in self.index().search(vec, k=k, threshold=_threshold(threshold))]
+        vec = self._embedder().embed(question)
+        return [self._describe(h, question) for h in self._store.index().search(vec, k=k, threshold=_threshold(threshold))]
 
     def _choose(self, hits: list[Retrieved]) -> str:
         """The leaf to graft: the deepest hit whose chain contains the most other hits (exact composition)."""
         best, best_cover = hits[0].id, -1
         for h in hits:
-            chain_ids = {r.id for r in self.store.catalog.chain(h.id)}
+            chain_ids = {r.id for r in self._store.catalog.chain(h.id)}
             cover = sum(1 for o in hits if o.id in chain_ids)
             if cover > best_cover:
                 best, best_cover = h.id, cover
@@ -92,7 +110,7 @@ class AnswerPipeline:
         if not graft:
             return [], [], "graft off: plain baseline"
         if artifact:
-            return [], [r.id for r in self.store.catalog.chain(artifact)], "artifact chosen by the caller"
+            return [], [r.id for r in self._store.catalog.chain(artifact)], "artifact chosen by the caller"
         retrieved = self.retrieve(question, k=k, threshold=threshold)
         if not retrieved:
             return retrieved, [], f"no artifact above similarity {threshold}: answered without graft"
@@ -104,16 +122,16 @@ class AnswerPipeline:
                 f"{len(retrieved)} hit(s) dropped as not relevant ({retrieved[0].reason}): answered without graft",
             )
         if relocated:
-            roots = [h.id for h in kept if self.store.catalog.get(h.id).parent_id is None]
+            roots = [h.id for h in kept if self._store.catalog.get(h.id).parent_id is None]
             return retrieved, roots, "relocated composition of independent roots (approximate, labelled)"
         leaf = self._choose(kept)
-        chain_ids = [r.id for r in self.store.catalog.chain(leaf)]
+        chain_ids = [r.id for r in self._store.catalog.chain(leaf)]
         missing = [h.id for h in kept if h.id not in chain_ids]
         if missing and compose:
-            leaf = self.compose([leaf, *missing])
+            leaf = self._compose([leaf, *missing])
             return (
                 retrieved,
-                [r.id for r in self.store.catalog.chain(leaf)],
+                [r.id for r in self._store.catalog.chain(leaf)],
                 f"composed {len(missing) + 1} retrieved items into one exact chain",
             )
         if missing:
@@ -130,7 +148,7 @@ class AnswerPipeline:
         """Turns generated token ids into the growing answer text for a streaming caller."""
         if on_token is None:
             return None
-        tokenizer, got = self.lm.tokenizer, []
+        tokenizer, got = self._lm().tokenizer, []
 
         def tok_cb(t: int) -> None:
             got.append(t)
@@ -146,14 +164,14 @@ class AnswerPipeline:
         answer's own proof runs the probe), and the callback that remembers a passing probe and quarantines
         and refuses on a failed proof, before any token is chosen. Ancestors get `graftable`'s checks."""
         if not ids or relocated:
-            return self.graftable(ids), None, None
-        leaf = self.store.catalog.get(ids[-1])
-        arts = [self.load_artifact(i) for i in ids]
-        if leaf.probe_sha256 != arts[-1].probe_sha256:  # a catalog/file disagreement: probe_check reports it
-            self.graftable(ids)
+            return self._artifacts.graftable(ids), None, None
+        leaf = self._store.catalog.get(ids[-1])
+        arts = [self._artifacts.load(i) for i in ids]
+        if leaf.probe_sha256 != arts[-1].probe_sha256:  # a catalog/file disagreement: the probe reports it
+            self._artifacts.graftable(ids)
         else:
-            self.graftable(ids[:-1])
-        return arts, self._probed.get(leaf.content_sha256), self._on_proof(leaf.id, leaf.content_sha256)
+            self._artifacts.graftable(ids[:-1])
+        return arts, self._artifacts.state(leaf.content_sha256), self._on_proof(leaf.id, leaf.content_sha256)
 
     def _on_proof(self, artifact_id: str, content_sha256: str) -> Callable[[Proof], None]:
         from graft_core.proof import proven
@@ -162,12 +180,12 @@ class AnswerPipeline:
             if proof.passed:
                 state = proven(proof)
                 if state is not None:
-                    self._probed[content_sha256] = state
+                    self._artifacts.remember(content_sha256, state)
                 return
-            self._probed.pop(content_sha256, None)
+            self._artifacts.forget(content_sha256)
             what = "probe check" if proof.kind == "probe" else "state proof"
             why = f"{what} failed: {proof.note} (expected {proof.expected[:16]}…, observed {proof.observed[:16]}…)"
-            self.store.catalog.set_quarantine(artifact_id, why)
+            self._store.catalog.set_quarantine(artifact_id, why)
             raise IntegrityError(quarantine_message(artifact_id, why))
 
         return check
@@ -183,7 +201,7 @@ class AnswerPipeline:
             prompt_sha256=generate.tokens_sha256(ans.prompt_ids),
             artifact_ids=ans.artifact_ids,
             tier=ans.tier,
-            model_fingerprint=self.lm.fingerprint,
+            model_fingerprint=self._lm().fingerprint,
             output_token_ids=ans.token_ids,
             output_sha256=ans.output_sha256,
             grafted_tokens=ans.grafted_tokens,
@@ -200,32 +218,8 @@ class AnswerPipeline:
             exact=checkd["exact"] if checkd else None,
             check_json=json.dumps(record) if record else None,
         )
-        with write_faults(self.home, "ask again", needed_bytes=1 << 20, outcome="the answer was not recorded"):
-            return self.store.catalog.add_ledger(row)
-
-    def decode_group(self):
-        """The graft_core.stepgroup.StepGroup answers decode through once `start_decoding_together` built it; None
-        before, with KVGRAFT_DECODE_TOGETHER=1, or where no padded width gives the 1-row bytes (then every
-        answer decodes alone). A one-answer process (`cli.py ask`) never builds it."""
-        return self._steps or None
-
-    def start_decoding_together(self) -> str:
-        """Build the StepGroup concurrent answers decode through (~1 s: every width is checked per weight
-        shape), under the model lock; what a serving process calls once its model is up. Returns a log line."""
-        from graft_core.batch import Batcher
-        from graft_core.stepgroup import StepGroup
-
-        with self.store.lock:
-            if self._steps is None:
-                if limits.decode_together() <= 1:
-                    self._steps, line = False, "answers decode one at a time (KVGRAFT_DECODE_TOGETHER=1)"
-                else:
-                    batcher = Batcher(self.lm.model)
-                    self._steps = StepGroup(batcher, lock=self.store.lock) if batcher.widths else False
-                    line = f"answers decode {batcher.describe()}"
-                log.info("%s", line)
-                return line
-            return "answers decode together" if self._steps else "answers decode one at a time"
+        with write_faults(self._store.home, "ask again", needed_bytes=1 << 20, outcome="the answer was not recorded"):
+            return self._store.catalog.add_ledger(row)
 
     def answer(
         self, question: str, options: AnswerOptions = DEFAULT_ANSWER, on_token: Callable[[str], None] | None = None
@@ -239,14 +233,13 @@ class AnswerPipeline:
         question = bounded("question", question, MAX_QUESTION_CHARS)
         if o.max_prompt_tokens is not None:  # before retrieval: a refused question costs one tokenisation
             prompt_bounded(
-                len(generate.encode_prompt(self.lm, question, grafted=False, raw=o.raw, form=o.form)), o.max_prompt_tokens
+                len(generate.encode_prompt(self._lm(), question, grafted=False, raw=o.raw, form=o.form)), o.max_prompt_tokens
             )
         retrieved, chain_ids, note = self._plan(
             question, o.k, o.artifact, o.graft, o.relocated, _threshold(o.threshold), o.compose
         )
-        steps = self.decode_group()
-        with steps.arriving() if steps is not None else nullcontext(), self.store.lock:
-            lm = self.lm
+        with self._turns.answering() as steps:
+            lm = self._lm()
             t0 = time.perf_counter()
             # probe-checked on first restore (a leaf by the answer's own probe chunk); quarantined ones refuse
             chain, known, on_proof = self._load_for_answer(chain_ids, o.relocated)

@@ -24,13 +24,25 @@ from .results import Deposited
 
 if TYPE_CHECKING:  # the engine (torch) loads at the first deposit, not with the web page
     from graft_core.artifact import KVArtifact
+    from graft_core.model import LoadedModel
+    from retrieval import Embedder
+
+    from .artifacts import Artifacts
+    from .store import Store
 
 Progress = Callable[[float, str], None]
 Gate = Callable[[list["KVArtifact"]], tuple[VerificationRow, float, int]]  # chain -> (row, seconds, tokens)
 
 
 class DepositPipeline:
-    """Mixed into `Library`; uses its `home`, `store`, `lm`, `embedder` and `load_chain`."""
+    """The deposits of one store and one model. It is handed the store, the artifact reads (a child is
+    prefilled after its parent's chain) and accessors of the model and the embedder (loaded at first use)."""
+
+    def __init__(self, store: Store, artifacts: Artifacts, lm: Callable[[], LoadedModel], embedder: Callable[[], Embedder]):
+        self._store = store
+        self._artifacts = artifacts
+        self._lm = lm
+        self._embedder = embedder
 
     def _deposit(
         self,
@@ -53,8 +65,8 @@ class DepositPipeline:
         from graft_core.capture import capture
 
         progress = on_progress or (lambda f, m: None)
-        lm = self.lm
-        parent_row = self.store.catalog.get(parent) if parent else None
+        lm = self._lm()
+        parent_row = self._store.catalog.get(parent) if parent else None
         token_ids = lm.tokenizer(text, add_special_tokens=parent_row is None)["input_ids"]
         start = parent_row.end_pos if parent_row else 0
         if start + len(token_ids) > lm.info.max_positions:
@@ -64,14 +76,14 @@ class DepositPipeline:
             )
         key = artifact_key(lm.fingerprint, parent_row.id if parent_row else "", token_ids)
         try:  # hash before work: a repeated deposit costs nothing
-            row = self.store.catalog.get(key)
+            row = self._store.catalog.get(key)
             return self._deposited(row, prefill_s=0.0, created=False)
         except ArtifactNotFound:
             pass
         progress(0.1, f"prefilling {len(token_ids)} tokens")
         gate_s, gate_tokens = gate_cost
-        with self.store.lock:
-            parents = self.load_chain(parent_row.id)[0] if parent_row else []
+        with self._store.lock:
+            parents = self._artifacts.chain(parent_row.id)[0] if parent_row else []
             art, stats = capture(lm, token_ids, parents=parents, text_sha256=text_sha256(text))
             assert art.key == key, "capture must name the artifact exactly as artifact_key() predicted"
             if gate_check is not None:  # before the blob write and the catalog transaction
@@ -80,7 +92,8 @@ class DepositPipeline:
                 gate_s, gate_tokens = gate_s + seconds, gate_tokens + tokens
         data = codec.dumps(art)
         progress(0.8, "embedding and recording")
-        vec = self.embedder.embed(embed_text)
+        embedder = self._embedder()
+        vec = embedder.embed(embed_text)
         row = ArtifactRow(
             id=key,
             content_sha256="",
@@ -95,7 +108,7 @@ class DepositPipeline:
         )
         question, solution, answer = item
         src = SourceRow(artifact_id=key, text=text, question=question, solution=solution, answer=answer)
-        emb = (self.embedder.embedder_id, np.asarray(vec, dtype="<f4").tobytes(), int(vec.shape[0]), text_sha256(embed_text))
+        emb = (embedder.embedder_id, np.asarray(vec, dtype="<f4").tobytes(), int(vec.shape[0]), text_sha256(embed_text))
         row = self._record_deposit(row, src, verification, emb, data)
         progress(1.0, "deposited")
         return self._deposited(row, prefill_s=stats.prefill_s, created=True, gate_s=gate_s, gate_tokens=gate_tokens)
@@ -107,22 +120,22 @@ class DepositPipeline:
         made: list[str] = []
 
         def write_blob() -> str:
-            digest, created = self.store.blobs.write(data)
+            digest, created = self._store.blobs.write(data)
             if created:
                 made.append(digest)
             return digest
 
-        with write_faults(self.store.folder(), "deposit again", needed_bytes=len(data) + (1 << 20)):
+        with write_faults(self._store.folder(), "deposit again", needed_bytes=len(data) + (1 << 20)):
             try:
-                return self.store.catalog.add_deposit(row, src, verification, emb, write_blob)
+                return self._store.catalog.add_deposit(row, src, verification, emb, write_blob)
             except BaseException:
-                self.store.discard_blobs(made)
+                self._store.discard_blobs(made)
                 raise
 
     def _deposited(
         self, row: ArtifactRow, prefill_s: float, created: bool, gate_s: float = 0.0, gate_tokens: int = 0
     ) -> Deposited:
-        passed = [v for v in self.store.catalog.verifications(row.id) if v.verdict == "pass"]
+        passed = [v for v in self._store.catalog.verifications(row.id) if v.verdict == "pass"]
         last = passed[-1] if passed else None
         return Deposited(
             id=row.id,
@@ -209,7 +222,7 @@ class DepositPipeline:
         if given:  # the cheap pre-check: refuse a wrong typed answer before any prefill
             verdict = verifiers.judge(given, verifier, reference, question)
             if not verdict.ok:
-                self.store.catalog.record_refusal(
+                self._store.catalog.record_refusal(
                     VerificationRow(
                         None, item_sha, verifier, "refused", reference, f"pre-check: {verdict.detail}", provenance="verified"
                     )
@@ -222,7 +235,7 @@ class DepositPipeline:
             verifiers.judge(reference, verifier, reference, question)  # a reference its kind cannot read is an input error
         steps = verifiers.check_solution(solution, verifier, reference, question)  # before any prefill
         if not steps.ok:
-            self.store.catalog.record_refusal(
+            self._store.catalog.record_refusal(
                 VerificationRow(
                     None, item_sha, verifier, "refused", reference, f"solution: {steps.detail}", provenance="verified"
                 )
@@ -230,10 +243,10 @@ class DepositPipeline:
             raise VerificationFailed(f"refused, nothing deposited: {steps.detail}")
         progress = on_progress or (lambda f, m: None)
         progress(0.05, "gate: answering the question with the solution grafted")
-        with self.store.lock:
-            fact = gate.fact_run(self.lm, question, solution, verifier, reference)
+        with self._store.lock:
+            fact = gate.fact_run(self._lm(), question, solution, verifier, reference)
         if not fact.ok:
-            self.store.catalog.record_refusal(gate.record(fact, item_sha, verifier, reference))
+            self._store.catalog.record_refusal(gate.record(fact, item_sha, verifier, reference))
             raise VerificationFailed(fact.refusal(reference), gate_tokens=fact.tokens)
 
         def gate_check(chain: list[KVArtifact]) -> tuple[VerificationRow, float, int]:
@@ -261,10 +274,11 @@ class DepositPipeline:
         """The deposit of exactly this text after this parent, if it is already stored (costs no model run)."""
         from graft_core.artifact import artifact_key
 
-        parent_row = self.store.catalog.get(parent) if parent else None
-        token_ids = self.lm.tokenizer(text, add_special_tokens=parent_row is None)["input_ids"]
+        parent_row = self._store.catalog.get(parent) if parent else None
+        lm = self._lm()
+        token_ids = lm.tokenizer(text, add_special_tokens=parent_row is None)["input_ids"]
         try:
-            row = self.store.catalog.get(artifact_key(self.lm.fingerprint, parent_row.id if parent_row else "", token_ids))
+            row = self._store.catalog.get(artifact_key(lm.fingerprint, parent_row.id if parent_row else "", token_ids))
         except ArtifactNotFound:
             return None
         return self._deposited(row, prefill_s=0.0, created=False)
@@ -295,7 +309,7 @@ class DepositPipeline:
             provenance="attested",
         )
         if not verdict.ok:
-            self.store.catalog.record_refusal(vrow)
+            self._store.catalog.record_refusal(vrow)
             raise VerificationFailed(f"refused, nothing deposited: {verdict.detail}")
         text = templates.item_text(question, solution, answer or "")
         return self._deposit(
@@ -315,19 +329,19 @@ class DepositPipeline:
         deterministic, so composing the same items again costs nothing). Returns the leaf id."""
         if not ids:
             raise InvalidInput("nothing to compose: give at least one artifact id")
-        leaf = self.store.catalog.get(ids[0])
-        have = {self.store.catalog.source(r.id).text for r in self.store.catalog.chain(leaf.id)}
+        leaf = self._store.catalog.get(ids[0])
+        have = {self._store.catalog.source(r.id).text for r in self._store.catalog.chain(leaf.id)}
         todo = []
         for other in ids[1:]:
-            for node in self.store.catalog.chain(other):
-                src = self.store.catalog.source(node.id)
+            for node in self._store.catalog.chain(other):
+                src = self._store.catalog.source(node.id)
                 if src.text not in have:
                     have.add(src.text)
                     todo.append((node, src))
         for i, (node, src) in enumerate(todo):
             if on_progress:
                 on_progress(i / max(1, len(todo)), f"composing {i + 1}/{len(todo)}")
-            passed = [v for v in self.store.catalog.verifications(node.id) if v.verdict == "pass"]
+            passed = [v for v in self._store.catalog.verifications(node.id) if v.verdict == "pass"]
             v = passed[-1] if passed else None
             vrow, check = None, None
             if v is not None and v.provenance == "verified" and src.question:
@@ -338,14 +352,14 @@ class DepositPipeline:
             d = self._deposit(
                 src.text, leaf.id, node.title, node.kind, item, vrow, embed_text=src.question or src.text, gate_check=check
             )
-            leaf = self.store.catalog.get(d.id)
+            leaf = self._store.catalog.get(d.id)
         return leaf.id
 
     def _graft_run(self, chain: list[KVArtifact], question: str, solution: str, verifier: str, reference: str, item_sha: str):
         """The gate's graft run on `chain`; a refusal is recorded here (the caller decides what it means)."""
-        run = gate.graft_run(self.lm, chain, question, solution, verifier, reference)
+        run = gate.graft_run(self._lm(), chain, question, solution, verifier, reference)
         if not run.ok:
-            self.store.catalog.record_refusal(gate.record(run, item_sha, verifier, reference))
+            self._store.catalog.record_refusal(gate.record(run, item_sha, verifier, reference))
         return run
 
     def _regate(self, origin: str, src, v: VerificationRow):

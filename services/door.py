@@ -29,12 +29,12 @@ if TYPE_CHECKING:
         AnswerResult,
         DeleteReport,
         Deposited,
+        ExactnessReport,
         Flywheel,
         LibraryEntry,
         ShowReport,
         Solved,
         StoreStats,
-        VerifyReport,
         WarmReport,
     )
     from .store import Store
@@ -106,12 +106,13 @@ class LibraryDoor(Protocol):
     # ---- reads of the store ----
 
     def count(self) -> int:
-        """Artifacts in the store: one bounded read, whatever its size."""
+        """Artifacts in the store (a running total: one bounded read, whatever its size). Needs no model."""
         ...
 
     def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
         """Artifacts newest first, each with its latest verification; `query` matches title or text, `kind`
-        ("verified", "text", ...) filters. One query."""
+        ("verified", "text", ...) filters, at most `limit` from `offset`. One query; needs no model. Raises
+        `InvalidInput` for a `kind` that is none of the catalog's kinds."""
         ...
 
     def show(self, ref: str) -> ShowReport:
@@ -120,20 +121,24 @@ class LibraryDoor(Protocol):
         ...
 
     def artifact_ids(self) -> list[str]:
-        """Every artifact id, newest first (what an export of the whole store names)."""
+        """Every artifact id, newest first (what an export of the whole store names). Needs no model."""
         ...
 
     def ledger(self, last: int | None = None) -> list[LedgerRow]:
-        """Recorded answers, oldest first (the newest `last` when given)."""
+        """Recorded answers, oldest first (the newest `last` when given). Needs no model."""
         ...
 
     def stats(self, recent: int = 60) -> StoreStats:
-        """Ledger totals, the latest `recent` answers and the store's size against the context window: bounded
-        reads whatever the ledger's size."""
+        """Ledger totals (every answer ever recorded), the latest `recent` answers and the store's size against
+        the context window: bounded reads whatever the ledger's size. Reads the model's window, so it loads the
+        model on a library that has none yet (`NotReady` until the start-up is done, `NotAvailable` on the
+        remote library)."""
         ...
 
     def flywheel(self) -> Flywheel:
-        """What solve has deposited and what its recalls saved (running totals)."""
+        """What solve has deposited and what its recalls saved: the catalog's running figures, one read
+        transaction of bounded statements whatever the store's size (`NotReady` until the start-up is done,
+        `NotAvailable` on the remote library)."""
         ...
 
     # ---- what runs the model or writes ----
@@ -176,11 +181,13 @@ class LibraryDoor(Protocol):
         on_progress: Progress | None = None,
     ) -> Deposited:
         """A verified item, stored only through the gate: the model, with the item grafted, must answer and
-        `verifier` accept that answer against `reference`. Raises `VerificationFailed` (nothing stored) when
-        it does not, `InvalidInput` for an unknown verifier."""
+        `verifier` accept that answer against `reference`. A refusal is recorded (a verification row) and
+        nothing else is stored. Raises `VerificationFailed` when the gate refuses (or `verifier` is "attested"
+        without `admin`), `InvalidInput` for an unknown verifier or a reference its kind cannot read,
+        `ArtifactNotFound` for an unknown parent."""
         ...
 
-    def verify_samples(
+    def exactness_report(
         self,
         samples: int = 10,
         relocate: int | None = None,
@@ -189,11 +196,15 @@ class LibraryDoor(Protocol):
         decode_steps: int = 4,
         monolithic: bool = True,
         max_tokens: int | None = None,
-    ) -> VerifyReport:
+    ) -> ExactnessReport:
         """The N-sample exactness report: `samples` seeded artifacts (chains of at most `max_tokens` tokens),
         each grafted and compared byte for byte with a fresh computation over `decode_steps` greedy steps (and
         the monolithic forward unless `monolithic` is False); at offset `relocate` when given (approximate,
-        labelled). `max_tokens` set is an anonymous caller's bound (the remote library sends no admin token then)."""
+        labelled). `max_tokens` set is an anonymous caller's bound (the remote library sends no admin token then).
+        Each sample takes the model on its own, after answers decoding meanwhile, and `on_progress` runs between
+        samples. Guarantees: `byte_equal` counts samples whose grafted and fresh rows are equal bytes, never a
+        label. Raises `InvalidInput` for `samples` outside 1..1000 or `decode_steps` outside 1..16,
+        `ArtifactNotFound` when the store holds no artifact (or none within `max_tokens`)."""
         ...
 
     def solve(
@@ -223,26 +234,36 @@ class LibraryDoor(Protocol):
     # ---- start-up and warm-up (web/startup.py, `cli.py ask --artifact`) ----
 
     def index(self) -> VectorIndex:
-        """The FAISS index at the catalog's current version (loaded, synced or rebuilt)."""
+        """The FAISS index at the catalog's current version (loaded, synced by difference or rebuilt from the
+        catalog's embeddings; an artifact the live embedder has no vector for is embedded first). A store that
+        refuses the index's write still answers from the index in memory. Raises `NotReady` before retrieval
+        has loaded, `NotAvailable` on the remote library."""
         ...
 
     def start_decoding_together(self) -> str:
-        """Build what lets concurrent answers decode in one pass (where its widths give the 1-row bytes);
-        returns a log line. Idempotent."""
+        """Build what lets concurrent answers decode in one pass, only at the padded widths whose bytes equal
+        the 1-row products (an answer's bytes do not depend on who decodes beside it); returns a log line.
+        Idempotent: a second call builds nothing. Loads the model; raises `NotReady` before the start-up has."""
         ...
 
     def warm_proofs(self, limit: int) -> WarmReport:
-        """Run the first-use probe on up to `limit` of the newest artifacts (a mismatch quarantines), so their
-        first answers carry the state proof instead of paying the probe."""
+        """Run the first-use probe on up to `limit` of the newest artifacts (the same check an answer's first
+        use runs: a mismatch quarantines), so their first answers carry the state proof instead of paying the
+        probe. Each probe takes the model lock alone (answers interleave); quarantined artifacts, other models'
+        and those without a probe hash are passed over and named in the report. An unreadable artifact is
+        reported, not raised. Raises `NotReady` before the model is up, `NotAvailable` on the remote library."""
         ...
 
     def prove_chain(self, artifact_id: str) -> float:
-        """Prove `artifact_id`'s chain now (its probes); raises `IntegrityError` on a mismatch. Returns seconds."""
+        """Prove `artifact_id`'s chain now, root first (each artifact's first-use probe, once per content in this
+        process), so the answer grafting it next carries the state proof. Returns the seconds it took. Raises
+        `IntegrityError` (the artifact quarantined) on a mismatch, `ArtifactNotFound` for an unknown id."""
         ...
 
     def warm_answer(self, artifact_id: str) -> float:
-        """One throw-away answer from `artifact_id` (not recorded) so the real one's first token does not pay the
-        first read and restore. Returns seconds."""
+        """One throw-away answer from `artifact_id` (a fixed question, one token, not recorded in the ledger) so
+        the real one's first token does not pay the first read and restore; it changes nothing an answer
+        computes. Returns the seconds it took. Raises as `answer` does."""
         ...
 
     def close(self) -> None:

@@ -83,7 +83,7 @@ def _checked_blob(lib: Library, digest: str) -> Path:
     if actual != digest:
         raise IntegrityError(
             f"blob integrity check failed for {digest}: its bytes hash to {actual or 'nothing (missing)'}; "
-            "nothing was exported. Restore it from a bundle or run `cli.py rebuild --verify`"
+            "nothing was exported. Restore it from a bundle or run `cli.py rebuild --compare`"
         )
     return lib.store.blobs.path(digest)
 

@@ -1,19 +1,19 @@
 """`Library`: one store (`services.store.Store`: catalog, blobs, index, model lock) and one model, behind
-the door front ends use (`LibraryDoor`).
+the door front ends use (`services.door.LibraryDoor`, where each member's contract is written).
 
-The pipelines live in their own modules (deposit, answer, samples, solve) and are mixed in here; this
-module holds the shared parts (lazily loaded model and embedder, artifact reads) and the read-only
-views of the store (list, show, stats). Front ends call a method and format its result; the upkeep
-functions (services.checks, exchange, replay) work on `store`.
+The Library composes its parts and implements the door by delegating: `artifacts` (reads and first-use
+proofs, services.artifacts), `turns` (who computes on the model when, services.turns) and the pipelines
+`deposits`, `answers`, `reports` (the exactness report) and `solving`, each handed what it needs (the store, those parts,
+accessors of the lazily loaded model and embedder) when the Library is made. It holds the read-only views of
+the store itself (list, show, stats). Front ends call a member and format its result; the upkeep functions
+(services.rebuild, integrity, exchange, replay) work on `store`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 import time
-import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,23 +22,36 @@ from db import aggregates
 from db.catalog import Embedding
 from db.queries import library_rows
 from db.rows import ArtifactRow, LedgerRow, SourceRow
-from errors import IntegrityError, KvgraftError, quarantine_message
 from graft_core import model as model_mod  # names only: torch loads in model_mod.load
 
 from . import limits
 from .answer import AnswerPipeline
+from .artifacts import Artifacts
 from .deposit import DepositPipeline
-from .door import AnswerOptions
-from .results import DeleteReport, LibraryEntry, ShowReport, StoreStats, WarmReport
-from .samples import VerifyPipeline
-from .solve import SolvePipeline
+from .door import DEFAULT_ANSWER, AnswerOptions, Progress
+from .exactness_report import ExactnessReportPipeline
+from .results import (
+    AnswerResult,
+    DeleteReport,
+    Deposited,
+    ExactnessReport,
+    Flywheel,
+    LibraryEntry,
+    Retrieved,
+    ShowReport,
+    Solved,
+    StoreStats,
+    WarmReport,
+)
+from .solve import DEFAULT_BUDGET, DEFAULT_TEMPERATURE, SolvePipeline
 from .store import Store
+from .turns import ModelTurns
 
 WARM_UP_QUESTION = "What is this about?"  # warm_answer's fixed question: never a user's, never recorded
 
 if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use (the web app's start-up
     from graft_core.artifact import KVArtifact  # stages), so that importing services serves a page at once
-    from graft_core.proof import ProvenState
+    from graft_core.stepgroup import StepGroup
     from retrieval import Embedder, VectorIndex
 
 
@@ -46,11 +59,11 @@ def default_home() -> Path:
     return settings.get("KVGRAFT_HOME")
 
 
-class Library(DepositPipeline, AnswerPipeline, VerifyPipeline, SolvePipeline):
+class Library:
     """One store (catalog + blobs + index) and one model, shared by every request of a process.
 
     The model runs one request at a time per process (the store's lock); the catalog is safe to share
-    between processes."""
+    between processes. Each door member's contract is on `LibraryDoor` (services/door.py)."""
 
     def __init__(
         self,
@@ -68,26 +81,28 @@ class Library(DepositPipeline, AnswerPipeline, VerifyPipeline, SolvePipeline):
         self.model_name = model_name
         self._lm = lm
         self._embedder = embedder
-        self._probed: dict[str, ProvenState] = {}  # content hash -> its restored state, probe-proved in this process
-        # content hash -> the artifact as decoded, while a restored cache still holds it (graft_core.graft.restore
-        # keeps its chain on the cache): concurrent answers from one artifact read one copy of its rows
-        self._live: weakref.WeakValueDictionary[str, KVArtifact] = weakref.WeakValueDictionary()
-        self._live_lock = threading.Lock()
-        self._steps = None  # graft_core.stepgroup.StepGroup once an answer needs it; False where none applies
-        self._fill_flywheel()
+        model, embed = (lambda: self.lm), (lambda: self.embedder)
+        self.turns = ModelTurns(self.store.lock, model, limits.ANSWERS_FIRST_S, limits.decode_together)
+        self.artifacts = Artifacts(self.store, model)
+        self.deposits = DepositPipeline(self.store, self.artifacts, model, embed)
+        self.answers = AnswerPipeline(self.store, self.artifacts, self.turns, model, embed, self.deposits.compose)
+        self.reports = ExactnessReportPipeline(self.store, self.artifacts, self.turns, model)
+        self.solving = SolvePipeline(self.store, self.turns, model, self.answers, self.deposits)
+        self.solving.fill_flywheel()
 
     def close(self) -> None:
-        """Release the catalog's connections (the library is unusable afterwards)."""
+        """LibraryDoor.close."""
         self.store.close()
 
     def index(self) -> VectorIndex:
-        """The store's FAISS index (loaded, synced or rebuilt from the catalog: `Store.index`)."""
+        """LibraryDoor.index (`Store.index`)."""
         return self.store.index()
 
     # ---- lazily loaded parts ----------------------------------------------------------------
 
     @property
     def lm(self) -> model_mod.LoadedModel:
+        """LibraryDoor.lm: loaded under the model lock on first use."""
         if self._lm is not None:  # loaded: no lock, or every use (a tokenisation, a record) would wait for the model
             return self._lm
         with self.store.lock:
@@ -97,155 +112,149 @@ class Library(DepositPipeline, AnswerPipeline, VerifyPipeline, SolvePipeline):
 
     @property
     def model_loaded(self) -> bool:
-        """Whether the model is in memory already (else the first use of `lm` loads it)."""
+        """LibraryDoor.model_loaded."""
         return self._lm is not None
 
     @property
     def embedder(self) -> Embedder:
+        """The embedder (the packaged sentence embedder, loaded on first use, unless one was handed in)."""
         if self._embedder is None:
             from retrieval.embedder import SentenceEmbedder
 
             self._embedder = SentenceEmbedder()
         return self._embedder
 
-    @contextlib.contextmanager
-    def _after_answers(self):
-        """The model lock for one unit of work that is not an answer (a verify sample, a sampled solve attempt):
-        where answers decode together, taken once none is decoding or coming, or after ANSWERS_FIRST_S, so a
-        chat never waits behind a queue of other work, and that work still runs at least once per bound. Yields
-        what to call between two parts of the work, to let answers that arrived meanwhile go first again."""
-        steps = self.decode_group()
-        if steps is None:
-            with self.store.lock:
-                yield lambda: None
-        else:
-            with steps.after_answers(limits.ANSWERS_FIRST_S):
-                yield lambda: steps.yield_to_answers(limits.ANSWERS_FIRST_S)
+    # ---- the door's members that run the model or write: delegated ------------------------------
 
-    # ---- reading artifacts -------------------------------------------------------------------
+    def answer(
+        self, question: str, options: AnswerOptions = DEFAULT_ANSWER, on_token: Callable[[str], None] | None = None
+    ) -> AnswerResult:
+        """LibraryDoor.answer (AnswerPipeline.answer)."""
+        return self.answers.answer(question, options, on_token)
 
-    def load_artifact(self, artifact_id: str, quarantined_too: bool = False) -> KVArtifact:
-        """Read, hash-check and decode one artifact (IntegrityError on any mismatch, and on a quarantined
-        artifact unless `quarantined_too`: only the probe check reads those). While an answer's cache holds
-        the same content (read, hash-checked and decoded by that answer), that object is returned instead of
-        a second copy: the answers grafting it then read one copy of its rows (graft_core.layers), and each
-        answer's state proof still hashes the state it serves."""
-        row = self.store.catalog.get(artifact_id)
-        if row.quarantine and not quarantined_too:
-            raise IntegrityError(quarantine_message(row.id, row.quarantine))
-        from graft_core import codec
+    def retrieve(self, question: str, k: int = 3, threshold: float | None = None) -> list[Retrieved]:
+        """AnswerPipeline.retrieve: the artifacts nearest to `question`, each with the relevance stage's decision."""
+        return self.answers.retrieve(question, k, threshold)
 
-        with self._live_lock:
-            art = self._live.get(row.content_sha256)
-        if art is None:
-            art = codec.loads(self.store.blobs.get(row.content_sha256))
-            with self._live_lock:
-                art = self._live.setdefault(row.content_sha256, art)
-        if art.key != row.id:
-            raise KvgraftError(f"artifact file for {row.id} holds {art.key}: the catalog and the blob store disagree; run fsck")
-        return art
+    def deposit_text(
+        self,
+        text: str,
+        parent: str | None = None,
+        title: str = "",
+        attested_by: str | None = None,
+        admin: bool = False,
+        on_progress: Progress | None = None,
+    ) -> Deposited:
+        """LibraryDoor.deposit_text (DepositPipeline.deposit_text)."""
+        return self.deposits.deposit_text(text, parent, title, attested_by, admin, on_progress)
 
-    def probe_check(self, artifact_id: str, force: bool = False) -> str | None:
-        """Restore the artifact's chain and check its probe hash (once per content hash in this process
-        unless `force`), remembering the proved state's BLAKE3 for the answers' state proofs. A mismatch
-        quarantines the artifact and is returned as the reason; None: passed."""
-        from graft_core.proof import check_probe
+    def deposit_item(
+        self,
+        question: str,
+        solution: str,
+        answer: str | None,
+        verifier: str,
+        reference: str,
+        parent: str | None = None,
+        title: str = "",
+        admin: bool = False,
+        on_progress: Progress | None = None,
+    ) -> Deposited:
+        """LibraryDoor.deposit_item (DepositPipeline.deposit_item)."""
+        return self.deposits.deposit_item(question, solution, answer, verifier, reference, parent, title, admin, on_progress)
 
-        row = self.store.catalog.get(artifact_id)
-        if self._probed.get(row.content_sha256) and not force:
-            return None
-        with self.store.lock:
-            if self._probed.get(row.content_sha256) and not force:  # an answer proved it while this one waited
-                return None
-            chain = [self.load_artifact(r.id, quarantined_too=r.id == row.id) for r in self.store.catalog.chain(row.id)]
-            why, state = check_probe(self.lm, chain, row.probe_sha256)
-        if why is not None:
-            self.store.catalog.set_quarantine(row.id, f"probe check failed: {why}")
-            self._probed.pop(row.content_sha256, None)
-            return why
-        self._probed[row.content_sha256] = state
-        return None
+    def compose(self, ids: list[str], on_progress: Progress | None = None) -> str:
+        """DepositPipeline.compose: the items of `ids` as one exact chain; returns the leaf id."""
+        return self.deposits.compose(ids, on_progress)
+
+    def exactness_report(
+        self,
+        samples: int = 10,
+        relocate: int | None = None,
+        seed: int = 0,
+        on_progress: Progress | None = None,
+        decode_steps: int = 4,
+        monolithic: bool = True,
+        max_tokens: int | None = None,
+    ) -> ExactnessReport:
+        """LibraryDoor.exactness_report (ExactnessReportPipeline.exactness_report)."""
+        return self.reports.exactness_report(samples, relocate, seed, on_progress, decode_steps, monolithic, max_tokens)
+
+    def solve(
+        self,
+        question: str,
+        verifier: str,
+        reference: str,
+        budget: int = DEFAULT_BUDGET,
+        attempts: int | None = None,
+        seed: int = 0,
+        temperature: float = DEFAULT_TEMPERATURE,
+        max_new_tokens: int = 32,
+        admin: bool = False,
+        library: bool = True,
+        between: Callable[[], None] | None = None,
+    ) -> Solved:
+        """LibraryDoor.solve (SolvePipeline.solve)."""
+        return self.solving.solve(
+            question, verifier, reference, budget, attempts, seed, temperature, max_new_tokens, admin, library, between
+        )
+
+    def flywheel(self) -> Flywheel:
+        """LibraryDoor.flywheel (SolvePipeline.flywheel)."""
+        return self.solving.flywheel()
+
+    def solves(self) -> list[dict]:
+        """SolvePipeline.solves: every recorded solve, oldest first."""
+        return self.solving.solves()
+
+    # ---- start-up and warm-up -------------------------------------------------------------------
+
+    def decode_group(self) -> StepGroup | None:
+        """ModelTurns.decode_group: the group answers decode through, None while they decode alone."""
+        return self.turns.decode_group()
+
+    def start_decoding_together(self) -> str:
+        """LibraryDoor.start_decoding_together (ModelTurns.start_decoding_together)."""
+        return self.turns.start_decoding_together()
+
+    def warm_proofs(self, limit: int) -> WarmReport:
+        """LibraryDoor.warm_proofs (Artifacts.warm_proofs)."""
+        return self.artifacts.warm_proofs(limit)
 
     def prove_chain(self, artifact_id: str) -> float:
-        """Prove `artifact_id`'s chain now, root first (`graftable`: each artifact's first-use probe,
-        once per content hash in this process; a mismatch quarantines and raises IntegrityError), so that
-        an answer grafting it next carries the state proof instead of paying the probe forward: what a
-        process that knows its artifact before its question (`cli.py ask --artifact`) does at load.
-        Returns the seconds it took."""
-        t0 = time.perf_counter()
-        self.graftable([r.id for r in self.store.catalog.chain(artifact_id)])
-        return time.perf_counter() - t0
+        """LibraryDoor.prove_chain (Artifacts.prove_chain): what a process that knows its artifact before its
+        question (`cli.py ask --artifact`) does at load."""
+        return self.artifacts.prove_chain(artifact_id)
 
     def warm_answer(self, artifact_id: str) -> float:
-        """One throw-away answer from `artifact_id` (a fixed question, 1 token, not recorded in the ledger):
-        a process that knows its artifact before its question (`cli.py ask --artifact`) pays its first blob
-        read into fresh memory, first restore and first question-sized forward over that cache here, at
-        load, instead of in the question's time to first token (~15 ms at 2,048 tokens in a one-off
-        timing). It changes nothing an answer computes: the bytes of a forward do not depend on what ran
-        before it. Run after `prove_chain` (so it carries the state proof, as the real answer will).
+        """LibraryDoor.warm_answer: one throw-away answer from `artifact_id` (a fixed question, 1 token, not
+        recorded in the ledger). A process that knows its artifact before its question (`cli.py ask
+        --artifact`) pays its first blob read into fresh memory, first restore and first question-sized forward
+        over that cache here, at load, instead of in the question's time to first token (~15 ms at 2,048 tokens
+        in a one-off timing). It changes nothing an answer computes: the bytes of a forward do not depend on
+        what ran before it. Run after `prove_chain` (so it carries the state proof, as the real answer will).
         Returns the seconds it took."""
         t0 = time.perf_counter()
         self.answer(WARM_UP_QUESTION, AnswerOptions(artifact=artifact_id, max_new_tokens=1, record=False))
         return time.perf_counter() - t0
 
-    def warm_proofs(self, limit: int) -> WarmReport:
-        """Run the first-use probe (`probe_check`, the same check an answer's first use runs: a mismatch
-        quarantines) on up to `limit` of the newest artifacts, so that their first answers in this process
-        carry the state proof (one BLAKE3 of the served state) instead of paying the probe forward. Each probe
-        takes the model lock on its own, so answers asked meanwhile interleave. Quarantined artifacts, other
-        models' artifacts and artifacts without a probe hash are passed over (answers refuse or skip them anyway)."""
-        t0 = time.perf_counter()
-        rows = self.store.catalog.list_artifacts(limit=limit) if limit > 0 else []
-        fingerprint = self.lm.fingerprint if rows else ""
-        proved = already = 0
-        skipped: list[str] = []
-        quarantined: list[str] = []
-        for row in rows:
-            why_not = (
-                "quarantined"
-                if row.quarantine
-                else "another model fingerprint"
-                if row.model_fingerprint != fingerprint
-                else "no probe hash"
-                if not row.probe_sha256
-                else None
-            )
-            if why_not:
-                skipped.append(f"{row.id[:12]}: {why_not}")
-            elif self._probed.get(row.content_sha256):
-                already += 1
-            else:
-                try:
-                    why = self.probe_check(row.id)
-                except KvgraftError as exc:  # unreadable, a chain link missing: its answers will say so
-                    skipped.append(f"{row.id[:12]}: {exc}")
-                else:
-                    if why is None:
-                        proved += 1
-                    else:
-                        quarantined.append(row.id)
-        return WarmReport(
-            proved=proved,
-            already=already,
-            quarantined=tuple(quarantined),
-            seconds=time.perf_counter() - t0,
-            skipped_why=tuple(skipped),
-        )
+    # ---- reading artifacts (the upkeep functions: services.rebuild, integrity, exchange, vetting) ---
 
-    def graftable(self, ids: list[str]) -> list[KVArtifact]:
-        """Load `ids` for grafting; each artifact's probe is checked on its first restore in this process
-        and a mismatch quarantines it and raises IntegrityError (nothing is grafted)."""
-        arts = [self.load_artifact(i) for i in ids]
-        for i in ids:
-            why = self.probe_check(i)
-            if why is not None:
-                raise IntegrityError(quarantine_message(i, f"probe check failed: {why}"))
-        return arts
+    def load_artifact(self, artifact_id: str, quarantined_too: bool = False) -> KVArtifact:
+        """Artifacts.load: one artifact read, hash-checked and decoded (IntegrityError on any mismatch)."""
+        return self.artifacts.load(artifact_id, quarantined_too)
 
     def load_chain(self, artifact_id: str) -> tuple[list[KVArtifact], float]:
-        t0 = time.perf_counter()
-        chain = [self.load_artifact(r.id) for r in self.store.catalog.chain(artifact_id)]
-        return chain, time.perf_counter() - t0
+        """Artifacts.chain: `artifact_id`'s chain, root first, and the seconds the reads took."""
+        return self.artifacts.chain(artifact_id)
+
+    def probe(self, artifact_id: str, force: bool = False) -> str | None:
+        """Artifacts.probe: the artifact's probe checked (a mismatch quarantines and is returned; None: passed)."""
+        return self.artifacts.probe(artifact_id, force)
+
+    def graftable(self, ids: list[str]) -> list[KVArtifact]:
+        """Artifacts.graftable: `ids` loaded for grafting, each probed on first use (IntegrityError on a mismatch)."""
+        return self.artifacts.graftable(ids)
 
     # ---- views of the store ------------------------------------------------------------------
 

@@ -26,12 +26,12 @@ def bounded(name: str, text: str, limit: int) -> str:
 MAX_NEW_TOKENS = 512  # any caller: decode steps of one answer
 ANON_MAX_NEW_TOKENS = 32  # without the admin token: decode steps of one answer, the no-graft comparison included
 ANON_SOLVE_ATTEMPTS = 8  # without the admin token: attempts of one solve, each its own model turn of one chat
-ANSWERS_FIRST_S = 2.0  # a verify sample or solve attempt waits at most this long for decoding answers to finish
+ANSWERS_FIRST_S = 2.0  # an exactness-report sample waits at most this long for decoding answers to finish
 MAX_SEED = 2**31 - 1  # a solve's first sampling seed (the attempts use seed, seed + 1, ...)
-MAX_VERIFY_SAMPLES = 1000
-ANON_VERIFY_SAMPLES = 5  # without the admin token: samples of one verify, each its own model turn
-ANON_VERIFY_STEPS = 2  # without the admin token: greedy steps compared per sample (admins: 4)
-ANON_VERIFY_TOKENS = 256  # without the admin token: only artifacts whose chain holds at most this many tokens
+MAX_REPORT_SAMPLES = 1000
+ANON_REPORT_SAMPLES = 5  # without the admin token: samples of one exactness report, each its own model turn
+ANON_REPORT_STEPS = 2  # without the admin token: greedy steps compared per sample (admins: 4)
+ANON_REPORT_TOKENS = 256  # without the admin token: only artifacts whose chain holds at most this many tokens
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
 
 
@@ -70,10 +70,10 @@ def decode_together() -> int:
     return settings.get(DECODE_TOGETHER_ENV, default=DEFAULT_DECODE_TOGETHER)
 
 
-def verify_bounds(admin: bool) -> dict:
-    """`verify_samples` keyword bounds for a caller: none for the admin; without the token a sample costs about
-    one short chat (ANON_VERIFY_STEPS compared steps, chains of at most ANON_VERIFY_TOKENS, no monolithic run)."""
-    return {} if admin else {"decode_steps": ANON_VERIFY_STEPS, "monolithic": False, "max_tokens": ANON_VERIFY_TOKENS}
+def report_bounds(admin: bool) -> dict:
+    """`exactness_report` keyword bounds for a caller: none for the admin; without the token a sample costs about
+    one short chat (ANON_REPORT_STEPS compared steps, chains of at most ANON_REPORT_TOKENS, no monolithic run)."""
+    return {} if admin else {"decode_steps": ANON_REPORT_STEPS, "monolithic": False, "max_tokens": ANON_REPORT_TOKENS}
 
 
 def whole(name: str, value: object, low: int, high: int) -> int:

@@ -198,7 +198,7 @@ class AnswerResult:
 
 
 @dataclass(frozen=True)
-class VerifySample:
+class ExactnessSample:
     artifact: str
     query: str
     check: ExactnessCheck
@@ -208,28 +208,28 @@ class VerifySample:
         return d if every_field else {k: d[k] for k in _SAMPLE_FIELDS}
 
     @classmethod
-    def from_json(cls, d: dict) -> VerifySample:
+    def from_json(cls, d: dict) -> ExactnessSample:
         return cls(
             d["artifact"], d["query"], _record("ExactnessCheck", {k: v for k, v in d.items() if k not in ("artifact", "query")})
         )
 
 
 @dataclass(frozen=True)
-class VerifyReport:
+class ExactnessReport:
     samples: int
     byte_equal: int
     max_kl: float
     argmax_agreement: float
     relocate: int | None
-    rows: tuple[VerifySample, ...] = ()
+    rows: tuple[ExactnessSample, ...] = ()
 
     def to_json(self, every_field: bool = True) -> dict:
         d = {k: getattr(self, k) for k in ("samples", "byte_equal", "max_kl", "argmax_agreement", "relocate")}
         return d | {"rows": [r.to_json(every_field) for r in self.rows]}
 
     @classmethod
-    def from_json(cls, d: dict) -> VerifyReport:
-        return cls(**{k: v for k, v in d.items() if k != "rows"}, rows=tuple(VerifySample.from_json(r) for r in d["rows"]))
+    def from_json(cls, d: dict) -> ExactnessReport:
+        return cls(**{k: v for k, v in d.items() if k != "rows"}, rows=tuple(ExactnessSample.from_json(r) for r in d["rows"]))
 
 
 @dataclass(frozen=True)

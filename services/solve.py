@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import verifiers
 from db import aggregates
@@ -21,6 +22,14 @@ from errors import InvalidInput, VerificationFailed
 from .door import AnswerOptions
 from .limits import MAX_QUESTION_CHARS, bounded
 from .results import Flywheel, SolveAttempt, Solved
+
+if TYPE_CHECKING:
+    from graft_core.model import LoadedModel
+
+    from .answer import AnswerPipeline
+    from .deposit import DepositPipeline
+    from .store import Store
+    from .turns import ModelTurns
 
 DEFAULT_BUDGET = 4096
 MAX_BUDGET = 1_000_000
@@ -32,10 +41,26 @@ RECALL_POINTS = 500  # and the newest this many recalls (the plot says so)
 
 
 class SolvePipeline:
-    """Mixed into `Library`; uses its `answer`, `deposit_item`, `lm`, `_lock`, `decode_group` and `home`."""
+    """The flywheel of one store and one model. It is handed the store, the model's turns, an accessor of the
+    model (loaded at first use), the answer pipeline (recall) and the deposit pipeline (a passing attempt goes
+    through the gate as any verified deposit)."""
+
+    def __init__(
+        self,
+        store: Store,
+        turns: ModelTurns,
+        lm: Callable[[], LoadedModel],
+        answers: AnswerPipeline,
+        deposits: DepositPipeline,
+    ):
+        self._store = store
+        self._turns = turns
+        self._lm = lm
+        self._answers = answers
+        self._deposits = deposits
 
     def _from_library(self, question: str, verifier: str, reference: str, max_new_tokens: int) -> SolveAttempt:
-        res = self.answer(question, AnswerOptions(max_new_tokens=max_new_tokens))
+        res = self._answers.answer(question, AnswerOptions(max_new_tokens=max_new_tokens))
         v = verifiers.judge(res.answer, verifier, reference, question)
         ok, detail = v.ok, v.detail
         mode = "library" if res.artifact_ids else "greedy"
@@ -49,19 +74,18 @@ class SolvePipeline:
             output_sha256=res.output_sha256,
         )
 
-    def _work(self, question: str, max_new_tokens: int, temperature: float, seed: int | None) -> SolveAttempt:
-        from graft_core import sample  # the engine loads at the first solve, not with the web page
+    def work(self, question: str, max_new_tokens: int, temperature: float, seed: int | None) -> SolveAttempt:
+        """One attempt of the model alone (greedy at temperature 0, else sampled with `seed`), not yet judged,
+        in a background turn of the model (ModelTurns.background: a chat never waits behind a whole attempt)."""
+        from graft_core import sampling  # the engine loads at the first solve, not with the web page
         from graft_core.generate import tokens_sha256
 
-        steps = self.decode_group()
-        # as an answer: its prompt and steps go in the answers' shared passes (same tokens as alone), so a chat
-        # never waits behind a whole attempt; it is background work, so it does not hold verify samples back
-        if steps is None:
-            with self.store.lock:
-                a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed)
-        else:
-            with steps.background(), steps.arriving(), self.store.lock:
-                a = sample.attempt(self.lm, question, max_new_tokens, temperature=temperature, seed=seed, steps=steps)
+        with self._turns.background() as steps:
+            lm = self._lm()
+            if steps is None:
+                a = sampling.attempt(lm, question, max_new_tokens, temperature=temperature, seed=seed)
+            else:
+                a = sampling.attempt(lm, question, max_new_tokens, temperature=temperature, seed=seed, steps=steps)
 
         return SolveAttempt(
             mode=a.mode,
@@ -93,7 +117,7 @@ class SolvePipeline:
         `library=False` skips the recall step (the no-graft model alone, as the eval's baseline); `between` is
         called before every attempt but the first, outside the model lock (the web app hands the model to the
         next waiting client there, so each attempt is one turn)."""
-        from graft_core import sample
+        from graft_core import sampling
 
         question = bounded("question", question, MAX_QUESTION_CHARS)
         if not 1 <= budget <= MAX_BUDGET:
@@ -106,7 +130,7 @@ class SolvePipeline:
         t0 = time.perf_counter()
         done: list[SolveAttempt] = []
         spent = 0
-        prompt = sample.prompt_tokens(self.lm, question)
+        prompt = sampling.prompt_tokens(self._lm(), question)
         while attempts is None or len(done) < attempts:
             room = budget - spent - prompt
             if room < 1:
@@ -119,7 +143,7 @@ class SolvePipeline:
             else:
                 temp = 0.0 if not any(x.mode == "greedy" for x in done) else temperature
                 s = None if temp == 0.0 else seed + sum(1 for x in done if x.mode == "sampled")
-                a = self._work(question, n, temp, s)
+                a = self.work(question, n, temp, s)
                 v = verifiers.judge(a.answer, verifier, reference, question)
                 a = SolveAttempt(**{**a.__dict__, "passed": v.ok, "detail": v.detail})
             done.append(a)
@@ -130,7 +154,7 @@ class SolvePipeline:
                 )
             if a.passed:
                 try:
-                    d = self.deposit_item(question, a.answer, a.answer, verifier, reference, admin=admin)
+                    d = self._deposits.deposit_item(question, a.answer, a.answer, verifier, reference, admin=admin)
                 except VerificationFailed as e:
                     done[-1] = SolveAttempt(**{**a.__dict__, "passed": False, "detail": f"the deposit gate refused: {e}"})
                     continue
@@ -148,10 +172,10 @@ class SolvePipeline:
             "attempts": len(result.attempts),
             "seconds": round(time.perf_counter() - t0, 3),
         }
-        with open(self.home / FLYWHEEL_LOG, "a", encoding="utf-8") as f:
+        with open(self._store.home / FLYWHEEL_LOG, "a", encoding="utf-8") as f:
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
         if result.source == "model" and result.id:
-            self.store.catalog.record_discovery(result.id, result.tokens_spent)
+            self._store.catalog.record_discovery(result.id, result.tokens_spent)
         return result
 
     def flywheel(self) -> Flywheel:
@@ -161,7 +185,7 @@ class SolvePipeline:
         the cumulative tokens saved over the newest RECALL_POINTS recalls, where saved = the sum over
         recalls of (discovery - recall), i.e. against a baseline that would have had to discover it again."""
         growth, found, recalls = aggregates.read(
-            self.store.catalog,
+            self._store.catalog,
             (aggregates.growth, GROWTH_POINTS),
             (aggregates.recent_discoveries, ITEMS_SHOWN),
             (aggregates.recent_recalls, RECALL_POINTS),
@@ -176,21 +200,21 @@ class SolvePipeline:
             cumulative_saved=tuple((t.timestamp(), s) for t, s in recalls),
         )
 
-    def _fill_flywheel(self) -> None:
+    def fill_flywheel(self) -> None:
         """Once per store: a store whose solves were logged before the catalog kept them gets its flywheel
         figures back-filled from flywheel.jsonl and one pass over the ledger (db/aggregates.py)."""
-        if not (self.home / FLYWHEEL_LOG).exists():
+        if not (self._store.home / FLYWHEEL_LOG).exists():
             return
         found: dict[str, tuple[int, datetime]] = {}  # id -> (the latest solve's cost, the first solve's time)
         for s in self.solves():
             if s["source"] == "model" and s["id"]:
                 first = found.get(s["id"], (0, datetime.fromtimestamp(s["at"], UTC)))[1]
                 found[s["id"]] = (s["tokens_spent"], first)
-        aggregates.fill(self.store.catalog, found)
+        aggregates.fill(self._store.catalog, found)
 
     def solves(self) -> list[dict]:
         """Every recorded solve, oldest first (empty when nothing was solved in this store)."""
-        path = self.home / FLYWHEEL_LOG
+        path = self._store.home / FLYWHEEL_LOG
         if not path.exists():
             return []
         return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]

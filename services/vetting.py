@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 UNTRUSTED = "imported, not re-verified"
 UNPROVEN = (
-    "imported without recomputation (no model check): `cli.py rebuild --verify ID` proves it from its tokens and releases it"
+    "imported without recomputation (no model check): `cli.py rebuild --compare ID` proves it from its tokens and releases it"
 )
 
 

@@ -24,12 +24,12 @@ from retrieval.embedder import HashEmbedder, SentenceEmbedder
 from services import AnswerOptions
 from services.limits import (
     ANON_MAX_NEW_TOKENS,
-    ANON_VERIFY_SAMPLES,
+    ANON_REPORT_SAMPLES,
     MAX_K,
     MAX_NEW_TOKENS,
-    MAX_VERIFY_SAMPLES,
+    MAX_REPORT_SAMPLES,
     anon_prompt_tokens,
-    verify_bounds,
+    report_bounds,
     warm_proofs_limit,
     whole,
 )
@@ -235,12 +235,12 @@ class Replica:
         ).to_json()
 
     def _verify(self, body: dict, admin: bool) -> dict:
-        cap = MAX_VERIFY_SAMPLES if admin else ANON_VERIFY_SAMPLES
+        cap = MAX_REPORT_SAMPLES if admin else ANON_REPORT_SAMPLES
         relocate = body.get("relocate")
         # anonymous: the web app's bounds (a sample costs about one short chat: few greedy steps, short
         # chains, no monolithic recomputation); a relocation offset stays inside the model's context
-        bounds = verify_bounds(admin)
-        rep = self.lib.verify_samples(
+        bounds = report_bounds(admin)
+        rep = self.lib.exactness_report(
             whole("samples", body.get("samples", 3), 1, cap),
             relocate=None if relocate is None else whole("relocate", relocate, 0, self.lib.lm.info.max_positions - 1),
             seed=whole("seed", body.get("seed", 0), 0, 2**31),

@@ -20,7 +20,7 @@ import httpx  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from web.admission import ADDRESS_REFUSAL, SESSION_REFUSAL, Admission  # noqa: E402
-from web.guard import Client, FairTurns, Guard, Refused, TokenCheck  # noqa: E402
+from web.guard import AdminToken, Client, FairTurns, Guard, Refused  # noqa: E402
 
 TOKEN = "fair-admin-token"
 FACT = "The lighthouse of Varnek Isle was built by the engineer Talia Brennic in 1871."
@@ -34,7 +34,7 @@ def library(tiny_gemma, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def guard():
-    return Guard(TOKEN, tokens=TokenCheck(TOKEN), turns=FairTurns(depth=DEPTH))
+    return Guard(TOKEN, tokens=AdminToken(TOKEN), turns=FairTurns(depth=DEPTH))
 
 
 @pytest.fixture(scope="module")
@@ -326,7 +326,7 @@ def test_the_served_app_answers_an_address_past_its_rate_429_and_serves_the_othe
 
     from web import app
 
-    demo = app.build_app(library, admin_token=TOKEN, guard=Guard(TOKEN, tokens=TokenCheck(TOKEN), turns=FairTurns(depth=DEPTH)))
+    demo = app.build_app(library, admin_token=TOKEN, guard=Guard(TOKEN, tokens=AdminToken(TOKEN), turns=FairTurns(depth=DEPTH)))
     serve(demo, joins=(0.1, 2))  # one more every 10 s
     try:
         fast = gradio_client.Client(demo.local_url, verbose=False, headers={"X-Forwarded-For": "10.9.0.1"})

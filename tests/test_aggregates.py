@@ -93,7 +93,7 @@ def build(cat: Catalog, artifacts: int, answers: int, seed: int = 7) -> tuple[li
 
 
 def scan_totals(rows: list[LedgerRow]) -> LedgerTotals:
-    """The sums as the old per-render scan defined them (LedgerTotals' docstring)."""
+    """The sums as a scan of the whole ledger defines them (LedgerTotals' docstring)."""
     return LedgerTotals(
         answers=len(rows),
         grafted_tokens=sum(r.grafted_tokens for r in rows),
@@ -109,7 +109,7 @@ def scan_totals(rows: list[LedgerRow]) -> LedgerTotals:
 
 
 def scan_flywheel(found: dict[str, int], rows: list[LedgerRow]):
-    """The old `flywheel()`'s loop over the whole ledger: per item (id, spent, mean recall, recalls), cumulative saved."""
+    """The flywheel as a loop over the whole ledger computes it: per item (id, spent, mean recall, recalls), cumulative saved."""
     recalls: dict[str, list[int]] = {k: [] for k in found}
     saved, cumulative = 0, []
     for row in rows:

@@ -18,7 +18,7 @@ import httpx  # noqa: E402
 
 from errors import InvalidSetting  # noqa: E402
 from web import hosting  # noqa: E402
-from web.guard import Client, FairTurns, Guard, Refused, TokenCheck  # noqa: E402
+from web.guard import AdminToken, Client, FairTurns, Guard, Refused  # noqa: E402
 
 TOKEN = "edge-admin-token"
 FACT = "The bell of Orsk harbour was cast by the founder Mirela Vost in 1902."
@@ -32,7 +32,7 @@ def library(tiny_gemma, tmp_path_factory):
 def _serve(library, proxies: tuple[str, ...]):
     from web import app
 
-    guard = Guard(TOKEN, tokens=TokenCheck(TOKEN, per_address=3, window_s=600), turns=FairTurns(per_address=8))
+    guard = Guard(TOKEN, tokens=AdminToken(TOKEN, per_address=3, window_s=600), turns=FairTurns(per_address=8))
     demo = app.build_app(library, admin_token=TOKEN, guard=guard)
     serve(demo, proxies)
     return demo, guard
@@ -140,7 +140,7 @@ def test_hosting_names_the_proxies_and_the_old_1_is_refused():
 
 def test_a_burst_locks_its_address_with_doubling_backoff_and_never_the_admin_elsewhere():
     now = [0.0]
-    gate = TokenCheck("t", per_address=3, window_s=60, lockout_s=100, max_lockout_s=350, clock=lambda: now[0])
+    gate = AdminToken("t", per_address=3, window_s=60, lockout_s=100, max_lockout_s=350, clock=lambda: now[0])
     attacker, admin = Client("s1", "10.0.0.1"), Client("s2", "10.0.0.2")
 
     def burst(n=100):
@@ -170,7 +170,7 @@ def test_a_burst_locks_its_address_with_doubling_backoff_and_never_the_admin_els
 
 
 def test_ipv6_addresses_of_one_slash_64_share_a_count():
-    gate = TokenCheck("t", per_address=2)
+    gate = AdminToken("t", per_address=2)
     for host in ("2001:db8::1", "2001:db8::2"):
         with pytest.raises(Refused, match="Admin token refused"):
             gate.check("guess", Client(host, host))

@@ -24,7 +24,7 @@ import httpx  # noqa: E402
 from gradio_client.exceptions import AppError, ValidationError  # noqa: E402
 
 from errors import InvalidSetting  # noqa: E402
-from web.guard import Client, FairTurns, Guard, Refused, TokenCheck, backend_slots  # noqa: E402
+from web.guard import AdminToken, Client, FairTurns, Guard, Refused, backend_slots  # noqa: E402
 
 TOKEN = "sec-admin-token"
 FACT = "The lighthouse of Varnek Isle was built by the engineer Talia Brennic in 1871."
@@ -37,7 +37,7 @@ def library(tiny_gemma, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def guard():
-    return Guard(TOKEN, tokens=TokenCheck(TOKEN, per_address=3, window_s=600), turns=FairTurns(depth=8))
+    return Guard(TOKEN, tokens=AdminToken(TOKEN, per_address=3, window_s=600), turns=FairTurns(depth=8))
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_failed_tokens_lock_the_address_out(served, library):
 
 def test_gate_window_and_no_token():
     now = [0.0]
-    gate = TokenCheck("t", per_address=2, window_s=10, clock=lambda: now[0])
+    gate = AdminToken("t", per_address=2, window_s=10, clock=lambda: now[0])
     a, b, c = Client("s1", "a"), Client("s2", "b"), Client("s3", "c")
     for who in (a, b, b):
         with pytest.raises(Refused, match="Admin token refused"):
@@ -145,7 +145,7 @@ def test_gate_window_and_no_token():
             gate.check("", a)  # nor for an admin action: it counts nothing
     gate.check("t", a)
     with pytest.raises(Refused, match="Admin actions are disabled: no admin token is configured"):
-        TokenCheck("").check("anything", a)
+        AdminToken("").check("anything", a)
 
 
 # ---- bounds -----------------------------------------------------------------------------------------
@@ -207,27 +207,27 @@ def test_chat_check_needs_the_token_also_by_fn_index(served, library):
     assert len(library.ledger()) == before + 1
 
 
-def test_anonymous_verify_samples_are_bounded_per_sample(served, library, monkeypatch):
+def test_anonymous_exactness_reports_are_bounded_per_sample(served, library, monkeypatch):
     """Without the token each sample compares 2 greedy steps, skips the monolithic schedule and draws only
-    artifacts of at most ANON_VERIFY_TOKENS tokens; with it, the full sample. Checked on the reports' rows."""
+    artifacts of at most ANON_REPORT_TOKENS tokens; with it, the full sample. Checked on the reports' rows."""
     from services import limits
 
     seen = []
-    real = library.verify_samples
+    real = library.exactness_report
 
     def spy(*args, **kwargs):
         rep = real(*args, **kwargs)
         seen.append(rep)
         return rep
 
-    monkeypatch.setattr(library, "verify_samples", spy)
+    monkeypatch.setattr(library, "exactness_report", spy)
     c = _client(served, "10.0.4.2")
     assert c.predict(2, None, api_name="/verify")["byte_equal"] == 2
     assert c.predict(2, None, TOKEN, api_name="/verify")["byte_equal"] == 2
     anon, admin = seen
     assert [r.check.decode_steps for r in anon.rows] == [2, 2] and {r.check.monolithic_kl for r in anon.rows} == {None}
     assert [r.check.decode_steps for r in admin.rows] == [4, 4] and None not in {r.check.monolithic_kl for r in admin.rows}
-    monkeypatch.setattr(limits, "ANON_VERIFY_TOKENS", 3)  # shorter than every artifact here (limits.verify_bounds)
+    monkeypatch.setattr(limits, "ANON_REPORT_TOKENS", 3)  # shorter than every artifact here (limits.report_bounds)
     with pytest.raises(AppError, match="no artifact in the store has a chain of at most 3 tokens; verifying longer"):
         c.predict(1, None, api_name="/verify")
     assert c.predict(1, None, TOKEN, api_name="/verify")["samples"] == 1

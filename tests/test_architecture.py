@@ -5,6 +5,7 @@ what fsck needs without a second reader."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,7 +92,7 @@ def test_results_are_typed_and_serialise_once(lib):
         "relevant": True,
         "reason": "the question has every distinctive term of the item (varnek)",
     }
-    rep = lib.verify_samples(2)
+    rep = lib.exactness_report(2)
     assert all(s.check.exact for s in rep.rows) and rep.byte_equal == 2
     short = rep.to_json(every_field=False)
     full = rep.to_json()["rows"][0]
@@ -324,3 +325,44 @@ def test_front_ends_and_tools_reach_the_store_only_through_library_methods(lib):
     lib.blob_file(d.content_sha256).chmod(0o644)
     lib.blob_file(d.content_sha256).write_bytes(bytes(data))
     assert lib.corrupt_blobs() == [d.content_sha256]
+
+
+THROUGH_A_PART = re.compile(r"\bself\.\w+\._[A-Za-z]")  # self._store._index: a held part's private state
+INTO_A_LIBRARY = re.compile(r"\b(?:lib|library|self\.lib|self\.library|self\._library)\._[A-Za-z]")
+
+
+def test_the_library_is_composed_and_its_parts_touch_only_their_own_state(tmp_path):
+    """The Library holds its parts (Artifacts, ModelTurns, the pipelines), each handed what it needs: no module of
+    services/ reaches through a part it holds into that part's private members, and no module outside
+    services/library.py reads a library's private members (the engine's `lib` is a C library handle)."""
+    through = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in sorted((ROOT / "services").glob("*.py"))
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if THROUGH_A_PART.search(line)
+    ]
+    assert through == []
+    into = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in _source_files()
+        if p.relative_to(ROOT).parts[0] not in {"graft_core", "kernels"} and p != ROOT / "services" / "library.py"
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if INTO_A_LIBRARY.search(line)
+    ]
+    assert into == []
+    assert THROUGH_A_PART.search("self._store._index") and not THROUGH_A_PART.search("self._store.catalog.get(x)")
+    assert INTO_A_LIBRARY.search("lib._probed.clear()") and not INTO_A_LIBRARY.search("lib.artifacts.forget_proofs()")
+    from services.answer import AnswerPipeline
+    from services.artifacts import Artifacts
+    from services.deposit import DepositPipeline
+    from services.exactness_report import ExactnessReportPipeline
+    from services.solve import SolvePipeline
+    from services.turns import ModelTurns
+
+    lib = services.Library(home=tmp_path / "store", embedder=HashEmbedder())
+    try:  # the parts are the Library's public members, each an object of its own class, not a mixin
+        parts = (lib.artifacts, lib.turns, lib.deposits, lib.answers, lib.reports, lib.solving)
+        kinds = (Artifacts, ModelTurns, DepositPipeline, AnswerPipeline, ExactnessReportPipeline, SolvePipeline)
+        assert [type(x) for x in parts] == list(kinds) and not any(isinstance(lib, k) for k in kinds)
+    finally:
+        lib.close()

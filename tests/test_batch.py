@@ -455,11 +455,11 @@ def test_other_work_waits_longer_for_a_chat_than_for_background_sessions_and_alw
 
 def test_a_solve_attempt_holds_the_model_lock(tmp_path, tiny_gemma, monkeypatch):
     import services
-    from graft_core import sample
+    from graft_core import sampling
     from retrieval import HashEmbedder
 
     lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
-    real, held = sample.attempt, []
+    real, held = sampling.attempt, []
 
     def attempt(*a, **kw):  # may another thread take the model while the attempt computes?
         probe = threading.Thread(target=lambda: held.append(not lib.store.lock.acquire(timeout=0) or lib.store.lock.release()))
@@ -467,16 +467,16 @@ def test_a_solve_attempt_holds_the_model_lock(tmp_path, tiny_gemma, monkeypatch)
         probe.join(10)
         return real(*a, **kw)
 
-    monkeypatch.setattr(sample, "attempt", attempt)
+    monkeypatch.setattr(sampling, "attempt", attempt)
     try:
-        lib._work("What is 2 + 2?", 2, 0.0, None)
+        lib.solving.work("What is 2 + 2?", 2, 0.0, None)
         assert held == [True]  # the attempt ran under the model lock, not beside another request's forward
     finally:
         lib.close()
 
 
 def test_solve_attempts_taken_together_draw_what_each_draws_alone(tiny_gemma):
-    from graft_core import sample
+    from graft_core import sampling
 
     b = batch.Batcher(tiny_gemma.model)
     if not b.widths:
@@ -484,11 +484,11 @@ def test_solve_attempts_taken_together_draw_what_each_draws_alone(tiny_gemma):
     group = stepgroup.StepGroup(b, wait_s=0.2)
     kinds = [dict(temperature=0.0), dict(temperature=0.9, seed=3), dict(temperature=1.3, seed=11, top_k=5)]
     questions = ["What is 2 + 2?", "Name a colour.", "Who built the lighthouse?"]
-    alone = [sample.attempt(tiny_gemma, q, 12, **kw) for q, kw in zip(questions, kinds, strict=True)]
+    alone = [sampling.attempt(tiny_gemma, q, 12, **kw) for q, kw in zip(questions, kinds, strict=True)]
     together: list = [None] * 3
 
     def run(i: int) -> None:
-        together[i] = sample.attempt(tiny_gemma, questions[i], 12, steps=group, **kinds[i])
+        together[i] = sampling.attempt(tiny_gemma, questions[i], 12, steps=group, **kinds[i])
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
     for t in threads:

@@ -105,14 +105,16 @@ def test_import_of_a_malicious_tar_is_one_line_error(run, tmp_path):
     assert not (tmp_path / "escape.txt").exists()
 
 
-def test_rebuild_verify_exit_codes(run, lib, chain):
+def test_rebuild_compare_exit_codes(run, lib, chain):
     root, child = chain
-    code, out, _ = run("rebuild", "--verify", child.id)
+    code, out, _ = run("rebuild", "--compare", child.id)
     assert code == 0 and out["equal"] and out["rebuilt_sha256"] == out["stored_sha256"] == child.content_sha256
+    code, again, err = run("rebuild", "--verify", child.id)  # the flag's former name still works and names the new one
+    assert code == 0 and again == out | {"prefill_s": again["prefill_s"]} and "`rebuild --compare ID`" in err
     path = lib.store.blobs.path(child.content_sha256)
     data = path.read_bytes()
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-    code, out, _ = run("rebuild", "--verify", child.id)
+    code, out, _ = run("rebuild", "--compare", child.id)
     assert code == 1 and not out["equal"] and out["blob_sha256"] != out["stored_sha256"]
 
 

@@ -25,13 +25,13 @@ def test_first_answer_runs_the_probe_and_later_answers_prove_by_the_state_hash(l
     row = lib.store.catalog.get(d.id)
     first = lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=3))
     assert first.proof.kind == "probe" and first.proof.passed and first.proof.observed == row.probe_sha256
-    state = lib._probed[row.content_sha256]
+    state = lib.artifacts.state(row.content_sha256)
     assert state.digest == first.proof.state_digest and state.probe_sha256 == row.probe_sha256
-    monkeypatch.setattr(lib, "probe_check", lambda *a, **k: pytest.fail("the leaf is proved already"))
+    monkeypatch.setattr(lib.artifacts, "probe", lambda *a, **k: pytest.fail("the leaf is proved already"))
     later = lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=3))
     assert later.proof.kind == "state" and later.proof.passed and later.proof.expected == state.digest
     assert (later.output_sha256, later.logits_sha256) == (first.output_sha256, first.logits_sha256)
-    lib._probed.clear()  # a new process: the probe again, the same bytes served
+    lib.artifacts.forget_proofs()  # a new process: the probe again, the same bytes served
     again = lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=3))
     assert again.proof.kind == "probe" and (again.output_sha256, again.logits_sha256) == (
         first.output_sha256,
@@ -42,10 +42,10 @@ def test_first_answer_runs_the_probe_and_later_answers_prove_by_the_state_hash(l
 def test_a_chain_checks_its_ancestors_separately_and_the_leaf_in_the_answer(lib, monkeypatch):
     root = lib.deposit_text(TEXT)
     child = lib.deposit_text("He kept the ledger for forty years.\n", parent=root.id)
-    lib._probed.clear()
+    lib.artifacts.forget_proofs()
     checked = []
-    real = lib.probe_check
-    monkeypatch.setattr(lib, "probe_check", lambda i, **k: checked.append(i) or real(i, **k))
+    real = lib.artifacts.probe
+    monkeypatch.setattr(lib.artifacts, "probe", lambda i, **k: checked.append(i) or real(i, **k))
     r = lib.answer(Q, AnswerOptions(artifact=child.id, max_new_tokens=2))
     assert checked == [root.id] and r.proof.kind == "probe" and r.proof.passed
 

@@ -154,13 +154,13 @@ def test_a_flipped_probe_hash_quarantines_the_artifact(lib):
     probe = lib.store.catalog.get(d.id).probe_sha256
     flipped = ("0" if probe[0] != "0" else "1") + probe[1:]
     _sql(lib, sa.update(artifacts).where(artifacts.c.id == d.id).values(probe_sha256=flipped))
-    lib._probed.clear()  # a new process: the first restore checks the probe
-    with pytest.raises(IntegrityError, match=f"artifact {d.id} is quarantined .*rebuild --verify {d.id}"):
+    lib.artifacts.forget_proofs()  # a new process: the first restore checks the probe
+    with pytest.raises(IntegrityError, match=f"artifact {d.id} is quarantined .*rebuild --compare {d.id}"):
         lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=2))
     assert lib.store.catalog.get(d.id).quarantine.startswith("probe check failed")
     assert lib.retrieve(Q, threshold=0.0) == []  # retrieval skips it
     r = services.fsck(lib)
-    assert [q.id for q in r.quarantined] == [d.id] and not r.consistent and "rebuild --verify" in r.advice[-1]
+    assert [q.id for q in r.quarantined] == [d.id] and not r.consistent and "rebuild --compare" in r.advice[-1]
     with pytest.raises(IntegrityError, match="quarantined"):
         lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=2))
 

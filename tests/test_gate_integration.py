@@ -86,7 +86,7 @@ def test_a_flipped_byte_in_the_stored_probe_hash_quarantines(store, tmp_path, re
             .where(artifacts.c.id == d.id)
             .values(probe_sha256=probe[:-1] + ("0" if probe[-1] != "0" else "1"))
         )
-    other._probed.clear()
+    other.artifacts.forget_proofs()
     with pytest.raises(IntegrityError, match="quarantined"):
         other.answer(Q, AnswerOptions(max_new_tokens=4, artifact=d.id))
     assert [q.id for q in services.fsck(other).quarantined] == [d.id]
@@ -94,7 +94,7 @@ def test_a_flipped_byte_in_the_stored_probe_hash_quarantines(store, tmp_path, re
 
 def test_relocate_zero_is_byte_equal_on_every_sample(store):
     lib, _ = store
-    rep = lib.verify_samples(3, relocate=0)
+    rep = lib.exactness_report(3, relocate=0)
     assert rep.byte_equal == 3 and all(s.check.fresh_sha256 == s.check.grafted_sha256 for s in rep.rows)
 
 
@@ -129,8 +129,8 @@ TZERIN_S = "The charter of the free city of Tzerin fixes its flag as plain saffr
 
 
 def test_the_tzerin_deposit_is_accepted_for_what_its_answer_asserts(tmp_path, real_lm):
-    """The case a new user tried: the model's sentence carries a "no" that belongs to "emblem", and the span
-    heuristic judged the whole sentence against 'saffron' and refused it. The gate now reads what it asserts."""
+    """The case a new user tried: the model's sentence carries a "no" that belongs to "emblem"; a span heuristic
+    judges the whole sentence against 'saffron' and refuses it, the gate reads what the sentence asserts."""
     lib = services.Library(home=tmp_path / "home", lm=real_lm)
     d = lib.deposit_item(TZERIN_Q, TZERIN_S, None, "exact", "saffron")
     assert d.created and d.verified and d.provenance == "verified"

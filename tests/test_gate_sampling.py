@@ -1,12 +1,12 @@
 """The recurring case's batched sampler (eval/sampling.py) on the tiny model: each attempt decoded together
-with others is the attempt `graft_core.sample.attempt` draws alone with its seed, token for token; every
+with others is the attempt `graft_core.sampling.attempt` draws alone with its seed, token for token; every
 computed token is counted once, where it is computed; the budget is never passed."""
 
 from __future__ import annotations
 
 import pytest
 
-from eval import sampling
+from eval import sampling as batched
 
 Q = "How many times does the Velmora bell ring at noon?"
 
@@ -21,12 +21,12 @@ def batcher(tiny_gemma):
 
 
 def test_attempts_decoded_together_are_each_attempt_alone(tiny_gemma, batcher):
-    from graft_core import sample
+    from graft_core import sampling
 
-    got = sampling.sample_many(tiny_gemma, Q, 400, lambda t: False, together=5, max_new_tokens=6, seed=3, batcher=batcher)
+    got = batched.sample_many(tiny_gemma, Q, 400, lambda t: False, together=5, max_new_tokens=6, seed=3, batcher=batcher)
     assert [a.seed for a in got.attempts[:5]] == [3, 4, 5, 6, 7] and len(got.rounds[0].attempts) == 5
     for a in got.attempts[:5]:
-        alone = sample.attempt(tiny_gemma, Q, 6, temperature=0.8, seed=a.seed)
+        alone = sampling.attempt(tiny_gemma, Q, 6, temperature=0.8, seed=a.seed)
         assert (a.token_ids, a.text) == (alone.token_ids, alone.text), a.seed
     assert len({a.token_ids for a in got.attempts}) > 1  # the seeds draw different attempts
 
@@ -34,47 +34,47 @@ def test_attempts_decoded_together_are_each_attempt_alone(tiny_gemma, batcher):
 def test_thirty_two_attempts_in_one_pass_are_each_attempt_alone(tiny_gemma):
     """The recurring case samples 32 at a time (eval/run.py --recurring-together 32): a Batcher asked for width
     32 keeps it only where each row is its own (fma16), and every attempt is then the one drawn alone."""
-    from graft_core import sample
+    from graft_core import sampling
     from graft_core.batch import Batcher
 
     wide = Batcher(tiny_gemma.model, widths=(4, 8, 16, 32))
-    got = sampling.sample_many(tiny_gemma, Q, 10_000, lambda t: False, together=32, max_new_tokens=5, seed=7, batcher=wide)
+    got = batched.sample_many(tiny_gemma, Q, 10_000, lambda t: False, together=32, max_new_tokens=5, seed=7, batcher=wide)
     first = got.rounds[0].attempts
     assert [a.seed for a in first] == list(range(7, 39))
     for a in first:
-        alone = sample.attempt(tiny_gemma, Q, 5, temperature=0.8, seed=a.seed)
+        alone = sampling.attempt(tiny_gemma, Q, 5, temperature=0.8, seed=a.seed)
         assert (a.token_ids, a.text) == (alone.token_ids, alone.text), a.seed
     if wide.fma16:
         assert wide.most == 32
 
 
 def test_every_computed_token_is_counted_and_the_budget_holds(tiny_gemma, batcher):
-    from graft_core import sample
+    from graft_core import sampling
 
-    prompt = sample.prompt_tokens(tiny_gemma, Q)
+    prompt = sampling.prompt_tokens(tiny_gemma, Q)
     budget = 3 * (prompt + 4 * 6) + prompt + 6  # three full rounds of four, then room for one attempt
-    got = sampling.sample_many(tiny_gemma, Q, budget, lambda t: False, together=4, max_new_tokens=6, batcher=batcher)
+    got = batched.sample_many(tiny_gemma, Q, budget, lambda t: False, together=4, max_new_tokens=6, batcher=batcher)
     assert [len(r.attempts) for r in got.rounds] == [4, 4, 4, 1]
     assert got.tokens == sum(prompt + sum(len(a.token_ids) for a in r.attempts) for r in got.rounds) <= budget
     assert [a.seed for a in got.attempts] == list(range(13)) and not got.solved
 
 
 def test_sampling_stops_at_the_round_with_a_passing_attempt(tiny_gemma, batcher):
-    from graft_core import sample
+    from graft_core import sampling
 
-    two_rounds = 2 * (sample.prompt_tokens(tiny_gemma, Q) + 4 * 6)
-    first = sampling.sample_many(tiny_gemma, Q, two_rounds, lambda t: False, together=4, max_new_tokens=6, batcher=batcher)
+    two_rounds = 2 * (sampling.prompt_tokens(tiny_gemma, Q) + 4 * 6)
+    first = batched.sample_many(tiny_gemma, Q, two_rounds, lambda t: False, together=4, max_new_tokens=6, batcher=batcher)
     target = first.attempts[5].text  # the sixth attempt's answer (second round) passes
     assert target and target not in {a.text for a in first.attempts[:4]}
-    got = sampling.sample_many(tiny_gemma, Q, 10_000, lambda t: t == target, together=4, max_new_tokens=6, batcher=batcher)
+    got = batched.sample_many(tiny_gemma, Q, 10_000, lambda t: t == target, together=4, max_new_tokens=6, batcher=batcher)
     assert len(got.rounds) == 2 and got.solved and got.attempts[5].passed
 
 
 def test_a_budget_below_one_attempt_runs_nothing(tiny_gemma, batcher):
-    from graft_core import sample
+    from graft_core import sampling
 
-    prompt = sample.prompt_tokens(tiny_gemma, Q)
-    got = sampling.sample_many(tiny_gemma, Q, prompt + 5, lambda t: False, max_new_tokens=6, batcher=batcher)
+    prompt = sampling.prompt_tokens(tiny_gemma, Q)
+    got = batched.sample_many(tiny_gemma, Q, prompt + 5, lambda t: False, max_new_tokens=6, batcher=batcher)
     assert got.rounds == () and got.tokens == 0 and not got.solved
 
 
@@ -85,9 +85,8 @@ def test_the_recurring_case_batched_counts_every_token_within_a_small_budget_and
 
     import services
     from eval import recurring
-    from graft_core import sample
+    from graft_core import sampling
     from retrieval.embedder import HashEmbedder
-    from services import gate
 
     rows = [
         {"id": f"p95{i:02d}", "template": "ages", "verifier": "numeric", "split": "heldout", "answer": str(i + 1)}
@@ -100,7 +99,7 @@ def test_the_recurring_case_batched_counts_every_token_within_a_small_budget_and
     lib.close()
     assert case["failed"], "the tiny model solved both: nothing was sampled to the budget"
     for rec in case["failed"]:
-        prompt = sample.prompt_tokens(tiny_gemma, _row(rows, rec["id"])["question"])
+        prompt = sampling.prompt_tokens(tiny_gemma, _row(rows, rec["id"])["question"])
         greedy, *sampled = rec["attempts"]
         assert greedy["mode"] == "greedy" and greedy["prompt_tokens"] == prompt
         rounds = [a for a in sampled if a["prompt_tokens"]]

@@ -96,6 +96,6 @@ def test_a_wrong_label_or_a_missing_reason_is_caught(tmp_path, monkeypatch):
     flipped = {"id": drawn[0]["id"], "label": "wrong", "reason": "x"}
     r.write_text("".join(json.dumps(x) + "\n" for x in (flipped, {"id": drawn[1]["id"], "label": "right", "reason": "y"})))
     rep = labels.report(labels.read_labels())
-    named = drawn[0]["answer"]  # '84 minutes', the first named output: now labelled wrong
+    named = drawn[0]["answer"]  # '84 minutes', the first named output, labelled wrong here
     assert rep["splits"]["development"]["false_accepts"] == 1
     assert rep["splits"]["development"]["false_accept_items"][0]["answer"] == named

@@ -31,7 +31,7 @@ def test_the_bomb_is_killed_and_the_server_does_not_grow():
     assert patient.check("x+1", "1+x").ok  # the parent's first use of the pipes, outside the measured part
     threads_before = threading.active_count()
     rss_before = _rss_bytes()
-    for _ in range(3):  # the old thread design refused every check as busy after two of these
+    for _ in range(3):  # a worker thread (not a process) would refuse every check as busy after two of these
         assert patient.check("x+1", "1+x").ok  # a fresh worker after each kill
         worker = symbolic._WORKER.pid()
         start = time.perf_counter()

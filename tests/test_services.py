@@ -112,16 +112,16 @@ def test_inputs_are_bounded(lib):
         lib.answer("hi", AnswerOptions(k=0))
 
 
-def test_verify_samples_reports_byte_equality(lib):
+def test_the_exactness_report_reports_byte_equality(lib):
     for q, s, a in FACTS:
         lib.deposit_item(q, s, a, "exact", a)
-    rep = lib.verify_samples(4)
+    rep = lib.exactness_report(4)
     assert rep.samples == 4 and rep.byte_equal == 4 and rep.max_kl == 0.0 and rep.argmax_agreement == 1.0
-    rel = lib.verify_samples(2, relocate=50)
+    rel = lib.exactness_report(2, relocate=50)
     assert all(r.check.tier == "relocated" for r in rel.rows)
     assert rel.byte_equal == sum(r.check.fresh_sha256 == r.check.grafted_sha256 for r in rel.rows) == 0
     # --relocate 0 re-places each root at its own position: byte-equal on every sample, counted from the hashes
-    zero = lib.verify_samples(3, relocate=0)
+    zero = lib.exactness_report(3, relocate=0)
     assert zero.byte_equal == 3 and all(r.check.tier == "relocated" and r.check.exact for r in zero.rows)
 
 

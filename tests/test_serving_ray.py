@@ -23,7 +23,7 @@ from errors import InvalidInput  # noqa: E402
 from retrieval import HashEmbedder  # noqa: E402
 from services import (
     AnswerOptions,
-    checks,  # noqa: E402
+    fsck,  # noqa: E402
 )
 from serving import ServeSettings, health, launch  # noqa: E402
 from serving.client import BackendRefused, Client  # noqa: E402
@@ -185,7 +185,7 @@ def test_replica_killed_mid_request_costs_a_retry_and_loses_nothing(deployment, 
     assert after == before, f"lost {before - after}, appeared {after - before}"
     lib = _local(settings, tmp_path / "fsck", tiny_gemma)
     lib.index()
-    report = checks.fsck(lib)
+    report = fsck(lib)
     assert report.consistent, report.to_json()
     again = client.deposit_text("The Vell gorge ferry carries 12 carts an hour.", title="ferry").payload
     assert again["id"] == kept and not again["created"], "the surviving replicas must see the deposit made before the kill"

@@ -94,7 +94,7 @@ def real(tiny_gemma, tmp_path_factory):
     text = lib.deposit_text(FACT + " It has 12 floors.", title="floors")
     checked = lib.answer("How tall is the Quendel tower?", AnswerOptions(max_new_tokens=4, check=True, compare=True))
     plain = lib.answer("Who built the tower?", AnswerOptions(max_new_tokens=3, graft=False))
-    report = lib.verify_samples(2, seed=0, decode_steps=2)
+    report = lib.exactness_report(2, seed=0, decode_steps=2)
     return {"lib": lib, "item": item, "text": text, "checked": checked, "plain": plain, "verify": report}
 
 
@@ -118,7 +118,7 @@ def test_results_round_trip_through_their_json(real):
     rep = real["verify"]
     for every in (True, False):
         wire = json.loads(_normal(rep.to_json(every_field=every)))
-        assert _normal(services.VerifyReport.from_json(wire).to_json(every_field=every)) == _normal(wire)
+        assert _normal(services.ExactnessReport.from_json(wire).to_json(every_field=every)) == _normal(wire)
     lib = real["lib"]
     for e in lib.entries():
         assert services.LibraryEntry.from_json(json.loads(_normal(e.to_json()))) == e
@@ -140,8 +140,8 @@ def test_requests_carry_the_right_shapes_and_the_admin_token_only_where_due(stub
     assert _normal(got.to_json()) == _normal(real["checked"].to_json())
     remote.deposit_item("Q?", "S.", "", "exact", "R", title="t", admin=True)
     remote.deposit_text("free text", title="x", admin=False)
-    remote.verify_samples(3, relocate=None, seed=1, decode_steps=2, monolithic=False, max_tokens=64)  # anonymous bounds
-    remote.verify_samples(7, relocate=5, seed=0)  # the app passes no bounds for an admin
+    remote.exactness_report(3, relocate=None, seed=1, decode_steps=2, monolithic=False, max_tokens=64)  # anonymous bounds
+    remote.exactness_report(7, relocate=5, seed=0)  # the app passes no bounds for an admin
     entries = remote.entries(query="tower & co", limit=5)
     shown = remote.show(item_id[:12])
 

@@ -13,7 +13,7 @@ import retrieval.embedder
 import services
 import verifiers
 from errors import InvalidInput
-from graft_core import sample
+from graft_core import sampling
 from retrieval import HashEmbedder
 from services import AnswerOptions
 
@@ -28,10 +28,10 @@ def lib(tmp_path, tiny_gemma):
 
 
 def test_sampling_is_deterministic_given_the_seed(tiny_gemma):
-    a = sample.attempt(tiny_gemma, "Who built the Varnek lighthouse?", 12, temperature=1.5, seed=7)
-    b = sample.attempt(tiny_gemma, "Who built the Varnek lighthouse?", 12, temperature=1.5, seed=7)
+    a = sampling.attempt(tiny_gemma, "Who built the Varnek lighthouse?", 12, temperature=1.5, seed=7)
+    b = sampling.attempt(tiny_gemma, "Who built the Varnek lighthouse?", 12, temperature=1.5, seed=7)
     others = {
-        sample.attempt(tiny_gemma, "Who built the Varnek lighthouse?", 12, temperature=1.5, seed=s).token_ids for s in range(4)
+        sampling.attempt(tiny_gemma, "Who built the Varnek lighthouse?", 12, temperature=1.5, seed=s).token_ids for s in range(4)
     }
     assert a.token_ids == b.token_ids and (a.seed, a.temperature, a.mode) == (7, 1.5, "sampled")
     assert len(others) > 1, "four seeds drew the same 12 tokens: the seed does not reach the sampler"
@@ -40,7 +40,7 @@ def test_sampling_is_deterministic_given_the_seed(tiny_gemma):
 
 def test_budget_of_a_few_tokens_ends_unsolved_with_every_token_counted(lib):
     q = "Who built the Varnek lighthouse?"
-    prompt = sample.prompt_tokens(lib.lm, q)
+    prompt = sampling.prompt_tokens(lib.lm, q)
     r = lib.solve(q, "exact", "Osric Pellamy", budget=prompt + 3)
     j = r.to_json()
     assert set(j) == {"solved", "source", "id", "answer", "attempts", "tokens_spent", "budget"}
@@ -61,7 +61,7 @@ def test_sampled_attempts_follow_greedy_with_recorded_seeds(lib):
 
 def _greedy_or_skip(lib, q: str):
     """The tiny model's greedy answer to `q`, the reference a solve of it will pass (skip when it is empty)."""
-    greedy = sample.attempt(lib.lm, q, 8)
+    greedy = sampling.attempt(lib.lm, q, 8)
     if not greedy.text:
         pytest.skip("the tiny model's greedy answer is empty; the real-model test covers deposit")
     return greedy

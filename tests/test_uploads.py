@@ -21,7 +21,7 @@ from tests.served import attested_store, serve
 httpx = pytest.importorskip("httpx")
 
 from web import uploads  # noqa: E402
-from web.guard import Guard, TokenCheck  # noqa: E402
+from web.guard import AdminToken, Guard  # noqa: E402
 
 TOKEN = "upload-admin-token"
 FACT = "The observatory of Quellmoor was founded by the astronomer Ines Varga in 1902."
@@ -45,7 +45,7 @@ def served(tiny_gemma, tmp_path_factory, folders):
     mp.setenv("GRADIO_TEMP_DIR", str(gradio_dir))
     mp.setattr(tempfile, "tempdir", str(tmp))
     library = attested_store(tmp_path_factory, tiny_gemma, "upload-home", FACT, "Quellmoor")
-    guard = Guard(TOKEN, tokens=TokenCheck(TOKEN, per_address=3, window_s=600))
+    guard = Guard(TOKEN, tokens=AdminToken(TOKEN, per_address=3, window_s=600))
     demo = app.build_app(library, admin_token=TOKEN, guard=guard)
     budget = uploads.UploadBudget(gradio_dir, per_caller=BUDGET, total=TOTAL, floor=0)
     demo.upload_door = uploads.UploadDoor(guard.tokens, budget=budget)
@@ -181,13 +181,13 @@ def test_no_admin_token_configured_refuses_every_upload(tmp_path):
     from starlette.applications import Starlette
     from starlette.testclient import TestClient
 
-    gate = uploads.UploadGate(Starlette(), door=uploads.UploadDoor(TokenCheck("")))
+    gate = uploads.UploadGate(Starlette(), door=uploads.UploadDoor(AdminToken("")))
     with TestClient(gate) as c:
         r = c.post("/gradio_api/upload", files={"files": ("a", b"a")}, headers={"X-Kvgraft-Admin-Token": "anything"})
         assert r.status_code == 403 and r.json()["detail"] == uploads.NO_TOKEN
         r = c.post(uploads.SESSION_PATH, json={"token": "anything"})
         assert r.status_code == 403 and "no admin token is configured" in r.json()["detail"]
-    assert uploads.UploadDoor(TokenCheck("")).sessions.valid(uploads.Sessions("x").issue()[0]) is False
+    assert uploads.UploadDoor(AdminToken("")).sessions.valid(uploads.Sessions("x").issue()[0]) is False
 
 
 def test_a_file_named_by_url_is_refused_before_gradio_would_download_it(served, folders):

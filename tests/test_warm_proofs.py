@@ -30,11 +30,11 @@ def test_warmed_artifacts_answer_first_with_the_state_proof_and_the_same_bytes(l
     d = lib.deposit_text(TEXT)
     cold = lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=3))  # this process's first use: the probe
     assert cold.proof.kind == "probe" and cold.proof.passed
-    lib._probed.clear()  # a new process
+    lib.artifacts.forget_proofs()  # a new process
     report = lib.warm_proofs(8)
     assert (report.proved, report.already, report.skipped, report.quarantined) == (1, 0, 0, ())
     assert "probe-proved 1 artifacts" in report.line()
-    monkeypatch.setattr(lib, "probe_check", lambda *a, **k: pytest.fail("warmed: the answer must not probe"))
+    monkeypatch.setattr(lib.artifacts, "probe", lambda *a, **k: pytest.fail("warmed: the answer must not probe"))
     warm = lib.answer(Q, AnswerOptions(artifact=d.id, max_new_tokens=3))
     assert warm.proof.kind == "state" and warm.proof.passed and warm.proof.state_digest == cold.proof.state_digest
     assert (warm.output_sha256, warm.logits_sha256) == (cold.output_sha256, cold.logits_sha256)
@@ -46,9 +46,9 @@ def test_the_limit_takes_the_newest_and_the_rest_prove_themselves(lib):
     oldest = lib.deposit_text(TEXT)
     lib.deposit_text(OTHER)
     lib.deposit_text(THIRD)
-    lib._probed.clear()
+    lib.artifacts.forget_proofs()
     report = lib.warm_proofs(2)
-    assert report.proved == 2 and lib.store.catalog.get(oldest.id).content_sha256 not in lib._probed
+    assert report.proved == 2 and lib.store.catalog.get(oldest.id).content_sha256 not in lib.artifacts.proven()
     assert lib.answer(Q, AnswerOptions(artifact=oldest.id, max_new_tokens=2)).proof.kind == "probe"
     assert lib.warm_proofs(0).proved == 0 and lib.warm_proofs(0).seconds < 1
 
@@ -56,7 +56,7 @@ def test_the_limit_takes_the_newest_and_the_rest_prove_themselves(lib):
 def test_a_failed_warm_probe_quarantines_and_the_answer_refuses(lib, monkeypatch):
     bad = lib.deposit_text(TEXT)
     good = lib.deposit_text(OTHER)
-    lib._probed.clear()
+    lib.artifacts.forget_proofs()
     tampered = _tampered(graft.restore)
     monkeypatch.setattr(  # the probe restores through proof's own name for it
         proof, "restore", lambda lm, chain: tampered(lm, chain) if chain[-1].key == bad.id else graft_restore(lm, chain)
@@ -74,7 +74,7 @@ def test_quarantined_foreign_and_unprobed_artifacts_are_passed_over_with_the_rea
     q = lib.deposit_text(TEXT)
     foreign = lib.deposit_text(OTHER)
     unprobed = lib.deposit_text(THIRD)
-    lib._probed.clear()
+    lib.artifacts.forget_proofs()
     lib.store.catalog.set_quarantine(q.id, "test: quarantined by hand")
     real_list = lib.store.catalog.list_artifacts
 
@@ -89,7 +89,7 @@ def test_quarantined_foreign_and_unprobed_artifacts_are_passed_over_with_the_rea
         return out
 
     monkeypatch.setattr(lib.store.catalog, "list_artifacts", listed)
-    monkeypatch.setattr(lib, "probe_check", lambda *a, **k: pytest.fail("nothing here may be probed"))
+    monkeypatch.setattr(lib.artifacts, "probe", lambda *a, **k: pytest.fail("nothing here may be probed"))
     report = lib.warm_proofs(8)
     assert (report.proved, report.skipped, report.quarantined) == (0, 3, ())
     assert sorted(report.skipped_why) == sorted(
@@ -100,28 +100,30 @@ def test_quarantined_foreign_and_unprobed_artifacts_are_passed_over_with_the_rea
 def test_an_unreadable_artifact_is_passed_over_not_fatal(lib, monkeypatch):
     d = lib.deposit_text(TEXT)
     ok = lib.deposit_text(OTHER)
-    lib._probed.clear()
-    real = lib.probe_check
+    lib.artifacts.forget_proofs()
+    real = lib.artifacts.probe
 
     def probe(i, **k):
         if i == d.id:
             raise IntegrityError(f"blob of {i} is missing")
         return real(i, **k)
 
-    monkeypatch.setattr(lib, "probe_check", probe)
+    monkeypatch.setattr(lib.artifacts, "probe", probe)
     report = lib.warm_proofs(8)
     assert report.proved == 1 and report.skipped == 1 and "is missing" in report.skipped_why[0]
-    assert lib.store.catalog.get(ok.id).content_sha256 in lib._probed and lib.store.catalog.get(d.id).quarantine is None
+    assert (
+        lib.store.catalog.get(ok.id).content_sha256 in lib.artifacts.proven() and lib.store.catalog.get(d.id).quarantine is None
+    )
 
 
 def test_the_startup_warms_after_its_stages_and_only_when_asked(lib):
     d = lib.deposit_text(TEXT)
-    lib._probed.clear()
+    lib.artifacts.forget_proofs()
     startup.run(lib, startup.Startup(), seed=None)
-    assert not lib._probed  # warm=0: nothing proved ahead
+    assert not lib.artifacts.proven()  # warm=0: nothing proved ahead
     tracker = startup.Startup()
     startup.run(lib, tracker, seed=None, warm=4)
-    assert tracker.ready and lib.store.catalog.get(d.id).content_sha256 in lib._probed
+    assert tracker.ready and lib.store.catalog.get(d.id).content_sha256 in lib.artifacts.proven()
     assert [s.key for s in tracker.snapshot().stages] == ["convert", "load", "seed", "index"]  # not a stage
 
 

@@ -38,7 +38,7 @@ from errors import KvgraftError, VerificationFailed  # noqa: E402  (types, not t
 from services import seed  # noqa: E402
 from services.limits import (  # noqa: E402
     ANON_MAX_NEW_TOKENS,
-    ANON_VERIFY_SAMPLES,
+    ANON_REPORT_SAMPLES,
     decode_together,
     warm_proofs_limit,
 )
@@ -46,21 +46,20 @@ from web import admission as admission_mod  # noqa: E402
 from web import hosting, memory, placeholder, uploads  # noqa: E402  (placeholder: stdlib only)
 from web.dashboard_tab import dashboard_tab  # noqa: E402
 from web.guard import ADMIN_HELP, FairTurns, Guard, address_depth, backend_slots, per_address  # noqa: E402
+from web.handlers import MODEL_WORKERS  # noqa: E402
 from web.handlers import answer_options as _answer_options  # noqa: E402
 from web.handlers import call as _call  # noqa: E402
+from web.handlers import exactness_report as _exactness_report  # noqa: E402
 from web.handlers import model_turn as _model  # noqa: E402
-from web.handlers import upkeep as _upkeep  # noqa: E402
-from web.handlers import verify_samples as _verify_samples  # noqa: E402
+from web.library_tab import library_tab, table_rows  # noqa: E402
 from web.refusal import Refusal, TextGate, quiet_checks, require_text, text_problem  # noqa: E402
 from web.solve_tab import solve_tab  # noqa: E402
 from web.startup import StartingLibrary, Startup, TerminalProgress, model_cache, status_html  # noqa: E402
 from web.startup import start as start_up  # noqa: E402
 from web.views import (  # noqa: E402
-    LIBRARY_HEADERS,
     evidence_html,
     evidence_summary,
     input_problem,
-    library_table,
     shown,
     verify_plot,
     verify_summary,
@@ -72,7 +71,6 @@ log = logging.getLogger("kvgraft.app")
 HERE = Path(__file__).resolve().parents[1]  # the checkout: static/ and datasets/ sit at its root
 STATIC = HERE / "static"
 QUEUE_MAX = 256  # over-quota requests are refused in microseconds, so a deep queue drains fast
-MODEL_WORKERS = 16  # handlers that may wait at once for the model; `FairTurns` runs KVGRAFT_DECODE_TOGETHER at a time
 VERIFIERS = ["exact", "numeric", "sympy", "attested"]
 
 
@@ -295,98 +293,12 @@ def _deposit_tab(library: services.LibraryDoor, token: str, guard: Guard) -> gr.
     return tab
 
 
-# ---- library -------------------------------------------------------------------------------
-
-
-def _table(library: services.LibraryDoor, search: str = "") -> list[list]:
-    require_text(search)
-    return library_table(library.entries(query=(search or "").strip(), limit=500))
-
-
-def _show(library: services.LibraryDoor, ref: str) -> tuple[str, dict]:
-    require_text(ref)
-    ref = (ref or "").strip()
-    if not ref:
-        return "", {}
-    r = _call(library.show, ref).to_json()
-    return r["source"]["text"], {"artifact": r["artifact"], "chain": r["chain"], "verifications": r["verifications"]}
-
-
-def _library_tab(library: services.LibraryDoor, guard: Guard, reads: dict, writable: bool = True) -> tuple[gr.Tab, gr.Dataframe]:
-    export_bundle, import_bundle, delete_artifact = _upkeep(library, guard, lambda: _table(library))
-
-    def pick(evt: gr.SelectData, data):
-        rid = evt.row_value[0] if evt.row_value else ""
-        return (rid, *_show(library, rid))
-
-    with gr.Tab("Library", id="library") as tab:
-        with gr.Row():
-            search = gr.Textbox(placeholder="search titles and text", show_label=False, scale=4)
-            refresh = gr.Button("Search", scale=1)
-        tbl = gr.Dataframe(headers=LIBRARY_HEADERS, interactive=False, wrap=True, elem_id="kv-library")
-        sel = gr.Textbox(label="selected artifact id (click a row, or paste an id or prefix)")
-        with gr.Row():
-            src_text = gr.Textbox(label="deposited text", lines=8)
-            manifest = gr.JSON(label="manifest (row, chain, verifier record)")
-        with gr.Accordion("Export / import / delete", open=False, visible=writable):  # admin only: none on a read-only demo
-            ltok = gr.Textbox(
-                label="admin token (export, import, delete; enter it before choosing a bundle: uploads are the admin's)",
-                type="password",
-                elem_id="kv-library-token",
-            )
-            upload_note = gr.Markdown(elem_id="kv-upload-session")
-            with gr.Row():
-                exp_btn = gr.Button("Export bundle (selected id, or all when empty)")
-                exp_file = gr.File(label="bundle")
-            with gr.Row():
-                imp_file = gr.File(label="bundle to import", type="filepath", elem_id="kv-import-file")
-                imp_btn = gr.Button("Import")
-                del_btn = gr.Button("Delete selected", variant="stop")
-            lout = gr.Markdown(elem_id="kv-library-out")
-        table = lambda search="": _table(library, search)  # noqa: E731
-        refresh.click(table, search, tbl, **reads)
-        search.submit(table, search, tbl, **reads)
-        tab.select(table, search, tbl, **reads)
-        tbl.select(pick, tbl, [sel, src_text, manifest], **reads)
-        sel.submit(lambda ref: _show(library, ref), sel, [src_text, manifest], **reads)
-        admin = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS, "api_visibility": "undocumented"}
-        exp_btn.click(export_bundle, [ltok, sel], [exp_file, lout], api_name="export", **admin)
-        imp_btn.click(import_bundle, [ltok, imp_file], [lout, tbl], api_name="import", **admin)
-        del_btn.click(delete_artifact, [ltok, sel], [lout, tbl], api_name="delete", **admin)
-        for event in (ltok.blur, ltok.submit):  # the token, once entered, opens this browser's upload session
-            event(None, ltok, upload_note, js=UPLOAD_SESSION_JS, api_visibility="private", queue=False)
-    return tab, tbl
-
-
-# The page posts the token to web.uploads' session route, which answers with an HttpOnly cookie that the page's
-# uploads carry; the same value is not sent twice (a wrong one counts as a failed guess of the address).
-UPLOAD_SESSION_JS = f"""async (token) => {{
-  token = (token || "").trim();
-  const w = window;
-  if (token === (w.__kvgraftUploadToken || "")) return w.__kvgraftUploadNote || "";
-  w.__kvgraftUploadToken = token;
-  let note;
-  try {{
-    const base = w.location.pathname.replace(/[^/]*$/, "");
-    const r = await fetch(base + "{uploads.SESSION_PATH.lstrip("/")}", {{
-      method: "POST", headers: {{"Content-Type": "application/json"}}, body: JSON.stringify({{token}}),
-      credentials: "same-origin"}});
-    const j = await r.json().catch(() => ({{}}));
-    note = (r.ok ? "" : "⚠️ ") + (j.detail || ("HTTP " + r.status));
-  }} catch (e) {{
-    note = "⚠️ Could not open an upload session: " + e;
-  }}
-  w.__kvgraftUploadNote = note;
-  return note;
-}}"""
-
-
 # ---- verify --------------------------------------------------------------------------------
 
 
 def _verify_tab(library: services.LibraryDoor, guard: Guard) -> gr.Tab:
     def verify_ui(samples, do_relocate, offset, request: gr.Request, progress=gr.Progress()):
-        rep, relocate = _verify_samples(library, guard, request, samples, offset if do_relocate else None, progress=progress)
+        rep, relocate = _exactness_report(library, guard, request, samples, offset if do_relocate else None, progress=progress)
         return (*verify_summary(rep), verify_plot(rep.rows, relocate))
 
     with gr.Tab("Verify", id="verify") as tab:
@@ -396,7 +308,7 @@ def _verify_tab(library: services.LibraryDoor, guard: Guard) -> gr.Tab:
             "the approximate tier, measured."
         )
         with gr.Row():
-            vn = gr.Slider(1, ANON_VERIFY_SAMPLES, ANON_VERIFY_SAMPLES, step=1, label="samples")
+            vn = gr.Slider(1, ANON_REPORT_SAMPLES, ANON_REPORT_SAMPLES, step=1, label="samples")
             vrel = gr.Checkbox(False, label="relocate")
             voff = gr.Number(64, precision=0, minimum=0, label="offset")
             vbtn = gr.Button("Run", variant="primary")
@@ -470,7 +382,7 @@ def _apis(library: services.LibraryDoor, guard: Guard) -> None:
         """N-sample exactness check (<= 5 samples without the admin token); with `relocate` the relocation
         experiment at that offset (approximate tier), within the model's context."""
         require_text(admin_token)
-        rep, _ = _verify_samples(library, guard, request, samples, relocate, admin_token)
+        rep, _ = _exactness_report(library, guard, request, samples, relocate, admin_token)
         return json.loads(json.dumps(rep.to_json(every_field=False), default=str))
 
     model = {"concurrency_id": "model", "concurrency_limit": MODEL_WORKERS}
@@ -531,14 +443,14 @@ def build_app(
         tabs = [chat_tab]
         if not read_only:
             tabs.append(_deposit_tab(gated, token, guard))
-        lib_tab, tbl = _library_tab(gated, guard, reads, writable=not read_only)
+        lib_tab, tbl = library_tab(gated, guard, reads, writable=not read_only)
         ver_tab = _verify_tab(gated, guard)
         sol_tab = solve_tab(gated, guard, HERE / "datasets" / "problems.jsonl")
         dashboard_tab(gated, [*tabs, lib_tab, ver_tab, sol_tab], reads)
         _apis(gated, guard)
         status_timer.tick(status_line, None, [status_md, status_timer], show_progress="hidden", **reads)
         demo.load(status_line, None, [status_md, status_timer], **reads)
-        demo.load(lambda: _table(library), None, tbl, **reads)
+        demo.load(lambda: table_rows(library), None, tbl, **reads)
 
     quiet_checks(demo)  # a value Gradio's own checks refuse is one log line, not a traceback
     demo.queue(default_concurrency_limit=MODEL_WORKERS, max_size=QUEUE_MAX)

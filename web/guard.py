@@ -1,6 +1,6 @@
 """Who may do what on the web app, and how much of the model one client may hold.
 
-`TokenCheck` checks the admin token (constant-time) with a lockout, doubling, of the address that sends
+`AdminToken` checks the admin token (constant-time) with a lockout, doubling, of the address that sends
 a burst of wrong ones; `FairTurns` hands the model's slots out in turns (round robin over addresses, then
 sessions): at most one request in flight per session, a few per address, and fewer model slots per address
 than there are slots. It knows nothing about the store, the model or Gradio's widgets; app.py's handlers call
@@ -68,7 +68,7 @@ class _Strikes:
     strikes: int = 0  # lockouts so far (each doubles the next)
 
 
-class TokenCheck:
+class AdminToken:
     """The admin token check. After `per_address` failed tokens from one address within `window_s`, every
     token from that address (right or wrong) is refused for `lockout_s`, doubled at each further lockout up
     to `max_lockout_s`; an address quiet for `max_lockout_s` after its lockout starts afresh. Nothing is
@@ -302,9 +302,9 @@ def backend_slots() -> int:
 class Guard:
     """The admin-token check and the fair turns of one app, called by each handler with its Gradio request."""
 
-    def __init__(self, token: str, tokens: TokenCheck | None = None, turns: FairTurns | None = None):
+    def __init__(self, token: str, tokens: AdminToken | None = None, turns: FairTurns | None = None):
         """The per-address bounds default to KVGRAFT_PER_ADDRESS and KVGRAFT_ADDRESS_DEPTH."""
-        self.tokens = tokens or TokenCheck(token)
+        self.tokens = tokens or AdminToken(token)
         self.turns = turns or FairTurns(per_address=per_address(), depth=address_depth())
 
     def client(self, request) -> Client:

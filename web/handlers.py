@@ -1,4 +1,4 @@
-"""The web app's handlers' glue to `web.guard`: the bounds of one answer or verify by who asks, the fair
+"""The web app's handlers' glue to `web.guard`: the bounds of one answer or exactness report by who asks, the fair
 model turn, and the Library tab's admin handlers (export, import, delete).
 
 Each handler checks the admin token itself (Gradio's API visibility is not access control), then holds
@@ -22,17 +22,18 @@ import services
 from errors import InvalidInput, KvgraftError
 from services.limits import (
     ANON_MAX_NEW_TOKENS,
-    ANON_VERIFY_SAMPLES,
+    ANON_REPORT_SAMPLES,
     MAX_NEW_TOKENS,
-    MAX_VERIFY_SAMPLES,
+    MAX_REPORT_SAMPLES,
     anon_prompt_tokens,
-    verify_bounds,
+    report_bounds,
     whole,
 )
 from web.guard import Guard, Refused
 from web.refusal import Refusal, require_text
 
 EXPORT_TTL_S = 600.0  # our own export file is removed this long after the handler returned it
+MODEL_WORKERS = 16  # handlers that may wait at once for the model; `FairTurns` runs KVGRAFT_DECODE_TOGETHER at a time
 
 
 def call(fn: Callable, *args, **kwargs):
@@ -99,22 +100,22 @@ def answer_options(guard: Guard, request, k, graft, max_new, check, compare, adm
     )
 
 
-def verify_samples(library: services.LibraryDoor, guard: Guard, request, samples, relocate, admin_token=None, progress=None):
-    """The N-sample report within this caller's bounds. Without the admin token: at most ANON_VERIFY_SAMPLES
-    samples of artifacts whose chain holds at most ANON_VERIFY_TOKENS tokens, ANON_VERIFY_STEPS greedy steps
+def exactness_report(library: services.LibraryDoor, guard: Guard, request, samples, relocate, admin_token=None, progress=None):
+    """The N-sample report within this caller's bounds. Without the admin token: at most ANON_REPORT_SAMPLES
+    samples of artifacts whose chain holds at most ANON_REPORT_TOKENS tokens, ANON_REPORT_STEPS greedy steps
     each and no monolithic comparison, so one sample costs about one default chat. A relocate offset stays
     inside the model's context. Every sample is its own model turn: between samples the model goes to the
     next waiting client in the turn order."""
     require_text(admin_token)
     admin = call(guard.is_admin, admin_token, request)
-    top = MAX_VERIFY_SAMPLES if admin else ANON_VERIFY_SAMPLES
+    top = MAX_REPORT_SAMPLES if admin else ANON_REPORT_SAMPLES
     try:
         n = whole("samples", samples, 1, top)
         offset = None if relocate is None else whole("relocate offset", relocate, 0, library.lm.info.max_positions - 1)
     except KvgraftError as exc:
-        more = " (more with the admin token)" if top < MAX_VERIFY_SAMPLES else ""
+        more = " (more with the admin token)" if top < MAX_REPORT_SAMPLES else ""
         raise Refusal(f"{exc}{more}") from None
-    bounds = verify_bounds(admin)
+    bounds = report_bounds(admin)
     with model_turn(guard, request) as turn:
 
         def step(fraction: float, message: str) -> None:
@@ -122,7 +123,7 @@ def verify_samples(library: services.LibraryDoor, guard: Guard, request, samples
                 progress(fraction, desc=message)
             turn.pause()
 
-        return library.verify_samples(n, relocate=offset, on_progress=step, **bounds), offset
+        return library.exactness_report(n, relocate=offset, on_progress=step, **bounds), offset
 
 
 def upkeep(library: services.LibraryDoor, guard: Guard, table: Callable[[], list[list]]):

@@ -21,7 +21,7 @@ from pathlib import Path
 import errors
 from errors import KvgraftError
 from services.door import DEFAULT_ANSWER, AnswerOptions, Progress
-from services.results import AnswerResult, Deposited, LibraryEntry, ShowReport, VerifyReport
+from services.results import AnswerResult, Deposited, ExactnessReport, LibraryEntry, ShowReport
 from serving.client import BackendRefused, Client
 from web.startup import Stage, Startup
 
@@ -213,7 +213,7 @@ class RemoteLibrary:
         body |= {"reference": reference, "parent": parent, "title": title}
         return self._call(self._admin if admin else self._anon, "POST", "/deposit", body, Deposited.from_json)
 
-    def verify_samples(
+    def exactness_report(
         self,
         samples: int = 10,
         relocate: int | None = None,
@@ -222,12 +222,12 @@ class RemoteLibrary:
         decode_steps: int = 4,
         monolithic: bool = True,
         max_tokens: int | None = None,
-    ) -> VerifyReport:
-        """POST /verify. A `max_tokens` bound (the app's anonymous limits, services.limits.verify_bounds) means
+    ) -> ExactnessReport:
+        """POST /verify. A `max_tokens` bound (the app's anonymous limits, services.limits.report_bounds) means
         an anonymous caller: no admin token is sent, so the deployment applies its own anonymous bounds too."""
         client = self._anon if max_tokens is not None else self._admin
         body = {"samples": samples, "relocate": relocate, "seed": seed}
-        return self._call(client, "POST", "/verify", body, VerifyReport.from_json)
+        return self._call(client, "POST", "/verify", body, ExactnessReport.from_json)
 
     def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
         q = urllib.parse.urlencode({"query": query, "limit": limit, "offset": offset} | ({"kind": kind} if kind else {}))

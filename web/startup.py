@@ -34,12 +34,12 @@ if TYPE_CHECKING:
         AnswerResult,
         DeleteReport,
         Deposited,
+        ExactnessReport,
         Flywheel,
         LibraryEntry,
         ShowReport,
         Solved,
         StoreStats,
-        VerifyReport,
         WarmReport,
     )
     from services.store import Store
@@ -437,7 +437,7 @@ class StartingLibrary:
     ) -> Deposited:
         return self._ready().deposit_item(question, solution, answer, verifier, reference, parent, title, admin, on_progress)
 
-    def verify_samples(
+    def exactness_report(
         self,
         samples: int = 10,
         relocate: int | None = None,
@@ -446,8 +446,8 @@ class StartingLibrary:
         decode_steps: int = 4,
         monolithic: bool = True,
         max_tokens: int | None = None,
-    ) -> VerifyReport:
-        return self._ready().verify_samples(samples, relocate, seed, on_progress, decode_steps, monolithic, max_tokens)
+    ) -> ExactnessReport:
+        return self._ready().exactness_report(samples, relocate, seed, on_progress, decode_steps, monolithic, max_tokens)
 
     def solve(
         self,

@@ -6,7 +6,7 @@ before a byte of its body is read; everything else is refused at the edge with o
 `X-Kvgraft-Admin-Token` header (scripts, gradio_client) or by an upload session: the token, posted once to
 `/kvgraft/admin-session` (the Library tab does it when the token box loses focus), becomes an HMAC-signed,
 expiring, HttpOnly, SameSite=Strict cookie that the page's own uploads carry. Both go through the app's
-`TokenCheck` (a wrong token counts as a failed guess of that address). With no admin token configured every
+`AdminToken` (a wrong token counts as a failed guess of that address). With no admin token configured every
 upload is refused. An accepted upload is counted while it streams against `UploadBudget`: a per-caller and a
 total budget of bytes held in the upload folder, and a floor of free disk below which nothing more is
 written; past any of them the body is cut off, the partial file removed (Gradio's own parser cleanup,
@@ -34,7 +34,7 @@ from pathlib import Path
 from starlette.formparsers import MultiPartException
 
 import settings
-from web.guard import Client, Refused, TokenCheck, lockout_key
+from web.guard import AdminToken, Client, Refused, lockout_key
 
 log = logging.getLogger("kvgraft.refused")
 
@@ -249,7 +249,7 @@ class UploadDoor:
     """What the gate needs from the app: the token check (with its lockout), the sessions and the budget
     (made on first use: Gradio's upload folder is known once its app exists)."""
 
-    def __init__(self, tokens: TokenCheck, budget: UploadBudget | None = None, folder: Path | None = None):
+    def __init__(self, tokens: AdminToken, budget: UploadBudget | None = None, folder: Path | None = None):
         self.tokens = tokens
         self.sessions = Sessions(tokens.token)
         self._budget, self._folder = budget, folder
@@ -311,13 +311,13 @@ def _refused(message: str) -> None:
 
 class UploadGate:
     """ASGI middleware: the upload door. An upload from anyone but the admin is answered 403 (401 for a
-    refused token, with the `TokenCheck`'s message) before its body is read; the admin's is counted against
+    refused token, with the `AdminToken`'s message) before its body is read; the admin's is counted against
     the `UploadBudget` while it streams. `SESSION_PATH` opens (POST {"token": ...}) or ends (an empty token)
     an upload session. Every other request passes untouched."""
 
     def __init__(self, app, door: UploadDoor | None = None, secure: bool = False, clock: Callable[[], float] = time.time):
         self.app, self.secure, self._clock = app, secure, clock
-        self.door = door or UploadDoor(TokenCheck(""))
+        self.door = door or UploadDoor(AdminToken(""))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

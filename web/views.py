@@ -210,7 +210,7 @@ def library_table(entries: list[services.LibraryEntry]) -> list[list]:
     ]
 
 
-def verify_summary(rep: services.VerifyReport) -> tuple[str, list[list]]:
+def verify_summary(rep: services.ExactnessReport) -> tuple[str, list[list]]:
     """The Verify tab's summary line (HTML) and table rows for one report."""
     relocate = rep.relocate
     tier = f"relocated to offset {relocate} (approximate tier)" if relocate is not None else "own position (exact tier)"
@@ -321,7 +321,7 @@ def store_plot(store_tokens: int, window: int) -> Figure:
     return fig
 
 
-def verify_plot(rows: tuple[services.VerifySample, ...], relocate: int | None) -> Figure:
+def verify_plot(rows: tuple[services.ExactnessSample, ...], relocate: int | None) -> Figure:
     fig, ax = figure()
     if not rows:
         ax.set_axis_off()

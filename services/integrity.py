@@ -1,7 +1,8 @@
-"""Checks of a store against itself and against recomputation: rebuild-and-compare and fsck.
+"""fsck: a store checked against itself (catalog rows against blobs and their hashes, the index, quarantine,
+and with `deep` every probe), and with `repair` what can be repaired safely.
 
-Each function takes a `Library` and returns a frozen report with `to_json()`; it formats
-nothing. Blob files are hashed through the library's blob store (`BlobStore.actual_sha256`).
+Takes a `Library` and returns a frozen report with `to_json()`; it formats nothing. Blob files are hashed
+through the store's blob store (`BlobStore.actual_sha256`).
 """
 
 from __future__ import annotations
@@ -12,76 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from db.blobs import sha256_bytes
-from errors import IncompatibleArtifact, IntegrityError, KvgraftError
+from errors import IntegrityError, KvgraftError
 
 if TYPE_CHECKING:
     from .library import Library
 
 ORPHAN_GRACE_S = 60.0  # an orphan or partial younger than this may be a deposit in flight
-
-
-# ---- rebuild --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RebuildReport:
-    id: str
-    equal: bool  # rebuilt bytes equal the catalog's content hash
-    stored_sha256: str  # what the catalog says
-    blob_sha256: str | None  # what the file on disk hashes to (None: missing)
-    rebuilt_sha256: str
-    rebuilt_id: str
-    bytes: int
-    prefill_s: float
-    probe_ok: bool | None = None  # the stored artifact's probe check on its restored state (None: no blob)
-    probe_detail: str = ""  # why the probe failed (the artifact is then quarantined)
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-def rebuild_compare(lib: Library, artifact_id: str) -> RebuildReport:
-    """Recompute the artifact from its source text on this machine and compare bytes with the stored blob."""
-    from graft_core import codec  # the engine loads here, not with the web page
-    from graft_core.artifact import text_sha256
-    from graft_core.capture import capture
-
-    row = lib.store.catalog.get(artifact_id)
-    lm = lib.lm
-    if row.model_fingerprint != lm.fingerprint:
-        raise IncompatibleArtifact(
-            f"artifact {row.id} was made by model {row.model_fingerprint[:16]}, this model is {lm.fingerprint[:16]}; "
-            "rebuild it with the model that made it (--model)"
-        )
-    text = lib.store.catalog.source(row.id).text
-    token_ids = lm.tokenizer(text, add_special_tokens=row.parent_id is None)["input_ids"]
-    with lib.store.lock:
-        parents = lib.load_chain(row.parent_id)[0] if row.parent_id else []
-        art, stats = capture(lm, token_ids, parents=parents, text_sha256=text_sha256(text))
-    data = codec.dumps(art)
-    blob_sha = lib.store.blobs.actual_sha256(row.content_sha256)
-    rebuilt = sha256_bytes(data)
-    why = lib.probe_check(row.id, force=True) if blob_sha == row.content_sha256 else "the stored blob is missing or corrupt"
-    probe_ok = why is None
-    same = probe_ok and rebuilt == row.content_sha256 and blob_sha == row.content_sha256 and art.key == row.id
-    if same and row.quarantine:  # recomputed from its tokens to the stored bytes: proven, release it
-        lib.store.catalog.set_quarantine(row.id, None)
-    return RebuildReport(
-        id=row.id,
-        probe_ok=probe_ok,
-        probe_detail=why or "",
-        equal=same,
-        stored_sha256=row.content_sha256,
-        blob_sha256=blob_sha,
-        rebuilt_sha256=rebuilt,
-        rebuilt_id=art.key,
-        bytes=len(data),
-        prefill_s=stats.prefill_s,
-    )
-
-
-# ---- fsck -----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -140,7 +77,7 @@ class FsckReport:
     repaired: Repaired
     consistent: bool  # nothing damaged: every row's blob there and intact, nothing quarantined, the index sound
     advice: tuple[str, ...]
-    quarantined: tuple[Quarantined, ...] = ()  # never grafted until rebuilt (rebuild --verify) or deleted
+    quarantined: tuple[Quarantined, ...] = ()  # never grafted until rebuilt (rebuild --compare) or deleted
     probes_checked: int = 0  # with --deep: artifacts restored and probe-checked now
 
     def to_json(self) -> dict:
@@ -202,7 +139,7 @@ def _deep(lib: Library, rows: list, bad: set[str]) -> int:
         if r.content_sha256 in bad or r.quarantine:
             continue
         try:
-            lib.probe_check(r.id, force=True)
+            lib.probe(r.id, force=True)
         except KvgraftError:  # a parent that is missing, corrupt or quarantined: reported on its own row
             continue
         n += 1
@@ -255,7 +192,7 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S, de
     if missing or corrupt:
         advice.append(
             "blobs referenced by the catalog are missing or corrupt: restore them with `cli.py import BUNDLE` from a bundle "
-            "that holds them, or check what a recompute gives with `cli.py rebuild --verify ID`"
+            "that holds them, or check what a recompute gives with `cli.py rebuild --compare ID`"
         )
     if (left_orphans or left_partials) and not repair:
         advice.append(
@@ -274,7 +211,7 @@ def fsck(lib: Library, repair: bool = False, grace_s: float = ORPHAN_GRACE_S, de
         advice.append("run `cli.py fsck --repair` to rebuild the index from the catalog")
     if quarantined:
         advice.append(
-            "quarantined artifacts are never grafted: run `cli.py rebuild --verify ID` to check a recompute "
+            "quarantined artifacts are never grafted: run `cli.py rebuild --compare ID` to check a recompute "
             "(it releases an artifact whose probe passes again) or `cli.py delete ID`"
         )
     damaged_index = index.status not in ("ok", *CACHE_STATES) and not rebuilt

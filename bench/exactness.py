@@ -2,7 +2,7 @@
 deposit gate (acceptance rate and the gate's cost per deposit: seconds and tokens), then the N-sample
 exactness report at own position and relocated, exactly as `cli.py verify --json` prints them.
 
-Run from the repository root: `.venv/bin/python -m bench.samples [HOME]` (or `make bench-verify`); a HOME
+Run from the repository root: `.venv/bin/python -m bench.exactness [HOME]` (or `make bench-verify`); a HOME
 that already holds the seeded store is reused (no second seeding). Writes
 docs/bench/gate.json, docs/bench/verify.json (`verify --samples 50`), docs/bench/relocate.json
 (`verify --samples 10 --relocate 1000`) and docs/bench/relocate0.json (`--relocate 0`, which must be
@@ -64,7 +64,7 @@ def seed(lib: services.Library) -> dict:
         lib.deposit_text(text, title=title, attested_by="kvgraft built-in library", admin=True)
     ok = [r for r in rows if r["accepted"]]
     return {
-        "command": "python -m bench.samples",
+        "command": "python -m bench.exactness",
         "store": STORE,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "offered": len(rows),
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
         _write("gate.json", seed(lib))
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     for name, samples, relocate in (("relocate0.json", 10, 0), ("relocate.json", 10, 1000), ("verify.json", 50, None)):
-        rep = lib.verify_samples(samples, relocate=relocate)
+        rep = lib.exactness_report(samples, relocate=relocate)
         flag = "" if relocate is None else f" --relocate {relocate}"
         head = {"command": f"python cli.py verify --samples {samples}{flag} --json", "store": STORE, "date": date}
         _write(name, head | rep.to_json())
