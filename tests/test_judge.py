@@ -162,3 +162,26 @@ def test_a_last_line_that_is_one_of_listed_options_asserts_nothing():
     assert judge("A) 12\nB) 13\nThe answer is 16.", "numeric", "16").ok  # the answer sentence is read first
     assert judge("(A) 12\n(B) 16\n#### 16", "numeric", "16").ok
     assert not judge("Options:\n(A) 12\n(B) 16", "numeric", "16").ok
+
+
+SUPPOSED = (
+    "Let's say Grandma walked 50 minutes on the beach. Let's say that Grandma walked the same amount of time on the "
+    "sidewalk on the beach. Since Grandma walks on the beach more times than she does on the sidewalk, Grandma takes "
+    "40 minutes more on the beach than she would on the sidewalk."
+)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [SUPPOSED, "Suppose she walks 50 minutes on the beach.", "Assuming 50 minutes, the rest is 40.", "Let us take 50 minutes."],
+)
+def test_a_supposed_value_is_not_a_claim(answer):
+    """Written on the recurring attempt kvgraft-judge/2 accepted for gsm0017-original-qa (seed 353, a development
+    item): 'Let's say ... 50 minutes' sets 50 up as a supposition, then reasons to something else."""
+    v = judge(answer, "numeric", "50", "How many minutes does she spend walking on the beach?")
+    assert not v.ok, v.detail
+
+
+def test_a_stated_value_beside_the_supposition_words_elsewhere_is_still_read():
+    assert judge("She walks 50 minutes on the beach.", "numeric", "50", "How many minutes on the beach?").ok
+    assert judge("Assume nothing.\nThe answer is 50.", "numeric", "50").ok

@@ -49,7 +49,8 @@ Reading rules, the same for every kind:
   'isn't', 'was never') or 'is wrong / incorrect / false'. 'plain saffron with no emblem': 'no' comes after the
   value and negates 'emblem'. 'saffron, not crimson': the negation opens another clause and denies crimson.
 - Hedge. A mention is hedged when its sentence says probably, perhaps, maybe, possibly, likely, presumably,
-  apparently, might, 'may be', 'could be', 'I think', 'I believe', 'I guess', 'not sure', 'some say' or 'seems';
+  apparently, might, 'may be', 'could be', 'I think', 'I believe', 'I guess', 'not sure', 'some say' or 'seems',
+  or sets the value up as a supposition ('let's say', 'let us', suppose, assume, assuming, hypothetically);
   a number is hedged by an approximator beside it (about, around, approximately, roughly, nearly, almost,
   circa, ~, ≈, 'or so'). Policy: 'about 42' is refused even against a reference with a tolerance: it asserts
   no value the verifier can check. A range ('40-50', 'between 40 and 50', '40 to 50') is refused the same way.

@@ -41,7 +41,7 @@ from verifiers import claims
 from verifiers.judges import VERIFIERS
 from verifiers.verdict import FIELD_BOUNDS, Verdict, _q
 
-JUDGE = "kvgraft-judge/3"  # /1: the claim reader beside whole-answer checks; /2: one judge; /3: rule 4d (options)
+JUDGE = "kvgraft-judge/3"  # /1: the claim reader beside whole-answer checks; /2: one judge; /3: rule 4d (options), suppositions
 KINDS = tuple(sorted(VERIFIERS))
 
 _ANNOTATION = re.compile(r"<<[^<>\n]{0,200}>>")

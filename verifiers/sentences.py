@@ -41,7 +41,8 @@ _AUXILIARY = frozenset("is was are were be been being does did do has have had c
 _DENIAL_AFTER = frozenset("wrong incorrect false mistaken untrue".split())
 HEDGES = frozenset(
     "probably perhaps maybe possibly likely unlikely presumably apparently supposedly reportedly allegedly "
-    "might seems seem seemingly unsure uncertain guess".split()
+    "might seems seem seemingly unsure uncertain guess "
+    "suppose supposing assume assuming hypothetically".split()  # a supposition sets a value up, it does not claim it
 )
 _HEDGE_PAIRS = frozenset(
     {
@@ -54,6 +55,9 @@ _HEDGE_PAIRS = frozenset(
         ("some", "say"),
         ("some", "sources"),
         ("it", "appears"),
+        ("let's", "say"),
+        ("lets", "say"),
+        ("let", "us"),
     }
 )
 APPROXIMATORS = frozenset("about around approximately roughly nearly almost circa approx ca".split())
