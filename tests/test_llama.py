@@ -398,6 +398,59 @@ def test_the_packaged_smollm2_file_is_hash_checked_and_named_when_missing(monkey
     )
 
 
+def _llama_cpp_permute(w, heads: int):
+    """llama.cpp's convert_hf_to_gguf permutation of a Llama q or k weight (each head's rotary halves interleaved)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def test_a_llama_gguf_is_read_in_hugging_faces_row_order(shape_dirs, tmp_path):
+    """A tiny Llama (GQA, tied) written as llama.cpp writes it: Q8_0 blocks by gguf-py's quantize, q and k rows
+    permuted. Read by `packaged.fill` (the rows put back), its weights hash and its logits are, byte for byte,
+    those of the same model with the float32 weights the blocks stand for, loaded from a folder."""
+    import gguf
+    import numpy as np
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graft_core import packaged
+
+    src = shape_dirs["llama3"]
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    cfg = ref.config
+    path = tmp_path / "tiny-llama.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    with torch.no_grad():
+        for pname, gname in packaged._gguf_names(ref).items():
+            p = dict(ref.named_parameters())[pname]
+            t = p.detach().numpy().astype(np.float32)
+            if t.ndim != 2:
+                w.add_tensor(gname, t)
+                continue
+            blocks = gguf.quants.quantize(t, q8)
+            p.copy_(torch.from_numpy(gguf.quants.dequantize(blocks, q8).astype(np.float32).reshape(t.shape)))
+            heads = {".attn_q.": cfg.num_attention_heads, ".attn_k.": cfg.num_key_value_heads}
+            n = next((h for key, h in heads.items() if key in gname), 0)
+            w.add_tensor(gname, _llama_cpp_permute(blocks, n) if n else blocks, raw_dtype=q8)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    folder = tmp_path / "expanded"
+    ref.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(src).save_pretrained(folder)
+    want = model.load(str(folder))
+    m = packaged.skeleton(cfg, numerics.NAME)
+    blocks = packaged.fill(m, path)
+    taken = fma16.take_over(m, blocks)
+    packaged.take_embedding(m, blocks, taken.isa)
+    numerics.take_over(m, taken.isa)
+    assert taken.over_blocks == taken.products == 22  # every product over the blocks, the tied head too
+    assert packaged.weights_sha256(m, blocks, taken.isa) == want.info.weights_sha256
+    ids = list(range(5, 30))
+    got = forward_chunk(m, new_cache(m), ids, 0, all_logits=True)
+    assert torch.equal(got, forward_chunk(want.model, new_cache(want.model), ids, 0, all_logits=True))
+
+
 def test_a_relocated_graft_is_labelled_and_close(shapes):
     """The relocated tier (keys re-rotated by the model's one rotary table) runs on the Llama family too."""
     lm = shapes["llama3"]
