@@ -19,8 +19,9 @@ What is left to ATen is elementwise float32 arithmetic (adds, products, negation
 embedding lookup): one correctly rounded IEEE-754 operation per element on every CPU and vector width.
 
 It knows the module layout of transformers' Gemma 3 and Llama family (Llama, Mistral, Qwen2: their rotary,
-RMSNorm, activation and attention modules) and nothing about artifacts or caches; anything else is outside it (`why_not` says what it lacks): graft_core.model refuses to load one with `outside`'s
-line unless KVGRAFT_MACHINE_BOUND opts into torch's attention and a record bound to the machine class.
+RMSNorm, activation and attention modules) and nothing about artifacts or caches; anything else is outside
+it (`why_not` says what it lacks): graft_core.model refuses to load one with `outside`'s line unless
+KVGRAFT_MACHINE_BOUND opts into torch's attention and a record bound to the machine class.
 """
 
 from __future__ import annotations

@@ -208,6 +208,13 @@ def test_lean_steps_and_prompts_are_the_rows_of_forward_chunk(shapes, name):
     _step_both_ways(lm, stepper, [9, 4], steps=6, restored=True)  # restored rows read in place, never written
     same, b = _prefill_both_ways(lm, [5, 9, 3, 12], [16, 1, 40, 7])
     assert same and b.passes_run == 1
+    # first prompts into empty caches (the stepper writes only caches that hold rows): each item's own forward
+    prompts = [list(range(3, 3 + n)) for n in (16, 13, 1)]
+    alone, together = [new_cache(lm.model) for _ in prompts], [new_cache(lm.model) for _ in prompts]
+    rows_a = [forward_chunk(lm.model, c, p, 0)[-1] for c, p in zip(alone, prompts)]
+    rows_t = b.prefill([(c, p, 0) for c, p in zip(together, prompts)])
+    assert all(torch.equal(x, y) for x, y in zip(rows_a, rows_t))
+    assert all(layers.state_digest(x) == layers.state_digest(y) for x, y in zip(alone, together))
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
