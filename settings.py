@@ -158,7 +158,7 @@ _DECLARED = (
         "KVGRAFT_MODEL",
         "text",
         None,
-        "a Hugging Face causal LM folder or hub id, or a Gemma 3 .gguf file",
+        "a Hugging Face causal LM folder or hub id, a Gemma 3 or Llama-family .gguf file, or packaged:smollm2-135m-instruct",
         shown="packaged Gemma 3 270M",
     ),
     Setting(

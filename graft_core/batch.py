@@ -19,8 +19,10 @@ another through the plain forward). The rows it returns are therefore the rows
 `forward.forward_chunk(model, cache, [token], pos)` returns for each session alone; tests/test_batch.py
 checks it on the tiny and the real model, rows and caches.
 
-Gemma 3 text models only (`Gemma3ForCausalLM`): the layer structure below is theirs; other models get
-`supported() == False` and step one by one. A Gemma 3 off the numerical definition (machine-bound: torch's
+Gemma 3 text models (`Gemma3ForCausalLM`): the layer structure below is theirs. The Llama family (Llama,
+Mistral, Qwen2) under the numerical definition: its passes are the stepper's one C call (graft_core.step), or
+where that does not take them (a first prefill on an empty cache) each item's own forward. Other models,
+and the Llama family off the definition, get `supported() == False` and step one by one. A Gemma 3 off the numerical definition (machine-bound: torch's
 attention, norms or products) takes a width only where whole passes measured at build give each session's
 own bytes (`Batcher._measure`, as under torch's products); there the product checks alone do not decide it.
 
@@ -45,6 +47,7 @@ import torch.nn.functional as F
 
 from .products import seeded_rows
 
+LLAMA_CLASSES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")  # under the definition only
 WIDTHS = (4, 8)  # padded column counts checked at build; the smallest checked one that fits is used
 
 
@@ -159,7 +162,7 @@ class Batcher:
         # row; off it (the machine-bound path) the products are checked below and whole passes are measured.
         self.defined = bool(getattr(model, "kvgraft_definition", ""))
         if not self.supported():
-            self.why = f"{type(model).__name__} is not a Gemma 3 text model"
+            self.why = f"{type(model).__name__} is not a Gemma 3 text model, nor a Llama-family one under the definition"
             return
         self.fma16 = _fma16_products(model)
         if self.fma16 and self.defined:  # fma16 reads its own copy of every weight (GGUF blocks or float32)
@@ -284,7 +287,11 @@ class Batcher:
         return f"together, up to {self.most} sessions a pass, {prompts} (whole passes measured equal to alone here)"
 
     def supported(self) -> bool:
+        """Gemma 3 text models (the passes below are their layer structure), and under the numerical definition
+        the Llama family too: there every pass is the stepper's C call, or each item's own forward."""
         m = self.model
+        if self.defined and type(m).__name__ in LLAMA_CLASSES:
+            return True
         return (
             type(m).__name__ == "Gemma3ForCausalLM"
             and getattr(m.config, "final_logit_softcapping", None) is None
@@ -427,6 +434,10 @@ class Batcher:
         rows = self._lean(items)
         if rows is not None:
             return rows
+        if type(self.model).__name__ != "Gemma3ForCausalLM":  # the Llama family, under the definition: each item's
+            from .forward import forward_chunk  # own forward (what the stepper's rows are checked against)
+
+            return [forward_chunk(self.model, cache, list(ids), start)[-1] for cache, ids, start in items]
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         m, lm = self.model.model, self.model

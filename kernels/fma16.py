@@ -259,11 +259,13 @@ def _declare_rest(handle) -> None:
         c_int,
     ]
     handle.kv_rmsnorm.argtypes = [ptr, i64, i64, ptr, c_float, ptr, c_int]
+    handle.kv_rmsnorm_mul.argtypes = [ptr, i64, i64, ptr, c_float, ptr, c_int]  # the Llama family's (no + 1)
     handle.kv_gelu_tanh.argtypes = [ptr, i64, ptr, c_int]
+    handle.kv_silu.argtypes = [ptr, i64, ptr, c_int]
     handle.kv_layernorm.argtypes = [ptr, i64, i64, ptr, ptr, c_float, ptr, c_int]  # the retrieval embedder's
     handle.kv_gelu_erf.argtypes = [ptr, i64, ptr, c_int]
     handle.kv_rotary.argtypes = [ptr, i64, ptr, i64, c_float, ptr, ptr]
-    for f in ("kv_expf", "kv_expf_neg_ref", "kv_gelu_one", "kv_gelu_ref", "kv_gelu_erf_one"):
+    for f in ("kv_expf", "kv_expf_neg_ref", "kv_gelu_one", "kv_gelu_ref", "kv_gelu_erf_one", "kv_silu_one", "kv_silu_ref"):
         getattr(handle, f).argtypes, getattr(handle, f).restype = [c_float], c_float
 
 

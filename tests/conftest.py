@@ -73,7 +73,9 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     from graft_core import tiny
 
     root = tmp_path_factory.mktemp("tiny-models")
-    return {kind: tiny.build(kind, root / kind) for kind in ("gemma3", "llama")}
+    dirs = {kind: tiny.build(kind, root / kind) for kind in ("gemma3", "llama")}
+    dirs["outside"] = tiny.build("llama", root / "outside", hidden_act="gelu")  # a Llama the definition does not cover
+    return dirs
 
 
 @pytest.fixture(scope="session")
@@ -95,11 +97,19 @@ def tiny_gemma_torch(tiny_dirs):
 
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_dirs):
-    """The tiny Llama: outside the numerical definition, so loaded on the machine-bound path it opts into
-    (KVGRAFT_MACHINE_BOUND; without it the load is refused, tests/test_machine_bound.py)."""
+    """The tiny Llama (GQA, untied embeddings): another model under the numerical definition (tests/test_llama.py)."""
     from graft_core import model
 
-    return model.load(str(tiny_dirs["llama"]), machine_bound=True)
+    return model.load(str(tiny_dirs["llama"]))
+
+
+@pytest.fixture(scope="session")
+def tiny_outside(tiny_dirs):
+    """A tiny Llama with the exact GELU: outside the numerical definition, so loaded on the machine-bound path it
+    opts into (KVGRAFT_MACHINE_BOUND; without it the load is refused, tests/test_machine_bound.py)."""
+    from graft_core import model
+
+    return model.load(str(tiny_dirs["outside"]), machine_bound=True)
 
 
 @pytest.fixture(scope="session")

@@ -161,10 +161,10 @@ def test_stacked_prompts_whose_rows_differ_run_alone_and_steps_still_batch(tiny_
     assert same and 5 not in passes  # no pass took steps and prompts together
 
 
-def test_models_other_than_gemma3_step_one_by_one(tiny_llama):
-    b = batch.Batcher(tiny_llama.model)
+def test_models_outside_gemma3_and_the_defined_llama_family_step_one_by_one(tiny_outside):
+    b = batch.Batcher(tiny_outside.model)
     assert not b.supported() and b.widths == () and b.most == 1 and "not a Gemma 3" in b.why
-    equal, passes = _decode_both_ways(tiny_llama, b, [4, 6, 3], steps=2)
+    equal, passes = _decode_both_ways(tiny_outside, b, [4, 6, 3], steps=2)
     assert equal and passes == 0
 
 

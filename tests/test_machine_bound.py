@@ -24,16 +24,17 @@ LABEL = "exact on this machine class only"
 def refusal(path, lack: str) -> str:
     return (
         f"KVGRAFT_MODEL {path}: {lack} is outside the numerical definition kvgraft-f32-v2 "
-        "(covers gemma3 with tanh GELU and default RoPE); set KVGRAFT_MACHINE_BOUND=1 to run it on this machine class only"
+        "(covers gemma3 (tanh GELU) and llama, mistral and qwen2 (SiLU) without sliding window or soft-capping, RoPE "
+        "default, linear or llama3); set KVGRAFT_MACHINE_BOUND=1 to run it on this machine class only"
     )
 
 
-def test_a_llama_is_refused_by_default_with_one_line(tiny_dirs, monkeypatch):
+def test_a_model_outside_is_refused_by_default_with_one_line(tiny_dirs, monkeypatch):
     monkeypatch.delenv("KVGRAFT_MACHINE_BOUND", raising=False)
-    path = str(tiny_dirs["llama"])
+    path = str(tiny_dirs["outside"])
     with pytest.raises(KvgraftError) as e:
         model.load(path)
-    assert str(e.value) == refusal(path, "architecture 'llama'")
+    assert str(e.value) == refusal(path, "activation 'gelu'")
     monkeypatch.setenv("KVGRAFT_MACHINE_BOUND", "0")
     with pytest.raises(KvgraftError):
         model.load(path)
@@ -42,10 +43,10 @@ def test_a_llama_is_refused_by_default_with_one_line(tiny_dirs, monkeypatch):
 def test_the_cli_refuses_it_in_one_line(tiny_dirs, kvgraft_home, capsys, monkeypatch):
     monkeypatch.delenv("KVGRAFT_MACHINE_BOUND", raising=False)
     monkeypatch.setattr(retrieval.embedder, "SentenceEmbedder", HashEmbedder)
-    path = str(tiny_dirs["llama"])
+    path = str(tiny_dirs["outside"])
     code = cli.main(["--home", str(kvgraft_home), "--model", path, "ask", "who?", "--json"])
     err = capsys.readouterr().err
-    assert code == 2 and err == "error: " + refusal(path, "architecture 'llama'") + "\n", err
+    assert code == 2 and err == "error: " + refusal(path, "activation 'gelu'") + "\n", err
 
 
 def test_gemma2_is_refused_and_its_softcap_never_silently_dropped(tmp_path, monkeypatch):
@@ -62,10 +63,10 @@ def test_gemma2_is_refused_and_its_softcap_never_silently_dropped(tmp_path, monk
     assert "\n" not in str(e.value)
 
 
-def test_opted_in_its_answers_say_machine_class_only(tiny_llama, tiny_gemma, kvgraft_home, tmp_path):
-    assert tiny_llama.machine_bound and not tiny_gemma.machine_bound
-    assert "numerics" not in dict(tiny_llama.config.numerics) and "cpu_vendor" in dict(tiny_llama.config.numerics)
-    lib = services.Library(home=kvgraft_home, embedder=HashEmbedder(), lm=tiny_llama)
+def test_opted_in_its_answers_say_machine_class_only(tiny_outside, tiny_gemma, kvgraft_home, tmp_path):
+    assert tiny_outside.machine_bound and not tiny_gemma.machine_bound
+    assert "numerics" not in dict(tiny_outside.config.numerics) and "cpu_vendor" in dict(tiny_outside.config.numerics)
+    lib = services.Library(home=kvgraft_home, embedder=HashEmbedder(), lm=tiny_outside)
     art = lib.deposit_text("Zorblat is the capital of Quendia.", title="root")
     r = lib.answer("What is the capital of Quendia?", AnswerOptions(artifact=art.id, max_new_tokens=3))
     assert r.machine_bound and r.scope == LABEL
@@ -83,7 +84,8 @@ def test_opted_in_its_answers_say_machine_class_only(tiny_llama, tiny_gemma, kvg
 def test_the_cli_ask_says_it_too(tiny_dirs, kvgraft_home, capsys, monkeypatch):
     monkeypatch.setenv("KVGRAFT_MACHINE_BOUND", "1")
     monkeypatch.setattr(retrieval.embedder, "SentenceEmbedder", HashEmbedder)
-    base = ["--home", str(kvgraft_home), "--model", str(tiny_dirs["llama"]), "ask", "who?", "--no-graft", "--max-new-tokens", "2"]
+    path = str(tiny_dirs["outside"])
+    base = ["--home", str(kvgraft_home), "--model", path, "ask", "who?", "--no-graft", "--max-new-tokens", "2"]
     assert cli.main([*base, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["scope"] == LABEL and out["machine_bound"] is True
@@ -141,6 +143,7 @@ def test_off_the_definition_sessions_decode_together_only_where_a_measured_pass_
     )
 
 
-def test_a_llama_steps_one_by_one(tiny_llama):
-    b = batch.Batcher(tiny_llama.model)
-    assert b.widths == () and b.most == 1 and batch.lean(tiny_llama.model) is None
+def test_a_llama_outside_steps_one_by_one_and_one_inside_batches(tiny_outside, tiny_llama):
+    b = batch.Batcher(tiny_outside.model)
+    assert b.widths == () and b.most == 1 and batch.lean(tiny_outside.model) is None
+    assert not tiny_llama.machine_bound and batch.Batcher(tiny_llama.model).most == 8 and batch.lean(tiny_llama.model)

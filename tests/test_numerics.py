@@ -271,11 +271,12 @@ def test_rmsnorm_and_gelu_match_float64():
     assert torch.equal(numerics.Norm(norm)(x[2:3, 1:2]), got[2:3, 1:2])
 
 
-def test_only_gemma3_without_softcapping_is_taken():
+def test_gemma3_without_softcapping_and_the_llama_family_are_taken():
     from graft_core import tiny
 
     assert numerics.why_not(tiny.config("gemma3", 64)) == ""
-    assert numerics.why_not(tiny.config("llama", 64)) == "architecture 'llama'"
+    assert numerics.why_not(tiny.config("llama", 64)) == ""  # the family's cases: tests/test_llama.py
+    assert numerics.why_not(tiny.config("gemma2", 64)) == "architecture 'gemma2'"
     capped = tiny.config("gemma3", 64)
     capped.final_logit_softcapping = 30.0
     assert numerics.why_not(capped) == "logit soft-capping (final_logit_softcapping)"

@@ -192,15 +192,15 @@ def test_a_gemma3_gguf_given_by_path_loads_directly_with_the_packaged_models_ide
 
 
 def test_a_gguf_outside_the_family_is_refused_in_one_line(tmp_path):
-    """A GGUF whose metadata is not a Gemma 3 (a tiny llama written with its metadata) is refused at load in
-    one line that names what it lacks."""
+    """A GGUF whose metadata is outside the definition (a tiny Qwen3, written with its metadata: its q/k norms
+    are not the Llama family's) is refused at load in one line that names what it lacks."""
     import gguf
 
     from errors import KvgraftError
     from graft_core import model
 
-    path = tmp_path / "tiny-llama.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
+    path = tmp_path / "tiny-qwen3.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3")
     w.add_context_length(64)
     w.add_embedding_length(32)
     w.add_block_count(1)
@@ -218,7 +218,8 @@ def test_a_gguf_outside_the_family_is_refused_in_one_line(tmp_path):
     with pytest.raises(KvgraftError) as e:
         model.load(str(path))
     assert str(e.value) == (
-        f"KVGRAFT_MODEL {path}: architecture 'llama' is outside the numerical definition kvgraft-f32-v2 "
-        "(covers gemma3 with tanh GELU and default RoPE); a GGUF file loads directly only inside it "
+        f"KVGRAFT_MODEL {path}: architecture 'qwen3' is outside the numerical definition kvgraft-f32-v2 "
+        "(covers gemma3 (tanh GELU) and llama, mistral and qwen2 (SiLU) without sliding window or soft-capping, "
+        "RoPE default, linear or llama3); a GGUF file loads directly only inside it "
         "(convert it to a Hugging Face folder for the machine-bound path)"
     )

@@ -1,6 +1,6 @@
 /* The row operations of a forward besides products and attention, plain C (the same operations in every
-   build, see scalar.c): the rotary tables, Gemma's RMSNorm, the tanh GELU (graft_core/numerics.py), and the
-   retrieval embedder's LayerNorm and erf GELU (retrieval/encoder.py). Rows are independent, so the split
+   build, see scalar.c): the rotary tables, RMSNorm (Gemma's and the Llama family's), the tanh GELU and SiLU
+   (graft_core/numerics.py), and the retrieval embedder's LayerNorm and erf GELU (retrieval/encoder.py). Rows are independent, so the split
    over threads never changes a byte. */
 
 /* Rotary tables: for each position p and frequency f, angle = (float)p * inv_freq[f] (one float32
@@ -22,9 +22,11 @@ int kv_rotary(const int64_t *pos, int64_t P, const float *inv_freq, int64_t F, f
     return 0;
 }
 
-/* Gemma's RMSNorm of each row: ms = (fma16's dot of the row with itself) / n; r = 1 / sqrtf(ms + eps);
-   y = (x * r) * (1 + w). */
-int kv_rmsnorm(const float *x, int64_t rows, int64_t n, const float *w, float eps, float *y, int threads) {
+/* RMSNorm of each row: ms = (fma16's dot of the row with itself) / n; r = 1 / sqrtf(ms + eps); then Gemma's
+   y = (x * r) * (1 + w) (`plus_one`), or the Llama family's y = (x * r) * w (no + 1: adding 0 would turn a
+   weight of -0 into +0). Inlined with a constant `plus_one`: each entry point is its own loop. */
+static inline int rmsnorm_rows(const float *x, int64_t rows, int64_t n, const float *w, float eps, float *y, int threads,
+                               const int plus_one) {
     if (rows < 0 || n <= 0) return -1;
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (rows * n >= SPLIT_MIN)
     for (int64_t i = 0; i < rows; i++) {
@@ -33,9 +35,22 @@ int kv_rmsnorm(const float *x, int64_t rows, int64_t n, const float *w, float ep
         for (int64_t k = 0; k < n; k += 16)
             for (int j = 0; j < 16; j++) s[j] = fmaf(k + j < n ? xi[k + j] : 0.0f, k + j < n ? xi[k + j] : 0.0f, s[j]);
         const float r = 1.0f / sqrtf(reduce16_ref(s) / (float)n + eps);
-        for (int64_t k = 0; k < n; k++) y[i * n + k] = (xi[k] * r) * (1.0f + w[k]);
+        if (plus_one)
+            for (int64_t k = 0; k < n; k++) y[i * n + k] = (xi[k] * r) * (1.0f + w[k]);
+        else
+            for (int64_t k = 0; k < n; k++) y[i * n + k] = (xi[k] * r) * w[k];
     }
     return 0;
+}
+
+/* Gemma's RMSNorm: y = (x * r) * (1 + w). */
+int kv_rmsnorm(const float *x, int64_t rows, int64_t n, const float *w, float eps, float *y, int threads) {
+    return rmsnorm_rows(x, rows, n, w, eps, y, threads, 1);
+}
+
+/* The Llama family's RMSNorm (LlamaRMSNorm, Qwen2RMSNorm, MistralRMSNorm): y = (x * r) * w. */
+int kv_rmsnorm_mul(const float *x, int64_t rows, int64_t n, const float *w, float eps, float *y, int threads) {
+    return rmsnorm_rows(x, rows, n, w, eps, y, threads, 0);
 }
 
 int kv_gelu_tanh(const float *x, int64_t n, float *y, int threads) {
@@ -66,6 +81,13 @@ int kv_layernorm(const float *x, int64_t rows, int64_t n, const float *w, const 
         const float r = 1.0f / sqrtf(reduce16_ref(q) / (float)n + eps);
         for (int64_t k = 0; k < n; k++) yi[k] = ((xi[k] - mean) * r) * w[k] + b[k];
     }
+    return 0;
+}
+
+int kv_silu(const float *x, int64_t n, float *y, int threads) {
+    if (n < 0) return -1;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (n >= SPLIT_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = silu_one(x[i]);
     return 0;
 }
 

@@ -199,3 +199,46 @@ static inline float gelu_erf_one(float xf) {
 }
 
 float kv_gelu_erf_one(float x) { return gelu_erf_one(x); }
+
+/* SiLU (the Llama family's activation), in double, rounded once: x / (1 + e^(-x)) with kvgraft's exp. */
+static float silu_ref(float xf) {
+    const double v = (double)xf;
+    return (float)(v / (1.0 + kv_exp_d(-v)));
+}
+
+float kv_silu_ref(float x) { return silu_ref(x); }
+
+/* silu_ref without branches, so that its loop vectorises: e^z for z = -x clamped to [-708, 708] (2^n a normal
+   double there, kv_exp_d's operations), and e = inf above 709.78 as kv_exp_d gives. Outside the clamp both give
+   the same float: z > 708 makes v / (1 + e) round to -0 (|v / e| < 2^-900), z < -708 makes 1 + e = 1. A NaN is
+   returned as it came (as gelu_erf_one: which operand's NaN an instruction keeps may differ between builds).
+   tests/test_numerics.py sweeps both. */
+static inline float silu_one(float xf) {
+    const double v = (double)xf;
+    const double z = -v;
+    const double x = z > 708.0 ? 708.0 : (z < -708.0 ? -708.0 : z);
+    const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+    const double n = floor(x * 1.44269504088896338700e+00 + 0.5);
+    const double r = (x - n * ln2_hi) - n * ln2_lo;
+    double p = 1.0 / 6227020800.0;
+    p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 1.0 / 2.0;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    const uint64_t bits = (uint64_t)(uint32_t)((int32_t)n + 1023) << 52;
+    double scale;
+    memcpy(&scale, &bits, 8);
+    const double e = z > 709.78 ? INFINITY : p * scale;
+    return v != v ? xf : (float)(v / (1.0 + e));
+}
+
+float kv_silu_one(float x) { return silu_one(x); }

@@ -1,11 +1,15 @@
 /* ---- a decode step's layers in one call (graft_core/step.py) -----------------------------------------
 
-   The layers of a Gemma 3 decoder for S sessions' new rows (one each for a decode step, a prompt's for a
+   The layers of a Gemma 3 or Llama-family decoder for S sessions' new rows (one each for a decode step, a prompt's for a
    prefill), each operation the one the model's
    modules run one call at a time (graft_core.batch.Batcher._pass, itself checked against transformers'
    forward): kv_rmsnorm, kv_linear, the rotary embedding as ATen computes q * cos + rotate_half(q) * sin
    (rotate_half(q) = cat(-q2, q1); three float32 operations per element), kv_attention over the session's
-   cached rows and the new one, GELU(gate) * up, and the residual adds. Nothing is reordered or fused, so
+   cached rows and the new one, act(gate) * up, and the residual adds. A layer's table says which of those it
+   has: the Llama family (LlamaDecoderLayer's order) has no q/k norms and no norms after attention and MLP
+   (those `norm` entries are NULL: its post_attention_layernorm is the pre-feedforward one, norm[4]), RMSNorm
+   without Gemma's + 1 (`plus_one` 0), SiLU for the tanh GELU (`act` 1), and biases where its projections have
+   them (`bias`, added after the product as nn.Linear adds it: one float32 add per element). Nothing is reordered or fused, so
    the rows are the same bytes; what goes is the Python between the calls. The caches are the caller's
    buffers (graft_core.layers._Rows): a session's new key/value rows are written from `end` on, and its new
    row r attends the buffer's rows from `start` (or, in a sliding layer, from the first less than `window`
@@ -24,7 +28,27 @@ typedef struct {
     const float *norm[6]; /* input, q, k, post-attention, pre-feedforward, post-feedforward */
     float eps, scale;
     int64_t heads, kv_heads, head_dim, hidden, inter;
+    const float *bias[7]; /* per product, NULL where it has none */
+    int32_t plus_one;     /* RMSNorm's weight: 1 Gemma's (1 + w), 0 the Llama family's w */
+    int32_t act;          /* 0 the tanh GELU, 1 SiLU */
 } kv_layer;
+
+/* The layer's norm `j` of `rows` rows of n into y (its kind: Gemma's or the Llama family's). */
+static int layer_norm_rows(const kv_layer *y, int j, const float *x, int64_t rows, int64_t n, float *out, int threads) {
+    return y->plus_one ? kv_rmsnorm(x, rows, n, y->norm[j], y->eps, out, threads)
+                       : kv_rmsnorm_mul(x, rows, n, y->norm[j], y->eps, out, threads);
+}
+
+/* Product `j` of the layer over M rows of K into out [M][N], then its bias where it has one. */
+static int layer_linear(const kv_layer *y, int j, const float *x, int64_t M, int64_t K, float *out, int threads) {
+    const int64_t N = y->n[j];
+    const int rc = kv_linear(x, M, K, K, y->w[j], y->fmt[j], N, out, N, threads);
+    const float *b = y->bias[j];
+    if (b)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t i = 0; i < N; i++) out[m * N + i] = out[m * N + i] + b[i];
+    return rc;
+}
 
 int kv_layer_size(void) { return (int)sizeof(kv_layer); }
 
@@ -72,12 +96,23 @@ int kv_decode_layers(const kv_layer *layers, int64_t L, int64_t S, const int64_t
     for (int64_t l = 0; l < L && !rc; l++) {
         const kv_layer *y = &layers[l];
         const int64_t E = y->hidden, D = y->head_dim, H = y->heads, G = y->kv_heads, QD = H * D, KD = G * D, I = y->inter;
-        rc |= kv_rmsnorm(x, M, E, y->norm[0], y->eps, h, threads);
-        rc |= kv_linear(h, M, E, E, y->w[0], y->fmt[0], QD, q, QD, threads);
-        rc |= kv_linear(h, M, E, E, y->w[1], y->fmt[1], KD, kk, KD, threads);
-        rc |= kv_linear(h, M, E, E, y->w[2], y->fmt[2], KD, vv, KD, threads);
-        rc |= kv_rmsnorm(q, M * H, D, y->norm[1], y->eps, qr, threads);
-        rc |= kv_rmsnorm(kk, M * G, D, y->norm[2], y->eps, kr, threads);
+        if (y->n[0] != QD || y->n[1] != KD || y->n[2] != KD || y->n[3] != E || y->n[4] != I || y->n[5] != I || y->n[6] != E) {
+            rc = -1;
+            break;
+        }
+        rc |= layer_norm_rows(y, 0, x, M, E, h, threads);
+        rc |= layer_linear(y, 0, h, M, E, q, threads);
+        rc |= layer_linear(y, 1, h, M, E, kk, threads);
+        rc |= layer_linear(y, 2, h, M, E, vv, threads);
+        /* the rows rotated: q/k normed where the layer has those norms (into qr, kr; q is rotated back into q),
+           else q and k as they came (q rotated into qr) */
+        float *qin = q, *qout = qr;
+        const float *kin = kk;
+        if (y->norm[1]) {
+            rc |= layer_norm_rows(y, 1, q, M * H, D, qr, threads);
+            rc |= layer_norm_rows(y, 2, kk, M * G, D, kr, threads);
+            qin = qr, qout = q, kin = kr;
+        }
         const int64_t group = H / G;
         for (int64_t s = 0, m0 = 0; s < S && !rc; m0 += rows[s], s++) {
             const int64_t c = l * S + s, T = rows[s];
@@ -85,10 +120,10 @@ int kv_decode_layers(const kv_layer *layers, int64_t L, int64_t S, const int64_t
             for (int64_t r = 0; r < T; r++) { /* every new key/value row first: row r attends rows up to end + r */
                 const float *cs = cos[c] + r * D, *sn = sin[c] + r * D;
                 for (int64_t hh = 0; hh < H; hh++)
-                    rotate_row(qr + (m0 + r) * QD + hh * D, cs, sn, D, q + (m0 + r) * QD + hh * D);
+                    rotate_row(qin + (m0 + r) * QD + hh * D, cs, sn, D, qout + (m0 + r) * QD + hh * D);
                 for (int64_t gg = 0; gg < G; gg++) {
                     const int64_t at = (gg * cap[c] + end[c] + r) * D;
-                    rotate_row(kr + (m0 + r) * KD + gg * D, cs, sn, D, kbuf[c] + at);
+                    rotate_row(kin + (m0 + r) * KD + gg * D, cs, sn, D, kbuf[c] + at);
                     memcpy(vbuf[c] + at, vv + (m0 + r) * KD + gg * D, (size_t)D * 4);
                 }
             }
@@ -102,7 +137,7 @@ int kv_decode_layers(const kv_layer *layers, int64_t L, int64_t S, const int64_t
                 const int64_t lo = ROW_LO(0);
                 for (int64_t gg = 0; gg < G && !rc; gg++) {
                     const kv_rows kv = ROWS_FROM(lo, gg);
-                    rc |= attention(q + m0 * QD + gg * group * D, group, 1, D, D, QD, &kv, held - lo + 1, 0, 0, 0, y->scale,
+                    rc |= attention(qout + m0 * QD + gg * group * D, group, 1, D, D, QD, &kv, held - lo + 1, 0, 0, 0, y->scale,
                                     att + m0 * QD + gg * group * D, D, QD, threads, 0);
                 }
                 continue;
@@ -117,23 +152,31 @@ int kv_decode_layers(const kv_layer *layers, int64_t L, int64_t S, const int64_t
 #undef ROW_LO
             for (int64_t gg = 0; gg < G && !rc; gg++) {
                 const kv_rows kv = ROWS_FROM(lo0, gg);
-                rc |= attention(q + m0 * QD + gg * group * D, group, T, D, D, QD, &kv, n, keep, 0, n, y->scale,
+                rc |= attention(qout + m0 * QD + gg * group * D, group, T, D, D, QD, &kv, n, keep, 0, n, y->scale,
                                 att + m0 * QD + gg * group * D, D, QD, threads, 0);
             }
 #undef ROWS_FROM
             free(keep);
         }
-        rc |= kv_linear(att, M, QD, QD, y->w[3], y->fmt[3], E, o, E, threads);
-        rc |= kv_rmsnorm(o, M, E, y->norm[3], y->eps, h, threads);
-        for (int64_t i = 0; i < M * E; i++) x[i] = x[i] + h[i];
-        rc |= kv_rmsnorm(x, M, E, y->norm[4], y->eps, h, threads);
-        rc |= kv_linear(h, M, E, E, y->w[5], y->fmt[5], I, u, I, threads);
-        rc |= kv_linear(h, M, E, E, y->w[4], y->fmt[4], I, g, I, threads);
-        rc |= kv_gelu_tanh(g, M * I, g, threads);
+        rc |= layer_linear(y, 3, att, M, QD, o, threads);
+        const float *add = o;
+        if (y->norm[3]) {
+            rc |= layer_norm_rows(y, 3, o, M, E, h, threads);
+            add = h;
+        }
+        for (int64_t i = 0; i < M * E; i++) x[i] = x[i] + add[i];
+        rc |= layer_norm_rows(y, 4, x, M, E, h, threads);
+        rc |= layer_linear(y, 5, h, M, E, u, threads);
+        rc |= layer_linear(y, 4, h, M, E, g, threads);
+        rc |= y->act ? kv_silu(g, M * I, g, threads) : kv_gelu_tanh(g, M * I, g, threads);
         for (int64_t i = 0; i < M * I; i++) g[i] = g[i] * u[i];
-        rc |= kv_linear(g, M, I, I, y->w[6], y->fmt[6], E, o, E, threads);
-        rc |= kv_rmsnorm(o, M, E, y->norm[5], y->eps, h, threads);
-        for (int64_t i = 0; i < M * E; i++) x[i] = x[i] + h[i];
+        rc |= layer_linear(y, 6, g, M, I, o, threads);
+        add = o;
+        if (y->norm[5]) {
+            rc |= layer_norm_rows(y, 5, o, M, E, h, threads);
+            add = h;
+        }
+        for (int64_t i = 0; i < M * E; i++) x[i] = x[i] + add[i];
     }
     free(buf);
     return rc;
