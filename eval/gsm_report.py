@@ -176,7 +176,7 @@ def markdown(results: dict) -> str:
     lines += ["", *recurring_md(results.get("recurring"), "## The recurring case, gsm8k-cot prompt")]
     if results.get("recurring_qa"):
         lines += recurring_md(results["recurring_qa"], "## The recurring case, zero-shot `Q:/A:` prompt")
-    lines += commands_md()
+    lines += commands_md(results)
     return "\n".join(lines) + "\n"
 
 
@@ -295,19 +295,35 @@ def _sceptic(c: dict) -> str:
     return out
 
 
-def commands_md() -> list[str]:
+def commands_md(results: dict | None = None) -> list[str]:
+    """The commands that make this file, with the recurring runs' own budgets and round sizes."""
+    results = results or {}
+    items = (results.get("benchmark") or {}).get("items", {})
+    n = max(items.values(), default=30)
+    rec, budgets = [], []
+    for key, form in (("recurring", "cot"), ("recurring_qa", "qa")):
+        rc = results.get(key)
+        if not rc:
+            continue
+        cfg = rc["config"]
+        flag = "" if form == "cot" else " --form qa"
+        rec.append(
+            f"python -m eval.gsm_run recurring --work W{flag} --budget {cfg['budget']} "
+            f"--problems {rc['case']['problems_tried']} --together {cfg['together']}"
+        )
+        budgets.append(f"--budget{'' if form == 'cot' else '-qa'} {cfg['budget']}")
     return [
         "## Commands",
         "",
         "```",
         "make install-eval                                   # the benchmark package (requirements-eval.txt)",
-        "python -m eval.gsm_run no-graft --work W --sets original,numbers,original-qa --n 30",
-        "python -m eval.gsm_run no-graft --work W --sets names --n 15",
-        "python -m eval.gsm_run deposit  --work W --n 30",
-        "python -m eval.gsm_run graft    --work W --sets original,numbers,original-qa --n 30",
-        "python -m eval.gsm_run graft    --work W --sets names --n 15",
-        "python -m eval.gsm_run recurring --work W --budget 4000 --problems 2",
-        "python -m eval.gsm_report W --budget 4000          # this file and gsm-results.json",
+        f"python -m eval.gsm_run no-graft --work W --sets original,numbers,original-qa --n {n}",
+        f"python -m eval.gsm_run no-graft --work W --sets names --n {items.get('names', n)}",
+        f"python -m eval.gsm_run deposit  --work W --n {n}",
+        f"python -m eval.gsm_run graft    --work W --sets original-qa,original,numbers --n {n}",
+        f"python -m eval.gsm_run graft    --work W --sets names --n {items.get('names', n)}",
+        *rec,
+        f"python -m eval.gsm_report W {' '.join(budgets)}   # this file and gsm-results.json",
         "python cli.py replay-eval docs/eval/gsm-results.json                   # offline: hashes, counts, re-judged",
         "python cli.py replay-eval docs/eval/gsm-results.json --rerun --sample 1 # with the model",
         "```",
