@@ -185,3 +185,20 @@ def test_a_supposed_value_is_not_a_claim(answer):
 def test_a_stated_value_beside_the_supposition_words_elsewhere_is_still_read():
     assert judge("She walks 50 minutes on the beach.", "numeric", "50", "How many minutes on the beach?").ok
     assert judge("Assume nothing.\nThe answer is 50.", "numeric", "50").ok
+
+
+FORMULA = (
+    "1250 bags of hay, 1250 bags of oats, 1250 bags of carrots, 1250 bags of sugar cubes\n"
+    "<tex>$O_2 + 2H_2O \\rightarrow 2H_2 + H_2O_2$</tex>"
+)
+
+
+def test_a_formulas_digits_are_not_numbers():
+    """Written on the recurring attempt kvgraft-judge/3 accepted for gsm0007-original-qa (seed 36, a development
+    item): its last line, a chemical formula, was read as asserting 2."""
+    v = judge(FORMULA, "numeric", "2", "How many trips does the farmer need to transport all the feed?")
+    assert not v.ok and v.value is None, v.detail
+    assert not judge("It is H2O.", "numeric", "2").ok
+    assert judge("He needs 2 trips.", "numeric", "2", "How many trips?").ok
+    assert judge("The area is 50km2 wide, so 50.", "numeric", "50").ok
+    assert judge("x^2 = 16", "numeric", "16").ok

@@ -48,6 +48,9 @@ Reading rules, the same for every kind:
   none, without, unlike, except, rather than, instead of, other than), or a verbal negation after it ('is not',
   'isn't', 'was never') or 'is wrong / incorrect / false'. 'plain saffron with no emblem': 'no' comes after the
   value and negates 'emblem'. 'saffron, not crimson': the negation opens another clause and denies crimson.
+- Symbols. For numeric, digits that are part of a symbol are not numbers: an index glued to the letter, '_' or '^'
+  before it ('H2O', 'O_2', 'x^2', 'B12') and a formula's coefficient glued to such a symbol ('2H_2O'); a
+  chemical or TeX formula therefore states no number. 'x' is not such a letter: '4x22' is 4 times 22.
 - Hedge. A mention is hedged when its sentence says probably, perhaps, maybe, possibly, likely, presumably,
   apparently, might, 'may be', 'could be', 'I think', 'I believe', 'I guess', 'not sure', 'some say' or 'seems',
   or sets the value up as a supposition ('let's say', 'let us', suppose, assume, assuming, hypothetically);
@@ -64,6 +67,7 @@ Reading rules, the same for every kind:
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from errors import InvalidInput
@@ -72,10 +76,22 @@ from verifiers.quantities import read_number
 from verifiers.sentences import Mention, Tok, problem, text_of, tokens
 from verifiers.verdict import Claim, _q
 
+# Digits that are part of a symbol, not a quantity: an index glued to the letter or the '_'/'^' before it
+# ('H2O', 'O_2', 'x^2', 'B12'), and a formula's coefficient glued to a symbol that carries one ('2H_2O').
+# 'x' and 'X' are left out: '4x22' is the model's way of writing 4 times 22.
+_SYMBOL_DIGITS = re.compile(r"(?<=[^\W\d_xX]|[_^])\d+|(?<![\w.,])\d+(?=[^\W\d_xX][^\W\d_]*[_^\d])")
+
+
+def symbol_digits(text: str) -> str:
+    """`text` without the digits that name a symbol ('H_2O_2' -> 'H_O_'): a formula states no number."""
+    return _SYMBOL_DIGITS.sub("", text)
+
 
 def read(answer: str, verifier: str, reference: str, question: str = "") -> Claim:
     """The value `answer` asserts, read for `verifier` against `reference` (see the module's contract)."""
     text = unicodedata.normalize("NFKC", answer).replace("\u2212", "-")
+    if verifier == "numeric":
+        text = symbol_digits(text)
     toks = tokens(text)
     if verifier == "exact":
         return _read_exact(toks, reference)
