@@ -58,35 +58,46 @@ def _passes(row: dict):
     return lambda text: bool(verifiers.judge(text, row["verifier"], row["reference"], row["question"]).ok)
 
 
-def baseline(lib, greedy: dict, cfg: CaseConfig, batcher) -> dict:
-    """The greedy record, then seeded sampled rounds within what is left of the budget."""
+def baseline(lib, greedy: dict, cfg: CaseConfig, batcher, earlier: dict | None = None) -> dict:
+    """The greedy record, then seeded sampled rounds within what is left of the budget. With `earlier` (a record
+    of the same problem whose attempts no longer pass the current judge and stop short of the budget: its run's
+    judge accepted one the current one refuses), its attempts are kept, re-judged, and sampling goes on from the
+    next seed with what is left: the rounds an uninterrupted run would have computed next (same seeds, same
+    round sizes: `sample_many` sizes a round by what is left of the budget)."""
     from eval import sampling
     from graft_core.generate import tokens_sha256
 
     t0 = time.perf_counter()
-    g_tokens = greedy["computed_tokens"] + greedy["decode_tokens"]
-    atts = [
-        {
-            "mode": "greedy",
-            "seed": None,
-            "tokens": g_tokens,
-            "prompt_tokens": greedy["computed_tokens"],
-            "decode_tokens": greedy["decode_tokens"],
-            "output_sha256": greedy["output_sha256"],
-            "answer": greedy["answer"],
-            "passed": _passes(greedy)(greedy["answer"]),
-        }
-    ]
-    if not atts[0]["passed"]:
+    passes = _passes(greedy)
+    if earlier is not None:
+        atts = [{**a, "passed": passes(a["answer"])} for a in earlier["attempts"]]
+        seeds = [a["seed"] for a in atts if a["mode"] == "sampled"]
+        start = max(seeds) + 1 if seeds else cfg.seed
+    else:
+        g_tokens = greedy["computed_tokens"] + greedy["decode_tokens"]
+        atts = [
+            {
+                "mode": "greedy",
+                "seed": None,
+                "tokens": g_tokens,
+                "prompt_tokens": greedy["computed_tokens"],
+                "decode_tokens": greedy["decode_tokens"],
+                "output_sha256": greedy["output_sha256"],
+                "answer": greedy["answer"],
+                "passed": passes(greedy["answer"]),
+            }
+        ]
+        start = cfg.seed
+    if not any(a["passed"] for a in atts):
         run = sampling.sample_many(
             lib.lm,
             greedy["question"],
-            cfg.budget - g_tokens,
-            _passes(greedy),
+            cfg.budget - sum(a["tokens"] for a in atts),
+            passes,
             together=cfg.together,
             temperature=cfg.temperature,
             max_new_tokens=cfg.max_new_tokens,
-            seed=cfg.seed,
+            seed=start,
             batcher=batcher,
             form=cfg.form,
         )
@@ -105,7 +116,7 @@ def baseline(lib, greedy: dict, cfg: CaseConfig, batcher) -> dict:
                         "passed": a.passed,
                     }
                 )
-    return {
+    out = {
         **{k: greedy[k] for k in ("id", "question", "verifier", "reference")},
         "budget": cfg.budget,
         "baseline_tokens": sum(a["tokens"] for a in atts),
@@ -113,8 +124,12 @@ def baseline(lib, greedy: dict, cfg: CaseConfig, batcher) -> dict:
         "solved": any(a["passed"] for a in atts),
         "attempts": atts,
         "attempts_sha256": attempts_sha256(atts),
-        "seconds": round(time.perf_counter() - t0, 1),
+        "judge": verifiers.JUDGE,  # the rule set that decided when sampling stopped
+        "seconds": round(time.perf_counter() - t0 + (earlier or {}).get("seconds", 0), 1),
     }
+    if earlier is not None:  # where the first run stopped, and under which judge it did
+        out["resumed_after"] = {"attempts": len(earlier["attempts"]), "judge": earlier.get("judge")}
+    return out
 
 
 def summarise(problems: list[dict], recalls: dict[str, dict], deposits: dict[str, dict], cfg: dict, judge_ok) -> dict:

@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--problems", type=int, default=8, help="recurring: greedy failures sampled, in seeded order")
     p.add_argument("--form", default="cot", choices=("cot", "qa"), help="recurring: the query form of attempts and recalls")
     p.add_argument("--together", type=int, default=8, help="recurring: sampled attempts a round (one prompt computation)")
+    p.add_argument(
+        "--resume-undecided",
+        action="store_true",
+        help="recurring: go on sampling the problems whose attempts stop short of the budget without one the current judge passes",
+    )
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     import services
@@ -97,6 +102,9 @@ def _recurring(lib, args, log) -> None:
     out = args.work / recurring_file(args.form, args.budget, args.seed)
     done = {r["id"] for r in benchmark.read_jsonl(out)}
     batcher = Batcher(lib.lm.model, widths=tuple(sorted({*WIDTHS, cfg.together})))
+    if args.resume_undecided:
+        _resume(lib, out, greedy, batcher, log)
+        return
     for pid in gsm_recurring.order(failed, args.seed)[: args.problems]:
         if pid in done:
             continue
@@ -105,6 +113,28 @@ def _recurring(lib, args, log) -> None:
         log(
             f"recurring {pid}: {'solved' if rec['solved'] else 'not solved'} in {rec['attempts_n']} attempts, "
             f"{rec['baseline_tokens']} tokens, {rec['seconds']} s"
+        )
+
+
+def _resume(lib, out: Path, greedy: dict, batcher, log) -> None:
+    """Each undecided record (no attempt the current judge passes, budget not spent) sampled on to its budget
+    under its own config; the file rewritten whole (atomically) after each."""
+    from eval import gsm_recurring
+
+    rows = benchmark.read_jsonl(out)
+    for i, rec in enumerate(rows):
+        cfg = gsm_recurring.CaseConfig(**rec["config"])
+        judged = any(gsm_recurring._passes(rec)(a["answer"]) for a in rec["attempts"])
+        if judged or gsm_recurring.exhausted(rec, rec["config"]):
+            continue
+        new = gsm_recurring.baseline(lib, greedy[rec["id"]], cfg, batcher, earlier=rec)
+        rows[i] = new | {"config": rec["config"]}
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        os.replace(tmp, out)
+        log(
+            f"resumed {rec['id']}: {'solved' if new['solved'] else 'not solved'} in {new['attempts_n']} attempts, "
+            f"{new['baseline_tokens']} tokens"
         )
 
 
