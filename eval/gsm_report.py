@@ -261,6 +261,12 @@ def recurring_md(rc: dict | None, title: str = "## The recurring case") -> list[
             else "– | – | – | –"
         )
         lines.append(f"| {p['id']} | {p['baseline_tokens']:,} ({p['attempts_n']}) | {p['solved']} | {tail} |")
+    passed = [(p, a) for p in rc["problems"] for a in p["attempts"] if a["passed"]][:20]
+    if passed:  # what "solved" rests on, for the reader to judge: the passing attempts as written
+        lines += ["", "The attempts the judge passed (the first of each problem decides it), as the model wrote them:", ""]
+        for p, a in passed:
+            text = " ".join(a["answer"].split())
+            lines.append(f"- {p['id']} (reference {p['reference']}), seed {a['seed']}: {text[:300]!r}")
     return [*lines, ""]
 
 
