@@ -5,8 +5,9 @@ It owns the embedder and the persisted FAISS index; it knows nothing about how K
 faiss is imported here first, before anything below can pull in torch: importing faiss after torch
 segfaulted on macOS (faiss#3401). Entry points that need both should import `retrieval` (or faiss)
 before torch; on Linux either order works, and tests/test_retrieval.py checks torch-then-retrieval.
-Nothing in `retrieval` imports torch itself (errors come from the dependency-free `errors.py`).
-The real embedder imports sentence-transformers lazily, on first use.
+The index, the relevance stage and the embedder interface load no torch (errors come from the dependency-free
+`errors.py`). The one module that computes with torch is `retrieval/encoder.py`, the real embedder's forward on
+kvgraft's kernels; it and sentence-transformers are imported lazily, at the real embedder's first use.
 """
 
 import faiss  # noqa: F401  (must come first; see above)
