@@ -41,6 +41,12 @@ def recalls(outs: list[dict], form: str) -> dict[str, dict]:
     return {r["id"]: r for r in outs if r["condition"] == "graft" and r["set"] == want}
 
 
+def product_recalls(outs: list[dict]) -> dict[str, dict]:
+    """Problem id of the cot case -> the product's own zero-shot answer to it (the `original-qa` graft record):
+    the recall as the product asks it, set beside a baseline that was invited to reason."""
+    return {r["id"][: -len("-qa")]: r for r in outs if r["condition"] == "graft" and r["set"] == "original-qa"}
+
+
 def deposits_by_problem(deposits: list[dict], form: str) -> dict[str, dict]:
     """Problem id (in the case's form) -> the gate's record of its original's deposit."""
     suffix = "" if form == "cot" else f"-{form}"
@@ -65,6 +71,8 @@ def rescore(results: dict) -> tuple[dict, dict]:
         form = rc["config"].get("form", "cot")
         dep = deposits_by_problem(results["deposits"], form)
         cases[k] = gsm_recurring.summarise(rc["problems"], recalls(outs, form), dep, rc["config"], _ok)
+        if form == "cot":  # the same baseline, recalled in the product's zero-shot form
+            cases[f"{k}:product_recall"] = gsm_recurring.summarise(rc["problems"], product_recalls(outs), dep, rc["config"], _ok)
     return scores, cases
 
 
@@ -101,6 +109,11 @@ def check_offline(results: dict, report: RecheckReport, tokenizer=None) -> None:
     _rejudge(results, report)
 
 
+def _stored_case(results: dict, key: str) -> dict | None:
+    k, _, part = key.partition(":")
+    return results[k].get("case_" + part if part else "case")
+
+
 def _rejudge(results: dict, report: RecheckReport) -> None:
     """Every stored verdict against the current judge's; every figure against the records."""
     stored = results["judge"]["sha256"]
@@ -115,7 +128,7 @@ def _rejudge(results: dict, report: RecheckReport) -> None:
             report.count("attempts re-judged")
     scores, cases = rescore(results)
     figures_differ = json.dumps(scores, sort_keys=True) != json.dumps(results["scores"], sort_keys=True) or any(
-        json.dumps(c, sort_keys=True) != json.dumps(results[k]["case"], sort_keys=True) for k, c in cases.items()
+        json.dumps(c, sort_keys=True) != json.dumps(_stored_case(results, k), sort_keys=True) for k, c in cases.items()
     )
     if same:
         if differ:

@@ -91,7 +91,11 @@ def _recurring(path: Path, outs: list[dict], deposits: list[dict], form: str) ->
         p.pop("seconds", None)
     cfg.setdefault("form", form)
     recalls, dep = gsm_recheck.recalls(outs, cfg["form"]), gsm_recheck.deposits_by_problem(deposits, cfg["form"])
-    return {"config": cfg, "problems": problems, "case": gsm_recurring.summarise(problems, recalls, dep, cfg, gsm_recheck._ok)}
+    out = {"config": cfg, "problems": problems, "case": gsm_recurring.summarise(problems, recalls, dep, cfg, gsm_recheck._ok)}
+    if cfg["form"] == "cot":  # the same baseline, recalled in the product's zero-shot form (another prompt: said so)
+        own = gsm_recheck.product_recalls(outs)
+        out["case_product_recall"] = gsm_recurring.summarise(problems, own, dep, cfg, gsm_recheck._ok)
+    return out
 
 
 def dumps(results: dict) -> str:
@@ -261,6 +265,15 @@ def recurring_md(rc: dict | None, title: str = "## The recurring case") -> list[
             else "– | – | – | –"
         )
         lines.append(f"| {p['id']} | {p['baseline_tokens']:,} ({p['attempts_n']}) | {p['solved']} | {tail} |")
+    pr = rc.get("case_product_recall")
+    if pr:
+        lines += [
+            "",
+            f"The same baseline against the product's own recall: each never-solved problem asked zero-shot with "
+            f"retrieval (its `original-qa` graft record; a prompt other than the baseline's, which was invited to "
+            f"reason): {pr['recalled_correctly']} of {pr['case_problems']} recalled right; `ratio` {pr['ratio']}, "
+            f"`ratio_all_in` {pr['ratio_all_in']}, charged with every deposit offered {pr['ratio_all_in_offered']}.",
+        ]
     passed = [(p, a) for p in rc["problems"] for a in p["attempts"] if a["passed"]][:20]
     if passed:  # what "solved" rests on, for the reader to judge: the passing attempts as written
         lines += ["", "The attempts the judge passed (the first of each problem decides it), as the model wrote them:", ""]

@@ -186,3 +186,18 @@ def test_the_ratio_at_smaller_budgets_and_undecided_problems_come_from_the_attem
     assert case["never_solved"] == 1 and case["undecided"] == ["gsm0002-original"] and case["solved_within_budget"] == 1
     assert case["baseline_tokens_total"] == 9_800 and case["ratio"] == round(9_800 / 5, 1)
     assert case["ratio_at_budget"] == {"4000": round((300 + 250 * 14) / 5, 1), "10000": round(9_800 / 5, 1)}
+
+
+def test_the_cot_baseline_beside_the_products_own_recall_is_computed_and_replayed(work):
+    """The cot case's baseline set beside the zero-shot graft record of the same problem (the product's own
+    recall): its figures come from the records, and replay catches a tampered one."""
+    rows = [json.loads(x) for x in (work / "outputs.jsonl").read_text().splitlines()]
+    rows += [_out(i, "graft", f"{i + 2}", [3, i], s="original-qa") for i in (1, 3)]
+    (work / "outputs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results = json.loads(gsm_report.dumps(gsm_report.build(work, {"cot": 2500})))
+    pr = results["recurring"]["case_product_recall"]
+    assert pr["recalled_correctly"] == 2 and pr["ratio"] == round(2 * 1513 / 4, 1)
+    assert "against the product's own recall" in gsm_report.markdown(results)
+    assert _check(results).ok
+    results["recurring"]["case_product_recall"]["ratio"] = 99999.0
+    assert not _check(results).ok
