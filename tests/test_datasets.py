@@ -111,15 +111,13 @@ def test_no_duplicate_questions(knowledge, problems):
 
 def test_every_knowledge_item_passes_its_verifier(knowledge):
     for it in knowledge:
-        verdict = verifiers.check(verifiers.VerifiedItem(it["question"], it["fact"], it["answer"], it["verifier"], it["answer"]))
+        verdict = verifiers.judge(it["answer"], it["verifier"], it["answer"], it["question"])
         assert verdict.ok, f"{it['id']}: {verdict.detail}"
 
 
 def test_every_problem_passes_its_verifier(problems):
     for it in problems:
-        verdict = verifiers.check(
-            verifiers.VerifiedItem(it["question"], it["solution"], it["answer"], it["verifier"], it["reference"])
-        )
+        verdict = verifiers.judge(it["answer"], it["verifier"], it["reference"], it["question"])
         assert verdict.ok, f"{it['id']}: {verdict.detail}"
 
 
@@ -127,5 +125,5 @@ def test_a_wrong_answer_is_refused(problems):
     """The references carry weight: nudging each answer makes its verifier refuse."""
     for it in problems[::13]:
         wrong = f"{it['answer']}+1" if it["verifier"] == "sympy" else str(judges._parse_number(it["answer"])[0] + 1)
-        verdict = verifiers.check(verifiers.VerifiedItem(it["question"], it["solution"], wrong, it["verifier"], it["reference"]))
+        verdict = verifiers.judge(wrong, it["verifier"], it["reference"], it["question"])
         assert not verdict.ok, it["id"]
