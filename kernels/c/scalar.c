@@ -102,14 +102,10 @@ static float gelu_ref(float xf) {
 
 float kv_gelu_ref(float x) { return gelu_ref(x); }
 
-/* gelu_ref without branches, so that its loop vectorises: e^z for z = -2u clamped to [-708, 708] (2^n a
-   normal double there, the operations of kv_exp_d), and e = inf above 709.78 as kv_exp_d gives. Outside
-   the clamp both give the same float: z > 708 makes v / (1 + e) round to -0 (or -inf / inf = NaN for
-   v = -inf, kept by the inf), z < -708 makes 1 + e = 1. tests/test_numerics.py sweeps both. */
-static inline float gelu_one(float xf) {
-    const double v = (double)xf;
-    const double u = 7.97884560802865355880e-01 * (v + 4.47150000000000022782e-02 * ((v * v) * v));
-    const double z = -2.0 * u;
+/* e^z by kv_exp_d's operations without its branches, so that a loop calling it vectorises: z clamped to
+   [-708, 708] (2^n a normal double there), and inf above 709.78 as kv_exp_d gives. gelu_one and silu_one
+   below use it; outside the clamp each gives the same float as its reference (said at each). */
+static inline double exp_branch_free(double z) {
     const double x = z > 708.0 ? 708.0 : (z < -708.0 ? -708.0 : z);
     const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
     const double n = floor(x * 1.44269504088896338700e+00 + 0.5);
@@ -133,6 +129,18 @@ static inline float gelu_one(float xf) {
     double scale;
     memcpy(&scale, &bits, 8);
     const double e = z > 709.78 ? INFINITY : p * scale;
+    return e;
+}
+
+/* gelu_ref without branches, so that its loop vectorises: e^z for z = -2u clamped to [-708, 708] (2^n a
+   normal double there, the operations of kv_exp_d), and e = inf above 709.78 as kv_exp_d gives. Outside
+   the clamp both give the same float: z > 708 makes v / (1 + e) round to -0 (or -inf / inf = NaN for
+   v = -inf, kept by the inf), z < -708 makes 1 + e = 1. tests/test_numerics.py sweeps both. */
+static inline float gelu_one(float xf) {
+    const double v = (double)xf;
+    const double u = 7.97884560802865355880e-01 * (v + 4.47150000000000022782e-02 * ((v * v) * v));
+    const double z = -2.0 * u;
+    const double e = exp_branch_free(z);
     return (float)(v / (1.0 + e));
 }
 
@@ -216,28 +224,7 @@ float kv_silu_ref(float x) { return silu_ref(x); }
 static inline float silu_one(float xf) {
     const double v = (double)xf;
     const double z = -v;
-    const double x = z > 708.0 ? 708.0 : (z < -708.0 ? -708.0 : z);
-    const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
-    const double n = floor(x * 1.44269504088896338700e+00 + 0.5);
-    const double r = (x - n * ln2_hi) - n * ln2_lo;
-    double p = 1.0 / 6227020800.0;
-    p = p * r + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 1.0 / 2.0;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    const uint64_t bits = (uint64_t)(uint32_t)((int32_t)n + 1023) << 52;
-    double scale;
-    memcpy(&scale, &bits, 8);
-    const double e = z > 709.78 ? INFINITY : p * scale;
+    const double e = exp_branch_free(z);
     return v != v ? xf : (float)(v / (1.0 + e));
 }
 
