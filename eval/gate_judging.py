@@ -91,10 +91,12 @@ def collect(limit: int | None = None, log=print) -> dict:
     rows = items()[:limit]
     t0 = time.perf_counter()
     for i, row in enumerate(rows):
-        fact_ids = lm.tokenizer(templates.fact_run_text(row["question"], row["solution"]))["input_ids"]
+        fact_ids = templates.deposit_ids(lm.tokenizer, templates.fact_run_text(row["question"], row["solution"]), root=True)
         fact_art, _ = capture(lm, list(fact_ids))
         row["fact_run"] = _generate(lm, [fact_art], row["question"])
-        item_ids = lm.tokenizer(templates.item_text(row["question"], row["solution"], row["answer"]))["input_ids"]
+        item_ids = templates.deposit_ids(
+            lm.tokenizer, templates.item_text(row["question"], row["solution"], row["answer"]), root=True
+        )
         item_art, _ = capture(lm, list(item_ids))
         row["graft_run"] = _generate(lm, [item_art], row["question"])
         log(f"{i + 1}/{len(rows)} {row['item']} {row['form']}: {row['fact_run']['text']!r} | {row['graft_run']['text']!r}")

@@ -143,7 +143,7 @@ def _round(
                 out[i].append(t)
                 if t in eos:
                     stopped[i] = "eos"
-                elif templates.is_answer_complete(tok.decode(out[i], skip_special_tokens=True), form):
+                elif templates.is_answer_complete(tok.decode(out[i], skip_special_tokens=True), form, templates.of(tok)):
                     stopped[i] = "stop"
                 elif len(out[i]) == max_new:
                     stopped[i] = "length"
@@ -157,6 +157,6 @@ def _round(
             pos += 1
     attempts = []
     for s, ids, why in zip(seeds, out, stopped, strict=True):
-        text = templates.cut_answer(tok.decode(ids, skip_special_tokens=True), form)
+        text = templates.cut_answer(tok.decode(ids, skip_special_tokens=True), form, templates.of(tok))
         attempts.append(Attempt(seed=s, token_ids=tuple(ids), text=text, stopped=why, passed=bool(text) and passes(text)))
     return Round(prompt_tokens=len(prompt_ids), attempts=tuple(attempts), seconds=time.perf_counter() - t0)

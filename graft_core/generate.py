@@ -73,12 +73,15 @@ def tokens_sha256(ids) -> str:
 
 
 def encode_prompt(lm: LoadedModel, question: str, grafted: bool, raw: bool = False, form: str = "answer") -> list[int]:
-    """Token ids of the prompt chunk (the question in the query `form`, templates.FORMS); a prompt with nothing
-    grafted before it starts with BOS."""
+    """Token ids of the prompt chunk (the question in the query `form`, templates.FORMS, as the model is asked:
+    templates.prompt_ids); a plain prompt with nothing grafted before it starts with BOS. `raw`: the text as
+    given, no template."""
     if not question or not question.strip():
         raise InvalidInput("the question is empty; type a question")
-    text = question if raw else templates.query_prompt(question, form)
-    ids = lm.tokenizer(text, add_special_tokens=not grafted)["input_ids"]
+    if raw:
+        ids = lm.tokenizer(question, add_special_tokens=not grafted)["input_ids"]
+    else:
+        ids = templates.prompt_ids(lm.tokenizer, question, form, grafted)
     if not ids:
         raise InvalidInput("the question tokenises to zero tokens")
     return list(ids)
@@ -98,7 +101,8 @@ def _bound(lm: LoadedModel, start: int, prompt: int, max_new_tokens: int) -> Non
 def _stopper(lm: LoadedModel, raw: bool, form: str = "answer") -> Callable[[list[int]], bool] | None:
     if raw:
         return None
-    return lambda ids: templates.is_answer_complete(lm.tokenizer.decode(ids, skip_special_tokens=True), form)
+    template = templates.of(lm.tokenizer)
+    return lambda ids: templates.is_answer_complete(lm.tokenizer.decode(ids, skip_special_tokens=True), form, template)
 
 
 def _eos(lm: LoadedModel) -> frozenset[int]:
@@ -167,7 +171,7 @@ def answer(
     exactness = full_check(*served) if (run_check and chain and not relocated) else None
     grafted = start
     return Answer(
-        text=completion.strip() if raw else templates.cut_answer(completion, form),
+        text=completion.strip() if raw else templates.cut_answer(completion, form, templates.of(lm.tokenizer)),
         completion=completion,
         prompt_ids=tuple(prompt_ids),
         token_ids=tuple(dec.token_ids),
@@ -216,7 +220,7 @@ def baseline(
         decode_tokens=len(dec.token_ids),
         ttft_s=dec.first_token_s,
         total_s=dec.total_s,
-        text=completion.strip() if raw else templates.cut_answer(completion, form),
+        text=completion.strip() if raw else templates.cut_answer(completion, form, templates.of(lm.tokenizer)),
         output_sha256=tokens_sha256(dec.token_ids),
         token_ids=tuple(dec.token_ids),
     )

@@ -13,8 +13,10 @@ import torch
 from .forward import forward_chunk
 from .model import LoadedModel
 
-# The probe is the opening of every query prompt (templates.query_prompt), so an answer's own prompt
-# reproduces it on the serving cache (graft_core/proof.py); deposit texts end with a newline.
+# A fixed suffix, the same for every model: the opening of every plain-form query prompt (templates.query_prompt;
+# deposit texts end with a newline). In a chat template's form (templates.of) the query opens with the user turn
+# instead; the probe is still only a fixed suffix whose logits row the deposit records (graft_core/proof.py),
+# kept the same so that the models' golden artifacts do not depend on how they are asked.
 PROBE_TEXT = "Question:"
 
 

@@ -139,9 +139,10 @@ def attempt(
 
     prompt_ids = generate.encode_prompt(lm, question, grafted=False, form=form)
     tok = lm.tokenizer
+    template = templates.of(tok)
 
     def stop(ids: list[int]) -> bool:
-        return templates.is_answer_complete(tok.decode(ids, skip_special_tokens=True), form)
+        return templates.is_answer_complete(tok.decode(ids, skip_special_tokens=True), form, template)
 
     cache = new_cache(lm.model)
     if temperature <= 0:
@@ -166,7 +167,7 @@ def attempt(
         ids, total_s, mode = s.token_ids, s.total_s, "sampled"
     completion = tok.decode(list(ids), skip_special_tokens=True)
     return Attempt(
-        text=templates.cut_answer(completion, form),
+        text=templates.cut_answer(completion, form, template),
         completion=completion,
         mode=mode,
         token_ids=ids,

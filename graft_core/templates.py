@@ -11,9 +11,34 @@ by a blank line), then `Q: <query>\nA:`. Its answer ends where the next question
 blank line before it, as gsm8k-cot's stop sequences). The form is chosen by the caller and is the same on
 both sides of every comparison (eval/gsm.py). A third, `qa`, is the same `Q: <query>\nA:` line and end without
 the exemplars (zero-shot): a grafted item then sits right before the question.
+
+A model whose tokenizer carries a chat template (an instruct model: SmolLM2-Instruct's GGUF has one, the
+packaged Gemma 3 270M, the pt model, has none) is asked through that template instead (`of(tokenizer)`, a
+`Template`). A graft is positions 0..n-1 of what the model reads, so grafted knowledge must be a prefix of
+the rendered conversation: each deposit body is one **system turn** of its own (`<|im_start|>system\n<body>
+<|im_end|>\n` in SmolLM2's template; a chain's children are further system turns after it) and the question
+is the user turn and the generation prompt after them. The system turn is the template's own place for
+context the user did not type (a given one replaces the default system prompt, as the template renders
+it); each artifact then ends at a turn boundary, so its rendering does not depend on what precedes or follows
+it, and the question is rendered exactly as the template renders it after any knowledge turns. A prefix of
+the user turn would leave the artifact open mid-turn and make the question's rendering depend on what the
+artifact ended with. The turns are read off the template itself (`_derive`, with sentinel contents): the
+whole prompt of a chain and a question is what the template renders for messages [system(body) for each
+artifact] + [user(question)], and nothing grafted is what it renders for [user(question)]. A template that
+cannot be split so (one that folds the system text into the user turn, or refuses a system role) is not
+used: the model is asked in the plain form and a warning says why. In the chat form the answer is the
+assistant's turn: it ends where the model ends its turn (its EOS), in every form, and text given to be
+rendered may not contain the tokenizer's control tokens (they would forge turns).
 """
 
 from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from .errors import InvalidInput
+
+log = logging.getLogger(__name__)
 
 ANSWER_END = "\n"
 FORMS = ("answer", "cot", "qa")
@@ -106,7 +131,8 @@ def document_text(text: str) -> str:
 
 
 def query_prompt(question: str, form: str = "answer") -> str:
-    """Prompt text for a question (appended after any grafted state)."""
+    """Prompt text for a question in the plain form (appended after any grafted state); in the chat form it is
+    the user turn's content (`query_text`)."""
     if _form(form) == "cot":
         shots = "\n\n".join(f"Q: {q}\nA: {a}" for q, a in COT_EXEMPLARS)
         return f"{shots}\n\nQ: {question.strip()}\nA:"
@@ -115,8 +141,136 @@ def query_prompt(question: str, form: str = "answer") -> str:
     return f"Question: {question.strip()}\nAnswer:"
 
 
-def _end(completion: str, form: str) -> int:
-    """Where the answer part of a completion ends (its length when no end is in it yet)."""
+@dataclass(frozen=True)
+class Template:
+    """How one model is asked: the plain form (`chat` False), or its chat template's turns as text around a
+    content, each a (before, after) pair read off the template (`_derive`)."""
+
+    chat: bool
+    turn: tuple[str, str] = ("", "")  # one system turn around a deposit body
+    query: tuple[str, str] = ("", "")  # after knowledge turns: the user turn and the generation prompt around the question
+    bare: tuple[str, str] = ("", "")  # nothing grafted: everything the template renders around the question
+    controls: tuple[str, ...] = ()  # the tokenizer's control tokens, refused inside a content
+    why_plain: str = ""  # why a chat template the tokenizer carries is not used
+
+
+PLAIN = Template(chat=False)
+_SENTINELS = ("\ue000kvgraft one\ue001", "\ue000kvgraft two\ue001")
+_KNOWN: dict[tuple, Template] = {}
+
+
+def _around(text: str, sentinel: str) -> tuple[str, str]:
+    if text.count(sentinel) != 1:
+        raise ValueError("the template does not render a message's content once, as given")
+    before, after = text.split(sentinel)
+    return before, after
+
+
+def _derive(render, controls: tuple[str, ...] = ()) -> Template:
+    """The turns of a chat template, from `render(messages, add_generation_prompt) -> str` on sentinel
+    contents; raises ValueError where the template cannot hold knowledge as a prefix of system turns."""
+    a, b = _SENTINELS
+
+    def system(c: str) -> dict:
+        return {"role": "system", "content": c}
+
+    def user(c: str) -> dict:
+        return {"role": "user", "content": c}
+
+    turn_a = render([system(a)], False)
+    turn = _around(turn_a, a)
+    if _around(render([system(b)], False), b) != turn:
+        raise ValueError("a system turn's rendering depends on its content beyond the content itself")
+    if render([system(a), system(b)], False) != turn_a + turn[0] + b + turn[1]:
+        raise ValueError("a second system turn is not rendered as the first is, after it")
+    asked = render([system(a), user(b)], True)
+    if not asked.startswith(turn_a):
+        raise ValueError("the system turn is not a prefix of the conversation it opens")
+    query = _around(asked[len(turn_a) :], b)
+    if render([system(b), system(a), user(a)], True) != turn[0] + b + turn[1] + turn[0] + a + turn[1] + query[0] + a + query[1]:
+        raise ValueError("the question's turn is rendered differently after other knowledge")
+    bare = _around(render([user(a)], True), a)
+    if _around(render([user(b)], True), b) != bare:
+        raise ValueError("the question's rendering depends on the question beyond the question itself")
+    return Template(chat=True, turn=turn, query=query, bare=bare, controls=controls)
+
+
+def _controls(tokenizer) -> tuple[str, ...]:
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return tuple(sorted({t.content for t in added.values() if getattr(t, "special", False) and t.content}))
+
+
+def of(tokenizer) -> Template:
+    """The form a model with this tokenizer is asked in: its chat template's turns where it carries one that
+    can hold grafted knowledge as a prefix, else PLAIN (a template that cannot is named in a warning once)."""
+    source = getattr(tokenizer, "chat_template", None)
+    if not isinstance(source, str) or not source:
+        return PLAIN
+    controls = _controls(tokenizer)
+    key = (source, str(getattr(tokenizer, "bos_token", "")), str(getattr(tokenizer, "eos_token", "")), controls)
+    if key not in _KNOWN:
+
+        def render(messages: list[dict], generation: bool) -> str:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+
+        try:
+            _KNOWN[key] = _derive(render, controls)
+        except Exception as e:  # a template that raises on a system turn, or one that folds it into the user's
+            log.warning("the model's chat template cannot hold grafted knowledge as a prefix (%s): asked in the plain form", e)
+            _KNOWN[key] = Template(chat=False, why_plain=str(e))
+    return _KNOWN[key]
+
+
+def _checked(template: Template, text: str, what: str) -> str:
+    for c in template.controls:
+        if c in text:
+            raise InvalidInput(f"the {what} contains the model's control token {c!r}; remove it")
+    return text
+
+
+def deposit_text(template: Template, body: str) -> str:
+    """What the model reads for a deposit body (item_text, document_text, fact_run_text): the body itself in the
+    plain form; in the chat form its own system turn, the body stripped as its content (the same turn wherever
+    in a chain it sits)."""
+    if not template.chat:
+        return body
+    before, after = template.turn
+    return before + _checked(template, body.strip(), "deposit") + after
+
+
+def deposit_ids(tokenizer, body: str, root: bool) -> list[int]:
+    """Token ids of a deposit body as capture prefills them. Plain form: the tokenizer's own special tokens
+    (BOS) only on a chain's root. Chat form: the template's text carries every control token it has, so the
+    tokenizer adds none (as transformers' apply_chat_template tokenises)."""
+    template = of(tokenizer)
+    if not template.chat:
+        return list(tokenizer(body, add_special_tokens=root)["input_ids"])
+    return list(tokenizer(deposit_text(template, body), add_special_tokens=False)["input_ids"])
+
+
+def query_text(template: Template, question: str, form: str = "answer", grafted: bool = True) -> str:
+    """The prompt text of a question: the plain form's `query_prompt`, or in the chat form the user turn and
+    generation prompt after knowledge turns (`grafted`), or the whole rendering of the question alone."""
+    if not template.chat:
+        return query_prompt(question, form)
+    content = query_prompt(question, form) if _form(form) == "cot" else question.strip()
+    before, after = template.query if grafted else template.bare
+    return before + _checked(template, content, "question") + after
+
+
+def prompt_ids(tokenizer, question: str, form: str = "answer", grafted: bool = True) -> list[int]:
+    """Token ids of a question's prompt (`query_text`): plain form with BOS only when nothing is grafted."""
+    template = of(tokenizer)
+    text = query_text(template, question, form, grafted)
+    return list(tokenizer(text, add_special_tokens=not grafted and not template.chat)["input_ids"])
+
+
+def _end(completion: str, form: str, template: Template = PLAIN) -> int:
+    """Where the answer part of a completion ends (its length when no end is in it yet; in the chat form the
+    model's end of turn, which stops decoding before it is text)."""
+    if template.chat:
+        _form(form)
+        return len(completion)
     ends = (ANSWER_END,) if _form(form) == "answer" else COT_ENDS
     body = completion if form == "answer" else completion.lstrip()  # a cot answer may open on a newline
     skip = len(completion) - len(body)
@@ -124,10 +278,10 @@ def _end(completion: str, form: str) -> int:
     return skip + min(found) if found else len(completion)
 
 
-def cut_answer(completion: str, form: str = "answer") -> str:
+def cut_answer(completion: str, form: str = "answer", template: Template = PLAIN) -> str:
     """The answer part of a completion: up to the template's end of answer, stripped."""
-    return completion[: _end(completion, form)].strip()
+    return completion[: _end(completion, form, template)].strip()
 
 
-def is_answer_complete(completion: str, form: str = "answer") -> bool:
-    return _end(completion, form) < len(completion)
+def is_answer_complete(completion: str, form: str = "answer", template: Template = PLAIN) -> bool:
+    return _end(completion, form, template) < len(completion)

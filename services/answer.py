@@ -149,11 +149,12 @@ class AnswerPipeline:
         if on_token is None:
             return None
         tokenizer, got = self._lm().tokenizer, []
+        template = templates.of(tokenizer)
 
         def tok_cb(t: int) -> None:
             got.append(t)
             text = tokenizer.decode(got, skip_special_tokens=True)
-            on_token(text if raw else templates.cut_answer(text, form))
+            on_token(text if raw else templates.cut_answer(text, form, template))
 
         return tok_cb
 

@@ -67,7 +67,7 @@ class DepositPipeline:
         progress = on_progress or (lambda f, m: None)
         lm = self._lm()
         parent_row = self._store.catalog.get(parent) if parent else None
-        token_ids = lm.tokenizer(text, add_special_tokens=parent_row is None)["input_ids"]
+        token_ids = templates.deposit_ids(lm.tokenizer, text, root=parent_row is None)
         start = parent_row.end_pos if parent_row else 0
         if start + len(token_ids) > lm.info.max_positions:
             raise InputTooLong(
@@ -276,7 +276,7 @@ class DepositPipeline:
 
         parent_row = self._store.catalog.get(parent) if parent else None
         lm = self._lm()
-        token_ids = lm.tokenizer(text, add_special_tokens=parent_row is None)["input_ids"]
+        token_ids = templates.deposit_ids(lm.tokenizer, text, root=parent_row is None)
         try:
             row = self._store.catalog.get(artifact_key(lm.fingerprint, parent_row.id if parent_row else "", token_ids))
         except ArtifactNotFound:

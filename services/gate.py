@@ -94,7 +94,7 @@ def fact_run(lm: LoadedModel, question: str, solution: str, verifier: str, refer
     from graft_core.capture import capture
 
     t0 = time.perf_counter()
-    ids = lm.tokenizer(templates.fact_run_text(question, solution))["input_ids"]
+    ids = templates.deposit_ids(lm.tokenizer, templates.fact_run_text(question, solution), root=True)
     if len(ids) + 64 > lm.info.max_positions:
         raise InvalidInput("the solution is too long for the model's context; shorten it")
     art, _ = capture(lm, list(ids))

@@ -35,7 +35,7 @@ class RebuildReport:
 
 def rebuild_compare(lib: Library, artifact_id: str) -> RebuildReport:
     """Recompute the artifact from its source text on this machine and compare bytes with the stored blob."""
-    from graft_core import codec  # the engine loads here, not with the web page
+    from graft_core import codec, templates  # the engine loads here, not with the web page
     from graft_core.artifact import text_sha256
     from graft_core.capture import capture
 
@@ -47,7 +47,7 @@ def rebuild_compare(lib: Library, artifact_id: str) -> RebuildReport:
             "rebuild it with the model that made it (--model)"
         )
     text = lib.store.catalog.source(row.id).text
-    token_ids = lm.tokenizer(text, add_special_tokens=row.parent_id is None)["input_ids"]
+    token_ids = templates.deposit_ids(lm.tokenizer, text, root=row.parent_id is None)
     with lib.store.lock:
         parents = lib.load_chain(row.parent_id)[0] if row.parent_id else []
         art, stats = capture(lm, token_ids, parents=parents, text_sha256=text_sha256(text))

@@ -118,7 +118,7 @@ def bundle_model(bundle: Path = BUNDLE) -> str | None:
 def _recomputed(library, doc: dict, progress) -> dict[str, bytes]:
     """Each artifact of the recipe prefilled here from its source text's tokens (after its recomputed parents),
     as tar members by name; IntegrityError unless its bytes hash to the content hash the gate's deposit gave it."""
-    from graft_core import codec
+    from graft_core import codec, templates
     from graft_core.artifact import text_sha256
     from graft_core.capture import capture
 
@@ -136,7 +136,7 @@ def _recomputed(library, doc: dict, progress) -> dict[str, bytes]:
             chain.insert(0, made[cur])
             cur = entries[cur]["parent"]
         text = texts[a["id"]]
-        ids = lm.tokenizer(text, add_special_tokens=not chain)["input_ids"]
+        ids = templates.deposit_ids(lm.tokenizer, text, root=not chain)
         with library.store.lock:
             art, _ = capture(lm, list(ids), parents=chain, text_sha256=text_sha256(text))
         data = codec.dumps(art)

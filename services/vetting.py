@@ -78,9 +78,10 @@ def _chains(rows: dict, blobs: dict[str, Path | bytes]) -> dict[str, list[KVArti
 
 
 def _retokenise(lib: Library, aid: str, text: str, art: KVArtifact) -> None:
+    from graft_core import templates
     from graft_core.artifact import text_sha256
 
-    ids = lib.lm.tokenizer(text, add_special_tokens=not art.parent)["input_ids"]
+    ids = templates.deposit_ids(lib.lm.tokenizer, text, root=not art.parent)
     if list(ids) != art.token_ids.tolist() or (art.text_sha256 and art.text_sha256 != text_sha256(text)):
         raise IntegrityError(
             f"artifact {aid}: its source text in the bundle tokenises to other tokens than the artifact holds "

@@ -348,6 +348,63 @@ def test_smollm2_grafted_equals_fresh_and_batched_equals_alone(smollm2):
     assert equal and passes == 2
 
 
+def _gguf_chat_template() -> str:
+    """The chat template string in the SmolLM2 GGUF's own metadata, read with gguf-py (not through transformers)."""
+    import gguf
+
+    from graft_core import packaged
+
+    field = gguf.GGUFReader(packaged.smollm2_file()).fields["tokenizer.chat_template"]
+    return field.contents()
+
+
+@pytest.mark.integration
+def test_smollm2_is_asked_through_its_own_chat_template_and_a_grafted_answer_is_fresh(smollm2):
+    """Knowledge in system turns, the question in the user turn: the token stream of a chain of two deposits and
+    a question is the tokenisation of what jinja2 renders from the GGUF's own template string for those messages,
+    and the answer grafted through it is byte-equal to the fresh recomputation (logits rows and tokens)."""
+    import jinja2
+
+    from graft_core import generate, templates
+
+    lm = smollm2
+    source = _gguf_chat_template()
+    assert source == lm.tokenizer.chat_template and templates.of(lm.tokenizer).chat
+    a = templates.item_text("Who built the lighthouse of Varnek Isle?", "Osric Pellamy built it in 1874.", "Osric Pellamy")
+    b = templates.document_text("Its first keeper was Mira Tolland, who kept it for forty years.")
+    q = "Who built the lighthouse of Varnek Isle?"
+    messages = [
+        {"role": "system", "content": a.strip()},
+        {"role": "system", "content": b.strip()},
+        {"role": "user", "content": q},
+    ]
+    rendered = jinja2.Environment().from_string(source).render(messages=messages, add_generation_prompt=True)
+    want = lm.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    root_ids = templates.deposit_ids(lm.tokenizer, a, root=True)
+    child_ids = templates.deposit_ids(lm.tokenizer, b, root=False)
+    root, _ = capture(lm, root_ids)
+    child, _ = capture(lm, child_ids, parents=[root])
+    ans = generate.answer(lm, [root, child], q, max_new_tokens=24, run_check=True)
+    assert root_ids + child_ids + list(ans.prompt_ids) == want
+    alone = jinja2.Environment().from_string(source).render(messages=[{"role": "user", "content": q}], add_generation_prompt=True)
+    assert generate.encode_prompt(lm, q, grafted=False) == lm.tokenizer(alone, add_special_tokens=False)["input_ids"]
+    assert ans.check is not None and ans.check.exact and ans.check.tokens_equal, ans.check
+    assert ans.text and ans.stopped in ("eos", "length"), ans
+
+
+@pytest.mark.integration
+def test_the_packaged_gemma_is_a_base_model_asked_in_the_plain_form():
+    """The packaged Gemma 3 270M is the pt model: its GGUF carries no chat template, so it is asked through
+    "Question:/Answer:" with its tokenizer's own ids (its golden hashes and eval are those of that form)."""
+    from graft_core import packaged, templates
+
+    folder = model._packaged_gguf_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = packaged.tokenizer(packaged.gguf_file(folder))
+    assert not getattr(tok, "chat_template", None) and templates.of(tok) is templates.PLAIN
+    assert templates.prompt_ids(tok, "Who?", grafted=False) == tok("Question: Who?\nAnswer:")["input_ids"]
+
+
 # The chat-templated prompt's artifact and logits SHA-256, as avx512, avx2 and portable computed them on an Intel
 # Xeon (AVX-512): a CPU without some build compares the builds it has with these.
 SMOLLM2_SHA256 = (
