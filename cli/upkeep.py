@@ -137,7 +137,9 @@ def cmd_replay(args) -> int:
 
 
 def cmd_list(args) -> int:
-    entries = _library(args).entries(query=args.query or "", kind=args.kind, limit=args.limit, offset=args.offset)
+    entries = _library(args).entries(
+        query=args.query or "", kind=args.kind, limit=args.limit, offset=args.offset, model=args.list_model
+    )
     rows = [e.row for e in entries]
     human = "\n".join(f"{r.id}  {r.tokens:>6} tok @{r.start:<6} {r.kind:<8} {r.title}" for r in rows)
     _emit(args, {"artifacts": [e.to_json() for e in entries], "count": len(rows)}, human or "no artifacts")
@@ -212,6 +214,12 @@ def register(sub) -> None:
     p = add("list", "list artifacts, newest first", cmd_list)
     p.add_argument("--query", default=None, help="match in title or source text")
     p.add_argument("--kind", default=None, choices=["verified", "text", "attested"])
+    p.add_argument(
+        "--model",
+        dest="list_model",
+        default=None,
+        help="only the artifacts this model made (a name the store opened it under, or a fingerprint prefix)",
+    )
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--offset", type=int, default=0)
 

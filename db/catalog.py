@@ -79,9 +79,17 @@ def _check_embedding(embedding: Embedding) -> None:
         raise InvalidInput(f"text_sha256 must be 64 lowercase hex digits (a SHA-256); got {text_sha256!r}")
 
 
-def listing(stmt: Select, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> Select:
+def listing(
+    stmt: Select,
+    query: str = "",
+    kind: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+    fingerprints: tuple[str, ...] | None = None,
+) -> Select:
     """The artifact list's filters and order on a select over `artifacts` joined with `sources`: `query`
-    matches the title or the source text (case-insensitive), newest first, then paged.
+    matches the title or the source text (case-insensitive), `fingerprints` (db.models.fingerprints_of) keeps
+    those models' artifacts, newest first, then paged.
 
     One definition for every listing: `Catalog.list_artifacts` and `db.queries.library_rows` both build on it."""
     if kind is not None and kind not in KINDS:
@@ -94,6 +102,8 @@ def listing(stmt: Select, query: str = "", kind: str | None = None, limit: int =
         )
     if kind is not None:
         stmt = stmt.where(artifacts.c.kind == kind)
+    if fingerprints is not None:
+        stmt = stmt.where(artifacts.c.model_fingerprint.in_(fingerprints))
     return stmt.order_by(artifacts.c.created_at.desc(), artifacts.c.id).limit(limit).offset(offset)
 
 
@@ -226,9 +236,19 @@ class Catalog:
             )
             return [artifact_row(m) for m in rows]
 
-    def list_artifacts(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[ArtifactRow]:
-        """Newest first. `query` matches case-insensitively (ASCII case) anywhere in the title or source text."""
-        stmt = listing(select(artifacts).join(sources, sources.c.artifact_id == artifacts.c.id), query, kind, limit, offset)
+    def list_artifacts(
+        self,
+        query: str = "",
+        kind: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        fingerprints: tuple[str, ...] | None = None,
+    ) -> list[ArtifactRow]:
+        """Newest first. `query` matches case-insensitively (ASCII case) anywhere in the title or source text;
+        `fingerprints` keeps those models' artifacts."""
+        stmt = listing(
+            select(artifacts).join(sources, sources.c.artifact_id == artifacts.c.id), query, kind, limit, offset, fingerprints
+        )
         with dbconn.read(self._engine) as conn:
             return [artifact_row(m) for m in conn.execute(stmt)]
 

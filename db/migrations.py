@@ -243,12 +243,29 @@ def m005_artifact_origin(conn: Connection) -> None:
     conn.execute(text("ALTER TABLE artifacts ADD COLUMN origin TEXT"))
 
 
+def m006_models(conn: Connection) -> None:
+    """models: the names each model fingerprint was opened under in this store (artifacts record only the
+    fingerprint), and an index on artifacts.model_fingerprint (one model's artifacts among several, without a
+    scan). Not back-filled: a fingerprint no Library has named since is listed by its hash."""
+    md = MetaData()
+    Table(
+        "models",
+        md,
+        Column("fingerprint", String(64), primary_key=True),
+        Column("name", Text, primary_key=True),
+        Column("first_seen", DateTime(timezone=True), nullable=False),
+    )
+    md.create_all(conn)
+    conn.execute(text("CREATE INDEX ix_artifacts_model_fingerprint ON artifacts (model_fingerprint)"))
+
+
 STEPS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("m001_initial", m001_initial),
     ("m002_ledger_bounds", m002_ledger_bounds),
     ("m003_verification_record", m003_verification_record),
     ("m004_aggregates", m004_aggregates),
     ("m005_artifact_origin", m005_artifact_origin),
+    ("m006_models", m006_models),
 )
 
 

@@ -24,7 +24,14 @@ class Listed:
     verdict: str  # the latest record's label (VerificationRow.label); "unverified" when it has none
 
 
-def library_rows(catalog: Catalog, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[Listed]:
+def library_rows(
+    catalog: Catalog,
+    query: str = "",
+    kind: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+    fingerprints: tuple[str, ...] | None = None,
+) -> list[Listed]:
     """Newest first, like `Catalog.list_artifacts` (same filters), each row joined with its latest
     verification in the same query: one statement for the whole table, not one per row."""
     latest = (
@@ -40,7 +47,7 @@ def library_rows(catalog: Catalog, query: str = "", kind: str | None = None, lim
         .outerjoin(latest, latest.c.artifact_id == artifacts.c.id)
         .outerjoin(verifications, verifications.c.id == latest.c.vid)
     )
-    stmt = listing(stmt, query, kind, limit, offset)
+    stmt = listing(stmt, query, kind, limit, offset, fingerprints)
     out = []
     with dbconn.read(catalog._engine) as conn:
         for m in conn.execute(stmt):

@@ -48,6 +48,7 @@ artifacts = Table(
     Column("quarantine", Text, nullable=True),  # m003: why it is never grafted (None: usable)
     Column("origin", Text, nullable=True),  # m005: None deposited here; "imported" or "rebuilt: ..." (see m005)
     Index("ix_artifacts_created_at", "created_at"),  # m004_aggregates: newest-first listings stop at their LIMIT
+    Index("ix_artifacts_model_fingerprint", "model_fingerprint"),  # m006_models: one model's artifacts, in a store of several
 )
 
 sources = Table(
@@ -175,6 +176,17 @@ meta = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=False),
     Column("version", BigInteger, nullable=False),
+)
+
+# m006_models: the names a model was opened under in this store, by fingerprint (an artifact records only
+# the fingerprint; `list --model NAME` and the dashboard read names here). One fingerprint may have several
+# names (the packaged Gemma and its GGUF given by path are the same model).
+models = Table(
+    "models",
+    metadata,
+    Column("fingerprint", Hash, primary_key=True),  # LoadedModel.fingerprint (model identity + configuration)
+    Column("name", Text, primary_key=True),  # KVGRAFT_MODEL as given: packaged:..., a folder, a .gguf path
+    Column("first_seen", When, nullable=False),
 )
 
 schema_migrations = Table(

@@ -252,21 +252,37 @@ class VectorIndex:
 
     # -- search ----------------------------------------------------------------------------------
 
-    def search(self, vector: np.ndarray, k: int = 5, threshold: float = DEFAULT_THRESHOLD) -> list[Hit]:
-        """The best `k` hits by cosine, best first, keeping only those with score >= threshold."""
+    def search(
+        self, vector: np.ndarray, k: int = 5, threshold: float = DEFAULT_THRESHOLD, allowed: frozenset[str] | None = None
+    ) -> list[Hit]:
+        """The best `k` hits by cosine, best first, keeping only those with score >= threshold; with `allowed`,
+        only among those artifact ids (one model's artifacts in a store holding several: the others are never
+        candidates, so they neither appear nor take a place among the `k`)."""
         if k < 1:
             raise InvalidInput(f"k must be >= 1, got {k}")
         query = self._unit(vector, "query vector")
         with self._lock:
-            k = min(k, len(self._rows))
+            selector, keep = self._selector, self._alive_bits
+            if allowed is not None:
+                ok = np.fromiter((i is not None and i in allowed for i in self._ids), dtype=bool, count=len(self._ids))
+                count = int(ok.sum())
+                keep = np.packbits(ok, bitorder="little")  # held for the search: the selector points into it
+                selector = faiss.IDSelectorBitmap(keep) if count < len(self._ids) else None
+            else:
+                count = len(self._rows)
+            k = min(k, count)
             if k == 0:
                 return []
             with _omp_threads(1):
                 if self.kind == "hnsw":
                     params = faiss.SearchParametersHNSW()
                     params.efSearch = max(HNSW_EF_SEARCH, k)
-                    if self._selector is not None:
-                        params.sel = self._selector
+                    if selector is not None:
+                        params.sel = selector
+                    scores, rows = self._faiss.search(query, k, params=params)
+                elif selector is not None:
+                    params = faiss.SearchParameters()
+                    params.sel = selector
                     scores, rows = self._faiss.search(query, k, params=params)
                 else:
                     scores, rows = self._faiss.search(query, k)
@@ -276,6 +292,7 @@ class VectorIndex:
                     break  # results are sorted best first; -1 pads when fewer than k were found
                 artifact_id = self._ids[row]
                 assert artifact_id is not None, "the selector excludes tombstoned rows"
+                assert allowed is None or artifact_id in allowed, "the selector excludes ids not allowed"
                 hits.append(Hit(artifact_id, float(score), len(hits) + 1))
             return hits
 

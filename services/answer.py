@@ -91,7 +91,9 @@ class AnswerPipeline:
         if not 1 <= k <= MAX_K:
             raise InvalidInput(f"k must be between 1 and {MAX_K}, got {k}")
         vec = self._embedder().embed(question)
-        return [self._describe(h, question) for h in self._store.index().search(vec, k=k, threshold=_threshold(threshold))]
+        own = self._store.model_ids(self._lm().fingerprint)  # another model's artifacts are never candidates
+        hits = self._store.index().search(vec, k=k, threshold=_threshold(threshold), allowed=own)
+        return [self._describe(h, question) for h in hits]
 
     def _choose(self, hits: list[Retrieved]) -> str:
         """The leaf to graft: the deepest hit whose chain contains the most other hits (exact composition)."""
@@ -287,4 +289,5 @@ class AnswerPipeline:
             output_token_ids=ans.token_ids,
             proof=ans.proof,
             machine_bound=lm.machine_bound,
+            model=lm.info.name,
         )

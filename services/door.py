@@ -109,10 +109,13 @@ class LibraryDoor(Protocol):
         """Artifacts in the store (a running total: one bounded read, whatever its size). Needs no model."""
         ...
 
-    def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
+    def entries(
+        self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0, model: str | None = None
+    ) -> list[LibraryEntry]:
         """Artifacts newest first, each with its latest verification; `query` matches title or text, `kind`
-        ("verified", "text", ...) filters, at most `limit` from `offset`. One query; needs no model. Raises
-        `InvalidInput` for a `kind` that is none of the catalog's kinds."""
+        ("verified", "text", ...) filters, `model` keeps the artifacts that model made (a name the store opened
+        it under, or a fingerprint prefix), at most `limit` from `offset`. Needs no model. Raises `InvalidInput`
+        for a `kind` that is none of the catalog's kinds, or a `model` the store does not know (naming its models)."""
         ...
 
     def show(self, ref: str) -> ShowReport:

@@ -89,6 +89,8 @@ class Library:
         self.reports = ExactnessReportPipeline(self.store, self.artifacts, self.turns, model)
         self.solving = SolvePipeline(self.store, self.turns, model, self.answers, self.deposits)
         self.solving.fill_flywheel()
+        if lm is not None:
+            self._note_model(lm)
 
     def close(self) -> None:
         """LibraryDoor.close."""
@@ -107,8 +109,16 @@ class Library:
             return self._lm
         with self.store.lock:
             if self._lm is None:
-                self._lm = model_mod.load(self.model_name)
+                loaded = model_mod.load(self.model_name)
+                self._note_model(loaded)
+                self._lm = loaded
             return self._lm
+
+    def _note_model(self, lm: model_mod.LoadedModel) -> None:
+        """Name the model in the store (db.models): `list --model NAME` and the dashboard read it there."""
+        from db import models
+
+        models.note(self.store.catalog, lm.fingerprint, lm.info.name)
 
     @property
     def model_loaded(self) -> bool:
@@ -258,9 +268,16 @@ class Library:
 
     # ---- views of the store ------------------------------------------------------------------
 
-    def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
-        """Artifacts newest first, each with its latest verification; `query` matches title or text."""
-        return [LibraryEntry.of(x) for x in library_rows(self.store.catalog, query=query, kind=kind, limit=limit, offset=offset)]
+    def entries(
+        self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0, model: str | None = None
+    ) -> list[LibraryEntry]:
+        """Artifacts newest first, each with its latest verification; `query` matches title or text, `model` keeps
+        the artifacts that model made (db.models.fingerprints_of: a name or a fingerprint prefix)."""
+        from db import models
+
+        fps = models.fingerprints_of(self.store.catalog, model) if model else None
+        rows = library_rows(self.store.catalog, query=query, kind=kind, limit=limit, offset=offset, fingerprints=fps)
+        return [LibraryEntry.of(x) for x in rows]
 
     def catalog_version(self) -> int:
         """The catalog's change counter (every deposit or delete bumps it); an index built at another
@@ -294,6 +311,8 @@ class Library:
     def stats(self, recent: int = 60) -> StoreStats:
         """Ledger sums (running totals: every answer ever recorded, pruned rows included), the latest `recent`
         answers and the store's size against the context window: three bounded reads whatever the ledger's size."""
+        from db import models
+
         size = aggregates.read(self.store.catalog, (aggregates.store_size,))[0]
         return StoreStats(
             totals=self.store.catalog.ledger_totals(),
@@ -301,6 +320,8 @@ class Library:
             store_tokens=size.tokens,
             artifacts=size.artifacts,
             window=self.lm.info.max_positions,
+            model=self.lm.info.name,
+            models=tuple(names[0] for names in models.names(self.store.catalog).values()),
         )
 
     def delete(self, ref: str) -> DeleteReport:

@@ -136,6 +136,7 @@ class AnswerResult:
     output_token_ids: tuple[int, ...] = ()
     proof: Proof | None = None  # the cheap proof of the served state (kind "none" says why none applies)
     machine_bound: bool = False  # the model's record names this machine's kernel path, not a numerical definition
+    model: str = ""  # the model that answered (its name as loaded: KVGRAFT_MODEL)
 
     @property
     def scope(self) -> str:
@@ -171,6 +172,7 @@ class AnswerResult:
             "proof": None if self.proof is None else self.proof.as_dict(),
             "machine_bound": self.machine_bound,
             "scope": self.scope,
+            "model": self.model,
         }
         if self.baseline is not None:
             d["baseline"] = asdict(self.baseline) | {"ttft_speedup": self.ttft_speedup, "measured": True}
@@ -194,6 +196,7 @@ class AnswerResult:
             output_token_ids=tuple(d["output_token_ids"]),
             proof=_record("Proof", d["proof"]),
             machine_bound=bool(d.get("machine_bound", False)),
+            model=str(d.get("model", "")),
         )
 
 
@@ -309,6 +312,8 @@ class StoreStats:
     store_tokens: int
     artifacts: int
     window: int
+    model: str = ""  # the model this store is served by (its name as loaded)
+    models: tuple[str, ...] = ()  # every model the store was opened with (db.models: its first name each)
 
     @property
     def flops_ratio(self) -> float:

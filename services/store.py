@@ -47,6 +47,7 @@ class Store:
         self._embedder = embedder
         self._index: VectorIndex | None = None
         self._index_lock = threading.Lock()
+        self._model_ids: dict[str, tuple[int, frozenset[str] | None]] = {}  # fingerprint -> (catalog version, ids)
 
     @classmethod
     def open(cls, home: Path, db_url: str, blob_root: Path | None, embedder: Callable[[], Embedder]) -> Store:
@@ -57,6 +58,19 @@ class Store:
     @property
     def embedder(self) -> Embedder:
         return self._embedder()
+
+    def model_ids(self, fingerprint: str) -> frozenset[str] | None:
+        """The artifact ids retrieval may offer the model `fingerprint` (its own; never another model's), or None
+        when every artifact in the store is its own. Read again whenever the catalog's version moved."""
+        from db import models
+
+        version = self.catalog.version()
+        cached = self._model_ids.get(fingerprint)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        ids = None if models.only(self.catalog, fingerprint) else models.artifact_ids(self.catalog, fingerprint)
+        self._model_ids[fingerprint] = (version, ids)
+        return ids
 
     def close(self) -> None:
         """Release the catalog's connections (the store is unusable afterwards)."""

@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import services
-from errors import KvgraftError
+from errors import InvalidInput, KvgraftError
 
-FINGERPRINT_SAMPLE = 50  # newest artifacts whose model fingerprints the check compares with this replica's
+FINGERPRINT_SAMPLE = 50  # newest artifacts whose model fingerprints a refusal names
 
 
 class Unhealthy(KvgraftError):
@@ -69,14 +69,17 @@ def check(lib: services.Library, blob_root: Path, replica: str, fingerprint: str
             problems.append(
                 f"blob root {blob_root} lacks the newest artifact's file: mount the shared blob folder (KVGRAFT_BLOB_ROOT)"
             )
-        if fp and newest:
-            made_by = {e.row.model_fingerprint for e in newest}
-            fp_ok = fp in made_by
+        if fp and newest:  # a store may hold several models' artifacts: this one must have made some of them
+            try:
+                fp_ok = bool(lib.entries(limit=1, model=fp))
+            except InvalidInput:  # a fingerprint the store has never seen
+                fp_ok = False
             if not fp_ok:
+                made_by = {e.row.model_fingerprint for e in newest}
                 problems.append(
-                    f"model fingerprint {fp[:16]} made none of the store's newest artifacts (made by "
-                    f"{', '.join(sorted(f[:16] for f in made_by))}); this replica would refuse them: start it with the store's "
-                    "model and thread count (KVGRAFT_MODEL, KVGRAFT_THREADS)"
+                    f"model fingerprint {fp[:16]} made none of the store's artifacts (its newest made by "
+                    f"{', '.join(sorted(f[:16] for f in made_by))}); this replica would refuse them all: start it with the "
+                    "store's model and thread count (KVGRAFT_MODEL, KVGRAFT_THREADS)"
                 )
     except KvgraftError as e:
         problems.append(f"catalog unreachable or unreadable: {e}")

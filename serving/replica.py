@@ -172,10 +172,12 @@ class Replica:
         return await self._handle(request, self._verify)
 
     @api.get("/library")
-    async def library(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> JSONResponse:
+    async def library(
+        self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0, model: str | None = None
+    ) -> JSONResponse:
         def work() -> list:
             n, skip = whole("limit", limit, 1, 1000), whole("offset", offset, 0, 2**31)
-            return [e.to_json() for e in self.lib.entries(query=query, kind=kind, limit=n, offset=skip)]
+            return [e.to_json() for e in self.lib.entries(query=query, kind=kind, limit=n, offset=skip, model=model)]
 
         return await self._read(work)
 

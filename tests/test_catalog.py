@@ -132,7 +132,14 @@ def ledger_row(**kw) -> LedgerRow:
 
 # -- migrations and connection --------------------------------------------------------------------
 
-ALL_STEPS = ["m001_initial", "m002_ledger_bounds", "m003_verification_record", "m004_aggregates", "m005_artifact_origin"]
+ALL_STEPS = [
+    "m001_initial",
+    "m002_ledger_bounds",
+    "m003_verification_record",
+    "m004_aggregates",
+    "m005_artifact_origin",
+    "m006_models",
+]
 
 
 def test_migrations_are_idempotent_and_match_schema(url, home):

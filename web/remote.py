@@ -229,8 +229,11 @@ class RemoteLibrary:
         body = {"samples": samples, "relocate": relocate, "seed": seed}
         return self._call(client, "POST", "/verify", body, ExactnessReport.from_json)
 
-    def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
-        q = urllib.parse.urlencode({"query": query, "limit": limit, "offset": offset} | ({"kind": kind} if kind else {}))
+    def entries(
+        self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0, model: str | None = None
+    ) -> list[LibraryEntry]:
+        extra = ({"kind": kind} if kind else {}) | ({"model": model} if model else {})
+        q = urllib.parse.urlencode({"query": query, "limit": limit, "offset": offset} | extra)
         return self._call(self._anon, "GET", f"/library?{q}", parse=lambda rows: [LibraryEntry.from_json(e) for e in rows])
 
     def show(self, ref: str) -> ShowReport:

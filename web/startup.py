@@ -383,8 +383,10 @@ class StartingLibrary:
     def count(self) -> int:
         return self._library.count()
 
-    def entries(self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0) -> list[LibraryEntry]:
-        return self._library.entries(query, kind, limit, offset)
+    def entries(
+        self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0, model: str | None = None
+    ) -> list[LibraryEntry]:
+        return self._library.entries(query, kind, limit, offset, model)
 
     def show(self, ref: str) -> ShowReport:
         return self._library.show(ref)

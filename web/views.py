@@ -98,6 +98,7 @@ def evidence_html(r: services.AnswerResult) -> str:
     measured = r.baseline is not None
     parts = [
         f'<div class="kv-evidence"><div class="kv-head">{badge(r)} <span class="kv-tier kv-tier-{esc(r.tier)}">tier {esc(r.tier)}</span>'
+        + (f' <span class="kv-model">model {esc(r.model)}</span>' if r.model else "")
         + (f' <span class="kv-scope">{esc(r.scope)}</span>' if r.scope else "")
         + "</div>"
     ]
@@ -250,6 +251,9 @@ def stats_html(s: services.StoreStats) -> str:
         f'<div class="kv-stat"><b class="{"kv-ok" if not t.checks_failed else "kv-bad"}">{t.checks_passed}/{checks}</b>'
         f"<span>exactness checks passed ({t.checks_failed} failed)</span></div></div>"
     )
+    if s.model:
+        held = ", ".join(esc(name) for name in s.models) or "none yet"
+        md += f'<div class="kv-muted">model <b>{esc(s.model)}</b> · models in this store: {held}</div>'
     return md
 
 
