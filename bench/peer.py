@@ -23,6 +23,14 @@ the same GGUF. `KVGRAFT_LINEAR=torch` (MKL's products and torch's kernels, anoth
 
     .venv/bin/python -m bench.peer [--repeats 5] [--prefixes 2048,4096] [--isas native,avx2,portable]
 
+`--model packaged:smollm2-135m-instruct` (or a Llama-family .gguf path) runs both engines on that model's GGUF
+instead: kvgraft loads it as KVGRAFT_MODEL does, llama.cpp reads the same file. Each prefix file is cut to at
+most N of that model's tokens as kvgraft deposits it (`prepare_prefix`), and an instruct model is asked through
+its chat template on both sides: the prefix as a system turn, the question as the user turn
+(graft_core.templates; the peer gets the same turns as --prefix-format/--question-format and reads their control
+tokens), so both read the same token ids (each side's SHA-256 of them is in the JSON). It writes
+docs/bench/peer-<model>.json.
+
 Without the peer (build it with `bash bench/llamacpp/build.sh /tmp/peer/venv`, ~15 min on 2 cores) it
 prints how to get it and exits 0, so `make bench` runs everywhere.
 """
@@ -71,8 +79,56 @@ def gguf_file(path: str) -> Path:
     return p
 
 
-def run_peer(python: str, gguf: Path, prefix: Path, repeats: int) -> dict:
-    cmd = [python, str(PEER / "llama_restore.py"), str(gguf), str(prefix), QUESTION, "--threads", "2"]
+def model_gguf(model: str) -> Path:
+    """The GGUF file `--model` names: the packaged SmolLM2's (hash-checked) or a .gguf path."""
+    from graft_core import packaged
+
+    if model == packaged.SMOLLM2:
+        return packaged.smollm2_file()
+    if model.endswith(".gguf") and Path(model).expanduser().is_file():
+        return Path(model).expanduser()
+    raise SystemExit(f"--model must be {packaged.SMOLLM2} or a .gguf file, got {model!r}")
+
+
+def model_tokenizer(gguf: Path):
+    """The tokenizer kvgraft reads from the GGUF (the copy the model cache keeps, else read from the file)."""
+    from transformers import AutoTokenizer
+
+    from graft_core import model
+
+    kept = model._gguf_metadata_dir(gguf)
+    return AutoTokenizer.from_pretrained(kept) if kept else AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def formats(tokenizer) -> list[str]:
+    """The peer's --prefix-format/--question-format: the model's chat turns around a prefix and a question, as
+    kvgraft renders them (graft_core.templates); none in the plain form (the peer's own plain rendering)."""
+    from graft_core import templates
+
+    t = templates.of(tokenizer)
+    if not t.chat:
+        return []
+    return ["--prefix-format", t.turn[0] + "{}" + t.turn[1], "--question-format", t.query[0] + "{}" + t.query[1]]
+
+
+def prepare_prefix(tokenizer, text: str, tokens: int, out: Path) -> Path:
+    """`text` cut at a token boundary so that kvgraft deposits it as at most `tokens` of this model's tokens
+    (templates.deposit_ids, its turn included), written to `out`."""
+    from graft_core import templates
+
+    ids = tokenizer(text.strip(), add_special_tokens=False)["input_ids"]
+    keep = min(len(ids), tokens)
+    while True:
+        body = templates.document_text(tokenizer.decode(ids[:keep]).strip())  # what deposit_text deposits
+        if len(templates.deposit_ids(tokenizer, body, root=True)) <= tokens:
+            break
+        keep -= 1
+    out.write_text(body, encoding="utf-8")
+    return out
+
+
+def run_peer(python: str, gguf: Path, prefix: Path, repeats: int, extra: list[str] | None = None) -> dict:
+    cmd = [python, str(PEER / "llama_restore.py"), str(gguf), str(prefix), QUESTION, "--threads", "2", *(extra or [])]
     cmd += ["--answer-tokens", ",".join(str(n) for n in LENGTHS), "--parallel", ",".join(str(p) for p in PARALLEL)]
     r = subprocess.run([*cmd, "--repeats", str(repeats)], capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -128,10 +184,13 @@ def run_kvgraft(
         lib.answer(QUESTION, AnswerOptions(artifact=d.id, max_new_tokens=1, check=True, record=False)) if fresh_ttft else None
     )
     return {
+        "model": lm.info.name,
         "artifact_id": d.id,
         "content_sha256": d.content_sha256,
         "prefix_tokens": len(prefix),
         "question_tokens": len(q),
+        "prefix_ids_sha256": generate.tokens_sha256(prefix),
+        "question_ids_sha256": generate.tokens_sha256(q),
         "ttft_fresh_s": statistics.median(fresh) if fresh else None,
         "ttft_grafted_warm_s": statistics.median(warm),
         f"answer_{ANSWER_TOKENS}_grafted_s": statistics.median(answers) if answers else None,
@@ -221,7 +280,14 @@ def answers_together(lm, lib, artifact_id: str, q: list[int], repeats: int) -> d
 
 
 def run_variant(
-    home: Path, isa: str, prefix: Path, repeats: int, fresh_ttft: bool, answer_repeats: int | None, answers: bool = False
+    home: Path,
+    isa: str,
+    prefix: Path,
+    repeats: int,
+    fresh_ttft: bool,
+    answer_repeats: int | None,
+    answers: bool = False,
+    model: str | None = None,
 ) -> dict:
     """`run_kvgraft` in a process of its own under KVGRAFT_ISA=`isa` ("native": unset), on the store `home`."""
     env = dict(os.environ)
@@ -232,16 +298,18 @@ def run_variant(
     cmd += [] if fresh_ttft else ["--no-fresh"]
     cmd += [] if answer_repeats is None else ["--answer-repeats", str(answer_repeats)]
     cmd += ["--answers"] if answers else []
+    cmd += ["--model", model] if model else []
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"bench.peer under KVGRAFT_ISA={isa} failed ({r.returncode}): {r.stderr.strip()[-600:]}")
     return json.loads(r.stdout.strip().splitlines()[-1]) | {"isa": isa}
 
 
-def run_cli(home: Path, artifact_id: str, repeats: int) -> dict:
+def run_cli(home: Path, artifact_id: str, repeats: int, model: str | None = None) -> dict:
     """`cli.py ask` in a new process per ask: the TTFT the CLI reports (from the question) and the wall."""
     ttft, wall, served = [], [], set()
-    cmd = [sys.executable, str(ROOT / "cli.py"), "--home", str(home), "ask", "--json", QUESTION]
+    cmd = [sys.executable, str(ROOT / "cli.py"), "--home", str(home), *(["--model", model] if model else []), "ask", "--json"]
+    cmd += [QUESTION]
     for _ in range(repeats):
         t = time.perf_counter()
         r = subprocess.run([*cmd, "--artifact", artifact_id, "--max-new-tokens", "1"], capture_output=True, text=True)
@@ -329,7 +397,7 @@ def child(args) -> None:
     import services
     from retrieval.embedder import HashEmbedder
 
-    lib = services.Library(home=Path(args.child), embedder=HashEmbedder())
+    lib = services.Library(home=Path(args.child), embedder=HashEmbedder(), model_name=args.model)
     text = Path(args.child_prefix).read_text(encoding="utf-8")
     print(json.dumps(run_kvgraft(lib, text, args.repeats, not args.no_fresh, args.answer_repeats, args.answers)), flush=True)
 
@@ -343,8 +411,14 @@ def main() -> None:
     ap.add_argument("--slow-isas", default="portable", help="builds whose 32-token answer is measured once")
     ap.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="python of the venv bench/llamacpp/build.sh made")
     ap.add_argument("--gguf", default=DEFAULT_GGUF)
+    ap.add_argument("--model", default=None, help="run both engines on this model's GGUF (packaged:smollm2-135m-instruct)")
     ap.add_argument("--no-cli", action="store_true", help="skip the `cli.py ask` measurement")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "peer.json"))
+    ap.add_argument(
+        "--peer-no-extra-bufts",
+        action="store_true",
+        help="llama.cpp without its CPU extra buffer types (AMX, repack): where its AMX path crashes",
+    )
+    ap.add_argument("--out", default=None, help="default docs/bench/peer.json (peer-<model>.json with --model)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-prefix", help=argparse.SUPPRESS)
     ap.add_argument("--no-fresh", action="store_true", help=argparse.SUPPRESS)
@@ -363,30 +437,49 @@ def main() -> None:
         return
     import kernels.fma16 as fma16
 
-    gguf = gguf_file(args.gguf)
+    gguf = model_gguf(args.model) if args.model else gguf_file(args.gguf)
+    tokenizer = model_tokenizer(gguf) if args.model else None
+    peer_formats = formats(tokenizer) if tokenizer is not None else []
+    peer_formats += ["--no-extra-bufts"] if args.peer_no_extra_bufts else []
+    slug = args.model.removeprefix("packaged:").replace("/", "_").removesuffix(".gguf") if args.model else ""
+    out = Path(args.out) if args.out else ROOT / "docs" / "bench" / (f"peer-{Path(slug).name}.json" if slug else "peer.json")
     isas = [i for i in args.isas.split(",") if i == "native" or i in fma16.runnable()]
     fresh_isas, slow = set(args.fresh_isas.split(",")), set(args.slow_isas.split(","))
     rows = []
     with tempfile.TemporaryDirectory(prefix="kvgraft-peer-") as tmp:
         for n in [int(x) for x in args.prefixes.split(",")]:
             prefix = PEER / f"prefix_{n}.txt"
+            if tokenizer is not None:  # this model's tokens: the same text cut to N of them as kvgraft deposits it
+                text = prefix.read_text(encoding="utf-8")
+                prefix = prepare_prefix(tokenizer, text, n, Path(tmp) / f"prefix_{n}_{Path(slug).name}.txt")
             load = os.getloadavg()
-            peer = run_peer(args.peer_python, gguf, prefix, args.repeats)
+            peer = run_peer(args.peer_python, gguf, prefix, args.repeats, peer_formats)
             print("llama.cpp", json.dumps(peer), flush=True)
             row = {"prefix_file": prefix.name, "load_avg_before": load, "llama_cpp": peer, "kvgraft": []}
             for isa in isas:  # the first deposits; the others serve its artifact as it is
                 first = not row["kvgraft"]  # the native build measures whole answers and answers at once too
-                ours = run_variant(Path(tmp), isa, prefix, args.repeats, isa in fresh_isas, 1 if isa in slow else None, first)
+                ours = run_variant(
+                    Path(tmp), isa, prefix, args.repeats, isa in fresh_isas, 1 if isa in slow else None, first, args.model
+                )
                 print(f"kvgraft ({isa})", json.dumps(ours), flush=True)
                 row["kvgraft"].append(ours)
             if not args.no_cli:
-                row["cli"] = run_cli(Path(tmp), row["kvgraft"][0]["artifact_id"], args.repeats)
+                row["cli"] = run_cli(Path(tmp), row["kvgraft"][0]["artifact_id"], args.repeats, args.model)
             row["same_served_logits_every_build"] = len({k["logits_sha256"] for k in row["kvgraft"]}) == 1
             row["same_answer_every_build"] = len({json.dumps(k["answer_token_ids"]) for k in row["kvgraft"]}) == 1
+            row["same_token_ids_both_engines"] = all(
+                (k["prefix_ids_sha256"], k["question_ids_sha256"])
+                == (peer.get("prefix_ids_sha256"), peer.get("question_ids_sha256"))
+                for k in row["kvgraft"]
+            )
             rows.append(row)
     doc = {
         "benchmark": "peer",
-        "command": f".venv/bin/python -m bench.peer --repeats {args.repeats} --prefixes {args.prefixes} --isas {args.isas}",
+        "command": f".venv/bin/python -m bench.peer --repeats {args.repeats} --prefixes {args.prefixes} --isas {args.isas}"
+        + (f" --fresh-isas {args.fresh_isas}" if args.fresh_isas != "native,avx2" else "")
+        + (f" --model {args.model}" if args.model else "")
+        + (" --peer-no-extra-bufts" if args.peer_no_extra_bufts else ""),
+        "model": args.model or "packaged:gemma-3-270m",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_after": os.getloadavg()},
         "question": QUESTION,
@@ -400,7 +493,7 @@ def main() -> None:
         "token.",
         "rows": rows,
     }
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    out.write_text(json.dumps(doc, indent=2) + "\n")
     print("\n" + table(rows))
     print("\n" + answer_table(rows))
 

@@ -57,3 +57,27 @@ def test_answers_at_once_are_the_answer_alone(kvgraft_home, tiny_gemma, monkeypa
             assert together["same_tokens_every_sequence"] and together["token_ids"] == alone["token_ids"][0]
             assert together["aggregate_decode_tokens_per_s"] == s * (n - 1) / together["decode_s"]
     assert "decode" in peer.answer_table([{"llama_cpp": {"prefix_tokens": 1}, "kvgraft": [row]}])
+
+
+def test_with_a_model_both_engines_get_the_same_text_in_the_models_own_tokens(tiny_gemma, tiny_llama, tmp_path):
+    """--model: the prefix is cut to at most N of that model's tokens as kvgraft deposits it, and the peer's
+    formats are the model's chat turns (none in the plain form), so the peer's rendering is what kvgraft reads."""
+    import copy
+
+    from graft_core import templates
+    from tests.test_templates import CHATML
+
+    text = (ROOT / "bench" / "llamacpp" / "prefix_2048.txt").read_text(encoding="utf-8")
+    assert peer.formats(tiny_gemma.tokenizer) == []
+    chat = copy.deepcopy(tiny_llama.tokenizer)
+    chat.chat_template = CHATML
+    for tok in (tiny_gemma.tokenizer, chat):
+        cut = peer.prepare_prefix(tok, text, 300, tmp_path / "p.txt").read_text(encoding="utf-8")
+        ids = templates.deposit_ids(tok, cut, root=True)
+        assert 290 <= len(ids) <= 300 and text.startswith(cut.strip()[:200])
+    fmt = peer.formats(chat)
+    assert fmt[0] == "--prefix-format" and fmt[2] == "--question-format"
+    rendered = fmt[1].replace("{}", cut.strip())
+    assert chat(rendered, add_special_tokens=False)["input_ids"] == templates.deposit_ids(chat, cut, root=True)
+    asked = fmt[3].replace("{}", peer.QUESTION)
+    assert chat(asked, add_special_tokens=False)["input_ids"] == templates.prompt_ids(chat, peer.QUESTION)
