@@ -53,7 +53,8 @@ def build(work: Path, budgets: dict[str, int] | None, seed: int = 0) -> dict:
         "judge": {"sha256": gsm_recheck.judge_sha256(), "commit": _commit(), "function": "verifiers.judge"},
         "config": {
             "prompt": "lm-evaluation-harness gsm8k-cot: 8 chain-of-thought exemplars (Wei et al. 2022), Q:/A: format "
-            "(set original-qa: the same Q:/A: line without the exemplars, both conditions)",
+            "(set original-qa: the same Q:/A: line without the exemplars; set original-steps: that line with the answer "
+            "opened by \"Let's think step by step.\", zero-shot chain of thought, Kojima et al. 2022; both conditions)",
             "form": benchmark.FORM,
             "max_new_tokens": benchmark.MAX_NEW_TOKENS,
             "stop": "before the next question ('Q:' or a blank line), or end of text",
@@ -125,6 +126,8 @@ SET_LABELS = {
     "names": "names-only variants (every number kept; the original's solution in the store)",
     "numbers": "new numbers and names (held-out transfer: the store holds another instance's solution)",
     "original-qa": "GSM8K originals, zero-shot `Q:/A:` prompt (no exemplars: the graft sits right before the question)",
+    "original-steps": "GSM8K originals, zero-shot chain of thought (`Q:/A: Let's think step by step.`: invited to "
+    "reason, the graft right before the question)",
 }
 
 
@@ -167,7 +170,7 @@ def markdown(results: dict) -> str:
         "| set | items | no graft correct (Wilson 95%) | graft correct (Wilson 95%) | answers grafted | lift (Newcombe 95%) | lift there? |",
         "|---|---:|---|---|---:|---|---|",
     ]
-    for k in ("original", "names", "numbers", "original-qa"):
+    for k in SET_LABELS:
         c = sc.get(k)
         if not c or not c["items"]:
             continue
@@ -206,6 +209,7 @@ TARGET_BUDGET = 50_000  # the issue's budget a problem for the recurring case
 FORM_WORDS = {
     "cot": "gsm8k-cot's 8-shot prompt (the exemplars invite working; they sit between a graft and the question)",
     "qa": "the zero-shot `Q:/A:` prompt (no exemplars; a graft sits right before the question)",
+    "steps": "zero-shot chain of thought (`Q:/A: Let's think step by step.`; a graft sits right before the question)",
 }
 
 
@@ -336,10 +340,10 @@ def commands_md(results: dict | None = None) -> list[str]:
         "",
         "```",
         "make install-eval                                   # the benchmark package (requirements-eval.txt)",
-        f"python -m eval.gsm_run no-graft --work W --sets original,numbers,original-qa --n {n}",
+        f"python -m eval.gsm_run no-graft --work W --sets original,numbers,original-qa,original-steps --n {n}",
         f"python -m eval.gsm_run no-graft --work W --sets names --n {items.get('names', n)}",
         f"python -m eval.gsm_run deposit  --work W --n {n}",
-        f"python -m eval.gsm_run graft    --work W --sets original-qa,original,numbers --n {n}",
+        f"python -m eval.gsm_run graft    --work W --sets original-qa,original,numbers,original-steps --n {n}",
         f"python -m eval.gsm_run graft    --work W --sets names --n {items.get('names', n)}",
         *rec,
         f"python -m eval.gsm_report W {' '.join(budgets)}   # this file and gsm-results.json",

@@ -10,14 +10,17 @@ chain-of-thought exemplars of Wei et al. 2022, each `Q: <question>\nA: <reasonin
 by a blank line), then `Q: <query>\nA:`. Its answer ends where the next question would begin (`Q:`, or the
 blank line before it, as gsm8k-cot's stop sequences). The form is chosen by the caller and is the same on
 both sides of every comparison (eval/gsm.py). A third, `qa`, is the same `Q: <query>\nA:` line and end without
-the exemplars (zero-shot): a grafted item then sits right before the question.
+the exemplars (zero-shot): a grafted item then sits right before the question. A fourth, `steps`, is zero-shot
+chain of thought (Kojima et al. 2022): the `qa` line with the answer opened by "Let's think step by step.", so
+the model is invited to work the problem out and a grafted item still sits right before the question.
 """
 
 from __future__ import annotations
 
 ANSWER_END = "\n"
-FORMS = ("answer", "cot", "qa")
+FORMS = ("answer", "cot", "qa", "steps")
 COT_ENDS = ("\n\n", "Q:")  # the cot form's answer ends before the next question (gsm8k-cot's `until`)
+STEPS_CUE = "Let's think step by step."  # zero-shot chain of thought (Kojima et al. 2022)
 
 # lm-evaluation-harness gsm8k-cot's few-shot exemplars (Wei et al. 2022, "Chain-of-Thought Prompting"), verbatim.
 COT_EXEMPLARS = (
@@ -67,7 +70,7 @@ COT_EXEMPLARS = (
 )
 
 
-def _form(form: str) -> str:
+def check_form(form: str) -> str:
     if form not in FORMS:
         raise ValueError(f"the query form must be one of {', '.join(FORMS)}, got {form!r}")
     return form
@@ -107,17 +110,19 @@ def document_text(text: str) -> str:
 
 def query_prompt(question: str, form: str = "answer") -> str:
     """Prompt text for a question (appended after any grafted state)."""
-    if _form(form) == "cot":
+    if check_form(form) == "cot":
         shots = "\n\n".join(f"Q: {q}\nA: {a}" for q, a in COT_EXEMPLARS)
         return f"{shots}\n\nQ: {question.strip()}\nA:"
     if form == "qa":
         return f"Q: {question.strip()}\nA:"
+    if form == "steps":
+        return f"Q: {question.strip()}\nA: {STEPS_CUE}"
     return f"Question: {question.strip()}\nAnswer:"
 
 
 def _end(completion: str, form: str) -> int:
     """Where the answer part of a completion ends (its length when no end is in it yet)."""
-    ends = (ANSWER_END,) if _form(form) == "answer" else COT_ENDS
+    ends = (ANSWER_END,) if check_form(form) == "answer" else COT_ENDS
     body = completion if form == "answer" else completion.lstrip()  # a cot answer may open on a newline
     skip = len(completion) - len(body)
     found = [body.find(e) for e in ends if e in body]
