@@ -54,7 +54,7 @@ def build(work: Path, budgets: dict[str, int] | None, seed: int = 0) -> dict:
         "config": {
             "prompt": "lm-evaluation-harness gsm8k-cot: 8 chain-of-thought exemplars (Wei et al. 2022), Q:/A: format "
             "(set original-qa: the same Q:/A: line without the exemplars; set original-steps: that line with the answer "
-            "opened by \"Let's think step by step.\", zero-shot chain of thought, Kojima et al. 2022; both conditions)",
+            'opened by "Let\'s think step by step.", zero-shot chain of thought, Kojima et al. 2022; both conditions)',
             "form": benchmark.FORM,
             "max_new_tokens": benchmark.MAX_NEW_TOKENS,
             "stop": "before the next question ('Q:' or a blank line), or end of text",
