@@ -247,8 +247,8 @@ def recurring_md(rc: dict | None, title: str = "## The recurring case") -> list[
         "| baseline tokens | recalls' decode tokens | `ratio` (baseline / recall decode) | recalls' tokens computed "
         "(query prefill + decode) | deposits (gate runs + prefill) | `ratio_all_in` |",
         "|---:|---:|---:|---:|---:|---:|",
-        f"| {c['baseline_tokens_total']:,} | {c['recall_decode_tokens_total']:,} | {c['ratio']} | "
-        f"{c['recall_tokens_total']:,} | {c['deposit_tokens_total']:,} | {c['ratio_all_in']} |",
+        f"| {c['baseline_tokens_total']:,} | {c['recall_decode_tokens_total']:,} | {_or_none(c['ratio'])} | "
+        f"{c['recall_tokens_total']:,} | {c['deposit_tokens_total']:,} | {_or_none(c['ratio_all_in'])} |",
         "",
         f"`ratio` is the paper's (baseline tokens over the recalls' decode tokens); `ratio_all_in` = baseline tokens / "
         f"(every token the recalls computed, query prefill and decode, + the deposits' cost, gate runs and prefill, "
@@ -285,6 +285,10 @@ def recurring_md(rc: dict | None, title: str = "## The recurring case") -> list[
             text = " ".join(a["answer"].split())
             lines.append(f"- {p['id']} (reference {p['reference']}), seed {a['seed']}: {text[:300]!r}")
     return [*lines, ""]
+
+
+def _or_none(x) -> str:
+    return "none (no recall right)" if x is None else str(x)
 
 
 def _undecided(c: dict) -> str:
