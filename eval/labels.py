@@ -79,6 +79,19 @@ ROUNDS = (
     },
 )
 FIRST_LOOK = {"round": 1, "commit": "b00a7ac", "outputs": 131, "agreement": 0.9695, "false_accepts": 4, "false_refusals": 0}
+# round 3's evaluation items scored once under kvgraft-judge/3 (9dd685a), the three /3 was written on left out:
+# 115/118, then rules (kvgraft-judge/4) were written on the three it got wrong, so they are development now
+FIRST_LOOK_3 = {"round": 3, "commit": "9dd685a", "outputs": 118, "agreement": 0.9746, "false_accepts": 1, "false_refusals": 2}
+# round 3's outputs a rule was written on: before the draw (kvgraft-judge/3, from reading the zero-shot case's
+# passing attempts) and after its first look (kvgraft-judge/4); development items, whatever split they drew
+WRITTEN_ON = {
+    "gsm3/gsm0012-original-qa/seed/379": "kvgraft-judge/3 rule 4d: the last of lettered options",
+    "gsm3/gsm0017-original-qa/seed/353": "kvgraft-judge/3: a supposition hedges",
+    "gsm3/gsm0007-original-qa/seed/36": "kvgraft-judge/3: digits of a symbol are not numbers",
+    "gsm3/gsm0007-original/seed/85": "kvgraft-judge/4 rule 4b: the last answer sentence decides (it asserts 2 (2) = 4 (2))",
+    "gsm3/gsm0002-original/seed/287": "kvgraft-judge/4 rule 4b: the last answer sentence decides ('The answer is 25.')",
+    "gsm3/gsm0017-original-qa/seed/29": "kvgraft-judge/4 rule 4c: a bare option marker carries nothing",
+}
 # the outputs the issue names (read before the split): development items
 NAMED = {
     ("p0028", "84 minutes"),
@@ -326,7 +339,8 @@ def draw(seed: int = SEED, results_path: Path = RESULTS, gsm_path: Path = GSM_OU
 
 def read_labels() -> list[dict]:
     """Every round's drawn outputs joined with their readings (each must be labelled, with a reason), with the
-    role each plays: round 1 is development (see ROUNDS), later rounds keep the split they were drawn with."""
+    role each plays: round 1 is development (see ROUNDS), later rounds keep the split they were drawn with, but
+    an output a rule was written on (WRITTEN_ON) is development."""
     out = []
     for n, rnd in enumerate(ROUNDS, 1):
         if not rnd["drawn"].exists():
@@ -338,7 +352,7 @@ def read_labels() -> list[dict]:
             r = readings.get(d["id"])
             if r is None or r.get("label") not in ("right", "wrong") or not r.get("reason"):
                 raise ValueError(f"{d['id']}: every drawn output needs a label ('right' or 'wrong') and a reason")
-            role = "development" if n == 1 else d["split"]
+            role = "development" if n == 1 or d["id"] in WRITTEN_ON else d["split"]
             out.append({**d, "round": n, "role": role, "label": r["label"], "reason": r["reason"]})
         if len(readings) != len(drawn):
             raise ValueError(f"round {n}: {len(readings) - len(drawn)} readings name no drawn output")
@@ -349,7 +363,7 @@ def report(labels: list[dict]) -> dict:
     """The one judge on every labelled output: agreement, false accepts and false refusals per split."""
     import verifiers
 
-    out: dict = {"format": FORMAT, "judge": verifiers.JUDGE, "labels": len(labels), "first_look": FIRST_LOOK, "splits": {}}
+    out: dict = {"format": FORMAT, "judge": verifiers.JUDGE, "labels": len(labels), "first_look": [FIRST_LOOK, FIRST_LOOK_3], "splits": {}}
     for split in ("development", "evaluation"):
         rows = [r for r in labels if r["role"] == split]
         agree, fa, fr = 0, [], []
