@@ -257,8 +257,8 @@ def recurring_md(rc: dict | None, title: str = "## The recurring case") -> list[
         "",
         "Per problem:",
         "",
-        "| problem | baseline tokens (attempts) | solved within the budget | recall decode tokens | recall prompt tokens | grafted | recall correct |",
-        "|---|---:|---|---:|---:|---|---|",
+        "| problem | baseline tokens (attempts) | solved within the budget | tokens to the first passing attempt | recall decode tokens | recall prompt tokens | grafted | recall correct |",
+        "|---|---:|---|---:|---:|---:|---|---|",
     ]
     rows = {r["id"]: r for r in c["rows"]}
     for p in rc["problems"]:
@@ -268,7 +268,11 @@ def recurring_md(rc: dict | None, title: str = "## The recurring case") -> list[
             if r
             else "– | – | – | –"
         )
-        lines.append(f"| {p['id']} | {p['baseline_tokens']:,} ({p['attempts_n']}) | {p['solved']} | {tail} |")
+        first = _to_first_pass(p)
+        lines.append(
+            f"| {p['id']} | {p['baseline_tokens']:,} ({p['attempts_n']}) | {p['solved']} | "
+            f"{'–' if first is None else f'{first:,}'} | {tail} |"
+        )
     pr = rc.get("case_product_recall")
     if pr:
         lines += [
@@ -285,6 +289,17 @@ def recurring_md(rc: dict | None, title: str = "## The recurring case") -> list[
             text = " ".join(a["answer"].split())
             lines.append(f"- {p['id']} (reference {p['reference']}), seed {a['seed']}: {text[:300]!r}")
     return [*lines, ""]
+
+
+def _to_first_pass(problem: dict) -> int | None:
+    """The tokens of a problem's attempts up to and including the first the current judge passes (a run sampled
+    on past it when the judge of its moment refused it: its record keeps every attempt computed)."""
+    spent = 0
+    for a in problem["attempts"]:
+        spent += a["tokens"]
+        if a["passed"]:
+            return spent
+    return None
 
 
 def _or_none(x) -> str:
