@@ -144,3 +144,16 @@ def answer_text(completion: str, raw: bool, form: str = "answer", stop: tuple[st
     the template's end of answer. The streamed text and the finished answer are both this."""
     completion = cut_stop(completion, stop)
     return completion.strip() if raw else cut_answer(completion, form)
+
+
+def settled(text: str, stop: tuple[str, ...] = ()) -> str:
+    """The part of a growing answer text (`answer_text` of the tokens so far) that later tokens cannot change,
+    for a streaming caller: without a trailing half character (U+FFFD while its bytes are still arriving),
+    trailing whitespace (stripped unless more text follows) or the start of a stop string."""
+    text = text.rstrip("\ufffd").rstrip()
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                text = text[:-k]
+                break
+    return text

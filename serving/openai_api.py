@@ -32,6 +32,7 @@ from starlette.routing import Route
 
 import settings
 from errors import ArtifactNotFound, InputTooLong, IntegrityError, InvalidInput, KvgraftError, NotReady, VerificationFailed
+from graft_core import templates  # torch-free: text rules only
 from services.limits import MAX_QUESTION_CHARS, MAX_TEXT_CHARS
 from web.bounds import answer_options
 from web.guard import Client, Refused
@@ -183,18 +184,6 @@ def _stop(body: dict) -> tuple[str, ...]:
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise ApiError(400, "stop must be a string or a list of strings", param="stop")
     return tuple(stop)
-
-
-def _safe(text: str, stops: tuple[str, ...]) -> str:
-    """The part of a growing answer that later tokens cannot change: without a trailing half character
-    (U+FFFD while a character's bytes are still arriving) or the start of a stop string."""
-    text = text.rstrip("\ufffd")
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                text = text[:-k]
-                break
-    return text
 
 
 class OpenAIServer:
@@ -477,7 +466,7 @@ class OpenAIServer:
             while True:
                 kind, value = await q.get()
                 if kind == "text":
-                    safe = _safe(value, job.options.stop)
+                    safe = templates.settled(value, job.options.stop)
                     if safe.startswith(sent) and len(safe) > len(sent):
                         yield chunk(safe[len(sent) :])
                         sent = safe
@@ -495,7 +484,7 @@ class OpenAIServer:
                     break
                 result = value
                 rest = result.answer[len(sent) :] if result.answer.startswith(sent) else ""
-                if not result.answer.startswith(sent):  # cannot happen while `_safe` holds back what may change
+                if not result.answer.startswith(sent):  # cannot happen while `settled` holds back what may change
                     log.error("streamed text %r is not a prefix of the answer %r", sent, result.answer)
                 self.metrics.answered(result)
                 outcome("ok")
