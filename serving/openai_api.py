@@ -70,7 +70,7 @@ _UNSUPPORTED = {
 }
 _ACCEPTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop"}
 _ACCEPTED |= {"stream", "stream_options", "user", "kvgraft", "metadata", "store", "parallel_tool_calls", "service_tier"}
-_KVGRAFT_FIELDS = {"artifacts", "graft", "check", "k"}
+_EXTENSION_FIELDS = {"artifacts", "graft", "check", "k"}
 
 
 class ApiError(Exception):
@@ -346,8 +346,8 @@ class OpenAIServer:
                 code="model_not_found",
             )
         ext = body.get("kvgraft") or {}
-        if not isinstance(ext, dict) or set(ext) - _KVGRAFT_FIELDS:
-            raise ApiError(400, f"kvgraft must be an object of {', '.join(sorted(_KVGRAFT_FIELDS))}", param="kvgraft")
+        if not isinstance(ext, dict) or set(ext) - _EXTENSION_FIELDS:
+            raise ApiError(400, f"kvgraft must be an object of {', '.join(sorted(_EXTENSION_FIELDS))}", param="kvgraft")
         for flag in ("graft", "check"):
             if flag in ext and not isinstance(ext[flag], bool):
                 raise ApiError(400, f"kvgraft.{flag} must be true or false", param=f"kvgraft.{flag}")

@@ -248,3 +248,16 @@ def test_metrics_parse_and_count(served):
     assert samples[("kvgraft_tokens_total", (("kind", "decoded"),))] >= 1
     assert samples[("kvgraft_ttft_seconds_count", ())] >= 1
     assert samples[("kvgraft_queue_depth", ())] == 0
+
+
+def test_every_metric_is_documented_and_every_documented_metric_exists():
+    import re
+    from pathlib import Path
+
+    from serving.metrics import Metrics
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "API.md").read_text(encoding="utf-8")
+    documented = {re.sub(r"_total$", "", m) for m in re.findall(r"^\| `(kvgraft_\w+)`", text, flags=re.M)}
+    families = text_string_to_metric_families(Metrics().render()[0].decode())
+    served = {f.name for f in families if not f.name.endswith("_created")}  # the client's own start timestamps
+    assert documented == served, documented ^ served
