@@ -151,9 +151,5 @@ def settled(text: str, stop: tuple[str, ...] = ()) -> str:
     for a streaming caller: without a trailing half character (U+FFFD while its bytes are still arriving),
     trailing whitespace (stripped unless more text follows) or the start of a stop string."""
     text = text.rstrip("\ufffd").rstrip()
-    for s in stop:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                text = text[:-k]
-                break
-    return text
+    held = max((k for s in stop for k in range(1, min(len(s) - 1, len(text)) + 1) if text.endswith(s[:k])), default=0)
+    return text[: len(text) - held].rstrip()

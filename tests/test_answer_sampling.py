@@ -115,3 +115,13 @@ def test_options_round_trip_through_json():
 def test_a_whitespace_stop_string_is_a_stop_string(lib):
     r = lib.answer("Who built?", AnswerOptions(artifact=lib.art, max_new_tokens=4, raw=True, stop=("\n", " ")))
     assert "\n" not in r.answer and " " not in r.answer
+
+
+def test_settled_holds_back_what_later_tokens_may_change():
+    from graft_core.templates import settled
+
+    assert settled("Paris is\ufffd") == "Paris is"  # half a character
+    assert settled("Paris ") == "Paris"  # a trailing space is stripped unless text follows
+    assert settled("one two th", ("three",)) == "one two"  # the start of a stop string
+    assert settled("one two t", ("xt", "three")) == "one two"
+    assert settled("one two", ("three",)) == "one two"
