@@ -180,7 +180,7 @@ class AnswerPipeline:
         def tok_cb(t: int) -> None:
             got.append(t)
             text = tokenizer.decode(got, skip_special_tokens=True)
-            on_token(text if raw and not stop else templates.answer_text(text, raw, form, stop))
+            on_token(templates.answer_text(text, raw, form, stop))
 
         return tok_cb
 

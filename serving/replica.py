@@ -241,6 +241,10 @@ class Replica:
                 relocated=_flag(body, "relocated"),
                 compose=_flag(body, "compose"),
                 max_prompt_tokens=None if admin else anon_prompt_tokens(),
+                temperature=body.get("temperature", 0.0),  # the pipeline checks these, before any work
+                top_p=body.get("top_p", 1.0),
+                seed=body.get("seed"),
+                stop=tuple(stop) if isinstance(stop := body.get("stop", []), list) else stop,
             ),
         ).to_json()
 

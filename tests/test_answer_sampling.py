@@ -125,3 +125,22 @@ def test_settled_holds_back_what_later_tokens_may_change():
     assert settled("one two th", ("three",)) == "one two"  # the start of a stop string
     assert settled("one two t", ("xt", "three")) == "one two"
     assert settled("one two", ("three",)) == "one two"
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_the_growing_text_is_the_answers_text_even_where_the_completion_opens_on_a_space(raw):
+    from types import SimpleNamespace
+
+    from graft_core import templates
+    from services.answer import AnswerPipeline
+
+    pieces = [" Osric", " Pellamy", "\n", "Question"]
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "".join(pieces[i] for i in ids))
+    pipeline = AnswerPipeline.__new__(AnswerPipeline)
+    pipeline._lm = lambda: SimpleNamespace(tokenizer=tokenizer)
+    seen: list[str] = []
+    callback = pipeline._token_callback(seen.append, raw)
+    for i in range(len(pieces)):
+        callback(i)
+    assert seen[-1] == templates.answer_text("".join(pieces), raw)  # what the finished answer's text is
+    assert all(s == s.strip() for s in seen)

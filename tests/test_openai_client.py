@@ -83,6 +83,10 @@ def test_completions_whole_and_streamed_with_sampling_and_the_admin_check(server
     streamed = list(admin.completions.create(**args, extra_body=ext, stream=True))
     assert "".join(c.choices[0].text for c in streamed).encode() == whole.choices[0].text.encode()
     assert streamed[-1].model_extra["kvgraft"]["output_token_ids"] == k["output_token_ids"]
+    plain = dict(model=mid, prompt=f"Question: {item['question']}\nAnswer:", max_tokens=12)  # greedy, no stop: opens on a space
+    whole = _client(base).completions.create(**plain)
+    streamed = list(_client(base).completions.create(**plain, stream=True))
+    assert "".join(c.choices[0].text for c in streamed).encode() == whole.choices[0].text.encode()
 
 
 def test_what_is_not_supported_raises_the_clients_bad_request(server):
