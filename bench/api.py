@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENT = ROOT.parent / "shared" / "peer" / "prefix_2048.txt"
+DOCUMENT = ROOT / "bench" / "llamacpp" / "prefix_2048.txt"
 QUESTION = "Who was the harbour master of Quenmora?"
 PROMPT = f"Question: {QUESTION}\nAnswer:"
 MAX_TOKENS = 32
@@ -220,7 +220,7 @@ def main() -> None:
     gguf = Path(assemble(str(scratch / "gemma-3-270m-q4_k_m.gguf")))
     out: dict = {
         "question": QUESTION,
-        "document": str(DOCUMENT.relative_to(ROOT.parent)),
+        "document": str(DOCUMENT.relative_to(ROOT)),
         "max_tokens": MAX_TOKENS,
         "requests_per_client": args.requests,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
