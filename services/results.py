@@ -176,7 +176,9 @@ class AnswerResult:
             "machine_bound": self.machine_bound,
             "scope": self.scope,
             "stopped": self.stopped,
-            "sampling": None if self.seed is None else {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed},
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
         }
         if self.baseline is not None:
             d["baseline"] = asdict(self.baseline) | {"ttft_speedup": self.ttft_speedup, "measured": True}
@@ -201,7 +203,7 @@ class AnswerResult:
             proof=_record("Proof", d["proof"]),
             machine_bound=bool(d.get("machine_bound", False)),
             stopped=d.get("stopped", ""),
-            **({k: d["sampling"][k] for k in ("temperature", "top_p", "seed")} if d.get("sampling") else {}),
+            **{k: d[k] for k in ("temperature", "top_p", "seed") if k in d},
         )
 
 

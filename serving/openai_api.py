@@ -14,6 +14,7 @@ No `from __future__ import annotations`: FastAPI (the replica's ingress) reads s
 """
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -413,37 +414,49 @@ class OpenAIServer:
             outcome(f"error_{err.status}")
             ctx.__exit__(None, None, None)
             return err.response()
+        except BaseException:  # the client went away while its body was read, or a bug: counted as an error
+            ctx.__exit__(None, None, None)
+            raise
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         created, mid = int(self._clock()), model_id(self.library)
-        job = _Job(self, caller, question, options, ticket, t0)
+        job = _Job(self, caller, question, options, ticket, t0, lambda result, exc: self._account(result, exc, outcome, ctx))
         if not stream:
             try:
                 result = await asyncio.to_thread(job.run)
             except KvgraftError as exc:
-                err = _from_kvgraft(exc)
-                self.metrics.failed(exc)
-                outcome(f"error_{err.status}")
-                ctx.__exit__(None, None, None)
-                return err.response()
-            self.metrics.answered(result)
-            outcome("ok")
-            ctx.__exit__(None, None, None)
+                return _from_kvgraft(exc).response()
             return JSONResponse(_whole(result, rid, created, mid, chat))
+        # the work starts now, whatever becomes of the stream: it frees its admission place and counts itself
+        # when it ends, even when the client goes away before the first event is read
+        loop, q = asyncio.get_running_loop(), asyncio.Queue()
+
+        def put(item) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+                loop.call_soon_threadsafe(q.put_nowait, item)
+
+        job.on_text = lambda text: put(("text", text))
+        threading.Thread(target=job.run_into, args=(put,), daemon=True).start()
         return StreamingResponse(
-            self._events(job, rid, created, mid, chat, outcome, ctx),
+            self._events(q, options.stop, rid, created, mid, chat),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
 
-    async def _events(self, job: "_Job", rid: str, created: int, mid: str, chat: bool, outcome, ctx):
+    def _account(self, result, exc: Exception | None, outcome: Callable[[str], None], ctx) -> None:
+        """An answer's end, in its worker thread: its figures, or why it failed, and its request counted."""
+        if exc is None:
+            self.metrics.answered(result)
+            outcome("ok")
+        elif isinstance(exc, KvgraftError):
+            self.metrics.failed(exc)
+            outcome(f"error_{_from_kvgraft(exc).status}")
+        else:
+            outcome("error_500")
+        ctx.__exit__(None, None, None)
+
+    async def _events(self, q: asyncio.Queue, stop: tuple[str, ...], rid: str, created: int, mid: str, chat: bool):
         """The SSE stream of one answer: a role chunk (chat), a chunk per piece of text that later tokens cannot
         change, the last piece with finish_reason, usage and the kvgraft proof, then `data: [DONE]`."""
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-        job.on_text = lambda text: loop.call_soon_threadsafe(q.put_nowait, ("text", text))
-        threading.Thread(
-            target=job.run_into, args=(lambda item: loop.call_soon_threadsafe(q.put_nowait, item),), daemon=True
-        ).start()
 
         def chunk(delta: str | None, finish=None, extra=None) -> str:
             if chat:
@@ -460,46 +473,38 @@ class OpenAIServer:
             )
 
         sent = ""
-        try:
-            if chat:
-                yield chunk(None)
-            while True:
-                kind, value = await q.get()
-                if kind == "text":
-                    safe = templates.settled(value, job.options.stop)
-                    if safe.startswith(sent) and len(safe) > len(sent):
-                        yield chunk(safe[len(sent) :])
-                        sent = safe
-                    continue
-                if kind == "error":
-                    err = (
-                        _from_kvgraft(value)
-                        if isinstance(value, KvgraftError)
-                        else ApiError(500, f"internal error ({type(value).__name__})", "server_error")
-                    )
-                    if isinstance(value, KvgraftError):
-                        self.metrics.failed(value)
-                    outcome(f"error_{err.status}")
-                    yield "data: " + json.dumps(err.body()) + "\n\n"
-                    break
-                result = value
-                rest = result.answer[len(sent) :] if result.answer.startswith(sent) else ""
-                if not result.answer.startswith(sent):  # cannot happen while `settled` holds back what may change
-                    log.error("streamed text %r is not a prefix of the answer %r", sent, result.answer)
-                self.metrics.answered(result)
-                outcome("ok")
-                extra = {"usage": _usage(result), "kvgraft": kvgraft_object(result)}
-                yield chunk(rest, _finish(result), extra)
+        if chat:
+            yield chunk(None)
+        while True:
+            kind, value = await q.get()
+            if kind == "text":
+                safe = templates.settled(value, stop)
+                if safe.startswith(sent) and len(safe) > len(sent):
+                    yield chunk(safe[len(sent) :])
+                    sent = safe
+                continue
+            if kind == "error":
+                err = (
+                    _from_kvgraft(value)
+                    if isinstance(value, KvgraftError)
+                    else ApiError(500, f"internal error ({type(value).__name__})", "server_error")
+                )
+                yield "data: " + json.dumps(err.body()) + "\n\n"
                 break
-            yield "data: [DONE]\n\n"
-        finally:
-            ctx.__exit__(None, None, None)
+            result = value
+            if not result.answer.startswith(sent):  # cannot happen while `settled` holds back what may change
+                log.error("streamed text %r is not a prefix of the answer %r", sent, result.answer)
+            rest = result.answer[len(sent) :] if result.answer.startswith(sent) else ""
+            yield chunk(rest, _finish(result), {"usage": _usage(result), "kvgraft": kvgraft_object(result)})
+            break
+        yield "data: [DONE]\n\n"
 
 
 class _Job:
-    """One admitted answer: run in a worker thread within its fair turn; its admission place freed when it ends."""
+    """One admitted answer: run in a worker thread within its fair turn; when it ends its admission place is
+    freed and `done(result, error)` counts it, whoever still reads it."""
 
-    def __init__(self, server: OpenAIServer, caller, question: str, options, ticket: int, t0: float):
+    def __init__(self, server: OpenAIServer, caller, question: str, options, ticket: int, t0: float, done: Callable):
         self.server, self.caller, self.question, self.options, self.ticket, self.t0 = (
             server,
             caller,
@@ -509,6 +514,7 @@ class _Job:
             t0,
         )
         self.on_text: Callable[[str], None] | None = None
+        self._done = done
         self._first = False
 
     def _token(self, text: str) -> None:
@@ -519,11 +525,17 @@ class _Job:
             self.on_text(text)
 
     def run(self):
+        result, error = None, None
         try:
             with self.server.guard.turn(self.caller):
-                return self.server.library.answer(self.question, self.options, on_token=self._token)
+                result = self.server.library.answer(self.question, self.options, on_token=self._token)
+            return result
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
             self.server.admission.release(self.ticket)
+            self._done(result, error)
 
     def run_into(self, put: Callable) -> None:
         """`run`, its result or error handed to `put` (the stream's reader), even when the reader went away."""

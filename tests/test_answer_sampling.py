@@ -38,13 +38,15 @@ def test_a_seed_draws_the_same_tokens_and_seeds_differ(lib):
 
 def test_temperature_zero_is_greedy_and_a_tiny_nucleus_is_the_argmax(lib):
     greedy = lib.answer("Who built the Varnek lighthouse?", AnswerOptions(artifact=lib.art, max_new_tokens=8))
-    assert greedy.seed is None and greedy.to_json()["sampling"] is None
+    assert greedy.seed is None and greedy.to_json()["seed"] is None and greedy.to_json()["temperature"] == 0.0
     nucleus = lib.answer(
         "Who built the Varnek lighthouse?", AnswerOptions(artifact=lib.art, max_new_tokens=8, temperature=1.0, top_p=1e-9, seed=3)
     )
     assert nucleus.output_token_ids == greedy.output_token_ids  # the nucleus holds the most likely token only
     assert nucleus.logits_sha256 == greedy.logits_sha256
-    assert nucleus.to_json()["sampling"] == {"temperature": 1.0, "top_p": 1e-9, "seed": 3}
+    j = nucleus.to_json()
+    assert (j["temperature"], j["top_p"], j["seed"]) == (1.0, 1e-9, 3)
+    assert services.AnswerResult.from_json(j).seed == 3
 
 
 def test_a_missing_seed_is_drawn_and_reported_and_replay_draws_the_same(lib):

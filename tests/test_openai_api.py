@@ -261,3 +261,42 @@ def test_every_metric_is_documented_and_every_documented_metric_exists():
     families = text_string_to_metric_families(Metrics().render()[0].decode())
     served = {f.name for f in families if not f.name.endswith("_created")}  # the client's own start timestamps
     assert documented == served, documented ^ served
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_place_and_is_counted(served, tiny_dirs):
+    """On a real server (uvicorn on loopback): a streamed answer whose client closes the connection after the
+    first event still ends, frees its admission place and is counted."""
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    from tests.served import free_port
+
+    _, server, _, art = served
+    port = free_port()
+    uv = uvicorn.Server(uvicorn.Config(app(server), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not uv.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ok_before = _ok_count(server)
+        body = _chat(art, max_tokens=24, stream=True)
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            next(r.iter_lines())  # the first event, then the client goes away
+        deadline = time.monotonic() + 60
+        while (server.admission.joined() or _ok_count(server) == ok_before) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.admission.joined() == 0 and _ok_count(server) == ok_before + 1
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+
+
+def _ok_count(server) -> float:
+    value = server.metrics.registry.get_sample_value("kvgraft_requests_total", {"route": "/v1/chat/completions", "outcome": "ok"})
+    return value or 0.0
