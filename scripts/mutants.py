@@ -371,7 +371,7 @@ MUTATIONS = (
     ),
     Mutation(
         "the API counts the computed tokens as cached (cached_tokens must be the grafted ones)",
-        "serving/openai_api.py",
+        "serving/openai_shapes.py",
         '"prompt_tokens_details": {"cached_tokens": result.grafted_tokens},',
         '"prompt_tokens_details": {"cached_tokens": result.computed_tokens},',
         ("tests/test_openai_api.py::test_chat_carries_the_proof_and_the_grafted_tokens_as_cached",),

@@ -3,11 +3,12 @@
 `/metrics` (Prometheus). The web app serves it on the page's own port (`web.app.serve`), a Ray replica on its
 routes (`serving.replica`); both hand it their library, guard and admission, so an API request is admitted,
 bounded and turned exactly as a chat is (`web.admission.Admission` at arrival, `web.bounds.answer_options`,
-`web.guard.FairTurns`). It parses, bounds and formats; the answer and its proof are `LibraryDoor.answer`'s.
+`web.guard.FairTurns`). It admits, runs and streams; what requests and responses look like is
+`serving.openai_shapes`'s, the answer and its proof `LibraryDoor.answer`'s.
 
 Who asks: the address (as the server resolved it) is the caller; each request is its own session, so one
 address holds at most KVGRAFT_ADDRESS_DEPTH requests queued or running. The API key is the admin token
-(`Authorization: Bearer ...`); no key, or one of `ANONYMOUS_KEYS`, is anonymous; any other key is a guess at
+(`Authorization: Bearer ...`); no key, or one of `openai_shapes.ANONYMOUS_KEYS`, is anonymous; any other key is a guess at
 the admin token, counted by `AdminToken`'s lockout and refused with 401.
 
 No `from __future__ import annotations`: FastAPI (the replica's ingress) reads signatures at runtime.
@@ -23,7 +24,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from types import SimpleNamespace
 
 from starlette.applications import Starlette
@@ -31,160 +31,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-import settings
-from errors import ArtifactNotFound, InputTooLong, IntegrityError, InvalidInput, KvgraftError, NotReady, VerificationFailed
+from errors import KvgraftError, VerificationFailed
 from graft_core import templates  # torch-free: text rules only
-from services.limits import MAX_QUESTION_CHARS, MAX_TEXT_CHARS
 from web.bounds import answer_options
 from web.guard import Client, Refused
 
+from . import openai_shapes as shapes
 from .metrics import Metrics
 
 log = logging.getLogger("kvgraft.openai")
-
-ANONYMOUS_KEYS = frozenset({"", "anonymous", "none", "EMPTY"})  # what clients that must send a key send for none
-MAX_BODY = 256 * 1024  # bytes of a completion's JSON body
-MAX_DEPOSIT_BODY = 4 * MAX_TEXT_CHARS + 64 * 1024  # the admin's deposit (JSON-escaped text: up to 4 bytes a char... bounded)
-MAX_MESSAGES = 32
-DEFAULT_MAX_TOKENS = 16  # the chat's default answer length
-# fields of OpenAI's requests this server refuses (400) when they ask for anything but the default
-_UNSUPPORTED = {
-    "n": lambda v: v not in (None, 1),
-    "best_of": lambda v: v not in (None, 1),
-    "logprobs": lambda v: v not in (None, False, 0),
-    "top_logprobs": lambda v: v not in (None, 0),
-    "echo": lambda v: v not in (None, False),
-    "suffix": lambda v: v not in (None, ""),
-    "logit_bias": lambda v: v not in (None, {}),
-    "presence_penalty": lambda v: v not in (None, 0, 0.0),
-    "frequency_penalty": lambda v: v not in (None, 0, 0.0),
-    "tools": lambda v: v not in (None, []),
-    "tool_choice": lambda v: v not in (None, "none", "auto"),
-    "functions": lambda v: v not in (None, []),
-    "function_call": lambda v: v not in (None, "none", "auto"),
-    "response_format": lambda v: v not in (None, {"type": "text"}),
-    "modalities": lambda v: v not in (None, ["text"]),
-    "audio": lambda v: v is not None,
-    "prediction": lambda v: v is not None,
-    "reasoning_effort": lambda v: v is not None,
-    "web_search_options": lambda v: v is not None,
-}
-_ACCEPTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop"}
-_ACCEPTED |= {"stream", "stream_options", "user", "kvgraft", "metadata", "store", "parallel_tool_calls", "service_tier"}
-_EXTENSION_FIELDS = {"artifacts", "graft", "check", "k"}
-
-
-class ApiError(Exception):
-    """An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with an HTTP status."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None, code=None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        headers = {"retry-after": "1"} if self.status == 429 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
-
-
-def _from_kvgraft(exc: KvgraftError) -> ApiError:
-    """A kvgraft error as the API's: its message (which says what to do) and the status a client acts on."""
-    msg = str(exc)
-    if isinstance(exc, Refused):
-        if "needs the admin token" in msg:  # an anonymous caller asked for the admin's work
-            return ApiError(403, msg, "permission_error", code="admin_only")
-        if "too many wrong admin tokens" not in msg.lower() and ("admin token" in msg.lower() or "admin actions" in msg.lower()):
-            return ApiError(401, msg, "authentication_error", code="invalid_api_key")
-        return ApiError(429, msg, "rate_limit_error", code="rate_limit_exceeded")  # a lockout or a busy share
-    if isinstance(exc, InputTooLong):
-        return ApiError(400, msg, code="context_length_exceeded")
-    if isinstance(exc, InvalidInput):
-        return ApiError(400, msg)
-    if isinstance(exc, ArtifactNotFound):
-        return ApiError(404, msg, param="kvgraft.artifacts", code="artifact_not_found")
-    if isinstance(exc, VerificationFailed):
-        return ApiError(422, msg, "gate_refused", code="verification_failed")
-    if isinstance(exc, IntegrityError):
-        return ApiError(409, msg, "integrity_error", code="quarantined" if "quarantined" in msg else "integrity")
-    if isinstance(exc, NotReady):
-        return ApiError(503, msg, "server_error", code="not_ready")
-    return ApiError(500, msg, "server_error")
-
-
-def model_id(library) -> str:
-    """The one model this server lists: the library's model name (a path's last part), else the packaged default."""
-    name = library.model_name or settings.get("KVGRAFT_MODEL") or "packaged:gemma-3-270m"
-    return Path(name).name if "/" in name and not name.startswith("packaged:") else name
-
-
-def _number(body: dict, name: str, default, low: float, high: float, low_open: bool = False) -> float:
-    v = body.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int | float) or not (low < v if low_open else low <= v) or v > high:
-        bound = f"above {low:g}" if low_open else f"at least {low:g}"
-        raise ApiError(400, f"{name} must be a number {bound} and at most {high:g}, got {str(v)[:40]!r}", param=name)
-    return float(v)
-
-
-def _text_content(content, where: str) -> str:
-    """A message's content: a string, or a list of text parts (anything else is refused)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        if all(isinstance(p.get("text"), str) for p in content):
-            return "".join(p["text"] for p in content)
-    raise ApiError(
-        400, f"{where}.content must be text (a string or text parts); images, audio and files are not supported", param=where
-    )
-
-
-def _question(body: dict, chat: bool) -> str:
-    """The text answered: a completion's prompt, or a chat's last message, which must be the user's. Every
-    message is checked and bounded; earlier turns are not part of the prompt (the base model answers one
-    question, as the web chat does)."""
-    if not chat:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise ApiError(400, "prompt must be one string (batches and token ids are not supported)", param="prompt")
-        text = prompt
-    else:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "messages must be a non-empty list", param="messages")
-        if len(messages) > MAX_MESSAGES:
-            raise ApiError(400, f"at most {MAX_MESSAGES} messages, got {len(messages)}", param="messages")
-        texts = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-                raise ApiError(400, f"messages[{i}] must have a role of system, developer, user or assistant", param="messages")
-            texts.append(_text_content(m.get("content"), f"messages[{i}]"))
-            if len(texts[-1]) > MAX_QUESTION_CHARS:
-                raise ApiError(
-                    400, f"messages[{i}] is {len(texts[-1]):,} characters; the limit is {MAX_QUESTION_CHARS:,}", param="messages"
-                )
-        if messages[-1]["role"] != "user":
-            raise ApiError(400, "the last message must be the user's: it is the question answered", param="messages")
-        text = texts[-1]
-    if not text.strip():
-        raise ApiError(400, "the question is empty", param="prompt" if not chat else "messages")
-    if len(text) > MAX_QUESTION_CHARS:
-        raise ApiError(400, f"the prompt is {len(text):,} characters; the limit is {MAX_QUESTION_CHARS:,}", param="prompt")
-    return text
-
-
-def _stop(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise ApiError(400, "stop must be a string or a list of strings", param="stop")
-    return tuple(stop)
 
 
 class OpenAIServer:
@@ -208,32 +63,32 @@ class OpenAIServer:
         auth = request.headers.get("authorization", "")
         scheme, _, key = auth.partition(" ")
         if auth and scheme.lower() != "bearer":
-            raise ApiError(401, "send the admin token as `Authorization: Bearer <token>`", "authentication_error")
+            raise shapes.ApiError(401, "send the admin token as `Authorization: Bearer <token>`", "authentication_error")
         key = key.strip()
-        return "" if key in ANONYMOUS_KEYS else key
+        return "" if key in shapes.ANONYMOUS_KEYS else key
 
     async def _body(self, request: Request, limit: int) -> dict:
         """The JSON object of the request, read up to `limit` bytes (refused past it before it is parsed)."""
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            raise ApiError(413, f"the request body is larger than {limit:,} bytes", code="body_too_large")
+            raise shapes.ApiError(413, f"the request body is larger than {limit:,} bytes", code="body_too_large")
         data = bytearray()
         async for chunk in request.stream():
             data += chunk
             if len(data) > limit:
-                raise ApiError(413, f"the request body is larger than {limit:,} bytes", code="body_too_large")
+                raise shapes.ApiError(413, f"the request body is larger than {limit:,} bytes", code="body_too_large")
         try:
             body = json.loads(bytes(data))
         except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "the request body must be a JSON object") from None
+            raise shapes.ApiError(400, "the request body must be a JSON object") from None
         if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
+            raise shapes.ApiError(400, "the request body must be a JSON object")
         return body
 
     # ---- routes ------------------------------------------------------------------------------------
 
     async def models(self, request: Request) -> Response:
-        mid = model_id(self.library)
+        mid = shapes.model_id(self.library)
         with self.metrics.request("/v1/models") as outcome:
             outcome("ok")
             return JSONResponse({"object": "list", "data": [{"id": mid, "object": "model", "created": 0, "owned_by": "kvgraft"}]})
@@ -255,21 +110,21 @@ class OpenAIServer:
                 caller = self._caller(request)
                 key = self._key(request)
                 if not key:
-                    raise ApiError(
+                    raise shapes.ApiError(
                         401,
                         "deposits need the admin token: send `Authorization: Bearer <KVGRAFT_ADMIN_TOKEN>`",
                         "authentication_error",
                     )
                 self.guard.admin(key, caller)  # before the body is read: an anonymous deposit costs nothing
-                body = await self._body(request, MAX_DEPOSIT_BODY)
+                body = await self._body(request, shapes.MAX_DEPOSIT_BODY)
                 d = await self._admitted(caller, lambda: self._deposit(body))
             except VerificationFailed as exc:
                 self.metrics.gate_verdict("refused")
                 outcome("refused")
-                err = _from_kvgraft(exc).body() | {"kvgraft": {"verdict": "refused", "reason": str(exc)}}
+                err = shapes.api_error(exc).body() | {"kvgraft": {"verdict": "refused", "reason": str(exc)}}
                 return JSONResponse(err, status_code=422)
-            except (ApiError, KvgraftError) as exc:
-                err = exc if isinstance(exc, ApiError) else _from_kvgraft(exc)
+            except (shapes.ApiError, KvgraftError) as exc:
+                err = exc if isinstance(exc, shapes.ApiError) else shapes.api_error(exc)
                 outcome(f"error_{err.status}")
                 return err.response()
             if d.verified:
@@ -284,10 +139,10 @@ class OpenAIServer:
         fields = {"question", "solution", "answer", "verifier", "reference", "text", "title", "attested_by", "parent"}
         unknown = set(body) - fields
         if unknown:
-            raise ApiError(400, f"unknown deposit field(s) {', '.join(sorted(unknown))}: use {', '.join(sorted(fields))}")
+            raise shapes.ApiError(400, f"unknown deposit field(s) {', '.join(sorted(unknown))}: use {', '.join(sorted(fields))}")
         for k, v in body.items():
             if v is not None and not isinstance(v, str):
-                raise ApiError(400, f"{k} must be a string", param=k)
+                raise shapes.ApiError(400, f"{k} must be a string", param=k)
         title, parent = body.get("title") or "", body.get("parent")
         if body.get("question"):
             return self.library.deposit_item(
@@ -301,7 +156,7 @@ class OpenAIServer:
                 admin=True,
             )
         if not body.get("text"):
-            raise ApiError(400, "nothing to deposit: give question, solution, verifier and reference, or text")
+            raise shapes.ApiError(400, "nothing to deposit: give question, solution, verifier and reference, or text")
         return self.library.deposit_text(
             body["text"], parent=parent, title=title, attested_by=body.get("attested_by"), admin=True
         )
@@ -327,47 +182,49 @@ class OpenAIServer:
         try:
             return self.admission.reserve(client)
         except Refused as exc:
-            raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded") from None
+            raise shapes.ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded") from None
 
     def _options(self, body: dict, caller, key: str, question_chat: bool):
-        unknown = set(body) - _ACCEPTED - set(_UNSUPPORTED)
+        unknown = set(body) - shapes.ACCEPTED - set(shapes.UNSUPPORTED)
         if unknown:
-            raise ApiError(400, f"unsupported parameter(s): {', '.join(sorted(unknown))}", param=sorted(unknown)[0])
-        for name, refused in _UNSUPPORTED.items():
+            raise shapes.ApiError(400, f"unsupported parameter(s): {', '.join(sorted(unknown))}", param=sorted(unknown)[0])
+        for name, refused in shapes.UNSUPPORTED.items():
             if name in body and refused(body[name]):
-                raise ApiError(
+                raise shapes.ApiError(
                     400, f"{name} is not supported by kvgraft's server (one greedy or seeded-sampled answer)", param=name
                 )
-        mid = model_id(self.library)
+        mid = shapes.model_id(self.library)
         if body.get("model") not in (mid, "kvgraft"):
-            raise ApiError(
+            raise shapes.ApiError(
                 404,
                 f"The model `{str(body.get('model'))[:80]}` does not exist: this server serves `{mid}` (GET /v1/models)",
                 param="model",
                 code="model_not_found",
             )
         ext = body.get("kvgraft") or {}
-        if not isinstance(ext, dict) or set(ext) - _EXTENSION_FIELDS:
-            raise ApiError(400, f"kvgraft must be an object of {', '.join(sorted(_EXTENSION_FIELDS))}", param="kvgraft")
+        if not isinstance(ext, dict) or set(ext) - shapes.EXTENSION_FIELDS:
+            raise shapes.ApiError(
+                400, f"kvgraft must be an object of {', '.join(sorted(shapes.EXTENSION_FIELDS))}", param="kvgraft"
+            )
         for flag in ("graft", "check"):
             if flag in ext and not isinstance(ext[flag], bool):
-                raise ApiError(400, f"kvgraft.{flag} must be true or false", param=f"kvgraft.{flag}")
+                raise shapes.ApiError(400, f"kvgraft.{flag} must be true or false", param=f"kvgraft.{flag}")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+        max_tokens = shapes.DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
         base = answer_options(
             self.guard, caller, ext.get("k", 3), ext.get("graft", True), max_tokens, ext.get("check", False), False, key
         )
         seed = body.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ApiError(400, "seed must be an integer", param="seed")
+            raise shapes.ApiError(400, "seed must be an integer", param="seed")
         return dataclasses.replace(
             base,
             artifact=self._artifact(ext.get("artifacts")),
             raw=not question_chat,
-            temperature=_number(body, "temperature", 0.0, 0, 2),
-            top_p=_number(body, "top_p", 1.0, 0, 1, low_open=True),
+            temperature=shapes.number(body, "temperature", 0.0, 0, 2),
+            top_p=shapes.number(body, "top_p", 1.0, 0, 1, low_open=True),
             seed=seed,
-            stop=_stop(body),
+            stop=shapes.stops(body),
         )
 
     def _artifact(self, artifacts) -> str | None:
@@ -377,16 +234,16 @@ class OpenAIServer:
         if isinstance(artifacts, str):
             artifacts = [artifacts]
         if not isinstance(artifacts, list) or not artifacts or not all(isinstance(a, str) and a for a in artifacts):
-            raise ApiError(400, "kvgraft.artifacts must be a list of artifact ids", param="kvgraft.artifacts")
+            raise shapes.ApiError(400, "kvgraft.artifacts must be a list of artifact ids", param="kvgraft.artifacts")
         if len(artifacts) > 64:
-            raise ApiError(400, "kvgraft.artifacts names at most 64 ids", param="kvgraft.artifacts")
+            raise shapes.ApiError(400, "kvgraft.artifacts names at most 64 ids", param="kvgraft.artifacts")
         chain = list(self.library.show(artifacts[-1]).chain)
         if (
             len(artifacts) > 1
             and [c[: len(a)] for c, a in zip(chain, artifacts, strict=False)] != artifacts
             or len(artifacts) not in (1, len(chain))
         ):
-            raise ApiError(
+            raise shapes.ApiError(
                 400,
                 "kvgraft.artifacts must name one artifact (its chain is grafted) or that chain root first: "
                 f"{artifacts[-1][:16]}'s chain is {', '.join(c[:16] for c in chain)}",
@@ -402,15 +259,15 @@ class OpenAIServer:
         try:
             caller = self._caller(request)
             key = self._key(request)
-            body = await self._body(request, MAX_BODY)
-            question = _question(body, chat)
+            body = await self._body(request, shapes.MAX_BODY)
+            question = shapes.question(body, chat)
             options = self._options(body, caller, key, chat)
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
-                raise ApiError(400, "stream must be true or false", param="stream")
+                raise shapes.ApiError(400, "stream must be true or false", param="stream")
             ticket = self._reserve(self.guard.client(caller))
-        except (ApiError, KvgraftError) as exc:
-            err = exc if isinstance(exc, ApiError) else _from_kvgraft(exc)
+        except (shapes.ApiError, KvgraftError) as exc:
+            err = exc if isinstance(exc, shapes.ApiError) else shapes.api_error(exc)
             outcome(f"error_{err.status}")
             ctx.__exit__(None, None, None)
             return err.response()
@@ -418,14 +275,14 @@ class OpenAIServer:
             ctx.__exit__(None, None, None)
             raise
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-        created, mid = int(self._clock()), model_id(self.library)
+        created, mid = int(self._clock()), shapes.model_id(self.library)
         job = _Job(self, caller, question, options, ticket, t0, lambda result, exc: self._account(result, exc, outcome, ctx))
         if not stream:
             try:
                 result = await asyncio.to_thread(job.run)
             except KvgraftError as exc:
-                return _from_kvgraft(exc).response()
-            return JSONResponse(_whole(result, rid, created, mid, chat))
+                return shapes.api_error(exc).response()
+            return JSONResponse(shapes.whole_response(result, rid, created, mid, chat))
         # the work starts now, whatever becomes of the stream: it frees its admission place and counts itself
         # when it ends, even when the client goes away before the first event is read
         loop, q = asyncio.get_running_loop(), asyncio.Queue()
@@ -449,7 +306,7 @@ class OpenAIServer:
             outcome("ok")
         elif isinstance(exc, KvgraftError):
             self.metrics.failed(exc)
-            outcome(f"error_{_from_kvgraft(exc).status}")
+            outcome(f"error_{shapes.api_error(exc).status}")
         else:
             outcome("error_500")
         ctx.__exit__(None, None, None)
@@ -485,9 +342,9 @@ class OpenAIServer:
                 continue
             if kind == "error":
                 err = (
-                    _from_kvgraft(value)
+                    shapes.api_error(value)
                     if isinstance(value, KvgraftError)
-                    else ApiError(500, f"internal error ({type(value).__name__})", "server_error")
+                    else shapes.ApiError(500, f"internal error ({type(value).__name__})", "server_error")
                 )
                 yield "data: " + json.dumps(err.body()) + "\n\n"
                 break
@@ -495,7 +352,9 @@ class OpenAIServer:
             if not result.answer.startswith(sent):  # cannot happen while `settled` holds back what may change
                 log.error("streamed text %r is not a prefix of the answer %r", sent, result.answer)
             rest = result.answer[len(sent) :] if result.answer.startswith(sent) else ""
-            yield chunk(rest, _finish(result), {"usage": _usage(result), "kvgraft": kvgraft_object(result)})
+            yield chunk(
+                rest, shapes.finish_reason(result), {"usage": shapes.usage(result), "kvgraft": shapes.kvgraft_object(result)}
+            )
             break
         yield "data: [DONE]\n\n"
 
@@ -545,73 +404,6 @@ class _Job:
             if not isinstance(exc, KvgraftError):
                 log.error("answer failed", exc_info=exc)
             put(("error", exc))
-
-
-def _finish(result) -> str:
-    return "length" if result.stopped == "length" else "stop"
-
-
-def _usage(result) -> dict:
-    prompt = result.grafted_tokens + result.computed_tokens
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": result.decode_tokens,
-        "total_tokens": prompt + result.decode_tokens,
-        "prompt_tokens_details": {"cached_tokens": result.grafted_tokens},
-    }
-
-
-def kvgraft_object(result) -> dict:
-    """What every response carries of the answer's proof: the tier, what was grafted and retrieved, the state
-    proof (BLAKE3 of the served state, or the first use's probe), the exactness check's logits hashes when it
-    ran, the output's hashes and token ids, and the ledger id that `cli.py replay` re-runs."""
-    proof = result.proof.as_dict() if result.proof is not None else None
-    check = None
-    if result.check is not None:
-        check = {k: getattr(result.check, k) for k in ("exact", "fresh_sha256", "grafted_sha256", "rows", "tier")}
-    return {
-        "tier": result.tier,
-        "artifact_ids": list(result.artifact_ids),
-        "retrieved": [{"id": r.id, "score": r.score, "relevant": r.relevant, "reason": r.reason} for r in result.retrieved],
-        "state_proof": proof,
-        "check": check,
-        "grafted_tokens": result.grafted_tokens,
-        "computed_tokens": result.computed_tokens,
-        "decode_tokens": result.decode_tokens,
-        "output_token_ids": list(result.output_token_ids),
-        "output_sha256": result.output_sha256,
-        "logits_sha256": result.logits_sha256,
-        "ledger_id": result.ledger_id,
-        "ttft_s": result.ttft_s,
-        "sampling": None
-        if result.seed is None
-        else {"temperature": result.temperature, "top_p": result.top_p, "seed": result.seed},
-        "note": result.note,
-        "scope": result.scope,
-    }
-
-
-def _whole(result, rid: str, created: int, mid: str, chat: bool) -> dict:
-    if chat:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": result.answer},
-            "logprobs": None,
-            "finish_reason": _finish(result),
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": result.answer, "logprobs": None, "finish_reason": _finish(result)}
-        obj = "text_completion"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": created,
-        "model": mid,
-        "choices": [choice],
-        "usage": _usage(result),
-        "kvgraft": kvgraft_object(result),
-    }
 
 
 def routes(server: OpenAIServer) -> list[Route]:

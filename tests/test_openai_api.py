@@ -12,7 +12,8 @@ from starlette.testclient import TestClient
 
 import services
 from retrieval import HashEmbedder
-from serving.openai_api import OpenAIServer, app, model_id
+from serving.openai_api import OpenAIServer, app
+from serving.openai_shapes import model_id
 from web.admission import Admission
 from web.guard import FairTurns, Guard
 

@@ -20,7 +20,7 @@ def server(real_lm, tmp_path_factory):
     import services
     from retrieval import HashEmbedder
     from services import seed
-    from serving.openai_api import model_id
+    from serving.openai_shapes import model_id
     from web import app
 
     lib = services.Library(home=tmp_path_factory.mktemp("openai-real"), lm=real_lm, embedder=HashEmbedder())
