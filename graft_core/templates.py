@@ -136,3 +136,25 @@ def cut_answer(completion: str, form: str = "answer") -> str:
 
 def is_answer_complete(completion: str, form: str = "answer") -> bool:
     return _end(completion, form) < len(completion)
+
+
+def cut_stop(completion: str, stop: tuple[str, ...]) -> str:
+    """`completion` up to the first of the caller's `stop` strings (OpenAI's `stop`: excluded from the text)."""
+    found = [completion.find(s) for s in stop if s and s in completion]
+    return completion[: min(found)] if found else completion
+
+
+def answer_text(completion: str, raw: bool, form: str = "answer", stop: tuple[str, ...] = ()) -> str:
+    """What an answer shows of its `completion`: cut at the first `stop` string, then stripped (raw) or cut at
+    the template's end of answer. The streamed text and the finished answer are both this."""
+    completion = cut_stop(completion, stop)
+    return completion.strip() if raw else cut_answer(completion, form)
+
+
+def settled(text: str, stop: tuple[str, ...] = ()) -> str:
+    """The part of a growing answer text (`answer_text` of the tokens so far) that later tokens cannot change,
+    for a streaming caller: without a trailing half character (U+FFFD while its bytes are still arriving),
+    trailing whitespace (stripped unless more text follows) or the start of a stop string."""
+    text = text.rstrip("\ufffd").rstrip()
+    held = max((k for s in stop for k in range(1, min(len(s) - 1, len(text)) + 1) if text.endswith(s[:k])), default=0)
+    return text[: len(text) - held].rstrip()

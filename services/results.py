@@ -136,6 +136,10 @@ class AnswerResult:
     output_token_ids: tuple[int, ...] = ()
     proof: Proof | None = None  # the cheap proof of the served state (kind "none" says why none applies)
     machine_bound: bool = False  # the model's record names this machine's kernel path, not a numerical definition
+    stopped: str = ""  # why decoding ended: "stop" (the template's end or a stop string), "eos", "length"
+    temperature: float = 0.0  # 0: greedy; else the tokens were drawn (seeded) at this temperature
+    top_p: float = 1.0
+    seed: int | None = None  # the sampling generator's seed (None: greedy)
 
     @property
     def scope(self) -> str:
@@ -171,6 +175,10 @@ class AnswerResult:
             "proof": None if self.proof is None else self.proof.as_dict(),
             "machine_bound": self.machine_bound,
             "scope": self.scope,
+            "stopped": self.stopped,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
         }
         if self.baseline is not None:
             d["baseline"] = asdict(self.baseline) | {"ttft_speedup": self.ttft_speedup, "measured": True}
@@ -194,6 +202,8 @@ class AnswerResult:
             output_token_ids=tuple(d["output_token_ids"]),
             proof=_record("Proof", d["proof"]),
             machine_bound=bool(d.get("machine_bound", False)),
+            stopped=d.get("stopped", ""),
+            **{k: d[k] for k in ("temperature", "top_p", "seed") if k in d},
         )
 
 
