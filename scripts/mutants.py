@@ -124,6 +124,13 @@ MUTATIONS = (
         ("tests/test_gate_claims.py::test_the_judge_reads_what_the_answer_asserts",),
     ),
     Mutation(
+        "the judge reads the first 'The answer is' sentence, not the last (kvgraft-judge/4 rule 4b)",
+        "verifiers/judging.py",
+        "said = found[-1] if found else None",
+        "said = found[0] if found else None",
+        ("tests/test_judge.py::test_the_last_answer_sentence_decides", "tests/test_labels.py"),
+    ),
+    Mutation(
         "an equation chain's members are not checked against its result (verifiers/quantities)",
         "verifiers/quantities.py",
         "if v is not None and value is not None and abs(v - value) > t + tol:",
