@@ -11,7 +11,10 @@ through `/chat`. The attacks (`--attack`, one or several, comma-separated):
 - `reads`: N sessions of one address render the dashboard and search the library back to back (the private
   handlers, by fn_index, as the page's timer and search box call them);
 - `uploads`: N sessions of one address post 16 MiB files of random bytes to Gradio's upload route back to back,
-  without the admin token (the issue's attack: every one was written, 401 MB in seconds).
+  without the admin token (the issue's attack: every one was written, 401 MB in seconds);
+- `api`: N clients of one address through the OpenAI-compatible API (`/v1`, serving.openai_api), back to back:
+  the longest anonymous chat completion, the same streamed as a completion, a 3,960-character question
+  (refused past the prompt-token bound) and the admin-only exactness check (refused), one kind per client.
 
 Reports, per attack, the user's chat latency idle and under attack (p50/p95), the errors each side saw, the
 attackers' calls and refusals (a refused attacker waits 0.1 s, as a client told to wait would), the server's
@@ -53,8 +56,9 @@ REFUSED = (
     "Too many requests from your address",  # the rate limiter's 429, as the raw join reports it
     "429 Too Many Requests",  # the same, as gradio_client reports it
     "Uploads need the admin",  # the upload door's 403
+    "api refused",  # the OpenAI-compatible API's 429 / 400 / 403 for a bound or the admin's work (`_api`)
 )
-ATTACKS = ("heavy", "refused", "long", "solves", "singles", "reads", "uploads")
+ATTACKS = ("heavy", "refused", "long", "solves", "singles", "reads", "uploads", "api")
 UPLOAD_BYTES = 16 * 2**20
 SINGLES = ("verify", "long", "solve", "refused")  # one address each
 REFUSED_WAIT_S = 0.1
@@ -208,6 +212,22 @@ def _upload(url: str, address: str, data: bytes) -> None:
         raise RuntimeError(f"upload answered {r.status_code}: {r.text[:200]}")
 
 
+def _api(url: str, address: str, route: str, body: dict) -> None:
+    """One anonymous request to the OpenAI-compatible API (a stream read to its end); RuntimeError("api refused
+    ...") for a refusal the API says the caller can act on (429, a bound's 400, the admin's 403), else for any
+    other answer than a completed one."""
+    import httpx
+
+    headers = {"X-Forwarded-For": address}
+    with httpx.stream("POST", url.rstrip("/") + route, json=body, headers=headers, timeout=600) as r:
+        text = r.read().decode()
+    refused = r.status_code in (403, 429) or (r.status_code == 400 and "the limit without the admin token" in text)
+    if refused:
+        raise RuntimeError(f"api refused ({r.status_code}): {text[:200]}")
+    if r.status_code != 200 or (body.get("stream") and not text.rstrip().endswith("data: [DONE]")) or '"error"' in text:
+        raise RuntimeError(f"api answered {r.status_code}: {text[:300]}")
+
+
 def _calls(c, url: str, kind: str, i: int, address: str, solve: tuple[int, str] | None, reads=None) -> Callable[[], object]:
     """The request one attacker of `kind` sends back to back."""
     if kind == "heavy":
@@ -231,6 +251,16 @@ def _calls(c, url: str, kind: str, i: int, address: str, solve: tuple[int, str] 
         assert reads is not None, "a reads attack needs the dashboard's and the library search's fn_index"
         dashboard, search = reads
         return [lambda: _raw(url, dashboard, [], address), lambda: _raw(url, search, ["the"], address)][i % 2]
+    if kind == "api":
+        chat = {"model": "kvgraft", "max_tokens": 32, "messages": [{"role": "user", "content": ATTACK_QUESTION}]}
+        return [
+            lambda: _api(url, address, "/v1/chat/completions", chat),
+            lambda: _api(
+                url, address, "/v1/completions", {"model": "kvgraft", "prompt": ATTACK_QUESTION, "max_tokens": 32, "stream": True}
+            ),
+            lambda: _api(url, address, "/v1/chat/completions", chat | {"messages": [{"role": "user", "content": LONG_QUESTION}]}),
+            lambda: _api(url, address, "/v1/chat/completions", chat | {"kvgraft": {"check": True}}),
+        ][i % 4]
     if kind == "uploads":
         data = os.urandom(UPLOAD_BYTES)  # one file per session, random (no deduplication by content helps)
         return lambda: _upload(url, address, data)
@@ -367,7 +397,8 @@ def main() -> None:
     ap.add_argument("--chats", type=int, default=20)
     ap.add_argument("--attackers", default="8", help="sessions of the attacking address, comma-separated for several runs")
     ap.add_argument("--attack", default="heavy", help=f"comma-separated, each run in turn: {', '.join(ATTACKS)}")
-    ap.add_argument("--write", action="store_true", help="write docs/bench/abuse.json")
+    ap.add_argument("--write", action="store_true", help="write docs/bench/abuse.json (--out names another file)")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "abuse.json", help="where --write writes")
     ap.add_argument("--home", type=Path, help="an already seeded store to use (the real model's seeding takes minutes)")
     ap.add_argument("--refused", action="store_true", help="the same as --attack refused")
     ap.add_argument("--deadline", type=float, default=900.0, help="seconds after which the attackers of one run stop")
@@ -451,8 +482,8 @@ def main() -> None:
     )
     print(json.dumps(out, indent=1))
     if args.write:
-        (ROOT / "docs" / "bench").mkdir(parents=True, exist_ok=True)
-        (ROOT / "docs" / "bench" / "abuse.json").write_text(json.dumps(out, indent=1) + "\n")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -63,9 +63,32 @@ def cmd_deposit(args) -> int:
     return 0
 
 
+class _Streamed:
+    """`ask --stream`: prints each piece of the growing answer that later tokens cannot change, as it comes
+    (graft_core.templates.settled), then what is left of the finished answer."""
+
+    def __init__(self, out=None):
+        self.out, self.shown = out or sys.stdout, ""
+
+    def __call__(self, text: str) -> None:
+        from graft_core.templates import settled
+
+        now = settled(text)
+        if now.startswith(self.shown) and len(now) > len(self.shown):
+            self.out.write(now[len(self.shown) :])
+            self.out.flush()
+            self.shown = now
+
+    def finish(self, answer: str) -> None:
+        self.out.write((answer[len(self.shown) :] if answer.startswith(self.shown) else "\n" + answer) + "\n")
+        self.out.flush()
+
+
 def cmd_ask(args) -> int:
     from services import AnswerOptions
 
+    if args.stream and args.json:
+        raise SystemExit("error: --stream prints the answer as it comes and --json prints it whole: give one of them")
     lib = _library(args)
     # The artifact is known before the question: prove its chain while the process warms up, so the
     # answer carries the state proof (one BLAKE3) rather than the probe forward (same check, run first).
@@ -73,6 +96,7 @@ def cmd_ask(args) -> int:
     if args.artifact and not args.no_graft and not args.relocated:
         proved_s = lib.prove_chain(args.artifact)
         warmed_s = lib.warm_answer(args.artifact)  # a throw-away answer: first read/restore/forward paid at load
+    printer = _Streamed() if args.stream else None
     r = lib.answer(
         args.question,
         AnswerOptions(
@@ -86,10 +110,13 @@ def cmd_ask(args) -> int:
             relocated=args.relocated,
             compose=args.compose,
         ),
+        on_token=printer,
     )
+    if printer is not None:
+        printer.finish(r.answer)
     payload = r.to_json() | ({"proved_at_load_s": proved_s, "warmed_at_load_s": warmed_s} if proved_s is not None else {})
     lines = [
-        r.answer,
+        *([] if printer is not None else [r.answer]),
         "",
         f"tier {r.tier}; grafted {r.grafted_tokens}, computed {r.computed_tokens}, decoded {r.decode_tokens} tokens; "
         f"ttft {r.ttft_s * 1000:.0f} ms" + (f"; {r.scope}" if r.scope else ""),
@@ -243,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--compare", action="store_true", help="also run and time the no-graft baseline")
     a.add_argument("--compose", action="store_true", help="chain every retrieved item exactly (prefills each new link once)")
     a.add_argument("--relocated", action="store_true", help="compose several retrieved roots by re-rotation (approximate)")
+    a.add_argument("--stream", action="store_true", help="print the answer's tokens as they come")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_ask)
 

@@ -53,7 +53,8 @@ def build(work: Path, budgets: dict[str, int] | None, seed: int = 0) -> dict:
         "judge": {"sha256": gsm_recheck.judge_sha256(), "commit": _commit(), "function": "verifiers.judge"},
         "config": {
             "prompt": "lm-evaluation-harness gsm8k-cot: 8 chain-of-thought exemplars (Wei et al. 2022), Q:/A: format "
-            "(set original-qa: the same Q:/A: line without the exemplars, both conditions)",
+            "(set original-qa: the same Q:/A: line without the exemplars; set original-steps: that line with the answer "
+            'opened by "Let\'s think step by step.", zero-shot chain of thought, Kojima et al. 2022; both conditions)',
             "form": benchmark.FORM,
             "max_new_tokens": benchmark.MAX_NEW_TOKENS,
             "stop": "before the next question ('Q:' or a blank line), or end of text",
@@ -125,6 +126,8 @@ SET_LABELS = {
     "names": "names-only variants (every number kept; the original's solution in the store)",
     "numbers": "new numbers and names (held-out transfer: the store holds another instance's solution)",
     "original-qa": "GSM8K originals, zero-shot `Q:/A:` prompt (no exemplars: the graft sits right before the question)",
+    "original-steps": "GSM8K originals, zero-shot chain of thought (`Q:/A: Let's think step by step.`: invited to "
+    "reason, the graft right before the question)",
 }
 
 
@@ -167,7 +170,7 @@ def markdown(results: dict) -> str:
         "| set | items | no graft correct (Wilson 95%) | graft correct (Wilson 95%) | answers grafted | lift (Newcombe 95%) | lift there? |",
         "|---|---:|---|---|---:|---|---|",
     ]
-    for k in ("original", "names", "numbers", "original-qa"):
+    for k in SET_LABELS:
         c = sc.get(k)
         if not c or not c["items"]:
             continue
@@ -206,6 +209,7 @@ TARGET_BUDGET = 50_000  # the issue's budget a problem for the recurring case
 FORM_WORDS = {
     "cot": "gsm8k-cot's 8-shot prompt (the exemplars invite working; they sit between a graft and the question)",
     "qa": "the zero-shot `Q:/A:` prompt (no exemplars; a graft sits right before the question)",
+    "steps": "zero-shot chain of thought (`Q:/A: Let's think step by step.`; a graft sits right before the question)",
 }
 
 
@@ -243,8 +247,8 @@ def recurring_md(rc: dict | None, title: str = "## The recurring case") -> list[
         "| baseline tokens | recalls' decode tokens | `ratio` (baseline / recall decode) | recalls' tokens computed "
         "(query prefill + decode) | deposits (gate runs + prefill) | `ratio_all_in` |",
         "|---:|---:|---:|---:|---:|---:|",
-        f"| {c['baseline_tokens_total']:,} | {c['recall_decode_tokens_total']:,} | {c['ratio']} | "
-        f"{c['recall_tokens_total']:,} | {c['deposit_tokens_total']:,} | {c['ratio_all_in']} |",
+        f"| {c['baseline_tokens_total']:,} | {c['recall_decode_tokens_total']:,} | {_or_none(c['ratio'])} | "
+        f"{c['recall_tokens_total']:,} | {c['deposit_tokens_total']:,} | {_or_none(c['ratio_all_in'])} |",
         "",
         f"`ratio` is the paper's (baseline tokens over the recalls' decode tokens); `ratio_all_in` = baseline tokens / "
         f"(every token the recalls computed, query prefill and decode, + the deposits' cost, gate runs and prefill, "
@@ -253,8 +257,8 @@ def recurring_md(rc: dict | None, title: str = "## The recurring case") -> list[
         "",
         "Per problem:",
         "",
-        "| problem | baseline tokens (attempts) | solved within the budget | recall decode tokens | recall prompt tokens | grafted | recall correct |",
-        "|---|---:|---|---:|---:|---|---|",
+        "| problem | baseline tokens (attempts) | solved within the budget | tokens to the first passing attempt | recall decode tokens | recall prompt tokens | grafted | recall correct |",
+        "|---|---:|---|---:|---:|---:|---|---|",
     ]
     rows = {r["id"]: r for r in c["rows"]}
     for p in rc["problems"]:
@@ -264,7 +268,11 @@ def recurring_md(rc: dict | None, title: str = "## The recurring case") -> list[
             if r
             else "– | – | – | –"
         )
-        lines.append(f"| {p['id']} | {p['baseline_tokens']:,} ({p['attempts_n']}) | {p['solved']} | {tail} |")
+        first = _to_first_pass(p)
+        lines.append(
+            f"| {p['id']} | {p['baseline_tokens']:,} ({p['attempts_n']}) | {p['solved']} | "
+            f"{'–' if first is None else f'{first:,}'} | {tail} |"
+        )
     pr = rc.get("case_product_recall")
     if pr:
         lines += [
@@ -281,6 +289,21 @@ def recurring_md(rc: dict | None, title: str = "## The recurring case") -> list[
             text = " ".join(a["answer"].split())
             lines.append(f"- {p['id']} (reference {p['reference']}), seed {a['seed']}: {text[:300]!r}")
     return [*lines, ""]
+
+
+def _to_first_pass(problem: dict) -> int | None:
+    """The tokens of a problem's attempts up to and including the first the current judge passes (a run sampled
+    on past it when the judge of its moment refused it: its record keeps every attempt computed)."""
+    spent = 0
+    for a in problem["attempts"]:
+        spent += a["tokens"]
+        if a["passed"]:
+            return spent
+    return None
+
+
+def _or_none(x) -> str:
+    return "none (no recall right)" if x is None else str(x)
 
 
 def _undecided(c: dict) -> str:
@@ -336,10 +359,10 @@ def commands_md(results: dict | None = None) -> list[str]:
         "",
         "```",
         "make install-eval                                   # the benchmark package (requirements-eval.txt)",
-        f"python -m eval.gsm_run no-graft --work W --sets original,numbers,original-qa --n {n}",
+        f"python -m eval.gsm_run no-graft --work W --sets original,numbers,original-qa,original-steps --n {n}",
         f"python -m eval.gsm_run no-graft --work W --sets names --n {items.get('names', n)}",
         f"python -m eval.gsm_run deposit  --work W --n {n}",
-        f"python -m eval.gsm_run graft    --work W --sets original-qa,original,numbers --n {n}",
+        f"python -m eval.gsm_run graft    --work W --sets original-qa,original,numbers,original-steps --n {n}",
         f"python -m eval.gsm_run graft    --work W --sets names --n {items.get('names', n)}",
         *rec,
         f"python -m eval.gsm_report W {' '.join(budgets)}   # this file and gsm-results.json",

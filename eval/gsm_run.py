@@ -21,15 +21,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import retrieval  # noqa: E402,F401  (faiss before torch)
 from eval import benchmark, gsm  # noqa: E402
+from graft_core import templates  # noqa: E402
 
 
 def items(work: Path, seed: int, sets: list[str], n: int) -> dict[str, list[dict]]:
     """The first `n` templates' items of `sets`, derived from the installed package once and kept in `work`."""
     out = {}
     for s in sets:
-        if s.endswith("-qa"):  # the same items asked in the zero-shot `qa` form (graft_core.templates)
-            base = items(work, seed, [s[:-3]], n)[s[:-3]]
-            out[s] = [it | {"id": it["id"] + "-qa", "set": s, "form": "qa"} for it in base]
+        base_set, _, form = s.partition("-")
+        if form:  # the same items asked in another query form (`qa`, `steps`: graft_core.templates)
+            templates.check_form(form)
+            base = items(work, seed, [base_set], n)[base_set]
+            out[s] = [it | {"id": f"{it['id']}-{form}", "set": s, "form": form} for it in base]
             continue
         path = work / f"items-{s}-n{n}-seed{seed}-{gsm.version()}.json"
         if not path.exists():
@@ -47,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget", type=int, default=50_000, help="recurring: tokens per problem (every attempt's)")
     p.add_argument("--problems", type=int, default=8, help="recurring: greedy failures sampled, in seeded order")
-    p.add_argument("--form", default="cot", choices=("cot", "qa"), help="recurring: the query form of attempts and recalls")
+    p.add_argument("--form", default="cot", choices=templates.FORMS[1:], help="recurring: the query form of attempts and recalls")
     p.add_argument("--together", type=int, default=8, help="recurring: sampled attempts a round (one prompt computation)")
     p.add_argument(
         "--resume-undecided",

@@ -51,6 +51,16 @@ DRAW_2 = {
     "gate_generations": 60,
     "gsm_graft": 60,
 }
+# round 3, after kvgraft-judge/3: the GSM-Symbolic run's own records (the committed results file), chiefly the
+# sampled attempts of its recurring cases, where an accepted attempt decides that a problem counts as solved
+DRAW_3 = {
+    "gsm_sampled_accepted": 10_000,  # every attempt the judge accepts (all of them: each decides a verdict)
+    "gsm_sampled_with_reference": 60,  # attempts that write the reference's number, accepted or not
+    "gsm_sampled_any": 20,
+    "gsm_steps": 20,  # zero-shot chain-of-thought answers (set original-steps), without and with a graft
+    "gsm_qa_recalls": 20,  # the zero-shot grafted answers (set original-qa, condition graft)
+}
+GSM_RESULTS = ROOT / "docs" / "eval" / "gsm-results.json"
 # Round 1's evaluation half was scored once (b00a7ac: 127/131, 4 false accepts) and rules were then written on
 # it (81e90c6), so it is development now; round 2 is drawn fresh for the evaluation.
 ROUNDS = (
@@ -61,8 +71,27 @@ ROUNDS = (
         "drawn": DRAWN.with_name("drawn-2.jsonl"),
         "readings": READINGS.with_name("readings-2.jsonl"),
     },
+    {
+        "seed": SEED + 2,
+        "strata": DRAW_3,
+        "drawn": DRAWN.with_name("drawn-3.jsonl"),
+        "readings": READINGS.with_name("readings-3.jsonl"),
+    },
 )
 FIRST_LOOK = {"round": 1, "commit": "b00a7ac", "outputs": 131, "agreement": 0.9695, "false_accepts": 4, "false_refusals": 0}
+# round 3's evaluation items scored once under kvgraft-judge/3 (9dd685a), the three /3 was written on left out:
+# 115/118, then rules (kvgraft-judge/4) were written on the three it got wrong, so they are development now
+FIRST_LOOK_3 = {"round": 3, "commit": "9dd685a", "outputs": 118, "agreement": 0.9746, "false_accepts": 1, "false_refusals": 2}
+# round 3's outputs a rule was written on: before the draw (kvgraft-judge/3, from reading the zero-shot case's
+# passing attempts) and after its first look (kvgraft-judge/4); development items, whatever split they drew
+WRITTEN_ON = {
+    "gsm3/gsm0012-original-qa/seed/379": "kvgraft-judge/3 rule 4d: the last of lettered options",
+    "gsm3/gsm0017-original-qa/seed/353": "kvgraft-judge/3: a supposition hedges",
+    "gsm3/gsm0007-original-qa/seed/36": "kvgraft-judge/3: digits of a symbol are not numbers",
+    "gsm3/gsm0007-original/seed/85": "kvgraft-judge/4 rule 4b: the last answer sentence decides (it asserts 2 (2) = 4 (2))",
+    "gsm3/gsm0002-original/seed/287": "kvgraft-judge/4 rule 4b: the last answer sentence decides ('The answer is 25.')",
+    "gsm3/gsm0017-original-qa/seed/29": "kvgraft-judge/4 rule 4c: a bare option marker carries nothing",
+}
 # the outputs the issue names (read before the split): development items
 NAMED = {
     ("p0028", "84 minutes"),
@@ -211,6 +240,63 @@ def _pool(
     return pools
 
 
+def _gsm_pool(results: dict, earlier: set[tuple[str, str]]) -> dict[str, list[dict]]:
+    """Round 3's strata from the GSM-Symbolic results file: every distinct (question, answer) not drawn before."""
+    import verifiers
+
+    pools: dict[str, list[dict]] = {k: [] for k in DRAW_3}
+    seen = set(earlier)
+
+    def add(stratum: str, rid: str, row: dict, answer: str) -> None:
+        if (row["question"], answer) in seen or not answer.strip():
+            return
+        seen.add((row["question"], answer))
+        keep = {k: row[k] for k in ("question", "verifier", "reference")}
+        pools[stratum].append({"id": rid, "source": _rel(GSM_RESULTS), "answer": answer, **keep})
+
+    for key in ("recurring", "recurring_qa", "recurring_steps"):
+        for p in (results.get(key) or {}).get("problems", []):
+            value = _value(p["reference"])
+            for a in p["attempts"]:
+                if a["mode"] != "sampled":
+                    continue
+                if verifiers.judge(a["answer"], p["verifier"], p["reference"], p["question"]).ok:
+                    stratum = "gsm_sampled_accepted"
+                else:
+                    stratum = "gsm_sampled_with_reference" if _mentions(a["answer"], value) else "gsm_sampled_any"
+                add(stratum, f"gsm3/{p['id']}/seed/{a['seed']}", p, a["answer"])
+    for o in results["outputs"]:
+        if o["set"] == "original-steps":
+            add("gsm_steps", f"gsm3/{o['id']}/{o['condition']}", o, o["answer"])
+        elif o["set"] == "original-qa" and o["condition"] == "graft":
+            add("gsm_qa_recalls", f"gsm3/{o['id']}/{o['condition']}", o, o["answer"])
+    return pools
+
+
+def _earlier_texts(round_no: int) -> set[tuple[str, str]]:
+    out = set()
+    for rnd in ROUNDS[: round_no - 1]:
+        for x in rnd["drawn"].read_text(encoding="utf-8").splitlines():
+            if x.strip():
+                d = json.loads(x)
+                out.add((d["question"], d["answer"]))
+    return out
+
+
+def draw_gsm(seed: int, round_no: int, results_path: Path = GSM_RESULTS) -> list[dict]:
+    """Round 3 (and later): each stratum's seeded sample from the GSM-Symbolic results file, none drawn (by its
+    question and answer) in an earlier round; all in the evaluation split (drawn after the rules were frozen, and
+    no rule is to be written on them)."""
+    pools = _gsm_pool(json.loads(results_path.read_text(encoding="utf-8")), _earlier_texts(round_no))
+    rng = random.Random(seed)
+    out = []
+    for stratum, n in ROUNDS[round_no - 1]["strata"].items():
+        items = sorted(pools[stratum], key=lambda it: it["id"])
+        for it in rng.sample(items, min(n, len(items))):
+            out.append({**it, "stratum": stratum, "split": "evaluation", "round": round_no})
+    return out
+
+
 def draw(seed: int = SEED, results_path: Path = RESULTS, gsm_path: Path = GSM_OUTPUTS, round_no: int = 1) -> list[dict]:
     """One round's outputs: (round 1) the named ones, then each stratum's seeded sample, none drawn in an
     earlier round; each with its split (round 1: by hash; round 2: the GSM outputs by hash, the rest evaluation)."""
@@ -253,7 +339,8 @@ def draw(seed: int = SEED, results_path: Path = RESULTS, gsm_path: Path = GSM_OU
 
 def read_labels() -> list[dict]:
     """Every round's drawn outputs joined with their readings (each must be labelled, with a reason), with the
-    role each plays: round 1 is development (see ROUNDS), round 2 keeps the split it was drawn with."""
+    role each plays: round 1 is development (see ROUNDS), later rounds keep the split they were drawn with, but
+    an output a rule was written on (WRITTEN_ON) is development."""
     out = []
     for n, rnd in enumerate(ROUNDS, 1):
         if not rnd["drawn"].exists():
@@ -265,7 +352,7 @@ def read_labels() -> list[dict]:
             r = readings.get(d["id"])
             if r is None or r.get("label") not in ("right", "wrong") or not r.get("reason"):
                 raise ValueError(f"{d['id']}: every drawn output needs a label ('right' or 'wrong') and a reason")
-            role = "development" if n == 1 else d["split"]
+            role = "development" if n == 1 or d["id"] in WRITTEN_ON else d["split"]
             out.append({**d, "round": n, "role": role, "label": r["label"], "reason": r["reason"]})
         if len(readings) != len(drawn):
             raise ValueError(f"round {n}: {len(readings) - len(drawn)} readings name no drawn output")
@@ -276,7 +363,7 @@ def report(labels: list[dict]) -> dict:
     """The one judge on every labelled output: agreement, false accepts and false refusals per split."""
     import verifiers
 
-    out: dict = {"format": FORMAT, "judge": verifiers.JUDGE, "labels": len(labels), "first_look": FIRST_LOOK, "splits": {}}
+    out: dict = {"format": FORMAT, "judge": verifiers.JUDGE, "labels": len(labels), "first_look": [FIRST_LOOK, FIRST_LOOK_3], "splits": {}}
     for split in ("development", "evaluation"):
         rows = [r for r in labels if r["role"] == split]
         agree, fa, fr = 0, [], []
@@ -334,14 +421,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command == "draw":
         rnd = ROUNDS[args.round - 1]
-        items = draw(rnd["seed"], round_no=args.round)
+        items = draw(rnd["seed"], round_no=args.round) if args.round < 3 else draw_gsm(rnd["seed"], args.round)
         if rnd["readings"].exists():  # a redraw (more GSM outputs) must keep every output already read
             read = {json.loads(x)["id"] for x in rnd["readings"].read_text(encoding="utf-8").splitlines() if x.strip()}
             lost = read - {it["id"] for it in items}
             if lost:
                 raise SystemExit(f"error: the redraw drops {len(lost)} outputs already labelled, e.g. {sorted(lost)[:3]}")
         sources = json.loads(SOURCES.read_text(encoding="utf-8")) if SOURCES.exists() else {}
-        paths = (RESULTS, GATE_JUDGING, GSM_OUTPUTS, GSM_GRAFT_OUTPUTS) if args.round > 1 else (RESULTS,)
+        paths = {1: (RESULTS,), 2: (RESULTS, GATE_JUDGING, GSM_OUTPUTS, GSM_GRAFT_OUTPUTS)}.get(args.round, (GSM_RESULTS,))
         sources[str(args.round)] = {_rel(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.exists()}
         SOURCES.write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         rnd["drawn"].parent.mkdir(parents=True, exist_ok=True)

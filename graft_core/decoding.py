@@ -1,5 +1,5 @@
 """Decoding after a prompt chunk: the one decode loop (greedy or sampled, by its `choose`) and the prompt
-followed by greedy steps, alone (the lean pass where the model has one, graft_core.batch.lean, else
+followed by its steps (greedy unless a `choose` is given), alone (the lean pass where the model has one, graft_core.batch.lean, else
 `forward_chunk`) or together with other answers' steps (a graft_core.stepgroup.StepGroup, the same rows).
 
 Purely token ids and caches, as graft_core.forward: nothing here tokenises or knows about artifacts.
@@ -105,9 +105,11 @@ def prompt_and_decode(
     keep_prompt_rows: bool = False,
     on_token: Callable[[int], None] | None = None,
     steps=None,
+    choose: Callable[[torch.Tensor], int] | None = None,
 ) -> Decoded:
     """Prefill `prompt_ids` at `start` as one chunk (the chunk schedule is part of the bytes), then
-    decode greedily, one token per step: alone, or with `steps` (a graft_core.stepgroup.StepGroup) the prompt
+    decode one token per step, greedily unless `choose` (a seeded draw, graft_core.sampling.chooser) picks
+    each token from its row: alone, or with `steps` (a graft_core.stepgroup.StepGroup) the prompt
     and the steps together with other answers' prompts and steps, which gives the same rows."""
     assert prompt_ids, "the prompt chunk must hold at least one token"
     t0 = time.perf_counter()
@@ -130,7 +132,7 @@ def prompt_and_decode(
 
     with nullcontext() if steps is None else steps.session() as step:
         generated, stopped = decode(
-            model, cache, logits[-1], start + len(prompt_ids), max_new_tokens, _greedy, is_stop, eos_ids, on_step, step
+            model, cache, logits[-1], start + len(prompt_ids), max_new_tokens, choose or _greedy, is_stop, eos_ids, on_step, step
         )
     first_token_s = first[0] if first else 0.0
     return Decoded(

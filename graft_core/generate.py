@@ -1,4 +1,4 @@
-"""Greedy generation after a graft, with token accounting and timing.
+"""Generation after a graft (greedy, or seeded sampling when asked), with token accounting and timing.
 
 `answer()` restores a chain (or nothing), computes only the prompt's tokens, decodes greedily until
 the template's end of answer, and reports what was grafted, computed and decoded, the time to first
@@ -25,6 +25,7 @@ from .graft import restore, restore_relocated
 from .model import LoadedModel
 from .probe import logits_sha256
 from .proof import Proof, ProvenState, full_check, no_proof, prove, why_no_proof
+from .sampling import Sampling, chooser
 
 MAX_NEW_TOKENS_LIMIT = 1024
 
@@ -98,11 +99,18 @@ def _bound(lm: LoadedModel, start: int, prompt: int, max_new_tokens: int) -> Non
         )
 
 
-def _stopper(lm: LoadedModel, raw: bool, form: str = "answer") -> Callable[[list[int]], bool] | None:
-    if raw:
+def _stopper(lm: LoadedModel, raw: bool, form: str = "answer", stop: tuple[str, ...] = ()) -> Callable[[list[int]], bool] | None:
+    """Whether decoding ends after these ids: the template's end of answer (unless raw) or one of `stop`."""
+    stop = tuple(s for s in stop if s)
+    if raw and not stop:
         return None
     template = templates.of(lm.tokenizer)
-    return lambda ids: templates.is_answer_complete(lm.tokenizer.decode(ids, skip_special_tokens=True), form, template)
+
+    def done(ids: list[int]) -> bool:
+        text = lm.tokenizer.decode(ids, skip_special_tokens=True)
+        return any(s in text for s in stop) or (not raw and templates.is_answer_complete(text, form, template))
+
+    return done
 
 
 def _eos(lm: LoadedModel) -> frozenset[int]:
@@ -127,6 +135,8 @@ def answer(
     on_proof: Callable[[Proof], None] | None = None,
     steps=None,
     form: str = "answer",
+    sampling: Sampling | None = None,
+    stop: tuple[str, ...] = (),
 ) -> Answer:
     """Graft `chain` (own position; or, with `relocated`, independent roots re-rotated), then answer.
 
@@ -137,6 +147,8 @@ def answer(
     its cost). The prompt runs as one chunk either way, so the served bytes do not depend on the proof.
     `steps` (a graft_core.stepgroup.StepGroup) decodes together with concurrent answers: the same bytes.
     `form` is the query form (templates.FORMS): how the question is rendered and where its answer ends.
+    `sampling` draws each token (seeded: the same seed, the same tokens) instead of the greedy choice; decoding
+    also ends at the first of the `stop` strings, which the text leaves out.
     """
     prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw, form=form)
     t0 = time.perf_counter()
@@ -159,10 +171,11 @@ def answer(
         prompt_ids,
         start,
         max_new_tokens,
-        is_stop=_stopper(lm, raw, form),
+        is_stop=_stopper(lm, raw, form, stop),
         eos_ids=_eos(lm),
         on_token=on_token,
         steps=steps,
+        choose=None if sampling is None else chooser(sampling),
     )
     completion = lm.tokenizer.decode(dec.token_ids, skip_special_tokens=True)
     if proof is None:
@@ -171,7 +184,7 @@ def answer(
     exactness = full_check(*served) if (run_check and chain and not relocated) else None
     grafted = start
     return Answer(
-        text=completion.strip() if raw else templates.cut_answer(completion, form, templates.of(lm.tokenizer)),
+        text=templates.answer_text(completion, raw, form, stop, templates.of(lm.tokenizer)),
         completion=completion,
         prompt_ids=tuple(prompt_ids),
         token_ids=tuple(dec.token_ids),

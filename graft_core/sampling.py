@@ -1,8 +1,10 @@
 """Seeded sampled decoding next to the greedy decoder: the same chunk forwards, a chosen token drawn
-from softmax(logits / temperature) with a `torch.Generator` seeded by the caller.
+from softmax(logits / temperature) (within the top k, or the nucleus of mass top p) with a `torch.Generator`
+seeded by the caller.
 
-Deterministic given (model, configuration, prompt, temperature, top_k, seed): the generator is the
-only source of randomness and it lives on the CPU, so the same seed draws the same tokens.
+Deterministic given (model, configuration, prompt, temperature, top_k, top_p, seed): the generator is the
+only source of randomness and it lives on the CPU, so the same seed draws the same tokens. `Sampling` is how
+an answer asks for it (`chooser` turns it into the decode loop's `choose`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,40 @@ class Sampled:
         return self.prompt_tokens + len(self.token_ids)
 
 
-def _draw(row: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> int:
-    logits = row.float() / temperature
+@dataclass(frozen=True)
+class Sampling:
+    """How an answer draws its tokens: softmax(logits / temperature) over the smallest set of most likely
+    tokens whose probability reaches `top_p` (1.0: all of them), from a generator seeded with `seed`."""
+
+    temperature: float
+    seed: int
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 for sampling, got {self.temperature}; use greedy decoding for 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def as_dict(self) -> dict:
+        return {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+
+
+def chooser(sampling: Sampling) -> Callable[[torch.Tensor], int]:
+    """The decode loop's `choose` for `sampling`: one generator, seeded once, drawing every token in turn."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(int(sampling.seed))
+    return lambda row: _draw(row.cpu(), sampling.temperature, 0, gen, sampling.top_p)
+
+
+def _draw(row: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator, top_p: float = 1.0) -> int:
+    logits = row.float().reshape(-1) / temperature
+    if top_p < 1.0:
+        probs, order = torch.sort(torch.softmax(logits, dim=-1), descending=True)
+        mass = torch.cumsum(probs, dim=-1)
+        keep = int(torch.searchsorted(mass, torch.tensor([top_p], dtype=mass.dtype)).item()) + 1  # reaches top_p
+        kept = probs[: min(keep, probs.shape[-1])]
+        return int(order[torch.multinomial(kept / kept.sum(), 1, generator=gen)].item())
     if 0 < top_k < logits.shape[-1]:
         values, indices = torch.topk(logits, top_k)
         probs = torch.softmax(values, dim=-1)

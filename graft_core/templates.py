@@ -10,7 +10,9 @@ chain-of-thought exemplars of Wei et al. 2022, each `Q: <question>\nA: <reasonin
 by a blank line), then `Q: <query>\nA:`. Its answer ends where the next question would begin (`Q:`, or the
 blank line before it, as gsm8k-cot's stop sequences). The form is chosen by the caller and is the same on
 both sides of every comparison (eval/gsm.py). A third, `qa`, is the same `Q: <query>\nA:` line and end without
-the exemplars (zero-shot): a grafted item then sits right before the question.
+the exemplars (zero-shot): a grafted item then sits right before the question. A fourth, `steps`, is zero-shot
+chain of thought (Kojima et al. 2022): the `qa` line with the answer opened by "Let's think step by step.", so
+the model is invited to work the problem out and a grafted item still sits right before the question.
 
 A model whose tokenizer carries a chat template (an instruct model: SmolLM2-Instruct's GGUF has one, the
 packaged Gemma 3 270M, the pt model, has none) is asked through that template instead (`of(tokenizer)`, a
@@ -27,8 +29,9 @@ whole prompt of a chain and a question is what the template renders for messages
 artifact] + [user(question)], and nothing grafted is what it renders for [user(question)]. A template that
 cannot be split so (one that folds the system text into the user turn, or refuses a system role) is not
 used: the model is asked in the plain form and a warning says why. In the chat form the answer is the
-assistant's turn: it ends where the model ends its turn (its EOS), in every form, and text given to be
-rendered may not contain the tokenizer's control tokens (they would forge turns).
+assistant's turn: it ends where the model ends its turn (its EOS), in every form (the user turn holds the
+question, or the cot form's exemplars and question; the steps form's cue opens the assistant's turn), and text
+given to be rendered may not contain the tokenizer's control tokens (they would forge turns).
 """
 
 from __future__ import annotations
@@ -41,8 +44,9 @@ from .errors import InvalidInput
 log = logging.getLogger(__name__)
 
 ANSWER_END = "\n"
-FORMS = ("answer", "cot", "qa")
+FORMS = ("answer", "cot", "qa", "steps")
 COT_ENDS = ("\n\n", "Q:")  # the cot form's answer ends before the next question (gsm8k-cot's `until`)
+STEPS_CUE = "Let's think step by step."  # zero-shot chain of thought (Kojima et al. 2022)
 
 # lm-evaluation-harness gsm8k-cot's few-shot exemplars (Wei et al. 2022, "Chain-of-Thought Prompting"), verbatim.
 COT_EXEMPLARS = (
@@ -92,7 +96,7 @@ COT_EXEMPLARS = (
 )
 
 
-def _form(form: str) -> str:
+def check_form(form: str) -> str:
     if form not in FORMS:
         raise ValueError(f"the query form must be one of {', '.join(FORMS)}, got {form!r}")
     return form
@@ -133,11 +137,13 @@ def document_text(text: str) -> str:
 def query_prompt(question: str, form: str = "answer") -> str:
     """Prompt text for a question in the plain form (appended after any grafted state); in the chat form it is
     the user turn's content (`query_text`)."""
-    if _form(form) == "cot":
+    if check_form(form) == "cot":
         shots = "\n\n".join(f"Q: {q}\nA: {a}" for q, a in COT_EXEMPLARS)
         return f"{shots}\n\nQ: {question.strip()}\nA:"
     if form == "qa":
         return f"Q: {question.strip()}\nA:"
+    if form == "steps":
+        return f"Q: {question.strip()}\nA: {STEPS_CUE}"
     return f"Question: {question.strip()}\nAnswer:"
 
 
@@ -253,9 +259,10 @@ def query_text(template: Template, question: str, form: str = "answer", grafted:
     generation prompt after knowledge turns (`grafted`), or the whole rendering of the question alone."""
     if not template.chat:
         return query_prompt(question, form)
-    content = query_prompt(question, form) if _form(form) == "cot" else question.strip()
+    content = query_prompt(question, form) if check_form(form) == "cot" else question.strip()
     before, after = template.query if grafted else template.bare
-    return before + _checked(template, content, "question") + after
+    cue = STEPS_CUE if form == "steps" else ""  # the steps form opens the assistant's turn with it
+    return before + _checked(template, content, "question") + after + cue
 
 
 def prompt_ids(tokenizer, question: str, form: str = "answer", grafted: bool = True) -> list[int]:
@@ -269,9 +276,9 @@ def _end(completion: str, form: str, template: Template = PLAIN) -> int:
     """Where the answer part of a completion ends (its length when no end is in it yet; in the chat form the
     model's end of turn, which stops decoding before it is text)."""
     if template.chat:
-        _form(form)
+        check_form(form)
         return len(completion)
-    ends = (ANSWER_END,) if _form(form) == "answer" else COT_ENDS
+    ends = (ANSWER_END,) if check_form(form) == "answer" else COT_ENDS
     body = completion if form == "answer" else completion.lstrip()  # a cot answer may open on a newline
     skip = len(completion) - len(body)
     found = [body.find(e) for e in ends if e in body]
@@ -285,3 +292,25 @@ def cut_answer(completion: str, form: str = "answer", template: Template = PLAIN
 
 def is_answer_complete(completion: str, form: str = "answer", template: Template = PLAIN) -> bool:
     return _end(completion, form, template) < len(completion)
+
+
+def cut_stop(completion: str, stop: tuple[str, ...]) -> str:
+    """`completion` up to the first of the caller's `stop` strings (OpenAI's `stop`: excluded from the text)."""
+    found = [completion.find(s) for s in stop if s and s in completion]
+    return completion[: min(found)] if found else completion
+
+
+def answer_text(completion: str, raw: bool, form: str = "answer", stop: tuple[str, ...] = (), template: Template = PLAIN) -> str:
+    """What an answer shows of its `completion`: cut at the first `stop` string, then stripped (raw) or cut at
+    the template's end of answer. The streamed text and the finished answer are both this."""
+    completion = cut_stop(completion, stop)
+    return completion.strip() if raw else cut_answer(completion, form, template)
+
+
+def settled(text: str, stop: tuple[str, ...] = ()) -> str:
+    """The part of a growing answer text (`answer_text` of the tokens so far) that later tokens cannot change,
+    for a streaming caller: without a trailing half character (U+FFFD while its bytes are still arriving),
+    trailing whitespace (stripped unless more text follows) or the start of a stop string."""
+    text = text.rstrip("\ufffd").rstrip()
+    held = max((k for s in stop for k in range(1, min(len(s) - 1, len(text)) + 1) if text.endswith(s[:k])), default=0)
+    return text[: len(text) - held].rstrip()

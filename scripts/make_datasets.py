@@ -1,7 +1,8 @@
 """Writes the evaluation data: invented facts (datasets/knowledge.jsonl) and solved problems (datasets/problems.jsonl).
 
 Deterministic: seeded `random.Random`, no network, no clock; every run writes the same bytes, and the
-README it writes records their sha256. Every item is checked by `verifiers.check` before it is written.
+README it writes records their sha256. Every item is checked before it is written: `verifiers.validate`
+(the item is well formed) and `verifiers.judge` (the one judge accepts its answer against its reference).
 
     .venv/bin/python -m scripts.make_datasets            # rewrite datasets/
     .venv/bin/python -m scripts.make_datasets --check    # exit 1 if datasets/ differs from a fresh run
@@ -603,7 +604,7 @@ bytes). Do not edit these files by hand: change the generator and regenerate:
     .venv/bin/python -m scripts.make_datasets --check    # exit 1 if datasets/ differs from a fresh run
 
 `tests/test_datasets.py` regenerates into a temporary folder and compares bytes, so a checked-in file
-that drifts from its generator fails the tests. Every item passes `verifiers.check` (the generator asserts it).
+that drifts from its generator fails the tests. Every item passes `verifiers.validate` and the one judge, `verifiers.judge` (the generator asserts both).
 
 ## knowledge.jsonl: {len(knowledge)} invented facts
 
@@ -634,7 +635,7 @@ Verifiers: {", ".join(f"{k} {v}" for k, v in sorted(k_verifiers.items()))}. Temp
 | `solution` | worked step by step; the last line is `Answer: <answer>` |
 | `answer` | exact: an integer, a terminating decimal, or a fraction `p/q` |
 | `verifier` | `numeric`, or `sympy` where `reference` is the unsimplified expression the answer must equal |
-| `reference` | what `verifiers.check` compares the answer with |
+| `reference` | what the judge (`verifiers.judge`) compares the answer with |
 | `split` | `deposited` (goes into the store) or `heldout` (same template, new numbers, never deposited) |
 
 | template | verifier | deposited | heldout |

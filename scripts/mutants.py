@@ -124,6 +124,13 @@ MUTATIONS = (
         ("tests/test_gate_claims.py::test_the_judge_reads_what_the_answer_asserts",),
     ),
     Mutation(
+        "the judge reads the first 'The answer is' sentence, not the last (kvgraft-judge/4 rule 4b)",
+        "verifiers/judging.py",
+        "said = found[-1] if found else None",
+        "said = found[0] if found else None",
+        ("tests/test_judge.py::test_the_last_answer_sentence_decides", "tests/test_labels.py"),
+    ),
+    Mutation(
         "an equation chain's members are not checked against its result (verifiers/quantities)",
         "verifiers/quantities.py",
         "if v is not None and value is not None and abs(v - value) > t + tol:",
@@ -368,6 +375,34 @@ MUTATIONS = (
         "class OverBudget(MultiPartException):",
         "class OverBudget(Exception):",
         ("tests/test_uploads.py::test_the_per_caller_budget_refuses_with_its_message_declared_or_streamed",),
+    ),
+    Mutation(
+        "the API counts the computed tokens as cached (cached_tokens must be the grafted ones)",
+        "serving/openai_shapes.py",
+        '"prompt_tokens_details": {"cached_tokens": result.grafted_tokens},',
+        '"prompt_tokens_details": {"cached_tokens": result.computed_tokens},',
+        ("tests/test_openai_api.py::test_chat_carries_the_proof_and_the_grafted_tokens_as_cached",),
+    ),
+    Mutation(
+        "an API request is not admitted at arrival (one address past its depth still queues)",
+        "serving/openai_api.py",
+        "            ticket = self._reserve(self.guard.client(caller))",
+        "            ticket = -1",
+        ("tests/test_openai_api.py::test_an_address_over_its_depth_is_refused_at_arrival",),
+    ),
+    Mutation(
+        "a stream sends the start of a stop string it later takes back (streamed text not the answer's)",
+        "graft_core/templates.py",
+        "    return text[: len(text) - held].rstrip()",
+        "    return text.rstrip()",
+        ("tests/test_answer_sampling.py::test_settled_holds_back_what_later_tokens_may_change",),
+    ),
+    Mutation(
+        "a sampled answer ignores its seed (the same request draws other tokens; replay cannot match)",
+        "services/answer.py",
+        "    seed = secrets.randbelow(MAX_SEED + 1) if o.seed is None else int(o.seed)",
+        "    seed = secrets.randbelow(MAX_SEED + 1)",
+        ("tests/test_answer_sampling.py::test_a_seed_draws_the_same_tokens_and_seeds_differ",),
     ),
 )
 

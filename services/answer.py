@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -17,7 +18,7 @@ from files import write_faults
 from graft_core import templates
 
 from .door import DEFAULT_ANSWER, AnswerOptions
-from .limits import MAX_K, MAX_QUESTION_CHARS, bounded, prompt_bounded
+from .limits import MAX_K, MAX_QUESTION_CHARS, MAX_SEED, bounded, prompt_bounded, whole
 from .results import AnswerResult, Retrieved
 
 if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use, not with the web page
@@ -26,11 +27,36 @@ if TYPE_CHECKING:  # the engine (torch) and retrieval (faiss) load at first use,
     from graft_core.exactness import ExactnessCheck
     from graft_core.model import LoadedModel
     from graft_core.proof import Proof, ProvenState
+    from graft_core.sampling import Sampling
     from retrieval import Embedder, Hit
 
     from .artifacts import Artifacts
     from .store import Store
     from .turns import ModelTurns
+
+
+MAX_STOPS = 4  # stop strings one answer may name (OpenAI's own bound)
+MAX_STOP_CHARS = 64
+
+
+def _sampling(o: AnswerOptions) -> Sampling | None:
+    """The options' sampling (None: greedy), checked before any work; a missing seed is drawn here and reported."""
+    if not isinstance(o.stop, tuple) or len(o.stop) > MAX_STOPS or not all(isinstance(s, str) for s in o.stop):
+        raise InvalidInput(f"stop must be at most {MAX_STOPS} strings")
+    if not all(0 < len(s) <= MAX_STOP_CHARS and "\x00" not in s for s in o.stop):
+        raise InvalidInput(f"each stop string must be 1 to {MAX_STOP_CHARS} characters of text")
+    if isinstance(o.temperature, bool) or not isinstance(o.temperature, int | float) or not 0 <= o.temperature <= 2:
+        raise InvalidInput(f"temperature must be a number between 0 and 2, got {str(o.temperature)[:40]!r}")
+    if isinstance(o.top_p, bool) or not isinstance(o.top_p, int | float) or not 0 < o.top_p <= 1:
+        raise InvalidInput(f"top_p must be a number above 0 and at most 1, got {str(o.top_p)[:40]!r}")
+    if o.seed is not None:
+        whole("seed", o.seed, 0, MAX_SEED)
+    if o.temperature == 0:
+        return None
+    from graft_core.sampling import Sampling
+
+    seed = secrets.randbelow(MAX_SEED + 1) if o.seed is None else int(o.seed)
+    return Sampling(temperature=float(o.temperature), seed=seed, top_p=float(o.top_p))
 
 
 def _threshold(threshold: float | None) -> float:
@@ -145,9 +171,10 @@ class AnswerPipeline:
         return retrieved, chain_ids, ""
 
     def _token_callback(
-        self, on_token: Callable[[str], None] | None, raw: bool, form: str = "answer"
+        self, on_token: Callable[[str], None] | None, raw: bool, form: str = "answer", stop: tuple[str, ...] = ()
     ) -> Callable[[int], None] | None:
-        """Turns generated token ids into the growing answer text for a streaming caller."""
+        """Turns generated token ids into the growing answer text for a streaming caller (the finished answer's
+        text is the last one: `templates.answer_text` of everything decoded)."""
         if on_token is None:
             return None
         tokenizer, got = self._lm().tokenizer, []
@@ -156,7 +183,7 @@ class AnswerPipeline:
         def tok_cb(t: int) -> None:
             got.append(t)
             text = tokenizer.decode(got, skip_special_tokens=True)
-            on_token(text if raw else templates.cut_answer(text, form, template))
+            on_token(templates.answer_text(text, raw, form, stop, template))
 
         return tok_cb
 
@@ -193,11 +220,20 @@ class AnswerPipeline:
 
         return check
 
-    def _record(self, question: str, ans: generate.Answer, base: generate.Baseline | None, check: ExactnessCheck | None) -> int:
+    def _record(
+        self,
+        question: str,
+        ans: generate.Answer,
+        base: generate.Baseline | None,
+        check: ExactnessCheck | None,
+        sampling: Sampling | None = None,
+    ) -> int:
         from graft_core import generate
 
         checkd = check.as_dict() if check else None
         record = (checkd or {}) | ({"proof": ans.proof.as_dict()} if ans.proof else {})
+        if sampling is not None:  # what replay needs to draw the same tokens again
+            record["sampling"] = sampling.as_dict()
         row = LedgerRow(
             query_sha256=hashlib.sha256(question.encode()).hexdigest(),
             query=question,
@@ -238,6 +274,7 @@ class AnswerPipeline:
             prompt_bounded(
                 len(generate.encode_prompt(self._lm(), question, grafted=False, raw=o.raw, form=o.form)), o.max_prompt_tokens
             )
+        sampling = _sampling(o)
         retrieved, chain_ids, note = self._plan(
             question, o.k, o.artifact, o.graft, o.relocated, _threshold(o.threshold), o.compose
         )
@@ -257,17 +294,19 @@ class AnswerPipeline:
                 run_check=o.check and not o.relocated,
                 read_s=read_s,
                 relocated=o.relocated and len(chain) > 0,
-                on_token=self._token_callback(on_token, o.raw, o.form),
+                on_token=self._token_callback(on_token, o.raw, o.form, o.stop),
                 baseline_decode_tokens=base.decode_tokens if base else None,
                 proven=known,
                 on_proof=on_proof,
                 steps=steps,
                 form=o.form,
+                sampling=sampling,
+                stop=o.stop,
             )
             exactness = ans.check
             if o.check and o.relocated and chain:
                 exactness = check_composed(lm, chain, list(ans.prompt_ids))
-        ledger_id = self._record(question, ans, base, exactness) if o.record else None
+        ledger_id = self._record(question, ans, base, exactness, sampling) if o.record else None
         return AnswerResult(
             answer=ans.text,
             tier=ans.tier,
@@ -290,4 +329,6 @@ class AnswerPipeline:
             proof=ans.proof,
             machine_bound=lm.machine_bound,
             model=lm.info.name,
+            stopped=ans.stopped,
+            **({} if sampling is None else sampling.as_dict()),
         )

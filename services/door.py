@@ -59,9 +59,13 @@ class AnswerOptions:
     compose: bool = False  # compose the retrieved items into one exact chain (deposits its links)
     max_prompt_tokens: int | None = None  # refuse a longer question (InputTooLong) before any retrieval
     form: str = "answer"  # the query form (graft_core.templates.FORMS): "answer", "cot" (reason first), "qa"
+    temperature: float = 0.0  # 0: greedy; above: each token drawn from softmax(logits / temperature), seeded
+    top_p: float = 1.0  # sampling only: draw within the most likely tokens whose probability reaches top_p
+    seed: int | None = None  # sampling only: the generator's seed (None: one is drawn and reported)
+    stop: tuple[str, ...] = ()  # decoding also ends at the first of these strings, which the answer leaves out
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return asdict(self) | {"stop": list(self.stop)}
 
     @classmethod
     def from_json(cls, data: dict) -> AnswerOptions:
@@ -71,7 +75,7 @@ class AnswerOptions:
             raise InvalidInput(
                 f"unknown answer option(s) {', '.join(sorted(unknown))}: use {', '.join(f.name for f in fields(cls))}"
             )
-        return cls(**data)
+        return cls(**data | ({"stop": tuple(data["stop"])} if isinstance(data.get("stop"), list) else {}))
 
 
 DEFAULT_ANSWER = AnswerOptions()

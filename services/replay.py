@@ -1,10 +1,11 @@
-"""Ledger replay: re-run recorded answers and compare their output and logits hashes byte for byte.
+"""Ledger replay: re-run recorded answers (a sampled one with its recorded seed) and compare their output and logits hashes byte for byte.
 
 Each function takes a `Library` and returns a frozen report with `to_json()`; it formats nothing.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,17 @@ class ReplayReport:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def _sampling(check_json: str | None):
+    """The seeded sampling an answer was drawn with (its ledger record's "sampling"), None for a greedy one."""
+    record = json.loads(check_json) if check_json else {}
+    if not isinstance(record, dict) or not record.get("sampling"):
+        return None
+    from graft_core.sampling import Sampling
+
+    s = record["sampling"]
+    return Sampling(temperature=float(s["temperature"]), seed=int(s["seed"]), top_p=float(s["top_p"]))
 
 
 def _replay_one(lib: Library, row) -> ReplayEntry:
@@ -87,7 +99,13 @@ def _replay_one(lib: Library, row) -> ReplayEntry:
         with lib.store.lock:
             chain = [lib.load_artifact(i) for i in row.artifact_ids] if grafted else []
             ans = generate.answer(
-                lm, chain, row.query, max_new_tokens=base["max_new_tokens"], raw=raw, relocated=row.tier == "relocated"
+                lm,
+                chain,
+                row.query,
+                max_new_tokens=base["max_new_tokens"],
+                raw=raw,
+                relocated=row.tier == "relocated",
+                sampling=_sampling(row.check_json),
             )
     except KvgraftError as e:
         return failed(f"{type(e).__name__}: {e}", raw)

@@ -137,6 +137,10 @@ class AnswerResult:
     proof: Proof | None = None  # the cheap proof of the served state (kind "none" says why none applies)
     machine_bound: bool = False  # the model's record names this machine's kernel path, not a numerical definition
     model: str = ""  # the model that answered (its name as loaded: KVGRAFT_MODEL)
+    stopped: str = ""  # why decoding ended: "stop" (the template's end or a stop string), "eos", "length"
+    temperature: float = 0.0  # 0: greedy; else the tokens were drawn (seeded) at this temperature
+    top_p: float = 1.0
+    seed: int | None = None  # the sampling generator's seed (None: greedy)
 
     @property
     def scope(self) -> str:
@@ -173,6 +177,10 @@ class AnswerResult:
             "machine_bound": self.machine_bound,
             "scope": self.scope,
             "model": self.model,
+            "stopped": self.stopped,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
         }
         if self.baseline is not None:
             d["baseline"] = asdict(self.baseline) | {"ttft_speedup": self.ttft_speedup, "measured": True}
@@ -197,6 +205,8 @@ class AnswerResult:
             proof=_record("Proof", d["proof"]),
             machine_bound=bool(d.get("machine_bound", False)),
             model=str(d.get("model", "")),
+            stopped=d.get("stopped", ""),
+            **{k: d[k] for k in ("temperature", "top_p", "seed") if k in d},
         )
 
 

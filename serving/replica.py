@@ -5,7 +5,8 @@ polling and autoscaling are Ray's; this module only makes the engine a good repl
 No `from __future__ import annotations` here: FastAPI reads the route signatures at runtime.
 
 Routes: POST /answer, POST /deposit (admin token), POST /verify, GET /library, GET /library/{ref},
-GET /health. Every response names the replica that served it in the `X-Kvgraft-Replica` header.
+GET /health, and the OpenAI-compatible API (serving.openai_api: /v1/models, /v1/completions,
+/v1/chat/completions, /v1/kvgraft/deposits, /metrics) under the web chat's admission and bounds, per replica. Every response names the replica that served it in the `X-Kvgraft-Replica` header.
 """
 
 import asyncio
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from ray import serve
 
 import services
@@ -33,8 +34,11 @@ from services.limits import (
     warm_proofs_limit,
     whole,
 )
+from web.admission import Admission
+from web.guard import FairTurns, Guard, address_depth, per_address
 
 from . import health as health_mod
+from . import openai_api
 from .client import ADMIN_HEADER, REPLICA_HEADER
 from .settings import ServeSettings
 
@@ -100,6 +104,10 @@ class Replica:
         self.lib.index()  # the index at the catalog's current version before the first request
         # first answers from the newest artifacts then carry the one-hash state proof instead of the probe forward
         self.warm = self.lib.warm_proofs(warm_proofs_limit())  # KVGRAFT_WARM_PROOFS of the replica's environment
+        # the OpenAI-compatible API: the web chat's admission, bounds and fair turns, per replica
+        turns = FairTurns(per_address=per_address(), slots=1, depth=address_depth())
+        guard = Guard(self.settings.admin_token or "", turns=turns)
+        self.openai = openai_api.OpenAIServer(self.lib, guard, Admission(per_session=turns.per_session, depth=turns.depth))
         self.load_s = time.perf_counter() - t0
 
     # ---- Ray's hooks -------------------------------------------------------------------------
@@ -196,6 +204,28 @@ class Replica:
         }
         return self._reply(payload, 200 if h.healthy else 503)
 
+    # ---- the OpenAI-compatible API (serving.openai_api) ----------------------------------------
+
+    @api.get("/v1/models")
+    async def v1_models(self, request: Request) -> Response:
+        return await self.openai.models(request)
+
+    @api.post("/v1/completions")
+    async def v1_completions(self, request: Request) -> Response:
+        return await self.openai.completions(request)
+
+    @api.post("/v1/chat/completions")
+    async def v1_chat_completions(self, request: Request) -> Response:
+        return await self.openai.chat_completions(request)
+
+    @api.post("/v1/kvgraft/deposits")
+    async def v1_deposits(self, request: Request) -> Response:
+        return await self.openai.deposits(request)
+
+    @api.get("/metrics")
+    async def metrics(self, request: Request) -> Response:
+        return await self.openai.metrics_text(request)
+
     # ---- the work, in a worker thread ----------------------------------------------------------
 
     def _answer(self, body: dict, admin: bool) -> dict:
@@ -213,6 +243,10 @@ class Replica:
                 relocated=_flag(body, "relocated"),
                 compose=_flag(body, "compose"),
                 max_prompt_tokens=None if admin else anon_prompt_tokens(),
+                temperature=body.get("temperature", 0.0),  # the pipeline checks these, before any work
+                top_p=body.get("top_p", 1.0),
+                seed=body.get("seed"),
+                stop=tuple(stop) if isinstance(stop := body.get("stop", []), list) else stop,
             ),
         ).to_json()
 

@@ -508,3 +508,26 @@ def test_eight_anonymous_attackers_and_one_chatting_user(tiny_gemma, tmp_path, m
     assert rep.attacker_calls >= 8 and len(rep.loaded_s) == 12
     assert rep.outside_files == ()
     assert rep.ratio <= 3.0, (rep.idle_s, rep.loaded_s)
+
+
+def test_eight_anonymous_clients_of_the_openai_api_and_one_chatting_user(tiny_gemma, tmp_path):
+    """bench.abuse's `api` attack on the tiny model: 8 clients of one address through /v1 (the longest anonymous
+    completions, whole and streamed, an over-long question, the admin-only check) beside one chatting user: the
+    chat's p95 within 3x of idle, no error on either side, the over-quota and admin-only requests refused."""
+    import services
+    from bench import abuse
+    from retrieval import HashEmbedder
+    from web import app
+
+    lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
+    abuse.seed_tiny(lib)
+    demo = app.build_app(lib, admin_token=TOKEN, guard=Guard(TOKEN))
+    serve(demo)
+    try:
+        rep = abuse.run(demo.local_url, chats=12, attackers=8, deadline_s=400, attack="api")
+    finally:
+        demo.close()
+    print(json.dumps({k: v for k, v in rep.to_json().items() if k not in ("idle_s", "loaded_s")}))
+    assert rep.user_errors == () and rep.attacker_errors == ()
+    assert rep.attacker_refusals > 0 and rep.attacker_calls > rep.attacker_refusals  # some answered, some refused
+    assert rep.ratio <= 3.0, (rep.idle_s, rep.loaded_s)

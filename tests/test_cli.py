@@ -225,3 +225,42 @@ def test_ask_refuses_a_named_artifact_whose_probe_fails_at_load(run, lib, chain,
     assert code == 2 and out == ""
     assert_one_line_error(err, "quarantined")
     assert lib.store.catalog.get(lib.store.catalog.chain(child.id)[0].id).quarantine.startswith("probe check failed")
+
+
+def test_ask_stream_prints_the_answer_as_it_comes_and_the_same_text(run, chain, monkeypatch):
+    from cli import commands
+
+    q = "What is the tallest bridge of Quendia's capital?"
+    code, whole, _ = run("ask", q, "--max-new-tokens", "6", "--raw")
+    writes: list[str] = []
+    real = commands._Streamed.__call__
+
+    def spy(self, text):  # what reaches the terminal, piece by piece
+        before = self.shown
+        real(self, text)
+        if self.shown != before:
+            writes.append(self.shown[len(before) :])
+
+    monkeypatch.setattr(commands._Streamed, "__call__", spy)
+    code, out, _ = run("ask", q, "--max-new-tokens", "6", "--raw", "--stream", as_json=False)
+    assert code == 0 and out.startswith(whole["answer"] + "\n"), (out, whole["answer"])
+    assert "".join(writes) == whole["answer"][: len("".join(writes))] and len(writes) >= 1
+    with pytest.raises(SystemExit, match="give one of them"):
+        run("ask", q, "--stream")  # with --json
+
+
+def test_streamed_pieces_never_take_back_what_was_printed():
+    import io
+
+    from cli.commands import _Streamed
+
+    out = io.StringIO()
+    s = _Streamed(out)
+    shown = []
+    for text in ("caf\ufffd", "café", "café ", "café au", "café au lait"):
+        s(text)
+        shown.append(out.getvalue())
+    # the half character and the trailing space are held back until what follows settles them
+    assert shown == ["caf", "café", "café", "café au", "café au lait"]
+    s.finish("café au lait")
+    assert out.getvalue() == "café au lait\n"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -86,7 +87,10 @@ def test_cot_form_prompt_and_answer_end():
     assert templates.cut_answer(" 7\nmore") == "7"  # the answer form still ends at the newline
     assert templates.query_prompt("How many pens?", "qa") == "Q: How many pens?\nA:"  # zero-shot: no exemplars
     assert templates.cut_answer(" 7 pens.\n\nQ: more", "qa") == "7 pens."
-    with pytest.raises(ValueError, match="one of answer, cot, qa"):
+    # zero-shot chain of thought: the qa line with the answer opened by the cue, ending as a cot answer does
+    assert templates.query_prompt("How many pens?", "steps") == "Q: How many pens?\nA: Let's think step by step."
+    assert templates.cut_answer("\nStep 1: 3 + 4 = 7.\nSo 7 pens.\n\nQ: more", "steps") == "Step 1: 3 + 4 = 7.\nSo 7 pens."
+    with pytest.raises(ValueError, match="one of answer, cot, qa, steps"):
         templates.query_prompt("x", "chat")
 
 
@@ -112,3 +116,17 @@ def test_summarise_pairs_conditions_and_states_the_lift():
     assert s["items"] == 20 and s["graft"]["correct"] == 18 and s["no-graft"]["correct"] == 2
     assert s["lift"]["value"] == 0.8 and s["lift"]["there"] == "yes"
     assert s["lift"]["newcombe95"] == list(benchmark.newcombe(18, 20, 2, 20))
+
+
+def test_a_form_suffixed_set_is_the_same_items_asked_in_that_form(tmp_path, monkeypatch):
+    from eval import gsm_run
+
+    monkeypatch.setattr(gsm, "version", lambda: "0.0")
+    base = [{"id": "gsm0001-original", "set": "original", "question": "How many?", "reference": "3"}]
+    (tmp_path / "items-original-n1-seed0-0.0.json").write_text(json.dumps(base), encoding="utf-8")
+    got = gsm_run.items(tmp_path, 0, ["original", "original-steps", "original-qa"], 1)
+    assert got["original"] == base
+    assert got["original-steps"] == [base[0] | {"id": "gsm0001-original-steps", "set": "original-steps", "form": "steps"}]
+    assert got["original-qa"][0]["form"] == "qa" and got["original-qa"][0]["id"] == "gsm0001-original-qa"
+    with pytest.raises(ValueError, match="one of answer, cot, qa, steps"):
+        gsm_run.items(tmp_path, 0, ["original-chat"], 1)

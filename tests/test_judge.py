@@ -202,3 +202,33 @@ def test_a_formulas_digits_are_not_numbers():
     assert judge("He needs 2 trips.", "numeric", "2", "How many trips?").ok
     assert judge("The area is 50km2 wide, so 50.", "numeric", "50").ok
     assert judge("x^2 = 16", "numeric", "16").ok
+
+
+TWO_ANSWERS = (
+    "The answer is two (2). Because the yield from each bag of hay is 1 / 4 of the gross yield from the hay. (To set "
+    "up the equation, multiply the number of bags of hay by the amount of hay in each bag). The answer is 2 (2) = 4 "
+    "(2), which means that the farm tractor can carry 42 bags of hay on each trip."
+)
+
+
+def test_the_last_answer_sentence_decides():
+    """Rule 4b of kvgraft-judge/4, written on round 3's first look (development items since): gsm0007-original
+    seed 85 says 'The answer is two (2).' and ends 'The answer is 2 (2) = 4 (2)', an equation that does not hold
+    (labelled wrong; /3 read the first sentence and accepted it, which made the cot case's gsm0007 'solved');
+    gsm0002-original seed 287 says 'So the answer is 27 - 3 = 25. The answer is 25.' (labelled right)."""
+    q = "How many trips does the farmer need to transport all the feed?"
+    assert not judge(TWO_ANSWERS, "numeric", "2", q).ok
+    fixed = judge("Jerry rolled a six-sided die. So the answer is 27 - 3 = 25. The answer is 25.", "numeric", "25")
+    assert fixed.ok and "'The answer is 25.'" in fixed.detail
+    assert not judge("The answer is 25. On second thought, the answer is 30.", "numeric", "25").ok
+    assert judge("The answer is 30. No: the answer is 25.", "numeric", "25").ok
+    assert judge("the answer is 7", "numeric", "7").ok  # one sentence, to the end of the text
+
+
+def test_a_bare_option_marker_line_carries_nothing():
+    """Rule 4c of kvgraft-judge/4, written on gsm0017-original-qa seed 29 ('50 minutes.' then 'A)' lines to the
+    token limit, the last cut to 'A'; labelled right, refused by /3 on its last line)."""
+    assert judge("50 minutes.\n" + "A)\n" * 30 + "A", "numeric", "50", "How long, in minutes?").ok
+    assert judge("50 minutes.\n(b)\nC.", "numeric", "50", "How long, in minutes?").ok
+    assert not judge("A)\nB)", "numeric", "50").ok  # markers alone assert nothing
+    assert not judge("50 minutes.\nA) 40 minutes", "numeric", "50", "How long, in minutes?").ok  # an option with content is still read

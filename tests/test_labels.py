@@ -40,15 +40,17 @@ def test_the_splits_are_the_seeded_ones(labelled):
         rnd = labels.ROUNDS[r["round"] - 1]
         if r["stratum"] == "named in the issue":
             assert r["split"] == "development"
-        elif r["round"] == 1 or r["stratum"].startswith("gsm"):
+        elif r["round"] == 1 or (r["round"] == 2 and r["stratum"].startswith("gsm")):
             assert r["split"] == labels.split_of(rnd["seed"], r["id"]), r["id"]
         else:
             assert r["split"] == "evaluation"
-        assert r["role"] == ("development" if r["round"] == 1 else r["split"])
+        assert r["role"] == ("development" if r["round"] == 1 or r["id"] in labels.WRITTEN_ON else r["split"])
     assert len({r["id"] for r in labelled}) == len(labelled)
 
 
-def _source_record(r: dict, results: dict, gate: dict) -> str | None:
+def _source_record(r: dict, doc: dict) -> str | None:
+    """The answer the drawn output names in its source file (`doc`, loaded)."""
+    results = gate = doc
     kind, *rest = r["id"].split("/")
     if kind == "recurring":
         rec = next(
@@ -57,6 +59,13 @@ def _source_record(r: dict, results: dict, gate: dict) -> str | None:
         return rec["grafted"]["answer"] if rest[1] == "recall" else rec["attempts"][int(rest[2])]["answer"]
     if kind == "outputs":
         return results["outputs"][int(rest[0])]["answer"]
+    if kind == "gsm3":  # the GSM-Symbolic results file: a recurring attempt (problem, seed) or an output
+        pid, what = rest[0], rest[1:]
+        if what[0] == "seed":
+            cases = [results[k] for k in ("recurring", "recurring_qa", "recurring_steps") if k in results]
+            p = next(p for c in cases for p in c["problems"] if p["id"] == pid)
+            return next(a["answer"] for a in p["attempts"] if str(a["seed"]) == what[1])
+        return next(o["answer"] for o in results["outputs"] if o["id"] == pid and o["condition"] == what[0])
     if kind == "gate":
         item, form, run = rest
         row = next(x for x in gate["candidates"] if x["item"] == item and x["form"].replace(" ", "-") == form)
@@ -68,18 +77,19 @@ def test_each_drawn_output_is_its_sources_record(labelled):
     """Where a source file is still the one the round was drawn from (its sha256 in sources.json), each drawn
     answer is the record it names; a source since replaced (a new eval run) is reported, not compared."""
     sources = json.loads(labels.SOURCES.read_text(encoding="utf-8"))
-    results_path, gate_path = labels.RESULTS, labels.GATE_JUDGING
-    now = {"docs/eval/results.json": hashlib.sha256(results_path.read_bytes()).hexdigest()}
-    now["docs/bench/gate-judging.json"] = hashlib.sha256(gate_path.read_bytes()).hexdigest()
-    results = json.loads(results_path.read_text(encoding="utf-8"))
-    gate = json.loads(gate_path.read_text(encoding="utf-8"))
+    files = {"docs/eval/results.json": labels.RESULTS, "docs/bench/gate-judging.json": labels.GATE_JUDGING}
+    files["docs/eval/gsm-results.json"] = labels.GSM_RESULTS
+    now = {k: hashlib.sha256(p.read_bytes()).hexdigest() for k, p in files.items()}
+    loaded = {k: json.loads(p.read_text(encoding="utf-8")) for k, p in files.items()}
     compared = 0
     for r in labelled:
         drawn_from = sources[str(r["round"])]
-        path = "docs/bench/gate-judging.json" if r["id"].startswith("gate/") else "docs/eval/results.json"
-        if r["id"].startswith("gsm") or drawn_from.get(path) != now[path]:
+        kind = r["id"].split("/")[0]
+        path = {"gate": "docs/bench/gate-judging.json", "gsm3": "docs/eval/gsm-results.json"}.get(kind, "docs/eval/results.json")
+        if kind in ("gsm", "gsm-graft") or drawn_from.get(path) != now[path]:  # round 2: scratch files
             continue
-        assert _source_record(r, results, gate) == r["answer"], r["id"]
+        doc = loaded[path]
+        assert _source_record(r, doc) == r["answer"], r["id"]
         compared += 1
     if compared == 0:
         pytest.skip("every source was replaced since the draw: the drawn records stand as committed")

@@ -297,3 +297,37 @@ def test_anonymous_verify_on_a_replica_gets_the_web_apps_bounds(kvgraft_home, ti
             r._verify({"samples": 1, "relocate": tiny_gemma.info.max_positions}, admin=False)
     finally:
         lib.close()
+
+
+@pytest.mark.ray
+@pytest.mark.postgres
+def test_the_openai_client_against_kvgraft_serve(deployment):
+    """`kvgraft serve`'s replicas speak the OpenAI API: chat and completions, whole and streamed (the same bytes),
+    the proof and cached tokens in each, the admin's deposits refused without the token, metrics per replica."""
+    openai = pytest.importorskip("openai")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    settings, client, seeded = deployment
+    api = openai.OpenAI(base_url=client.base_url + "/v1", api_key="anonymous", max_retries=2, timeout=300)
+    (model,) = [m.id for m in api.models.list()]
+    messages = [{"role": "user", "content": QUESTION}]
+    whole = api.chat.completions.create(model=model, messages=messages, max_tokens=8)
+    k = whole.model_extra["kvgraft"]
+    assert seeded[0] in k["artifact_ids"] and k["state_proof"]["passed"] is True
+    assert whole.usage.prompt_tokens_details.cached_tokens == k["grafted_tokens"] > 0
+    chunks = list(api.chat.completions.create(model=model, messages=messages, max_tokens=8, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks).encode() == whole.choices[0].message.content.encode()
+    assert chunks[-1].model_extra["kvgraft"]["output_token_ids"] == k["output_token_ids"]
+    done = api.completions.create(model=model, prompt="The Quendel tower", max_tokens=6, temperature=0.8, seed=1)
+    again = list(
+        api.completions.create(model=model, prompt="The Quendel tower", max_tokens=6, temperature=0.8, seed=1, stream=True)
+    )
+    assert "".join(c.choices[0].text for c in again) == done.choices[0].text
+    assert again[-1].model_extra["kvgraft"]["output_token_ids"] == done.model_extra["kvgraft"]["output_token_ids"]
+    with pytest.raises(openai.AuthenticationError):
+        api.post("/kvgraft/deposits", body={"text": "x"}, cast_to=object)
+    import urllib.request
+
+    with urllib.request.urlopen(client.base_url + "/metrics", timeout=60) as r:
+        metrics = r.read().decode()
+    assert "kvgraft_requests" in {f.name for f in text_string_to_metric_families(metrics)}

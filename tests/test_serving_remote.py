@@ -158,6 +158,10 @@ def test_requests_carry_the_right_shapes_and_the_admin_token_only_where_due(stub
         "compare": False,
         "relocated": False,
         "compose": False,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "seed": None,
+        "stop": [],
     }
     assert item["body"] == {
         "question": "Q?", "solution": "S.", "answer": None, "verifier": "exact", "reference": "R", "parent": None, "title": "t",

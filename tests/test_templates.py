@@ -67,6 +67,10 @@ def test_a_chatml_template_is_split_into_system_turns_and_the_question_turn(tiny
     assert t.query == ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
     default = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
     assert t.bare == (default + "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
+    q = "Who built it?"
+    assert templates.query_text(t, q, "qa") == templates.query_text(t, q, "answer") == f"{t.query[0]}{q}{t.query[1]}"
+    assert templates.query_text(t, q, "steps") == f"{t.query[0]}{q}{t.query[1]}{templates.STEPS_CUE}"  # opens the answer
+    assert templates.query_text(t, q, "cot") == t.query[0] + templates.query_prompt(q, "cot") + t.query[1]
     # the answer is the assistant's turn: it ends at the model's end of turn (decoding stops there), not at a newline
     assert not templates.is_answer_complete("Osric Pellamy.\nHe built it.", "answer", t)
     assert templates.cut_answer(" Osric Pellamy.\nHe built it. ", "answer", t) == "Osric Pellamy.\nHe built it."

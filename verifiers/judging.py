@@ -13,9 +13,10 @@ The rules, in the order they apply:
 4. The answer's line: `<<a op b=c>>` calculator annotations are removed first (they are working). Then, as
    lm-evaluation-harness reads gsm8k (its strict match, then its flexible one):
    a. the first line that starts with `####`: the text after it;
-   b. else the first sentence that says "the answer is" (any case), from its start to its end (. ! ? before a
-      space, or the line's end);
-   c. else the last non-empty line (a one-line answer is its own last line).
+   b. else the last sentence that says "the answer is" (any case), from its start to its end (. ! ? before a
+      space, or the line's end): the answer's final statement, an earlier one superseded by it;
+   c. else the last non-empty line (a one-line answer is its own last line), where a line that is only an
+      option marker (`A)`, `(b)`, `C.`, a lone capital `D`) carries nothing and is passed over.
    d. A last line that is one entry of a list of lettered options (two or more lines such as `A) 12`, `(B) 13`,
       `C. 14`) asserts nothing: it is one of several offered values, not the answer's claim.
 5. That line is judged as a bare value first: a value the kind accepts whole ('saffron', '212 metres',
@@ -41,14 +42,15 @@ from verifiers import claims
 from verifiers.judges import VERIFIERS
 from verifiers.verdict import FIELD_BOUNDS, Verdict, _q
 
-JUDGE = "kvgraft-judge/3"  # /1: the claim reader beside whole-answer checks; /2: one judge; /3: rule 4d (options), suppositions
+JUDGE = "kvgraft-judge/4"  # /1: the claim reader beside whole-answer checks; /2: one judge; /3: rule 4d (options), suppositions; /4: the last answer sentence, bare option markers
 KINDS = tuple(sorted(VERIFIERS))
 
 _ANNOTATION = re.compile(r"<<[^<>\n]{0,200}>>")
 _STRICT = re.compile(r"^[ \t]*####[ \t]*(?P<rest>.*)$", re.MULTILINE)
 _SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
-_THE_ANSWER_IS = re.compile(r"(?<![\w])the answer is\b[^\n]*", re.IGNORECASE)
+_THE_ANSWER_IS = re.compile(r"(?<![\w])the answer is\b", re.IGNORECASE)
 _OPTION = re.compile(r"^\s*(?:\([A-Ea-e]\)|[A-Ea-e]\)|[A-E][.:])\s*\S")
+_MARKER = re.compile(r"^\s*(?:\(?[A-Ea-e]\)|[A-E][.:]?)\s*$")  # an option marker with nothing after it (`A)`, `(b)`, `C.`, `D`)
 
 
 def answer_line(answer: str) -> tuple[str, str]:
@@ -57,13 +59,14 @@ def answer_line(answer: str) -> tuple[str, str]:
     strict = _STRICT.search(text)
     if strict is not None:
         return strict["rest"].strip(), "its '####' line"
-    said = _THE_ANSWER_IS.search(text)
+    found = list(_THE_ANSWER_IS.finditer(text))
+    said = found[-1] if found else None  # the last one: the answer's final statement
     if said is not None:  # the whole sentence, so that a hedge or a denial before the words is still read
         start = max((m.end() for m in _SENTENCE_END.finditer(text, 0, said.start())), default=0)
         end = next((m.end() for m in _SENTENCE_END.finditer(text, said.start() + 13)), len(text))
         line = text[start:end].strip()
         return line, ("" if line == text.strip() else "its 'The answer is' sentence")
-    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    lines = [x.strip() for x in text.splitlines() if x.strip() and not _MARKER.match(x)]
     if len(lines) > 1 and _OPTION.match(lines[-1]) and sum(1 for x in lines if _OPTION.match(x)) >= 2:
         return "", f"its last line {lines[-1]!r} is one of the lettered options it lists"
     if len(lines) > 1:

@@ -150,6 +150,7 @@ _LIMITED = (
     "/gradio_api/component_server",
     "/gradio_api/process_recording",
     "/kvgraft/admin-session",  # token guesses
+    "/v1/",  # the OpenAI-compatible API (serving.openai_api): completions, deposits
 )
 _NOT_LIMITED = ("/gradio_api/upload_progress",)  # an upload's progress stream (it writes nothing)
 

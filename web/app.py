@@ -4,7 +4,8 @@
 function and formats its result (HTML, tables, matplotlib figures); it knows nothing about torch or SQL. Every
 model handler checks its caller's authority and bounds first and then holds the model through
 `web.guard` (one request at a time, fairly between sessions and addresses; reads of the catalog run
-beside it). Named API endpoints for `gradio_client`: `/answer`, `/deposit`, `/verify`, `/export`, `/import`, `/delete`.
+beside it). Named API endpoints for `gradio_client`: `/answer`, `/deposit`, `/verify`, `/export`, `/import`, `/delete`;
+the OpenAI-compatible API (`serving.openai_api`: `/v1/...`, `/metrics`) on the same port, under the same bounds.
 Uploads (the import's bundle) are the admin's only, decided at the edge before a byte is read (`web.uploads`).
 
 Run `python app.py` (host/port from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, store from
@@ -42,6 +43,7 @@ from services.limits import (  # noqa: E402
     decode_together,
     warm_proofs_limit,
 )
+from serving import openai_api  # noqa: E402  (starlette and the bounds only: no ray)
 from web import admission as admission_mod  # noqa: E402
 from web import hosting, memory, placeholder, uploads  # noqa: E402  (placeholder: stdlib only)
 from web.dashboard_tab import dashboard_tab  # noqa: E402
@@ -457,6 +459,8 @@ def build_app(
     admission = admission or admission_mod.Admission(per_session=guard.turns.per_session, depth=guard.turns.depth)
     admission_mod.install(demo._queue, admission, guard.client, counted=lambda fn: fn.concurrency_id == "model")
     demo.upload_door = uploads.UploadDoor(guard.tokens)  # `serve` puts it in front: the admin's uploads only
+    # the OpenAI-compatible API under /v1 on the page's port (`serve` routes to it): the same library, guard and admission
+    demo.openai = openai_api.OpenAIServer(gated, guard, admission)
     return demo
 
 
@@ -474,9 +478,12 @@ def serve(demo: gr.Blocks, where: hosting.Hosting, joins: tuple[float, int] | No
     limiter = Middleware(admission_mod.JoinLimiter, rate=rate, burst=burst)
     door = getattr(demo, "upload_door", None)  # a Blocks not made by build_app has none: every upload is refused
     gate = Middleware(uploads.UploadGate, door=door, secure=where.root.startswith("https://"))
-    # outermost the per-address rate of work requests and uploads, then the upload door (the admin's only,
-    # before a byte is read), then text that cannot be encoded or files by URL, before Gradio parses them
-    edge = {"middleware": [limiter, gate, Middleware(TextGate)]}
+    api = getattr(demo, "openai", None)  # a Blocks not made by build_app serves no API
+    api = [Middleware(openai_api.OpenAIDoor, server=api)] if api is not None else []
+    # outermost the per-address rate of work requests and uploads, then the OpenAI-compatible API (/v1, /metrics:
+    # its own bounds), then the upload door (the admin's only, before a byte is read), then text that cannot be
+    # encoded or files by URL, before Gradio parses them
+    edge = {"middleware": [limiter, *api, gate, Middleware(TextGate)]}
     launch = {"server_name": where.host, "server_port": where.port, "root_path": where.root, "app_kwargs": edge, **launch}
     demo.launch(**launch)
 

@@ -19,17 +19,15 @@ from pathlib import Path
 import gradio as gr
 
 import services
-from errors import InvalidInput, KvgraftError
+from errors import KvgraftError
 from services.limits import (
-    ANON_MAX_NEW_TOKENS,
     ANON_REPORT_SAMPLES,
-    MAX_NEW_TOKENS,
     MAX_REPORT_SAMPLES,
-    anon_prompt_tokens,
     report_bounds,
     whole,
 )
-from web.guard import Guard, Refused
+from web.bounds import ADMIN_ONLY_ANSWER, answer_options  # noqa: F401  (the handlers' names, kept where they were)
+from web.guard import Guard
 from web.refusal import Refusal, require_text
 
 EXPORT_TTL_S = 600.0  # our own export file is removed this long after the handler returned it
@@ -61,43 +59,6 @@ def expire(folder: Path, after_s: float) -> threading.Timer:
     timer.daemon = True
     timer.start()
     return timer
-
-
-ADMIN_ONLY_ANSWER = (
-    "{what} needs the admin token: {why}. Anonymous answers carry the cheap probe proof. Untick it, give the "
-    "admin token (KVGRAFT_ADMIN_TOKEN), or run `cli.py ask --check --compare` against your own store."
-)
-
-
-def answer_options(guard: Guard, request, k, graft, max_new, check, compare, admin_token=None) -> services.AnswerOptions:
-    """The bounded options of one answer. Without the admin token the decoding is at most
-    ANON_MAX_NEW_TOKENS and neither `check` nor `compare` runs (each recomputes the whole grafted context,
-    so either costs about as much again as the answer, with no bound but the context), and its question is
-    at most KVGRAFT_ANON_PROMPT_TOKENS prompt tokens: an anonymous answer is one model turn of about one
-    default chat, and carries the cheap probe proof only."""
-    admin = guard.is_admin(admin_token, request)
-    check, compare = check is True, compare is True
-    if not admin and (check or compare):
-        what = " and ".join(n for n, on in (("check", check), ("compare", compare)) if on)
-        why = {
-            "check": "it recomputes the whole grafted context from its text",
-            "compare": "it recomputes the whole context without the graft",
-        }
-        reason = " and ".join(why[n] for n in what.split(" and "))
-        raise Refused(ADMIN_ONLY_ANSWER.format(what=what, why=reason))
-    top = MAX_NEW_TOKENS if admin else ANON_MAX_NEW_TOKENS
-    try:
-        max_new_tokens = whole("max_new_tokens", max_new, 1, top)
-    except KvgraftError as exc:
-        raise InvalidInput(f"{exc}{'' if admin else '; larger answers need the admin token'}") from None
-    return services.AnswerOptions(
-        k=whole("k", k, 1, services.MAX_K),
-        graft=bool(graft),
-        max_new_tokens=max_new_tokens,
-        check=check,
-        compare=compare,
-        max_prompt_tokens=None if admin else anon_prompt_tokens(),
-    )
 
 
 def exactness_report(library: services.LibraryDoor, guard: Guard, request, samples, relocate, admin_token=None, progress=None):

@@ -183,6 +183,7 @@ class RemoteLibrary:
         body = {"question": question, "k": o.k, "artifact": o.artifact, "no_graft": not o.graft}
         body |= {"max_new_tokens": o.max_new_tokens, "raw": o.raw, "check": o.check, "compare": o.compare}
         body |= {"relocated": o.relocated, "compose": o.compose}
+        body |= {"temperature": o.temperature, "top_p": o.top_p, "seed": o.seed, "stop": list(o.stop)}
         return self._call(self._admin, "POST", "/answer", body, AnswerResult.from_json)
 
     def deposit_text(
