@@ -363,7 +363,13 @@ def report(labels: list[dict]) -> dict:
     """The one judge on every labelled output: agreement, false accepts and false refusals per split."""
     import verifiers
 
-    out: dict = {"format": FORMAT, "judge": verifiers.JUDGE, "labels": len(labels), "first_look": [FIRST_LOOK, FIRST_LOOK_3], "splits": {}}
+    out: dict = {
+        "format": FORMAT,
+        "judge": verifiers.JUDGE,
+        "labels": len(labels),
+        "first_look": [FIRST_LOOK, FIRST_LOOK_3],
+        "splits": {},
+    }
     for split in ("development", "evaluation"):
         rows = [r for r in labels if r["role"] == split]
         agree, fa, fr = 0, [], []

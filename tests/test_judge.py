@@ -231,4 +231,6 @@ def test_a_bare_option_marker_line_carries_nothing():
     assert judge("50 minutes.\n" + "A)\n" * 30 + "A", "numeric", "50", "How long, in minutes?").ok
     assert judge("50 minutes.\n(b)\nC.", "numeric", "50", "How long, in minutes?").ok
     assert not judge("A)\nB)", "numeric", "50").ok  # markers alone assert nothing
-    assert not judge("50 minutes.\nA) 40 minutes", "numeric", "50", "How long, in minutes?").ok  # an option with content is still read
+    assert not judge(
+        "50 minutes.\nA) 40 minutes", "numeric", "50", "How long, in minutes?"
+    ).ok  # an option with content is still read
