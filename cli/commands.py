@@ -147,11 +147,11 @@ def cmd_ask(args) -> int:
 
 def cmd_verify(args) -> int:
     lib = _library(args)
-    if lib.count() == 0:  # a fresh store: the README's re-check commands run as written
+    if not lib.holds_own():  # a fresh store (or one of other models only): the README's re-check commands run as written
         from services.seed import bring_in
 
         n = bring_in(lib)
-        print(f"empty store: seeded the built-in library first ({n} artifacts)", file=sys.stderr)
+        print(f"no artifact of this model in the store: seeded the built-in library first ({n} artifacts)", file=sys.stderr)
     rep = lib.exactness_report(args.samples, relocate=args.relocate, seed=args.seed)
     payload = rep.to_json(every_field=args.rows)
     tier = f"relocated to offset {args.relocate} (approximate)" if args.relocate is not None else "own position (exact tier)"

@@ -113,6 +113,10 @@ class LibraryDoor(Protocol):
         """Artifacts in the store (a running total: one bounded read, whatever its size). Needs no model."""
         ...
 
+    def holds_own(self) -> bool:
+        """Whether the store holds an artifact of the served model (a store may hold several models')."""
+        ...
+
     def entries(
         self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0, model: str | None = None
     ) -> list[LibraryEntry]:

@@ -59,9 +59,14 @@ class ExactnessReportPipeline:
             raise InvalidInput(f"samples must be between 1 and 1000, got {samples}")
         if not 1 <= decode_steps <= 16:
             raise InvalidInput(f"decode_steps must be between 1 and 16, got {decode_steps}")
-        rows = [r for r in self._store.catalog.list_artifacts(limit=10_000) if not r.quarantine]
+        lm = self._lm()  # a store may hold several models' artifacts: the report draws the loaded model's own
+        listed = self._store.catalog.list_artifacts(limit=10_000, fingerprints=(lm.fingerprint,))
+        rows = [r for r in listed if not r.quarantine]
         if not rows:
-            raise ArtifactNotFound("the store is empty: deposit something first (cli.py deposit --text-file F)")
+            raise ArtifactNotFound(
+                f"the store holds no artifact of this model ({lm.info.name}): deposit something first "
+                "(cli.py deposit --text-file F)"
+            )
         if max_tokens is not None:
             rows = [r for r in rows if r.end_pos <= max_tokens]
             if not rows:

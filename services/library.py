@@ -288,6 +288,10 @@ class Library:
         """Artifacts in the store (a running total: one primary-key read, whatever the store's size)."""
         return aggregates.read(self.store.catalog, (aggregates.store_size,))[0].artifacts
 
+    def holds_own(self) -> bool:
+        """Whether the store holds an artifact of the loaded model (a store may hold several models')."""
+        return bool(self.store.catalog.list_artifacts(limit=1, fingerprints=(self.lm.fingerprint,)))
+
     def artifact_ids(self) -> list[str]:
         """Every artifact id, newest first."""
         return [r.id for r in self.store.catalog.list_artifacts(limit=max(1, self.count()))]

@@ -157,6 +157,7 @@ class FakeLibrary:
 
     def __init__(self, load_s: float = 0.0, fail: Exception | None = None, n: int = 0):
         self.loaded, self.answers, self.load_s, self.fail, self.n = 0, 0, load_s, fail, n
+        self.others = 0
         self.store = "the store"
 
     @property
@@ -173,6 +174,9 @@ class FakeLibrary:
 
     def count(self) -> int:
         return self.n
+
+    def holds_own(self) -> bool:
+        return self.n > self.others  # `others`: artifacts of other models in the store
 
     def answer(self, question: str, options=None, on_token=None) -> str:
         self.answers += 1
@@ -231,6 +235,10 @@ def test_run_records_each_stage_and_seeds_only_an_empty_store(monkeypatch, tmp_p
     startup.run(lib, tr2, seed=seed)  # the store holds artifacts now: no second seeding
     assert seeded == [lib] and tr2.snapshot().stages[2].detail == "the store holds 3 artifacts"
     assert tr2.snapshot().stages[0].detail == "model given by the caller"
+    other = FakeLibrary()  # a store holding only another model's artifacts is seeded for this one
+    other.n = other.others = 2
+    startup.run(other, startup.Startup(), seed=seed)
+    assert seeded == [lib, other]
 
 
 def test_a_failed_load_keeps_the_app_up_and_says_so(monkeypatch, tmp_path):

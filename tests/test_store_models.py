@@ -12,7 +12,7 @@ import pytest
 
 import cli
 import services
-from errors import IncompatibleArtifact, InvalidInput
+from errors import ArtifactNotFound, IncompatibleArtifact, InvalidInput
 from retrieval import HashEmbedder
 from services import AnswerOptions
 from web import views
@@ -134,3 +134,17 @@ def test_a_replica_of_either_model_is_healthy_on_a_store_holding_both(two):
     assert health.check(b, blobs, "r2", b.lm.fingerprint).fingerprint_ok
     stranger = health.check(a, blobs, "r3", "f" * 64)
     assert not stranger.fingerprint_ok and "made none of the store's artifacts" in stranger.problems[-1]
+
+
+def test_the_exactness_report_draws_only_the_loaded_models_artifacts(two):
+    """`verify --samples` on a store both models deposited into: each model's report samples its own artifacts
+    (another's would be refused as incompatible), and a model with none in the store is told so."""
+    _, _, a, b = two
+    with pytest.raises(ArtifactNotFound, match="no artifact of this model"):
+        b.exactness_report(samples=1, decode_steps=1)
+    mine = a.deposit_text(LIGHTHOUSE).id
+    rep = a.exactness_report(samples=3, decode_steps=1)
+    assert rep.byte_equal == rep.samples == 3 and {r.artifact for r in rep.rows} == {mine}
+    theirs = b.deposit_text(SALT).id
+    rep = b.exactness_report(samples=3, decode_steps=1)
+    assert rep.byte_equal == 3 and {r.artifact for r in rep.rows} == {theirs}

@@ -174,6 +174,10 @@ class RemoteLibrary:
         self.health()
         return self._last_count
 
+    def holds_own(self) -> bool:
+        """The deployment's replicas serve one model and seed its store themselves: whether it holds anything."""
+        return self.count() > 0
+
     def answer(
         self, question: str, options: AnswerOptions = DEFAULT_ANSWER, on_token: Callable[[str], None] | None = None
     ) -> AnswerResult:

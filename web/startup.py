@@ -302,7 +302,7 @@ def run(
         tracker.skip("index", "the model did not load")
         return
     n = library.count()
-    if seed is None or n > 0:
+    if seed is None or (n > 0 and library.holds_own()):
         tracker.skip("seed", f"the store holds {n} artifacts" if n else "no seeding asked")
     else:
         tracker.begin("seed")
@@ -402,6 +402,9 @@ class StartingLibrary:
     @property
     def lm(self) -> LoadedModel:
         return self._ready().lm  # reading it before would load the model here
+
+    def holds_own(self) -> bool:
+        return self._ready().holds_own()  # it reads the model's fingerprint
 
     def stats(self, recent: int = 60) -> StoreStats:
         return self._ready().stats(recent)
