@@ -34,6 +34,10 @@ DOCUMENT = ROOT / "bench" / "llamacpp" / "prefix_2048.txt"
 QUESTION = "Who was the harbour master of Quenmora?"
 PROMPT = f"Question: {QUESTION}\nAnswer:"
 MAX_TOKENS = 32
+# llama-cpp-python's server applies repeat_penalty=1.1 before its greedy pick unless told otherwise (its
+# CreateCompletionRequest's default), which is not the plain greedy decode kvgraft does: every llama.cpp request
+# sends 1.0 (no penalty), so both servers decode the same way.
+LLAMACPP_EXTRA = {"repeat_penalty": 1.0}
 
 
 def free_port() -> int:
@@ -212,15 +216,21 @@ def run_llamacpp(python: str, gguf: Path, document: str, counts: list[int], requ
 
         model = httpx.get(base + "/models", timeout=30).json()["data"][0]["id"]
         prompt = document.rstrip("\n") + "\n" + PROMPT  # what kvgraft's deposit holds, then the same question
-        load(base, model, prompt, {}, 1, 1)  # warm-up: the document's first evaluation, cached, not counted
-        runs = [load(base, model, prompt, {}, n, requests) for n in counts]
+        load(base, model, prompt, LLAMACPP_EXTRA, 1, 1)  # warm-up: the document's first evaluation, cached, not counted
+        runs = [load(base, model, prompt, LLAMACPP_EXTRA, n, requests) for n in counts]
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return {"threads": threads, "extra_bufts": mode["extra_bufts"], "extra_bufts_why": mode["why"], "runs": runs}
+    return {
+        "threads": threads,
+        "request_extra": LLAMACPP_EXTRA,
+        "extra_bufts": mode["extra_bufts"],
+        "extra_bufts_why": mode["why"],
+        "runs": runs,
+    }
 
 
 FIGURES = ("ttft_p50_s", "ttft_p95_s", "tokens_per_s")
