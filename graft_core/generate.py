@@ -74,18 +74,8 @@ def tokens_sha256(ids) -> str:
 
 
 def encode_prompt(lm: LoadedModel, question: str, grafted: bool, raw: bool = False, form: str = "answer") -> list[int]:
-    """Token ids of the prompt chunk (the question in the query `form`, templates.FORMS, as the model is asked:
-    templates.prompt_ids); a plain prompt with nothing grafted before it starts with BOS. `raw`: the text as
-    given, no template."""
-    if not question or not question.strip():
-        raise InvalidInput("the question is empty; type a question")
-    if raw:
-        ids = lm.tokenizer(question, add_special_tokens=not grafted)["input_ids"]
-    else:
-        ids = templates.prompt_ids(lm.tokenizer, question, form, grafted)
-    if not ids:
-        raise InvalidInput("the question tokenises to zero tokens")
-    return list(ids)
+    """Token ids of the prompt chunk for `lm` (templates.encode_prompt with its tokenizer)."""
+    return templates.encode_prompt(lm.tokenizer, question, grafted, raw, form)
 
 
 def _bound(lm: LoadedModel, start: int, prompt: int, max_new_tokens: int) -> None:

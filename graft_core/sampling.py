@@ -167,11 +167,11 @@ def attempt(
     """Answer `question` with nothing grafted: greedy when `temperature` is 0, else sampled with `seed`; with
     `steps` (a graft_core.stepgroup.StepGroup) its prompt and steps go with other sessions' (same tokens). `form`
     is the query form (templates.FORMS)."""
-    from . import generate, templates
+    from . import templates
     from .decoding import prompt_and_decode
     from .forward import new_cache
 
-    prompt_ids = generate.encode_prompt(lm, question, grafted=False, form=form)
+    prompt_ids = templates.encode_prompt(lm.tokenizer, question, grafted=False, form=form)
     tok = lm.tokenizer
     template = templates.of(tok)
 
@@ -214,6 +214,6 @@ def attempt(
 
 def prompt_tokens(lm, question: str, form: str = "answer") -> int:
     """How many tokens the no-graft prompt of `question` computes (for budgeting before an attempt)."""
-    from . import generate
+    from . import templates
 
-    return len(generate.encode_prompt(lm, question, grafted=False, form=form))
+    return len(templates.encode_prompt(lm.tokenizer, question, grafted=False, form=form))

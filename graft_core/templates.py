@@ -272,6 +272,21 @@ def prompt_ids(tokenizer, question: str, form: str = "answer", grafted: bool = T
     return list(tokenizer(text, add_special_tokens=not grafted and not template.chat)["input_ids"])
 
 
+def encode_prompt(tokenizer, question: str, grafted: bool, raw: bool = False, form: str = "answer") -> list[int]:
+    """Token ids of the prompt chunk (the question in the query `form`, FORMS, as the model is asked:
+    `prompt_ids`); a plain prompt with nothing grafted before it starts with BOS. `raw`: the text as given, no
+    template. An empty question, or one that tokenises to nothing, is an input error."""
+    if not question or not question.strip():
+        raise InvalidInput("the question is empty; type a question")
+    if raw:
+        ids = tokenizer(question, add_special_tokens=not grafted)["input_ids"]
+    else:
+        ids = prompt_ids(tokenizer, question, form, grafted)
+    if not ids:
+        raise InvalidInput("the question tokenises to zero tokens")
+    return list(ids)
+
+
 def _end(completion: str, form: str, template: Template = PLAIN) -> int:
     """Where the answer part of a completion ends (its length when no end is in it yet; in the chat form the
     model's end of turn, which stops decoding before it is text)."""
