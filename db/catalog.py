@@ -11,17 +11,17 @@ import base64
 import hashlib
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timedelta
+from dataclasses import asdict, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, delete, func, insert, or_, select, update
 from sqlalchemy import exc as sa_exc
 
-import settings
 from db import aggregates, migrations
 from db import connection as dbconn
+from db.retention import Retention, prune
 from db.rows import (
     HEX64,
     KINDS,
@@ -32,7 +32,6 @@ from db.rows import (
     SourceRow,
     VerificationRow,
     artifact_row,
-    as_utc,
     ledger_row,
     utcnow,
     verification_row,
@@ -105,22 +104,6 @@ def listing(
     if fingerprints is not None:
         stmt = stmt.where(artifacts.c.model_fingerprint.in_(fingerprints))
     return stmt.order_by(artifacts.c.created_at.desc(), artifacts.c.id).limit(limit).offset(offset)
-
-
-@dataclass(frozen=True)
-class Retention:
-    """How long ledger rows live: at most `days` old and the newest `max_rows`; None keeps them all.
-
-    From KVGRAFT_LEDGER_DAYS and KVGRAFT_LEDGER_MAX_ROWS. The totals the app shows are running sums
-    (db/aggregates.py): a pruned row's contribution stays in them."""
-
-    days: float | None = None
-    max_rows: int | None = None
-    every: int = 100  # add_ledger prunes on every `every`-th ledger id
-
-    @classmethod
-    def from_env(cls) -> Retention:
-        return cls(days=settings.get("KVGRAFT_LEDGER_DAYS"), max_rows=settings.get("KVGRAFT_LEDGER_MAX_ROWS"))
 
 
 class Catalog:
@@ -481,27 +464,14 @@ class Catalog:
             new_id = int(conn.execute(insert(ledger).values(**values).returning(ledger.c.id)).scalar_one())
             aggregates.on_ledger(conn, values, entry.artifact_ids[-1] if entry.artifact_ids else None)
             if new_id % self.retention.every == 0:
-                self._prune(conn, entry.created_at)
+                prune(conn, self.retention, entry.created_at)
             return new_id
 
     def prune_ledger(self, now: datetime | None = None) -> int:
         """Delete ledger rows the retention does not keep (older than `days` before `now`, beyond the
         newest `max_rows`); returns how many were deleted."""
         with dbconn.write(self._engine) as conn:
-            return self._prune(conn, now or utcnow())
-
-    def _prune(self, conn: Connection, now: datetime) -> int:
-        deleted = 0
-        if self.retention.days is not None:
-            cutoff = as_utc(now) - timedelta(days=self.retention.days)
-            deleted += conn.execute(delete(ledger).where(ledger.c.created_at < cutoff)).rowcount
-        if self.retention.max_rows is not None:
-            oldest_kept = select(ledger.c.id).order_by(ledger.c.id.desc()).offset(self.retention.max_rows - 1).limit(1)
-            floor = conn.execute(oldest_kept).scalar()
-            if floor is not None:
-                deleted += conn.execute(delete(ledger).where(ledger.c.id < floor)).rowcount
-        aggregates.prune(conn)
-        return deleted
+            return prune(conn, self.retention, now or utcnow())
 
     def ledger(self, last: int | None = None) -> list[LedgerRow]:
         """Ledger entries, oldest first; only the newest `last` of them when given."""

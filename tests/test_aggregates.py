@@ -16,7 +16,8 @@ from sqlalchemy import event, text
 
 from db import aggregates
 from db import connection as dbconn
-from db.catalog import Catalog, Retention
+from db.catalog import Catalog
+from db.retention import Retention
 from db.rows import ArtifactRow, LedgerRow, LedgerTotals, SourceRow
 from services import Library
 from services.solve import FLYWHEEL_LOG, GROWTH_POINTS, ITEMS_SHOWN, RECALL_POINTS

@@ -17,7 +17,8 @@ from sqlalchemy import exc as sa_exc
 from db import connection as dbconn
 from db import migrations, schema
 from db.blobs import BlobStore
-from db.catalog import Catalog, Retention, _verification
+from db.catalog import Catalog, _verification
+from db.retention import Retention
 from db.rows import ArtifactRow, LedgerRow, LedgerTotals, SourceRow, VerificationRow
 from errors import ArtifactNotFound, IntegrityError, InvalidInput, KvgraftError
 
