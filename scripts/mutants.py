@@ -105,7 +105,7 @@ MUTATIONS = (
     Mutation(
         "verifiers always pass",
         "verifiers/judges.py",
-        "return validate(item).check(item.answer, item.reference)",
+        "return validate(item).compare(item.answer, item.reference)",
         'return Verdict(True, item.verifier, "mutant")',
         ("tests/test_verifiers.py",),
     ),

@@ -33,7 +33,7 @@ FORBIDDEN = frozenset(
         "symbolic",
     }
 )
-# Inside verifiers/, only these modules call a kind's `.check`: the judge, the kinds' own `check(item)`, and the
+# Inside verifiers/, only these modules call a kind's `.compare`: the judge, the kinds' own `check(item)`, and the
 # solution checker (it compares a solution's steps with each other through the sympy kind, not an answer).
 CHECK_CALLERS = frozenset({"judging.py", "judges.py", "solutions.py"})
 # The one allowed exception, with its reason: eval/gate_judging.py measures the span heuristic the claim reader
@@ -61,8 +61,8 @@ def findings(source: str, path: str) -> list[str]:
 def _bad(node: ast.AST, path: str, inside_verifiers: bool) -> list[str]:
     at = f"{path}:{getattr(node, 'lineno', '?')}"
     if inside_verifiers:
-        called = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "check"
-        return [f"{at}: calls a kind's .check outside the judge"] if called and Path(path).name not in CHECK_CALLERS else []
+        called = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "compare"
+        return [f"{at}: calls a kind's .compare outside the judge"] if called and Path(path).name not in CHECK_CALLERS else []
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "verifiers":
         return [f"{at}: verifiers.{node.attr}"] if node.attr in FORBIDDEN else []
     if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "verifiers":
@@ -94,12 +94,12 @@ def test_no_code_path_scores_an_answer_but_through_the_judge():
 @pytest.mark.parametrize(
     ("source", "path"),
     [
-        ("import verifiers\nv = verifiers.VERIFIERS['numeric'].check(a, r)\n", "eval/x.py"),
+        ("import verifiers\nv = verifiers.VERIFIERS['numeric'].compare(a, r)\n", "eval/x.py"),
         ("import verifiers\nv = verifiers.check(item)\n", "services/x.py"),
         ("from verifiers import NumericVerifier\n", "cli/x.py"),
         ("from verifiers.claims import read\n", "web/x.py"),
         ("import verifiers.quantities\n", "eval/x.py"),
-        ("def f(kind, a, r):\n    return kind.check(a, r)\n", "verifiers/claims.py"),
+        ("def f(kind, a, r):\n    return kind.compare(a, r)\n", "verifiers/claims.py"),
         ("import verifiers\ndef other():\n    return verifiers.check(item)\n", "eval/gate_judging.py"),
     ],
 )

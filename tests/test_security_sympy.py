@@ -28,14 +28,14 @@ def _alive(pid: int) -> bool:
 def test_the_bomb_is_killed_and_the_server_does_not_grow():
     verifier = SympyVerifier(timeout_s=2.0)
     patient = SympyVerifier(timeout_s=60.0)  # normal checks: the claim is "not refused", not speed on a loaded machine
-    assert patient.check("x+1", "1+x").ok  # the parent's first use of the pipes, outside the measured part
+    assert patient.compare("x+1", "1+x").ok  # the parent's first use of the pipes, outside the measured part
     threads_before = threading.active_count()
     rss_before = _rss_bytes()
     for _ in range(3):  # a worker thread (not a process) would refuse every check as busy after two of these
-        assert patient.check("x+1", "1+x").ok  # a fresh worker after each kill
+        assert patient.compare("x+1", "1+x").ok  # a fresh worker after each kill
         worker = symbolic._WORKER.pid()
         start = time.perf_counter()
-        verdict = verifier.check(BOMB, "0")
+        verdict = verifier.compare(BOMB, "0")
         took = time.perf_counter() - start
         assert verdict == Verdict(
             False, "sympy", f"answer {_q(BOMB)} vs reference '0': simplify did not finish within 2.0 s (sympy)"
@@ -46,13 +46,13 @@ def test_the_bomb_is_killed_and_the_server_does_not_grow():
     grew = _rss_bytes() - rss_before
     assert grew < 20 << 20, f"the parent grew by {grew / 2**20:.1f} MiB"
     assert threading.active_count() == threads_before, "a check left a thread behind"
-    assert patient.check("(x+1)^2", "x^2+2*x+1") == Verdict(
+    assert patient.compare("(x+1)^2", "x^2+2*x+1") == Verdict(
         True, "sympy", "answer '(x+1)^2' equals reference 'x^2+2*x+1' (sympy, simplify(answer - reference) == 0)"
     )
 
 
 def test_the_worker_runs_under_memory_and_cpu_limits():
-    assert SympyVerifier(timeout_s=60.0).check("x", "x").ok
+    assert SympyVerifier(timeout_s=60.0).compare("x", "x").ok
     pid = symbolic._WORKER.pid()
     with open(f"/proc/{pid}/limits") as f:
         limits = {line[:26].strip(): line[26:].split() for line in f if line[:26].strip()}
@@ -65,20 +65,20 @@ def test_a_worker_that_runs_out_of_memory_is_replaced(monkeypatch):
     monkeypatch.setattr(symbolic, "SYMPY_MEMORY_BYTES", 400 << 20)
     symbolic._WORKER.stop()
     try:
-        verdict = SympyVerifier(timeout_s=60.0).check(BOMB, "0")
+        verdict = SympyVerifier(timeout_s=60.0).compare(BOMB, "0")
         assert not verdict.ok
         assert verdict.detail.endswith(("(MemoryError) (sympy)", "(WorkerExited) (sympy)")), verdict.detail
         assert symbolic._WORKER.pid() is None
     finally:
         symbolic._WORKER.stop()
     monkeypatch.undo()
-    assert SympyVerifier(timeout_s=60.0).check("2*x", "x+x").ok
+    assert SympyVerifier(timeout_s=60.0).compare("2*x", "x+x").ok
 
 
 def test_concurrent_checks_share_the_worker_and_all_get_verdicts():
     verdicts: list[Verdict] = []
     threads = [
-        threading.Thread(target=lambda n=n: verdicts.append(SympyVerifier(timeout_s=60.0).check(f"x*{n}", f"{n}*x")))
+        threading.Thread(target=lambda n=n: verdicts.append(SympyVerifier(timeout_s=60.0).compare(f"x*{n}", f"{n}*x")))
         for n in range(6)
     ]
     for t in threads:
@@ -89,7 +89,7 @@ def test_concurrent_checks_share_the_worker_and_all_get_verdicts():
 
 
 def test_the_worker_loads_neither_torch_nor_kvgraft():
-    assert SympyVerifier(timeout_s=60.0).check("x", "x").ok
+    assert SympyVerifier(timeout_s=60.0).compare("x", "x").ok
     with open(f"/proc/{symbolic._WORKER.pid()}/maps") as f:
         maps = f.read()
     assert "libtorch" not in maps
@@ -98,7 +98,7 @@ def test_the_worker_loads_neither_torch_nor_kvgraft():
 
 def test_a_forked_child_neither_kills_nor_shares_the_parents_worker():
     """A server that forks (or a test that forks from a warm process) must not lose its worker when a child exits."""
-    assert SympyVerifier(timeout_s=60.0).check("x", "x").ok
+    assert SympyVerifier(timeout_s=60.0).compare("x", "x").ok
     worker = symbolic._WORKER.pid()
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the child
@@ -106,7 +106,7 @@ def test_a_forked_child_neither_kills_nor_shares_the_parents_worker():
         try:
             inherited_none = symbolic._WORKER.pid() is None
             symbolic._WORKER.stop()  # what atexit does at the child's exit
-            own = SympyVerifier(timeout_s=60.0).check("2*y", "y+y").ok and symbolic._WORKER.pid() not in (None, worker)
+            own = SympyVerifier(timeout_s=60.0).compare("2*y", "y+y").ok and symbolic._WORKER.pid() not in (None, worker)
             symbolic._WORKER.stop()
             code = 0 if inherited_none and own else 1
         finally:
@@ -114,4 +114,4 @@ def test_a_forked_child_neither_kills_nor_shares_the_parents_worker():
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the child could not run its own worker"
     assert _alive(worker) and symbolic._WORKER.pid() == worker
-    assert SympyVerifier(timeout_s=60.0).check("x*x", "x^2").ok
+    assert SympyVerifier(timeout_s=60.0).compare("x*x", "x^2").ok

@@ -108,7 +108,7 @@ def test_numeric_refuses(answer, reference, detail):
 
 
 def test_numeric_tolerance_is_overridable_per_instance():
-    assert verifiers.NumericVerifier(rel_tol=0.01).check("42.3", "42") == Verdict(
+    assert verifiers.NumericVerifier(rel_tol=0.01).compare("42.3", "42") == Verdict(
         True, "numeric", "answer '42.3' matches reference '42' (numeric, rel tol 0.01)"
     )
 
@@ -207,7 +207,7 @@ def test_sympy_namespace_has_no_builtins():
 
 
 def test_sympy_slow_simplify_times_out():
-    verdict = SympyVerifier(timeout_s=0.001).check("(x+y+z)^40 - (x+1)^40", "0")
+    verdict = SympyVerifier(timeout_s=0.001).compare("(x+y+z)^40 - (x+1)^40", "0")
     assert verdict == Verdict(
         False, "sympy", "answer '(x+y+z)^40 - (x+1)^40' vs reference '0': simplify did not finish within 0.001 s (sympy)"
     )
@@ -219,7 +219,7 @@ def test_sympy_any_text_gives_a_verdict_or_invalid_input(text):
     symbolic._WORKER.warm()  # a check that timed out killed the worker; its restart is not part of the bound
     start = time.perf_counter()
     try:
-        verdict = SympyVerifier(timeout_s=1.0).check(text or "0", "x")
+        verdict = SympyVerifier(timeout_s=1.0).compare(text or "0", "x")
     except InvalidInput:
         return
     assert isinstance(verdict, Verdict) and verdict.verifier == "sympy"
@@ -232,7 +232,7 @@ def test_sympy_any_text_gives_a_verdict_or_invalid_input(text):
 def test_attested_names_the_person():
     assert check(item("anything", "attested", "  Dr. A.  Rivera ")) == Verdict(True, "attested", "attested by Dr. A. Rivera")
     assert check(item("x", "attested", "Siobhán O’Neill-Ruiz")).detail == "attested by Siobhán O’Neill-Ruiz"
-    assert verifiers.AttestedVerifier().check("", "Dr. A. Rivera") == Verdict(True, "attested", "attested by Dr. A. Rivera")
+    assert verifiers.AttestedVerifier().compare("", "Dr. A. Rivera") == Verdict(True, "attested", "attested by Dr. A. Rivera")
 
 
 @pytest.mark.parametrize("reference", ["123", "-", "Dr. <script>", "a\nb" + "c" * 300])

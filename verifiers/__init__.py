@@ -3,7 +3,7 @@ every verdict on an answer (its rules at the top of verifiers/judging.py).
 
 Modules: `judging` (the judge and its rules), `solutions` (a worked solution's steps and final answer, checked
 by the gate before any prefill), `verdict` (the item, the verdict, the interface), `judges` (the kinds: each
-compares one value with its reference; `check` is a kind's own verdict on an item, for the kinds' tests and
+compares one value with its reference, `compare`; `check` is a kind's own verdict on an item, for the kinds' tests and
 nothing else), `claims` with `sentences` and `quantities` (what an answer sentence asserts), `symbolic` (the
 sympy kind's allow-list and its worker), `sympy_worker` (the child process). No torch, no store.
 """

@@ -38,7 +38,7 @@ class ExactVerifier:
 
     name = "exact"
 
-    def check(self, answer: str, reference: str) -> Verdict:
+    def compare(self, answer: str, reference: str) -> Verdict:
         a, r = normalise_text(_require_text("answer", answer)), normalise_text(_require_text("reference", reference))
         if not r:
             raise InvalidInput(f"reference {_q(reference)} is only punctuation; give the expected text")
@@ -105,7 +105,7 @@ class NumericVerifier:
         how = f"abs tol {rest[0].strip()}" if tol is not None else f"rel tol {self.rel_tol!r}"
         return value, unit, tol, how
 
-    def check(self, answer: str, reference: str) -> Verdict:
+    def compare(self, answer: str, reference: str) -> Verdict:
         _require_text("answer", answer)
         r, r_unit, abs_tol, how = self._reference(_require_text("reference", reference))
         try:
@@ -137,7 +137,7 @@ class AttestedVerifier:
 
     name = "attested"
 
-    def check(self, answer: str, reference: str) -> Verdict:
+    def compare(self, answer: str, reference: str) -> Verdict:
         if answer != "":  # the answer may be empty: attesting free text vouches for the text itself
             _require_text("answer", answer)
         person = " ".join(_require_text("reference", reference).split())
@@ -167,7 +167,7 @@ def validate(item: VerifiedItem) -> Verifier:
 
 def check(item: VerifiedItem) -> Verdict:
     """Validates every field, then asks the item's verifier whether its answer matches its reference."""
-    return validate(item).check(item.answer, item.reference)
+    return validate(item).compare(item.answer, item.reference)
 
 
 def item_sha256(item: VerifiedItem) -> str:

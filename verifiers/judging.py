@@ -87,16 +87,16 @@ def judge(answer: str, verifier: str, reference: str, question: str = "") -> Ver
             f"answer is {len(answer):,} characters; the judge reads at most {FIELD_BOUNDS['solution']:,}, shorten it"
         )
     if verifier == "attested":
-        v = kind.check(answer, reference)
+        v = kind.compare(answer, reference)
         return Verdict(v.ok, v.verifier, v.detail, answer if v.ok else None)
-    kind.check(reference, reference)  # a malformed reference is an input error before any reading
+    kind.compare(reference, reference)  # a malformed reference is an input error before any reading
     line, how = answer_line(answer)
     where = f"{how} {_q(line)}: " if how else ""
     if not line:
         why = f"{how}; nothing is asserted" if how else "it is empty; nothing is asserted"
         return Verdict(False, verifier, f"answer {_q(answer)}: {why}", None)
     if len(line) <= FIELD_BOUNDS["answer"]:
-        whole = kind.check(line, reference)
+        whole = kind.compare(line, reference)
         if whole.ok:
             return Verdict(True, verifier, f"{'read from ' + _q(answer) + ': ' + where if how else ''}{whole.detail}", line)
     claim = claims.read(line, verifier, reference, question)
@@ -104,5 +104,5 @@ def judge(answer: str, verifier: str, reference: str, question: str = "") -> Ver
         return Verdict(
             False, verifier, f"answer {_q(answer)}: {where}{claim.why}; nothing is asserted that {verifier} can accept", None
         )
-    v = kind.check(claim.value, reference)
+    v = kind.compare(claim.value, reference)
     return Verdict(v.ok, verifier, f"read from {_q(answer)}: {where}{claim.why}; {v.detail}", claim.value)

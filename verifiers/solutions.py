@@ -140,7 +140,7 @@ def _holds(left: Member, right: Member) -> bool | None:
     if not same_unit(left.unit, right.unit):
         return None
     try:
-        v = _SYMPY.check(left.sympy, right.sympy)
+        v = _SYMPY.compare(left.sympy, right.sympy)
     except InvalidInput:
         return None
     if v.ok:

@@ -231,7 +231,7 @@ class _SympyWorker:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def compare(self, answer: tuple[str, list[str]], reference: tuple[str, list[str]], timeout_s: float) -> dict | None:
+    def ask(self, answer: tuple[str, list[str]], reference: tuple[str, list[str]], timeout_s: float) -> dict | None:
         """The child's reply ({"equal", "diff"} or {"error"}), or None when it did not answer within timeout_s."""
         request = {"answer": answer, "reference": reference, "cpu_s": math.ceil(timeout_s) + 1}
         with self._lock:
@@ -282,7 +282,7 @@ class SympyVerifier:
     def __init__(self, timeout_s: float = 2.0):
         self.timeout_s = timeout_s
 
-    def check(self, answer: str, reference: str) -> Verdict:
+    def compare(self, answer: str, reference: str) -> Verdict:
         _require_text("answer", answer)
         try:
             ref = _validate_expression(_require_text("reference", reference))
@@ -295,7 +295,7 @@ class SympyVerifier:
             ans = _validate_expression(answer)
         except _Unsafe as e:
             return Verdict(False, self.name, f"answer {_q(answer)} is not a safe expression: {e} (sympy)")
-        reply = _WORKER.compare(ans, ref, self.timeout_s)
+        reply = _WORKER.ask(ans, ref, self.timeout_s)
         if reply is None:
             return Verdict(
                 False,

@@ -42,9 +42,12 @@ class Claim:
 
 
 class Verifier(Protocol):
+    """A kind: `compare` sets one value (the text the judge read from an answer) beside its reference. It reads
+    no answer; `verifiers.judge` does, and decides every verdict."""
+
     name: str
 
-    def check(self, answer: str, reference: str) -> Verdict: ...
+    def compare(self, answer: str, reference: str) -> Verdict: ...
 
 
 def _q(text: str, limit: int = 80) -> str:
