@@ -22,12 +22,13 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import socket
 import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from bench.abuse import free_port, pct  # the abuse bench's port and percentile, one definition
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENT = ROOT / "bench" / "llamacpp" / "prefix_2048.txt"
@@ -38,17 +39,6 @@ MAX_TOKENS = 32
 # CreateCompletionRequest's default), which is not the plain greedy decode kvgraft does: every llama.cpp request
 # sends 1.0 (no penalty), so both servers decode the same way.
 LLAMACPP_EXTRA = {"repeat_penalty": 1.0}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
 def _one(client, model: str, prompt: str, extra: dict) -> tuple[float, int, str]:

@@ -138,6 +138,14 @@ def pg_server():
         server.stop()
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def url(request) -> str | None:
+    """Each catalog test twice: None (SQLite in the home) or a fresh, empty PostgreSQL database."""
+    if request.param == "sqlite":
+        return None
+    return request.getfixturevalue("pg_server").create_database()
+
+
 @pytest.fixture(scope="session")
 def postgres_url(pg_server) -> str:
     """URL of an empty database (postgresql+psycopg://kvgraft@127.0.0.1:PORT/kvgraft) on the session cluster."""

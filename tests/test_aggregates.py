@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 from sqlalchemy import event, text
 
 from db import aggregates
@@ -31,13 +30,6 @@ FAKE_LM = SimpleNamespace(
 
 def sha(s: str) -> str:
     return hashlib.sha256(s.encode()).hexdigest()
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def url(request) -> str | None:
-    if request.param == "sqlite":
-        return None
-    return request.getfixturevalue("pg_server").create_database()
 
 
 def deposit(cat: Catalog, i: int, tokens: int) -> ArtifactRow:

@@ -34,14 +34,6 @@ def vec(*values: float) -> bytes:
     return struct.pack(f"<{len(values)}f", *values)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def url(request) -> str | None:
-    """None (SQLite in the home) or a fresh, empty PostgreSQL database."""
-    if request.param == "sqlite":
-        return None
-    return request.getfixturevalue("pg_server").create_database()
-
-
 @pytest.fixture
 def home(tmp_path) -> Path:
     return tmp_path / "home"

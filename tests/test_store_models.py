@@ -21,14 +21,6 @@ LIGHTHOUSE = "The lighthouse of Varnek Isle was built by Osric Pellamy in 1874."
 SALT = "The ship Ardel carried salt barrels to Quenmora every spring."
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def url(request) -> str | None:
-    """None (SQLite in the home) or a fresh, empty PostgreSQL database."""
-    if request.param == "sqlite":
-        return None
-    return request.getfixturevalue("pg_server").create_database()
-
-
 @pytest.fixture
 def two(tmp_path, url, tiny_gemma, tiny_llama):
     """(store home, db url, the Gemma's library, the Llama's library) over one store."""
