@@ -264,6 +264,10 @@ class Batcher:
             prompts = [p for p in prompts if p in self.stack_sizes]
             if not prompts:
                 continue
+            # a pass holds at most `most` items (prefill and run group them so): check the passes that can
+            # happen here, not one wider than every checked column width (its last rows have no width)
+            steps = min(steps, self.most - 1)
+            prompts = prompts[: self.most - steps]
             ids = [torch.randint(3, vocab, (t,), generator=gen).tolist() for t in prompts]
             lengths = CHECK_LENGTHS[: steps + len(prompts)]
 
