@@ -8,8 +8,10 @@ bytes depend only on that row and the weight, by construction, on any CPU that r
 instructions. And it reads the packaged model's weights in the GGUF blocks they were published in
 (Q8_0, Q5_0, Q4_K, Q6_K: 4-6x fewer bytes than float32), expanded in registers exactly as the float32
 weights were made from them. It reads the other block formats llama.cpp's common quantisations write too
-(F16, BF16, Q4_0, Q4_1, Q5_1, Q5_K: ggml's layouts, expanded as gguf-py's dequantize does, with vectors where
-a format has integer values; no fused kernels for them yet: their products go through float32 panels).
+(F16, BF16, Q4_0, Q4_1, Q5_1, Q5_K: ggml's layouts, expanded as gguf-py's dequantize does). Every block
+format is expanded in registers as it is read for one to eight rows of x (c/linear.c's fused kernels: a decode
+step reads each weight once, 4-8x fewer bytes than a float32 panel); F16 and BF16, and more rows, go through
+float32 panels.
 
 What is checked at load, not assumed:
 - per tensor, that the blocks expand to the float32 weight's bytes (a tensor whose blocks differ, or are

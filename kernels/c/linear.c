@@ -146,7 +146,13 @@ static const tile_fn TILESR[PANEL_MB + 1] = {0, TILE_FN(1, PANEL_RB), TILE_FN(2,
                                              TILE_FN(4, PANEL_RB)};
 #define tile_1_row TILE_FN(1, ROW_RB)
 
-/* Sixteen weights of a row, W[n][k0..k0+15], expanded in registers: the same operations as dequant_row. */
+/* Sixteen weights of a row, W[n][k0..k0+15] (k0 a multiple of 16), expanded in registers: the same operations
+   as dequant_row on the same values. One per format with a fused product; off_* says where those bytes start
+   (the prefetches ask for them two row groups ahead). */
+static inline uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
 static inline v16 w16_f32(const uint8_t *row, int64_t k0) { return v_load((const float *)row + k0); }
 
 static inline v16 w16_q8_0(const uint8_t *row, int64_t k0) {
@@ -157,14 +163,65 @@ static inline v16 w16_q8_0(const uint8_t *row, int64_t k0) {
 static inline v16 w16_q5_0(const uint8_t *row, int64_t k0) {
     const uint8_t *blk = row + (k0 / 32) * 22;
     const int high = (k0 % 32) != 0;
-    uint32_t qh = (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) | ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24);
+    const uint32_t qh = rd32(blk + 2);
     return v_mul(v_set1(h2f(blk)), q_q5(blk + 6, high, high ? qh >> 16 : qh & 0xFFFF));
 }
 
-/* Where the bytes of W[n][k0..] start in a row (the prefetches ask for them two row groups ahead). */
+static inline v16 w16_q4_0(const uint8_t *row, int64_t k0) { /* d * (q - 8) */
+    const uint8_t *blk = row + (k0 / 32) * 18;
+    return v_mul(v_set1(h2f(blk)), v_sub(q_nibbles(blk + 2, (k0 % 32) != 0), v_set1(8.0f)));
+}
+
+static inline v16 w16_q4_1(const uint8_t *row, int64_t k0) { /* d * q + m */
+    const uint8_t *blk = row + (k0 / 32) * 20;
+    return v_add(v_mul(v_set1(h2f(blk)), q_nibbles(blk + 4, (k0 % 32) != 0)), v_set1(h2f(blk + 2)));
+}
+
+static inline v16 w16_q5_1(const uint8_t *row, int64_t k0) { /* d * (q5 + 16 - 16 ...): dequant_row's q_q5 + 16 */
+    const uint8_t *blk = row + (k0 / 32) * 24;
+    const int high = (k0 % 32) != 0;
+    const uint32_t qh = rd32(blk + 4);
+    const v16 q = v_add(q_q5(blk + 8, high, high ? qh >> 16 : qh & 0xFFFF), v_set1(16.0f));
+    return v_add(v_mul(v_set1(h2f(blk)), q), v_set1(h2f(blk + 2)));
+}
+
+/* Q4_K: 16 values of sub-block s (32 values each, one scale and min) at 16 h within it */
+static inline v16 w16_q4_k(const uint8_t *row, int64_t k0) {
+    const uint8_t *blk = row + (k0 / 256) * 144;
+    const int i = (int)(k0 % 256), c = i / 64, hi = (i % 64) >= 32, h = (i % 32) / 16;
+    int sc, m;
+    q4k_scale_min(blk + 4, 2 * c + hi, &sc, &m);
+    const v16 ds = v_set1(h2f(blk) * (float)sc), dm = v_set1(h2f(blk + 2) * (float)m);
+    return v_sub(v_mul(ds, q_nibbles(blk + 16 + 32 * c + 16 * h, hi)), dm);
+}
+
+static inline v16 w16_q5_k(const uint8_t *row, int64_t k0) {
+    const uint8_t *blk = row + (k0 / 256) * 176, *qh = blk + 16;
+    const int i = (int)(k0 % 256), c = i / 64, hi = (i % 64) >= 32, h = (i % 32) / 16, s = 2 * c + hi;
+    int sc, m;
+    q4k_scale_min(blk + 4, s, &sc, &m);
+    uint32_t bits = 0; /* bit j: the high bit of value 16h + j of sub-block s */
+    for (int j = 0; j < 16; j++) bits |= (uint32_t)((qh[16 * h + j] >> s) & 1) << j;
+    const v16 ds = v_set1(h2f(blk) * (float)sc), dm = v_set1(h2f(blk + 2) * (float)m);
+    return v_sub(v_mul(ds, v_add(q_q5(blk + 48 + 32 * c + 16 * h, hi, bits), v_set1(16.0f))), dm);
+}
+
+static inline v16 w16_q6_k(const uint8_t *row, int64_t k0) {
+    const uint8_t *blk = row + (k0 / 256) * 210;
+    const int c = (int)(k0 % 256) / 16, h = c / 8, t = (c % 8) * 16;
+    const v16 q = q_q6(blk + h * 64 + t % 64, 4 * (t / 64), blk + 128 + h * 32 + t % 32, 2 * (t / 32));
+    return v_mul(v_set1(h2f(blk + 208) * (float)((const int8_t *)blk)[192 + c]), q);
+}
+
 static inline int64_t off_f32(int64_t k) { return 4 * k; }
 static inline int64_t off_q8_0(int64_t k) { return k / 32 * 34; }
 static inline int64_t off_q5_0(int64_t k) { return k / 32 * 22; }
+static inline int64_t off_q4_0(int64_t k) { return k / 32 * 18; }
+static inline int64_t off_q4_1(int64_t k) { return k / 32 * 20; }
+static inline int64_t off_q5_1(int64_t k) { return k / 32 * 24; }
+static inline int64_t off_q4_k(int64_t k) { return k / 256 * 144; }
+static inline int64_t off_q5_k(int64_t k) { return k / 256 * 176; }
+static inline int64_t off_q6_k(int64_t k) { return k / 256 * 210; }
 
 /* One output row of x (M == 1) against RB weight rows, the weights expanded as they are read. */
 #define FUSED(NAME, RB)                                                                                       \
@@ -180,27 +237,107 @@ static inline int64_t off_q5_0(int64_t k) { return k / 32 * 22; }
         }                                                                                                     \
         for (int r = 0; r < RB; r++) y[r] = reduce16(acc[r]);                                                 \
     }
-FUSED(f32, 8) FUSED(f32, 1) FUSED(q8_0, 1) FUSED(q5_0, 8) FUSED(q5_0, 1)
+FUSED(f32, 8) FUSED(f32, 1) FUSED(q8_0, 1) FUSED(q5_0, 1)
+FUSED(q4_0, 1) FUSED(q4_1, 1) FUSED(q5_1, 1) FUSED(q4_k, 1) FUSED(q5_k, 1) FUSED(q6_k, 1)
 
-/* Q8_0 against 8 rows, a block (two chunks of 16) at a time: one scale per row and block. */
-static void fused_q8_0_8(const float *x, const uint8_t *w, int64_t rb, int64_t K, float *y) {
+/* The 32-value formats against 8 rows, a block (two chunks of 16) at a time: a row's scales are read once a
+   block. X32_* expands a block's 32 values into two registers, the same operations as its w16_*. */
+static inline void x32_q8_0(const uint8_t *b, v16 *lo, v16 *hi) {
+    const v16 d = v_set1(h2f(b));
+    *lo = v_mul(d, q_i8(b + 2)), *hi = v_mul(d, q_i8(b + 18));
+}
+static inline void x32_q5_0(const uint8_t *b, v16 *lo, v16 *hi) {
+    const v16 d = v_set1(h2f(b));
+    const uint32_t qh = rd32(b + 2);
+    *lo = v_mul(d, q_q5(b + 6, 0, qh & 0xFFFF)), *hi = v_mul(d, q_q5(b + 6, 1, qh >> 16));
+}
+/* The 4-bit formats: the 16 values a block's nibbles can stand for, each computed by its w16_* operations,
+   then picked by the nibbles (q_lut): two operations per value fewer, the same bits. */
+static inline v16 v_iota16(void) {
+    static const float iota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    return v_load(iota);
+}
+static inline void x32_q4_0(const uint8_t *b, v16 *lo, v16 *hi) {
+    const v16 t = v_mul(v_set1(h2f(b)), v_sub(v_iota16(), v_set1(8.0f)));
+    *lo = q_lut(t, b + 2, 0), *hi = q_lut(t, b + 2, 1);
+}
+static inline void x32_q4_1(const uint8_t *b, v16 *lo, v16 *hi) {
+    const v16 t = v_add(v_mul(v_set1(h2f(b)), v_iota16()), v_set1(h2f(b + 2)));
+    *lo = q_lut(t, b + 4, 0), *hi = q_lut(t, b + 4, 1);
+}
+static inline void x32_q5_1(const uint8_t *b, v16 *lo, v16 *hi) {
+    const v16 d = v_set1(h2f(b)), m = v_set1(h2f(b + 2)), sixteen = v_set1(16.0f);
+    const uint32_t qh = rd32(b + 4);
+    *lo = v_add(v_mul(d, v_add(q_q5(b + 8, 0, qh & 0xFFFF), sixteen)), m);
+    *hi = v_add(v_mul(d, v_add(q_q5(b + 8, 1, qh >> 16), sixteen)), m);
+}
+#define FUSED32_8(NAME, BYTES)                                                                                \
+    static void fused_##NAME##_8(const float *x, const uint8_t *w, int64_t rb, int64_t K, float *y) {         \
+        v16 acc[8];                                                                                          \
+        for (int r = 0; r < 8; r++) acc[r] = v_zero();                                                       \
+        for (int64_t k = 0; k < K; k += 32) {                                                                \
+            const v16 x0 = v_load(x + k), x1 = v_load(x + k + 16);                                           \
+            const uint8_t *blk = w + (k / 32) * (BYTES);                                                     \
+            _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++, blk += rb) {                                 \
+                v_prefetch(blk + 16 * rb); /* two groups of 8 rows ahead */                                  \
+                v16 lo, hi;                                                                                  \
+                x32_##NAME(blk, &lo, &hi);                                                                   \
+                acc[r] = v_fmadd(x0, lo, acc[r]);                                                            \
+                acc[r] = v_fmadd(x1, hi, acc[r]);                                                            \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int r = 0; r < 8; r++) y[r] = reduce16(acc[r]);                                                 \
+    }
+FUSED32_8(q8_0, 34) FUSED32_8(q5_0, 22) FUSED32_8(q4_0, 18) FUSED32_8(q4_1, 20) FUSED32_8(q5_1, 24)
+
+/* The 256-value formats against 8 rows, a block at a time: a row's scales decoded once a block, then its 16
+   chunks of 16 in order (each the operations of its w16_*). */
+static void fused_q4_k_8(const float *x, const uint8_t *w, int64_t rb, int64_t K, float *y) {
     v16 acc[8];
     for (int r = 0; r < 8; r++) acc[r] = v_zero();
-    for (int64_t k = 0; k < K; k += 32) {
-        const v16 x0 = v_load(x + k), x1 = v_load(x + k + 16);
-        const uint8_t *blk = w + (k / 32) * 34;
-#pragma GCC unroll 8
+    for (int64_t k = 0; k < K; k += 256) {
+        const uint8_t *blk = w + (k / 256) * 144;
         for (int r = 0; r < 8; r++, blk += rb) {
-            v_prefetch(blk + 16 * rb); /* two groups of 8 rows ahead */
-            const v16 d = v_set1(h2f(blk));
-            acc[r] = v_fmadd(x0, v_mul(d, q_i8(blk + 2)), acc[r]);
-            acc[r] = v_fmadd(x1, v_mul(d, q_i8(blk + 18)), acc[r]);
+            for (int l = 0; l < 144; l += 64) v_prefetch(blk + 16 * rb + l);
+            const float d = h2f(blk), dmin = h2f(blk + 2);
+            const uint8_t *qs = blk + 16;
+            for (int c = 0; c < 4; c++) {
+                int sc0, m0, sc1, m1;
+                q4k_scale_min(blk + 4, 2 * c, &sc0, &m0);
+                q4k_scale_min(blk + 4, 2 * c + 1, &sc1, &m1);
+                const v16 d0 = v_set1(d * (float)sc0), dm0 = v_set1(dmin * (float)m0);
+                const v16 d1 = v_set1(d * (float)sc1), dm1 = v_set1(dmin * (float)m1);
+                const float *xc = x + k + 64 * c;
+                const uint8_t *q = qs + 32 * c;
+                acc[r] = v_fmadd(v_load(xc), v_sub(v_mul(d0, q_nibbles(q, 0)), dm0), acc[r]);
+                acc[r] = v_fmadd(v_load(xc + 16), v_sub(v_mul(d0, q_nibbles(q + 16, 0)), dm0), acc[r]);
+                acc[r] = v_fmadd(v_load(xc + 32), v_sub(v_mul(d1, q_nibbles(q, 1)), dm1), acc[r]);
+                acc[r] = v_fmadd(v_load(xc + 48), v_sub(v_mul(d1, q_nibbles(q + 16, 1)), dm1), acc[r]);
+            }
         }
     }
     for (int r = 0; r < 8; r++) y[r] = reduce16(acc[r]);
 }
 
-
+static void fused_q6_k_8(const float *x, const uint8_t *w, int64_t rb, int64_t K, float *y) {
+    v16 acc[8];
+    for (int r = 0; r < 8; r++) acc[r] = v_zero();
+    for (int64_t k = 0; k < K; k += 256) {
+        const uint8_t *blk = w + (k / 256) * 210;
+        for (int r = 0; r < 8; r++, blk += rb) {
+            for (int l = 0; l < 210; l += 64) v_prefetch(blk + 16 * rb + l);
+            const float d = h2f(blk + 208);
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            for (int c = 0; c < 16; c++) {
+                const int h = c / 8, t = (c % 8) * 16;
+                const v16 q = q_q6(blk + h * 64 + t % 64, 4 * (t / 64), blk + 128 + h * 32 + t % 32, 2 * (t / 32));
+                acc[r] = v_fmadd(v_load(x + k + 16 * c), v_mul(v_set1(d * (float)sc[c]), q), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < 8; r++) y[r] = reduce16(acc[r]);
+}
+FUSED(q5_k, 8)
 /* MB rows of x against RB weight rows (MB <= FUSEDM_TOP, RB <= 2), the weights expanded in registers: for
    few rows of x, expanding a weight again per block of rows costs less than a round trip through a panel. */
 #define FUSEDM(NAME, MB, RB)                                                                                     \
@@ -252,7 +389,8 @@ static void fused_q8_0_8(const float *x, const uint8_t *w, int64_t rb, int64_t K
             n += two ? 2 : 1;                                                                                  \
         }                                                                                                      \
     }
-FUSEDM_ALL(f32) FUSEDM_ALL(q8_0) FUSEDM_ALL(q5_0)
+FUSEDM_ALL(f32) FUSEDM_ALL(q8_0) FUSEDM_ALL(q5_0) FUSEDM_ALL(q4_0) FUSEDM_ALL(q4_1) FUSEDM_ALL(q5_1)
+FUSEDM_ALL(q4_k) FUSEDM_ALL(q5_k) FUSEDM_ALL(q6_k)
 
 typedef void (*fusedm_fn)(const float *, int64_t, int64_t, const uint8_t *, int64_t, int64_t, int64_t, int64_t, float *,
                           int64_t);
@@ -260,12 +398,22 @@ typedef void (*fusedm_fn)(const float *, int64_t, int64_t, const uint8_t *, int6
 
 typedef void (*fused_fn)(const float *, const uint8_t *, int64_t, int64_t, float *);
 
-/* The fused kernels for a format (K a multiple of 16 for float32), or none: the panel path takes it. */
+/* The fused kernels for a format (K a multiple of 16 for float32), or none: the panel path takes it (F16, BF16). */
 static int fused_for(int fmt, int64_t K, fused_fn *f8, fused_fn *f1, fusedm_fn *fm) {
-    if (fmt == FMT_F32 && K % 16 == 0) { *f8 = fused_f32_8; *f1 = fused_f32_1; *fm = fusedm_f32; return 1; }
-    if (fmt == FMT_Q8_0) { *f8 = fused_q8_0_8; *f1 = fused_q8_0_1; *fm = fusedm_q8_0; return 1; }
-    if (fmt == FMT_Q5_0) { *f8 = fused_q5_0_8; *f1 = fused_q5_0_1; *fm = fusedm_q5_0; return 1; }
-    return 0;
+#define USE(NAME) { *f8 = fused_##NAME##_8; *f1 = fused_##NAME##_1; *fm = fusedm_##NAME; return 1; }
+    switch (fmt) {
+    case FMT_F32: if (K % 16 == 0) USE(f32) return 0;
+    case FMT_Q8_0: USE(q8_0)
+    case FMT_Q5_0: USE(q5_0)
+    case FMT_Q4_0: USE(q4_0)
+    case FMT_Q4_1: USE(q4_1)
+    case FMT_Q5_1: USE(q5_1)
+    case FMT_Q4_K: USE(q4_k)
+    case FMT_Q5_K: USE(q5_k)
+    case FMT_Q6_K: USE(q6_k)
+    default: return 0;
+    }
+#undef USE
 }
 
 
@@ -287,18 +435,24 @@ int kv_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *
     fused_fn f8, f1;
     fusedm_fn fm;
     const int fused = fused_for(fmt, K, &f8, &f1, &fm);
+    /* The fused paths split the outputs over the threads in groups of rows (8, the 1-row kernel's tile; 2 x 8 for
+       a few rows of x), each thread a contiguous run of groups: a panel's 64 rows would leave one thread idle a
+       third of a 192-row product. */
     if (fused && M > 1 && M <= FUSEDM_MAX_ROWS) {
+        const int64_t groups = (N + 15) / 16;
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
-        for (int64_t p = 0; p < panels; p++) fm(x, M, ldx, w, rb, K, p * P, panel_end(p, P, N), y, ldy);
+        for (int64_t gi = 0; gi < groups; gi++) fm(x, M, ldx, w, rb, K, gi * 16, N - gi * 16 < 16 ? N : gi * 16 + 16, y, ldy);
         return 0;
     }
     if (fused && M == 1) { /* one row: no panel, each weight is read once anyway */
+        const int64_t groups = (N + 7) / 8;
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
-        for (int64_t p = 0; p < panels; p++) {
-            const int64_t end = panel_end(p, P, N);
-            int64_t n = p * P;
-            for (; n + 8 <= end; n += 8) f8(x, w + n * rb, rb, K, y + n);
-            for (; n < end; n++) f1(x, w + n * rb, rb, K, y + n);
+        for (int64_t gi = 0; gi < groups; gi++) {
+            const int64_t n = gi * 8;
+            if (n + 8 <= N)
+                f8(x, w + n * rb, rb, K, y + n);
+            else
+                for (int64_t j = n; j < N; j++) f1(x, w + j * rb, rb, K, y + j);
         }
         return 0;
     }

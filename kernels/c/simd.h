@@ -14,6 +14,8 @@
      h2f(p)              the float16 at p (little-endian) as a float, exactly
      v_prefetch(p)       a hint; never a fault, never a value
      q_i8 q_nibbles      16 signed bytes / low or high nibbles of 16 bytes, as floats (exact small integers)
+     q_lut(t, p, high)   lane j of t picked by the low or high nibble of byte j of p: the 16 values a 4-bit
+                         block can hold, computed once, then selected (the same value as computing it per weight)
      q_q5(p, high, bits) Q5_0's values (nibble | bit j of `bits` << 4) - 16
      q_q6(ql, ls, qh, hs) Q6_K's values ((ql >> ls) & 15 | ((qh >> hs) & 3) << 4) - 32
      vp, VP_LANES,       one part of a v16: its VP_LANES lanes from VP_LANES * h (16: the whole; 8: a half),

@@ -48,6 +48,15 @@ static inline v16 q_i8(const uint8_t *p) { return v_of(_mm256_cvtepi32_ps(i8x8(p
 static inline v16 q_nibbles(const uint8_t *p, int high) {
     return v_of(_mm256_cvtepi32_ps(nibbles8(p, high)), _mm256_cvtepi32_ps(nibbles8(p + 8, high)));
 }
+/* table[q] for 8 indices q < 16: lanes q of table.lo, or q - 8 of table.hi where bit 3 of q is set (the sign
+   bit of q << 28 selects) */
+static inline __m256 lut8(v16 table, __m256i q) {
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(table.lo, q), _mm256_permutevar8x32_ps(table.hi, q),
+                            _mm256_castsi256_ps(_mm256_slli_epi32(q, 28)));
+}
+static inline v16 q_lut(v16 table, const uint8_t *p, int high) {
+    return v_of(lut8(table, nibbles8(p, high)), lut8(table, nibbles8(p + 8, high)));
+}
 /* 16 where bit j of `bits` (8 bits) is set, else 0, for lanes j = 0..7 */
 static inline __m256i bit16x8(uint32_t bits) {
     const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);

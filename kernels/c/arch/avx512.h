@@ -37,6 +37,11 @@ static inline v16 q_nibbles(const uint8_t *p, int high) {
     __m512i v = u8x16(p);
     return _mm512_cvtepi32_ps(high ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0xF)));
 }
+/* table[nibble j] for lanes j = 0..15: the low (high == 0) or high nibbles of 16 bytes pick lanes of `table` */
+static inline v16 q_lut(v16 table, const uint8_t *p, int high) {
+    __m512i v = u8x16(p);
+    return _mm512_permutexvar_ps(high ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0xF)), table);
+}
 /* Q5_0: (nibble | bit j of `bits` << 4) - 16 for lanes j = 0..15 */
 static inline v16 q_q5(const uint8_t *p, int high, uint32_t bits) {
     __m512i v = u8x16(p);

@@ -62,6 +62,11 @@ static inline v16 q_nibbles(const uint8_t *p, int high) {
     for (int j = 0; j < 16; j++) r.l[j] = (float)(high ? p[j] >> 4 : p[j] & 0xF);
     return r;
 }
+static inline v16 q_lut(v16 table, const uint8_t *p, int high) {
+    v16 r;
+    for (int j = 0; j < 16; j++) r.l[j] = table.l[high ? p[j] >> 4 : p[j] & 0xF];
+    return r;
+}
 static inline v16 q_q5(const uint8_t *p, int high, uint32_t bits) {
     v16 r;
     for (int j = 0; j < 16; j++) r.l[j] = (float)(((high ? p[j] >> 4 : p[j] & 0xF) | (int)(((bits >> j) & 1) << 4)) - 16);
