@@ -41,11 +41,12 @@
 /* H probability rows p[h] (indexed by key) against the values v over keys [j0, j1), the C parts of VP_LANES
    values from d0: y[h][d0 .. d0 + C VP_LANES). Lane L holds the keys j0 + L + 16i (j0 a multiple of 16: lane
    j mod 16), each lane's fmaf chain in increasing j, then the tree over lanes, value by value: a value's chains
-   and tree do not depend on how many values a call holds beside it. */
+   and tree do not depend on how many values a call holds beside it. pvl_H_C computes lanes [L0, L1) into
+   `lanes` (so that threads can share one value's lanes), pv_tree the tree over all 16, pv_H_C both. */
 #define PV_(H, C)                                                                                             \
-    static void pv_##H##_##C(const float *const *p, const kv_rows *kv, int64_t j0, int64_t j1, int64_t d0,    \
-                             float *lanes, float *const *y) {                                                 \
-        for (int L = 0; L < 16; L++) {                                                                        \
+    static void pvl_##H##_##C(const float *const *p, const kv_rows *kv, int64_t j0, int64_t j1, int64_t d0,   \
+                              int L0, int L1, float *lanes) {                                                 \
+        for (int L = L0; L < L1; L++) {                                                                       \
             vp acc[H][C];                                                                                     \
             for (int h = 0; h < H; h++)                                                                       \
                 for (int c = 0; c < C; c++) acc[h][c] = vp_zero();                                            \
@@ -61,16 +62,25 @@
             for (int h = 0; h < H; h++)                                                                       \
                 for (int c = 0; c < C; c++) vp_store(lanes + ((L * H + h) * C + c) * VP_LANES, acc[h][c]);   \
         }                                                                                                     \
-        for (int h = 0; h < H; h++)                                                                           \
-            for (int c = 0; c < C; c++) {                                                                     \
-                vp x[16];                                                                                     \
-                for (int L = 0; L < 16; L++) x[L] = vp_load(lanes + ((L * H + h) * C + c) * VP_LANES);        \
-                for (int L = 0; L < 8; L++) x[L] = vp_add(x[L], x[L + 8]);                                    \
-                for (int L = 0; L < 4; L++) x[L] = vp_add(x[L], x[L + 4]);                                    \
-                for (int L = 0; L < 2; L++) x[L] = vp_add(x[L], x[L + 2]);                                    \
-                vp_store(y[h] + d0 + VP_LANES * c, vp_add(x[0], x[1]));                                       \
-            }                                                                                                 \
+    }                                                                                                         \
+    static void pv_##H##_##C(const float *const *p, const kv_rows *kv, int64_t j0, int64_t j1, int64_t d0,    \
+                             float *lanes, float *const *y) {                                                 \
+        pvl_##H##_##C(p, kv, j0, j1, d0, 0, 16, lanes);                                                       \
+        pv_tree(H, C, lanes, d0, y);                                                                          \
     }
+
+/* The tree over the 16 lanes pvl_* left in `lanes` (H rows, C parts), value by value, into y[h][d0 ..]. */
+static inline void pv_tree(int H, int C, const float *lanes, int64_t d0, float *const *y) {
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < C; c++) {
+            vp x[16];
+            for (int L = 0; L < 16; L++) x[L] = vp_load(lanes + ((L * H + h) * C + c) * VP_LANES);
+            for (int L = 0; L < 8; L++) x[L] = vp_add(x[L], x[L + 8]);
+            for (int L = 0; L < 4; L++) x[L] = vp_add(x[L], x[L + 4]);
+            for (int L = 0; L < 2; L++) x[L] = vp_add(x[L], x[L + 2]);
+            vp_store(y[h] + d0 + VP_LANES * c, vp_add(x[0], x[1]));
+        }
+}
 #define QK(R, C) QK_(R, C) /* expands QK_C and VP_PARTS before pasting */
 #define PV(H, C) PV_(H, C)
 #define FN_(KIND, A, B) KIND##_##A##_##B
@@ -78,6 +88,7 @@
 
 typedef void (*qk_fn)(const float *const *, const float *, int64_t, int64_t, float *const *, int64_t);
 typedef void (*pv_fn)(const float *const *, const kv_rows *, int64_t, int64_t, int64_t, float *, float *const *);
+typedef void (*pvl_fn)(const float *const *, const kv_rows *, int64_t, int64_t, int64_t, int, int, float *);
 QK(1, QK_C) QK(2, QK_C) QK(3, QK_C) QK(4, QK_C) QK(1, 1) QK(2, 1) QK(3, 1) QK(4, 1)
 PV(1, PV_WIDE_C) PV(2, PV_WIDE_C) PV(3, PV_WIDE_C) PV(4, PV_WIDE_C)
 PV(1, VP_PARTS) PV(2, VP_PARTS) PV(3, VP_PARTS) PV(4, VP_PARTS)
@@ -87,6 +98,10 @@ static const pv_fn PV_WIDE[PV_H + 1] = {0, FN(pv, 1, PV_WIDE_C), FN(pv, 2, PV_WI
                                         FN(pv, 4, PV_WIDE_C)};
 static const pv_fn PV_ONE[PV_H + 1] = {0, FN(pv, 1, VP_PARTS), FN(pv, 2, VP_PARTS), FN(pv, 3, VP_PARTS),
                                        FN(pv, 4, VP_PARTS)};
+static const pvl_fn PVL_WIDE[PV_H + 1] = {0, FN(pvl, 1, PV_WIDE_C), FN(pvl, 2, PV_WIDE_C), FN(pvl, 3, PV_WIDE_C),
+                                          FN(pvl, 4, PV_WIDE_C)};
+static const pvl_fn PVL_ONE[PV_H + 1] = {0, FN(pvl, 1, VP_PARTS), FN(pvl, 2, VP_PARTS), FN(pvl, 3, VP_PARTS),
+                                         FN(pvl, 4, VP_PARTS)};
 
 /* How many wide P.V calls (PV_WIDE_VALUES values each) cover the start of D values (D a multiple of 16), the
    rest going in narrow calls of 16: the most that leave a multiple of 16. */
@@ -222,6 +237,84 @@ static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, con
     }
     free(t);
     return failed ? -2 : 0;
+}
+
+/* A decode step's attention over all G key/value heads of a layer at once, in one parallel region: group g's H
+   query rows at q + (g H + h) D (one position each), its keys and values kv[g] (n keys, every one kept), its
+   outputs at y + (g H + h) D; D a multiple of 16. The dot products by (group, tile of keys), each row's
+   softmax, P.V by (group, chunk of values, heads, a quarter of the 16 lanes), then each value's tree over its
+   lanes: every t[j], every lane's chain and every tree is computed by one thread with attend_single's
+   operations and tiles, so the bytes are attend_single's, group by group; what changes is that the work of
+   every group is shared by the threads (a group of 3 heads of 64 values over 2,048 keys was below
+   attend_single's split and ran on one thread, three groups one after the other). Returns -2 when scratch
+   memory is unavailable. */
+#define STEP_LANE_SHARES 4 /* lanes 0-3, 4-7, 8-11, 12-15 */
+static int attend_step(const float *q, int64_t G, int64_t H, int64_t D, const kv_rows *kv, int64_t n, float scale,
+                       float *y, int threads) {
+    if (G <= 0 || H <= 0 || H > 64 || D % 16 || n <= 0) return -1;
+    const int64_t tile = 64 / QK_C * QK_C, tiles = (n + tile - 1) / tile;
+    const int64_t wide = pv_wide_calls(D), chunks = wide + (D - wide * PV_WIDE_VALUES) / 16;
+    const int64_t hgroups = (H + PV_H - 1) / PV_H, per_lanes = 16 * PV_H * PV_WIDE_C * VP_LANES;
+    const int64_t pv_tasks = G * chunks * hgroups;
+    float *t = malloc((size_t)(G * H) * (size_t)n * 4);
+    float *lanes = aligned_alloc(64, (size_t)(pv_tasks * per_lanes * 4));
+    int *live = malloc((size_t)(G * H) * sizeof(int));
+    if (!t || !lanes || !live) {
+        free(t);
+        free(lanes);
+        free(live);
+        return -2;
+    }
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+    {
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < G * tiles; task++) {
+            const int64_t g = task / tiles, j0 = task % tiles * tile, j1 = j0 + tile < n ? j0 + tile : n;
+            const float *qr[64];
+            float *tr[64];
+            for (int64_t h = 0; h < H; h++) {
+                qr[h] = q + (g * H + h) * D;
+                tr[h] = t + (g * H + h) * n;
+            }
+            for (int64_t j = j0; j < j1;) {
+                const int w = segment_left(&kv[g], j, j1) >= QK_C;
+                for (int64_t rr = 0; rr < H; rr += QK_R) {
+                    const int64_t R = H - rr < QK_R ? H - rr : QK_R;
+                    (w ? QK_WIDE : QK_ONE)[R](qr + rr, key_row(&kv[g], j), kv[g].ks, D, tr + rr, j);
+                }
+                j += w ? QK_C : 1;
+            }
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < G * H; r++) live[r] = softmax_range(t + r * n, 0, 0, 0, n, scale);
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < pv_tasks * STEP_LANE_SHARES; task++) {
+            const int64_t pt = task / STEP_LANE_SHARES, share = task % STEP_LANE_SHARES;
+            const int64_t g = pt / (chunks * hgroups), c = pt / hgroups % chunks, h0 = pt % hgroups * PV_H;
+            const int64_t Hh = H - h0 < PV_H ? H - h0 : PV_H;
+            const int64_t d0 = c < wide ? c * PV_WIDE_VALUES : wide * PV_WIDE_VALUES + (c - wide) * 16;
+            const float *pr[PV_H];
+            for (int64_t h = 0; h < Hh; h++) pr[h] = t + (g * H + h0 + h) * n;
+            const int L0 = (int)share * (16 / STEP_LANE_SHARES);
+            (c < wide ? PVL_WIDE : PVL_ONE)[Hh](pr, &kv[g], 0, n, d0, L0, L0 + 16 / STEP_LANE_SHARES, lanes + pt * per_lanes);
+        }
+#pragma omp for schedule(static)
+        for (int64_t pt = 0; pt < pv_tasks; pt++) {
+            const int64_t g = pt / (chunks * hgroups), c = pt / hgroups % chunks, h0 = pt % hgroups * PV_H;
+            const int64_t Hh = H - h0 < PV_H ? H - h0 : PV_H;
+            const int64_t d0 = c < wide ? c * PV_WIDE_VALUES : wide * PV_WIDE_VALUES + (c - wide) * 16;
+            float *yr[PV_H];
+            for (int64_t h = 0; h < Hh; h++) yr[h] = y + (g * H + h0 + h) * D;
+            pv_tree((int)Hh, (int)(c < wide ? PV_WIDE_C : VP_PARTS), lanes + pt * per_lanes, d0, yr);
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < G * H; r++)
+            if (!live[r]) memset(y + r * D, 0, (size_t)D * 4); /* as attend_single: no row is live without a finite max */
+    }
+    free(t);
+    free(lanes);
+    free(live);
+    return 0;
 }
 
 /* Attention of H query heads that share one key/value head: q row (h, i) at q + h q_hs + i q_ss (D values,

@@ -133,6 +133,13 @@ int kv_decode_layers(const kv_layer *layers, int64_t L, int64_t S, const int64_t
             const int64_t w = window[l], held = bn[c] + end[c] - start[c];
 #define ROW_LO(r) (w > 0 && held + (r) - w + 1 > 0 ? held + (r) - w + 1 : 0)
 #define ROWS_FROM(lo, gg) held_rows(bk[c], bv[c], bcap[c], bn[c], kbuf[c], vbuf[c], cap[c], start[c], gg, D, lo)
+            if (T == 1 && D % 16 == 0 && G <= 64) { /* every kv head's attention in one parallel region */
+                const int64_t lo = ROW_LO(0);
+                kv_rows kv[64];
+                for (int64_t gg = 0; gg < G; gg++) kv[gg] = ROWS_FROM(lo, gg);
+                rc |= attend_step(qout + m0 * QD, G, group, D, kv, held - lo + 1, y->scale, att + m0 * QD, threads);
+                continue;
+            }
             if (T == 1) {
                 const int64_t lo = ROW_LO(0);
                 for (int64_t gg = 0; gg < G && !rc; gg++) {
