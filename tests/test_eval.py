@@ -329,3 +329,23 @@ def test_an_instruct_model_is_evaluated_through_its_chat_template_and_replayed(t
     rep = recheck.recheck(path)
     assert any(p.startswith("the tokenizer's template differs from the recorded one") for p in rep.problems), rep.problems
     assert sum("answer cut from the completion" in p for p in rep.problems) == len(multiline), rep.problems
+
+
+def test_another_models_run_gets_its_own_page_and_plots(results_file, tmp_path):
+    """results-<name>.json writes own-set-<name>.md and its plots under the same suffix, never the packaged Gemma's
+    own-set.md or plots; the page names its own file, plots and command, and says how the model was asked."""
+    from eval import report
+
+    results = json.loads(results_file.read_text())
+    folder = tmp_path / "docs"
+    written = report.write(results, folder, "results-other.json")
+    assert sorted(p.name for p in written) == ["accuracy-other.png", "decode_tokens-other.png", "own-set-other.md"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in written)
+    md = (folder / "own-set-other.md").read_text()
+    assert "from `docs/eval/results-other.json`" in md and "](accuracy-other.png)" in md
+    assert f"--model {results['model']['name']} --out docs/eval/results-other.json --no-recurring" in md
+    assert "chat template" not in md and "the newline that ends the answer" in md  # the tiny Gemma has none
+    chat = results | {"template": {**results["template"], "chat": True}}
+    md = report.markdown(chat, "results-other.json")
+    assert "Asked through the model's own chat template" in md and "the end of turn that ends the answer" in md
+    assert report.markdown(results) != md and "from `docs/eval/results.json`" in report.markdown(results)
