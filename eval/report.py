@@ -114,9 +114,7 @@ def reading(results: dict) -> list[str]:
         f"{pct(s['grafted_accuracy_recurring_knowledge'])} with the retrieved artifact grafted.",
         f"- Paraphrases are never deposited; retrieval put the fact's own artifact first for {pct(s['paraphrase_retrieval_top1'])} "
         f"of them and the grafted answer was right for {pct(s['grafted_accuracy_paraphrase'])}.",
-        f"- Recurring problems (the same problem was deposited with its verified worked solution): "
-        f"{pct(s['no_graft_accuracy_problems'])} without, {pct(s['grafted_accuracy_recurring_problems'])} with the graft: "
-        "the model reads the verified answer back, it does not solve the problem.",
+        _problems_line(results, pct),
     ]
     lines.append(heldout_line(results))
     return lines
@@ -150,6 +148,34 @@ def heldout_line(results: dict) -> str:
     )
 
 
+def _problems_line(results: dict, pct) -> str:
+    """What the grafted problems show: the verified answer read back, or (where the gate deposited no problem)
+    that there was none to read."""
+    s = results["scores"]
+    ids = set(results["sample"]["problems_deposited"])
+    figures = f"{pct(s['no_graft_accuracy_problems'])} without, {pct(s['grafted_accuracy_recurring_problems'])} with the graft"
+    if any(d["item"] in ids for d in results["deposits"]):
+        return (
+            f"- Recurring problems (the same problem was deposited with its verified worked solution): {figures}: "
+            "the model reads the verified answer back, it does not solve the problem."
+        )
+    return (
+        f"- Recurring problems (the same problem offered to the gate with its verified worked solution): {figures}: "
+        f"the gate deposited none of the {len(ids)}, so none was in the store to read back."
+    )
+
+
+def _budget_reached(results: dict) -> str:
+    """How many recurring answers reached the decode budget (an instruct model's answer is a sentence or more)."""
+    budget = results["config"]["max_new_tokens"]
+    rec = [o for o in results["outputs"] if o["condition"] == "graft_recurring"]
+    full = sum(1 for o in rec if o["decode_tokens"] >= budget)
+    return (
+        f" ({full} of {len(rec)} grafted recurring answers reached the budget of {budget} decode tokens: an answer that "
+        "reaches it stops there, its end of turn decoded or not)"
+    )
+
+
 def _split(results: dict) -> str:
     parts = []
     for set_name, label in (("knowledge", "facts"), ("problems_deposited", "problems")):
@@ -157,6 +183,8 @@ def _split(results: dict) -> str:
         if d:
             p95 = d[min(len(d) - 1, int(round(0.95 * (len(d) - 1))))]
             parts.append(f"{label}: median {statistics.median(d):g}, p95 {p95}, max {d[-1]}")
+    if _chat(results):
+        return "; ".join(parts) + _budget_reached(results)
     return "; ".join(parts) + " (problem answers are long decimals or fractions, one token per digit)"
 
 

@@ -348,4 +348,9 @@ def test_another_models_run_gets_its_own_page_and_plots(results_file, tmp_path):
     chat = results | {"template": {**results["template"], "chat": True}}
     md = report.markdown(chat, "results-other.json")
     assert "Asked through the model's own chat template" in md and "the end of turn that ends the answer" in md
+    assert "grafted recurring answers reached the budget of 4 decode tokens" in md  # an instruct answer runs long
+    assert "reads the verified answer back" in md
+    problems = set(results["sample"]["problems_deposited"])
+    none = results | {"deposits": [d for d in results["deposits"] if d["item"] not in problems]}
+    assert f"the gate deposited none of the {len(problems)}, so none was in the store" in report.markdown(none)
     assert report.markdown(results) != md and "from `docs/eval/results.json`" in report.markdown(results)
