@@ -60,11 +60,17 @@ def _tokenizer(results: dict, report: RecheckReport):
     from graft_core.fingerprints import tokenizer_sha256
 
     name = results["model"]["name"]
+    tok = None
     if name == model_mod.DEFAULT_MODEL:
         folder = model_mod.model_cache_dir() / "gemma-3-270m-f32"
         if not (folder / "tokenizer_config.json").exists() and not (folder / "tokenizer.json").exists():
-            report.notes.append(f"tokenizer files not found in {folder}: token ids not decoded (stored text re-scored instead)")
-            return None
+            tok = _packaged_tokenizer()  # where fma16 runs the model loads from its GGUF: no float32 folder
+            if tok is None:
+                report.notes.append(
+                    f"tokenizer files not found in {folder} nor the packaged GGUF in the model cache: token ids not "
+                    "decoded (stored text re-scored instead)"
+                )
+                return None
     elif name == model_mod.SMOLLM2 or str(name).endswith(".gguf"):
         folder = _gguf_tokenizer_dir(name, report)
         if folder is None:
@@ -74,14 +80,24 @@ def _tokenizer(results: dict, report: RecheckReport):
         if not folder.exists():
             report.notes.append(f"model folder {name} not found: token ids not decoded (stored text re-scored instead)")
             return None
-    from transformers import AutoTokenizer
+    if tok is None:
+        from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(folder)
+        tok = AutoTokenizer.from_pretrained(folder)
     got = tokenizer_sha256(tok)
     if got != results["model"]["tokenizer_sha256"]:
         report.fail(f"tokenizer hash {got[:16]} differs from the recorded {results['model']['tokenizer_sha256'][:16]}")
     report.count("tokenizer_hash")
     return tok
+
+
+def _packaged_tokenizer():
+    """The packaged Gemma's tokenizer from its GGUF's vocabulary in the model cache (no weights read), or None."""
+    from graft_core import model as model_mod
+    from graft_core import packaged
+
+    found = sorted((model_mod.model_cache_dir() / "gemma-3-270m-gguf").glob("*.gguf"))
+    return packaged.tokenizer(found[0]) if found else None
 
 
 def _gguf_tokenizer_dir(name: str, report: RecheckReport) -> Path | None:
