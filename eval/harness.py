@@ -8,6 +8,7 @@ exactly the same code.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -253,6 +254,30 @@ def _cost(recurring: list[dict], sel: dict) -> dict:
     }
 
 
+# ---- the template (how the model was asked, and where its answers end) ------------------------
+
+
+def answer_of(completion: str, template: templates.Template) -> str:
+    """The answer of a completion as `Library.answer` cuts it (`templates.answer_text`, the query form `answer`,
+    no stop strings) under the model's template: to the newline in the plain form, to the model's end of turn in
+    a chat template's. The harness and replay both cut here."""
+    return templates.answer_text(completion, raw=False, template=template)
+
+
+def template_record(template: templates.Template) -> dict:
+    """The template as the results file records it: the model's fingerprint does not hash its chat template."""
+    return dataclasses.asdict(template)
+
+
+def recorded_template(results: dict) -> templates.Template:
+    """The template a results file was asked through; a file written before it was recorded was cut in the
+    plain form (the harness had no other)."""
+    got = results.get("template")
+    if got is None:
+        return templates.PLAIN
+    return templates.Template(**{k: tuple(v) if isinstance(v, list) else v for k, v in got.items()})
+
+
 # ---- running ---------------------------------------------------------------------------------
 
 
@@ -306,7 +331,7 @@ class Runner:
         ids = list(entry.output_token_ids)
         assert generate.tokens_sha256(ids) == r.output_sha256, "ledger token ids must hash to the answer's output_sha256"
         completion = lib.lm.tokenizer.decode(ids, skip_special_tokens=True)
-        answer = templates.cut_answer(completion)
+        answer = answer_of(completion, templates.of(lib.lm.tokenizer))
         assert answer == r.answer, "the eval's cut of the decoded ids must equal Library.answer's answer"
         reference = row["answer"] if set_name == "knowledge" else row["reference"]
         v = verifiers.judge(answer, row["verifier"], reference, query)
@@ -425,6 +450,7 @@ def evaluate(
             "tokenizer_sha256": lm.info.tokenizer_sha256,
         },
         "determinism": lm.config.as_dict(),
+        "template": template_record(templates.of(lm.tokenizer)),
         "embedder": lib.embedder.embedder_id,
         "config": cfg.as_dict(),
         "budget": {

@@ -60,24 +60,76 @@ def _tokenizer(results: dict, report: RecheckReport):
     from graft_core.fingerprints import tokenizer_sha256
 
     name = results["model"]["name"]
+    tok = None
     if name == model_mod.DEFAULT_MODEL:
         folder = model_mod.model_cache_dir() / "gemma-3-270m-f32"
         if not (folder / "tokenizer_config.json").exists() and not (folder / "tokenizer.json").exists():
-            report.notes.append(f"tokenizer files not found in {folder}: token ids not decoded (stored text re-scored instead)")
+            tok = _packaged_tokenizer()  # where fma16 runs the model loads from its GGUF: no float32 folder
+            if tok is None:
+                report.notes.append(
+                    f"tokenizer files not found in {folder} nor the packaged GGUF in the model cache: token ids not "
+                    "decoded (stored text re-scored instead)"
+                )
+                return None
+    elif name == model_mod.SMOLLM2 or str(name).endswith(".gguf"):
+        folder = _gguf_tokenizer_dir(name, report)
+        if folder is None:
             return None
     else:
         folder = Path(name)
         if not folder.exists():
             report.notes.append(f"model folder {name} not found: token ids not decoded (stored text re-scored instead)")
             return None
-    from transformers import AutoTokenizer
+    if tok is None:
+        from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(folder)
+        tok = AutoTokenizer.from_pretrained(folder)
     got = tokenizer_sha256(tok)
     if got != results["model"]["tokenizer_sha256"]:
         report.fail(f"tokenizer hash {got[:16]} differs from the recorded {results['model']['tokenizer_sha256'][:16]}")
     report.count("tokenizer_hash")
     return tok
+
+
+def _packaged_tokenizer():
+    """The packaged Gemma's tokenizer from its GGUF's vocabulary in the model cache (no weights read), or None."""
+    from graft_core import model as model_mod
+    from graft_core import packaged
+
+    found = sorted((model_mod.model_cache_dir() / "gemma-3-270m-gguf").glob("*.gguf"))
+    return packaged.tokenizer(found[0]) if found else None
+
+
+def _gguf_tokenizer_dir(name: str, report: RecheckReport) -> Path | None:
+    """Where the model load kept the tokenizer it read from a GGUF's metadata (graft_core.model), or None with a
+    note: reading it from the file again takes minutes, and the offline check stands without it."""
+    from graft_core import model as model_mod
+    from graft_core import packaged
+
+    try:
+        path = packaged.smollm2_file() if name == model_mod.SMOLLM2 else Path(name).expanduser()
+    except packaged.Mismatch as e:
+        report.notes.append(f"{e}: token ids not decoded (stored text re-scored instead)")
+        return None
+    folder = model_mod._gguf_metadata_dir(path) if path.is_file() else None
+    if folder is None:
+        report.notes.append(
+            f"the tokenizer of {name} has not been read from its GGUF on this machine (load the model once): "
+            "token ids not decoded (stored text re-scored instead)"
+        )
+    return folder
+
+
+def _template(results: dict, tok, report: RecheckReport) -> templates.Template:
+    """The template the answers are cut under: the recorded one (the plain form where none is recorded), which the
+    tokenizer's own, where it is here, must equal."""
+    recorded = harness.recorded_template(results)
+    if tok is not None:
+        report.count("template")
+        got = templates.of(tok)
+        if got != recorded:
+            report.fail(f"the tokenizer's template differs from the recorded one: the tokenizer's {got!r}, recorded {recorded!r}")
+    return recorded
 
 
 def check_offline(results: dict, report: RecheckReport) -> None:
@@ -101,6 +153,7 @@ def check_offline(results: dict, report: RecheckReport) -> None:
         if p.exists():
             rows.update({r["id"]: r for r in harness.read_jsonl(p)})
     tok = _tokenizer(results, report)
+    template = _template(results, tok, report)
     outputs = results["outputs"]
     report.outputs = len(outputs)
     for i, o in enumerate(outputs):
@@ -117,7 +170,7 @@ def check_offline(results: dict, report: RecheckReport) -> None:
                 report.fail(f"{where}: token ids decode to {decoded!r}, recorded {completion!r}")
             completion = decoded
             report.count("decoded_text")
-        answer = templates.cut_answer(completion)
+        answer = harness.answer_of(completion, template)
         if answer != o["answer"]:
             report.fail(f"{where}: answer cut from the completion is {answer!r}, recorded {o['answer']!r}")
         row = rows.get(o["item"])

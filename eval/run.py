@@ -1,6 +1,7 @@
 """`make eval`: run the evaluation on the real model into a temporary store and write
 docs/eval/results.json, the plots and docs/eval/own-set.md (the project's own set). Bounded by default (a seeded sample);
-`--full` runs every item. Everything in the results file can be re-checked without the model by
+`--full` runs every item. Another model's run is written under its own name (`--model packaged:smollm2-135m-instruct
+--out docs/eval/results-smollm2.json` writes own-set-smollm2.md and its plots beside the packaged Gemma's). Everything in the results file can be re-checked without the model by
 `python cli.py replay-eval docs/eval/results.json` (and with it, byte for byte, by `--rerun`).
 """
 
@@ -47,9 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="torch threads (default: the pinned KVGRAFT_THREADS, 2); part of the fingerprint",
     )
-    p.add_argument("--out", type=Path, default=OUT / "results.json")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=OUT / "results.json",
+        help="results file; results-<name>.json gets its own page and plots (own-set-<name>.md)",
+    )
     p.add_argument("--model", default=None, help="model (default the packaged Gemma 3 270M)")
-    p.add_argument("--no-report", action="store_true", help="write results.json only (no plots, no README)")
+    p.add_argument("--no-report", action="store_true", help="write the results file only (no plots, no page)")
     p.add_argument(
         "--recurring-only",
         action="store_true",
@@ -94,12 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         "(hash-checked, same configuration, model and problems) instead of sampling them again: a run that stops "
         "resumes where it stopped",
     )
-    p.add_argument("--report-only", action="store_true", help="rewrite the plots and README from --out; run nothing")
+    p.add_argument("--report-only", action="store_true", help="rewrite the plots and page from --out; run nothing")
     args = p.parse_args(argv)
     if args.report_only:
         from eval import report
 
-        for path in report.write(json.loads(args.out.read_text(encoding="utf-8")), args.out.parent):
+        for path in report.write(json.loads(args.out.read_text(encoding="utf-8")), args.out.parent, args.out.name):
             print(f"wrote {path}")
         return 0
     if args.threads is not None:  # before the model loads: the pin reads it (graft_core/determinism.py)
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_report:
         from eval import report
 
-        for path in report.write(results, args.out.parent):
+        for path in report.write(results, args.out.parent, args.out.name):
             print(f"wrote {path}")
     return 0
 

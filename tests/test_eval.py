@@ -276,3 +276,81 @@ def test_recurring_problems_are_the_failures_with_an_accepted_solution(tiny_gemm
     assert (rc["problems"], rc["failed_offered"], rc["grafted_decode_tokens_total"], rc["ratio"]) == (0, 3, 0, None)
     assert (acc["accepted"], acc["offered"]) == (0, 3) and rc["baseline_tokens_total"] == 0
     assert all(r["deposit"].startswith("refused: ") and "grafted" not in r for r in case["failed"])
+
+
+@pytest.fixture
+def tiny_chat(tmp_path):
+    """A tiny Llama whose tokenizer carries SmolLM2's chat template (an instruct model, as the packaged SmolLM2 is),
+    its output head tilted so that its answers span lines: the newline byte's row is the row of the byte its
+    greedy answers repeat ('C'), a hair longer, so the newline wins where 'C' did (a random model's answers
+    rarely hold a newline, and only one inside an answer tells the chat cut from the plain one)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    from graft_core import model, tiny
+    from tests.test_templates import CHATML
+
+    folder = tiny.build("llama", tmp_path / "tiny-chat")
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = CHATML
+    tok.save_pretrained(folder)
+    weights = load_file(folder / "model.safetensors")
+    newline, c = tok.convert_tokens_to_ids(["Ċ", "C"])  # the byte-level symbols of "\n" and "C"
+    weights["lm_head.weight"][newline] = weights["lm_head.weight"][c] * 1.01
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return model.load(str(folder))
+
+
+def test_an_instruct_model_is_evaluated_through_its_chat_template_and_replayed(tiny_chat, data, tmp_path):
+    """The harness cuts each answer as Library.answer does under the model's own template (to its end of turn,
+    newlines and all), records that template, and replay cuts under it: cut in the plain form (at the first
+    newline) the run's own assertion fails, and replay reports every multi-line answer."""
+    import services
+    from graft_core import templates
+
+    assert templates.of(tiny_chat.tokenizer).chat
+    cfg = harness.EvalConfig(knowledge_n=2, deposited_n=1, heldout_n=1, paraphrases=1, max_new_tokens=8, torch_threads=1)
+    lib = services.Library(home=tmp_path / "store", embedder=HashEmbedder(), lm=tiny_chat)
+    results = harness.evaluate(lib, cfg, data[0], data[1], log=lambda m: None)
+    lib.close()
+    assert harness.recorded_template(json.loads(json.dumps(results))) == templates.of(tiny_chat.tokenizer)
+    multiline = [o for o in results["outputs"] if "\n" in o["completion"].strip()]
+    assert multiline, "no answer spans lines: this test could not tell the chat cut from the plain one"
+    for o in results["outputs"]:
+        assert o["answer"] == o["completion"].strip(), o  # the assistant's turn, to the end of turn
+    assert all(templates.cut_answer(o["completion"]) != o["answer"] for o in multiline)  # what the plain cut would give
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    rep = recheck.recheck(path)
+    assert rep.ok, rep.problems
+    assert rep.checks["decoded_text"] == rep.outputs and rep.checks["template"] == 1
+    plain = json.loads(path.read_text()) | {"template": harness.template_record(templates.PLAIN)}
+    path.write_text(json.dumps(plain))
+    rep = recheck.recheck(path)
+    assert any(p.startswith("the tokenizer's template differs from the recorded one") for p in rep.problems), rep.problems
+    assert sum("answer cut from the completion" in p for p in rep.problems) == len(multiline), rep.problems
+
+
+def test_another_models_run_gets_its_own_page_and_plots(results_file, tmp_path):
+    """results-<name>.json writes own-set-<name>.md and its plots under the same suffix, never the packaged Gemma's
+    own-set.md or plots; the page names its own file, plots and command, and says how the model was asked."""
+    from eval import report
+
+    results = json.loads(results_file.read_text())
+    folder = tmp_path / "docs"
+    written = report.write(results, folder, "results-other.json")
+    assert sorted(p.name for p in written) == ["accuracy-other.png", "decode_tokens-other.png", "own-set-other.md"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in written)
+    md = (folder / "own-set-other.md").read_text()
+    assert "from `docs/eval/results-other.json`" in md and "](accuracy-other.png)" in md
+    assert f"--model {results['model']['name']} --out docs/eval/results-other.json --no-recurring" in md
+    assert "chat template" not in md and "the newline that ends the answer" in md  # the tiny Gemma has none
+    chat = results | {"template": {**results["template"], "chat": True}}
+    md = report.markdown(chat, "results-other.json")
+    assert "Asked through the model's own chat template" in md and "the end of turn that ends the answer" in md
+    assert "grafted recurring answers reached the budget of 4 decode tokens" in md  # an instruct answer runs long
+    assert "reads the verified answer back" in md
+    problems = set(results["sample"]["problems_deposited"])
+    none = results | {"deposits": [d for d in results["deposits"] if d["item"] not in problems]}
+    assert f"the gate deposited none of the {len(problems)}, so none was in the store" in report.markdown(none)
+    assert report.markdown(results) != md and "from `docs/eval/results.json`" in report.markdown(results)
