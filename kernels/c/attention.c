@@ -10,6 +10,16 @@
    one output is computed. */
 #define QK_R 4
 #define PV_H 4
+#define PV_AHEAD 256 /* keys ahead in a lane (16 of its rows) that P.V asks the memory for */
+#define QK_AHEAD 32  /* keys ahead that the dot products ask the memory for */
+
+/* Ask for the D values of the rows a tile of dot products will read QK_AHEAD keys on (hints: no value changes). */
+#define QK_PREFETCH(kv, j, j1, D)                                                                              \
+    do {                                                                                                      \
+        if ((j) + QK_AHEAD + QK_C <= (j1))                                                                    \
+            for (int64_t pj = (j) + QK_AHEAD; pj < (j) + QK_AHEAD + QK_C; pj++)                               \
+                for (int64_t pd = 0; pd < (D); pd += 16) v_prefetch(key_row(kv, pj) + pd);                   \
+    } while (0)
 #define PV_WIDE_VALUES (PV_WIDE_C * VP_LANES) /* values of a wide P.V call; a narrow one takes 16 (VP_PARTS parts) */
 
 /* R query rows q[r] against the C keys from k (row stride lk), D a multiple of 16: t[r][j + c]. One part of
@@ -53,6 +63,9 @@
             for (int64_t j = j0 + L; j < j1; j += 16) {                                                       \
                 vp vv[C];                                                                                     \
                 const float *vr = value_row(kv, j) + d0;                                                      \
+                if (j + PV_AHEAD < j1) /* a lane reads every 16th row: rows 4 KB apart, which the hardware      \
+                                          prefetchers do not follow across pages */                           \
+                    for (int c = 0; c < C * VP_LANES; c += 16) v_prefetch(value_row(kv, j + PV_AHEAD) + d0 + c); \
                 for (int c = 0; c < C; c++) vv[c] = vp_load(vr + VP_LANES * c);                               \
                 for (int h = 0; h < H; h++) {                                                                 \
                     const vp pp = vp_set1(p[h][j]);                                                           \
@@ -138,6 +151,7 @@ static void attend_block(const float *q, int64_t H, int64_t i0, int64_t n, int64
     }
     for (int64_t j = bj0; j < bj1;) {
         const int wide = segment_left(kv, j, bj1) >= QK_C;
+        QK_PREFETCH(kv, j, bj1, D);
         for (int64_t rr = 0; rr < cnt; rr += QK_R) {
             const int64_t R = cnt - rr < QK_R ? cnt - rr : QK_R;
             (wide ? QK_WIDE : QK_ONE)[R](qr + rr, key_row(kv, j), kv->ks, D, tr + rr, j);
@@ -197,6 +211,7 @@ static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, con
         const int64_t j1 = j0 + tile < hi ? j0 + tile : hi;
         for (int64_t j = j0; j < j1;) {
             const int wide = segment_left(kv, j, j1) >= QK_C;
+            QK_PREFETCH(kv, j, j1, D);
             for (int64_t rr = 0; rr < H; rr += QK_R) {
                 const int64_t R = H - rr < QK_R ? H - rr : QK_R;
                 (wide ? QK_WIDE : QK_ONE)[R](qr + rr, key_row(kv, j), kv->ks, D, tr + rr, j);
@@ -278,6 +293,7 @@ static int attend_step(const float *q, int64_t G, int64_t H, int64_t D, const kv
             }
             for (int64_t j = j0; j < j1;) {
                 const int w = segment_left(&kv[g], j, j1) >= QK_C;
+                QK_PREFETCH(&kv[g], j, j1, D);
                 for (int64_t rr = 0; rr < H; rr += QK_R) {
                     const int64_t R = H - rr < QK_R ? H - rr : QK_R;
                     (w ? QK_WIDE : QK_ONE)[R](qr + rr, key_row(&kv[g], j), kv[g].ks, D, tr + rr, j);
