@@ -291,6 +291,8 @@ def reserve_rows(layer, n: int) -> _Rows | None:
     keys, values = layer.raw() if layer.is_initialized else (None, None)
     if keys is None or keys.dim() != 4:
         return None
+    if keys is rows.view and rows.k.shape[-2] - rows.end >= n:  # room after the held rows: reserve would move nothing,
+        return rows  # and the layer already holds the views commit_rows set (a decode step's common case)
     rows.reserve(keys, values, keys, n, share=True)  # keys: restored, or the buffers' view (4-d either way)
     layer.set_raw(*rows.rows(rows.start, rows.end))  # the buffers' rows, wherever the reserve put them
     rows.view = layer.raw()[0]
