@@ -361,6 +361,41 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def round_rates(peer: dict, ours: dict) -> dict:
+    """One round's decode rates alone (tokens/s, per answer length) of both engines and kvgraft's over llama.cpp's."""
+    out = {}
+    for n in LENGTHS:
+        theirs, mine = (
+            peer.get(f"decode_{n}_tokens_per_s"),
+            ((ours.get("answers") or {}).get(str(n)) or {}).get("decode_tokens_per_s"),
+        )
+        if theirs and mine:
+            out[str(n)] = {"llama_cpp": theirs, "kvgraft": mine, "ratio": mine / theirs}
+    return out
+
+
+def rounds_table(rows: list[dict]) -> str:
+    """Decode alone over the rounds: each round's ratio (kvgraft's rate over llama.cpp's, measured minutes apart
+    at most) and the medians."""
+    lines = [
+        "| prefix tokens | answer | rounds | decode tok/s llama.cpp (median) | decode tok/s kvgraft (median) | "
+        "kvgraft / llama.cpp rate, each round | median ratio |",
+        "|---:|---|---:|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        for n in LENGTHS:
+            got = [x[str(n)] for x in r.get("rounds", []) if str(n) in x]
+            if not got:
+                continue
+            each = ", ".join(f"{g['ratio']:.2f}x" for g in got)
+            lines.append(
+                f"| {r['llama_cpp']['prefix_tokens']:,} | {n} tokens alone | {len(got)} | "
+                f"{statistics.median(g['llama_cpp'] for g in got):.1f} | {statistics.median(g['kvgraft'] for g in got):.1f} | "
+                f"{each} | {statistics.median(g['ratio'] for g in got):.2f}x |"
+            )
+    return "\n".join(lines)
+
+
 def answer_table(rows: list[dict]) -> str:
     """The whole answer, alone and at once: llama.cpp against kvgraft's native build, per prefix."""
     lines = [
@@ -418,6 +453,14 @@ def main() -> None:
         action="store_true",
         help="llama.cpp without its CPU extra buffer types (AMX, repack): where its AMX path crashes",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure llama.cpp and kvgraft's native build this many times in alternation (the first round is the "
+        "tables'; every round's decode rates and their ratio go in the JSON and a table of medians: a shared "
+        "machine's speed drifts between minutes)",
+    )
     ap.add_argument("--out", default=None, help="default docs/bench/peer.json (peer-<model>.json with --model)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-prefix", help=argparse.SUPPRESS)
@@ -463,6 +506,12 @@ def main() -> None:
                 )
                 print(f"kvgraft ({isa})", json.dumps(ours), flush=True)
                 row["kvgraft"].append(ours)
+            row["rounds"] = [round_rates(peer, row["kvgraft"][0])]
+            for _ in range(args.rounds - 1):  # the same pair again, alternating: ratios from neighbouring minutes
+                again = run_peer(args.peer_python, gguf, prefix, args.repeats, peer_formats)
+                ours = run_variant(Path(tmp), isas[0], prefix, args.repeats, False, None, True, args.model)
+                row["rounds"].append(round_rates(again, ours))
+                print("round", json.dumps(row["rounds"][-1]), flush=True)
             if not args.no_cli:
                 row["cli"] = run_cli(Path(tmp), row["kvgraft"][0]["artifact_id"], args.repeats, args.model)
             row["same_served_logits_every_build"] = len({k["logits_sha256"] for k in row["kvgraft"]}) == 1
@@ -478,7 +527,8 @@ def main() -> None:
         "command": f".venv/bin/python -m bench.peer --repeats {args.repeats} --prefixes {args.prefixes} --isas {args.isas}"
         + (f" --fresh-isas {args.fresh_isas}" if args.fresh_isas != "native,avx2" else "")
         + (f" --model {args.model}" if args.model else "")
-        + (" --peer-no-extra-bufts" if args.peer_no_extra_bufts else ""),
+        + (" --peer-no-extra-bufts" if args.peer_no_extra_bufts else "")
+        + (f" --rounds {args.rounds}" if args.rounds > 1 else ""),
         "model": args.model or "packaged:gemma-3-270m",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_after": os.getloadavg()},
@@ -496,6 +546,8 @@ def main() -> None:
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print("\n" + table(rows))
     print("\n" + answer_table(rows))
+    if args.rounds > 1:
+        print("\n" + rounds_table(rows))
 
 
 if __name__ == "__main__":

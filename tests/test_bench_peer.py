@@ -81,3 +81,20 @@ def test_with_a_model_both_engines_get_the_same_text_in_the_models_own_tokens(ti
     assert chat(rendered, add_special_tokens=False)["input_ids"] == templates.deposit_ids(chat, cut, root=True)
     asked = fmt[3].replace("{}", peer.QUESTION)
     assert chat(asked, add_special_tokens=False)["input_ids"] == templates.prompt_ids(chat, peer.QUESTION)
+
+
+def test_rounds_give_each_rounds_ratio_and_the_medians():
+    """--rounds: each round's decode rates alone become its ratio (kvgraft's over llama.cpp's), and the table
+    shows every round's ratio and the medians, read from the rates (a round without kvgraft's answers is left out)."""
+    peer_json = {"decode_32_tokens_per_s": 50.0, "decode_128_tokens_per_s": 40.0}
+    ours = {"answers": {"32": {"decode_tokens_per_s": 60.0}, "128": {"decode_tokens_per_s": 30.0}}}
+    first = peer.round_rates(peer_json, ours)
+    assert first["32"] == {"llama_cpp": 50.0, "kvgraft": 60.0, "ratio": 1.2}
+    assert first["128"]["ratio"] == 0.75
+    second = peer.round_rates({"decode_32_tokens_per_s": 40.0}, {"answers": {"32": {"decode_tokens_per_s": 60.0}}})
+    assert set(second) == {"32"}
+    third = peer.round_rates({"decode_32_tokens_per_s": 60.0}, {"answers": {"32": {"decode_tokens_per_s": 48.0}}})
+    table = peer.rounds_table([{"llama_cpp": {"prefix_tokens": 2048}, "rounds": [first, second, third]}])
+    rows = table.splitlines()[2:]
+    assert rows[0] == "| 2,048 | 32 tokens alone | 3 | 50.0 | 60.0 | 1.20x, 1.50x, 0.80x | 1.20x |", rows
+    assert rows[1] == "| 2,048 | 128 tokens alone | 1 | 40.0 | 30.0 | 0.75x | 0.75x |", rows
