@@ -526,6 +526,7 @@ def main() -> None:
         "benchmark": "peer",
         "command": f".venv/bin/python -m bench.peer --repeats {args.repeats} --prefixes {args.prefixes} --isas {args.isas}"
         + (f" --fresh-isas {args.fresh_isas}" if args.fresh_isas != "native,avx2" else "")
+        + (f" --slow-isas {args.slow_isas}" if args.slow_isas != "portable" else "")
         + (f" --model {args.model}" if args.model else "")
         + (" --peer-no-extra-bufts" if args.peer_no_extra_bufts else "")
         + (f" --rounds {args.rounds}" if args.rounds > 1 else ""),
