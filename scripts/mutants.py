@@ -257,10 +257,18 @@ MUTATIONS = (
         ("tests/test_llama.py::test_a_llama_gguf_is_read_in_hugging_faces_row_order",),
     ),
     Mutation(
-        "Q8_0's scale folded into x instead of the weight: other roundings (kernels/c/linear.c fused_q8_0_8)",
+        "Q8_0's second 16 values read from the first 16's bytes (kernels/c/linear.c x32_q8_0, the 8-row fused product)",
         "kernels/c/linear.c",
-        "acc[r] = v_fmadd(x0, v_mul(d, q_i8(blk + 2)), acc[r]);",
-        "acc[r] = v_fmadd(v_mul(x0, d), q_i8(blk + 2), acc[r]);",
+        "*lo = v_mul(d, q_i8(b + 2)), *hi = v_mul(d, q_i8(b + 18));",
+        "*lo = v_mul(d, q_i8(b + 2)), *hi = v_mul(d, q_i8(b + 2));",
+        ("tests/test_fma16.py::test_kernel_equals_the_c_definition",),
+    ),
+    Mutation(
+        "Q4_1's block values picked by the high nibbles for the first 16 and the low for the last (kernels/c/linear.c "
+        "x32_q4_1, the 4-bit formats' q_lut)",
+        "kernels/c/linear.c",
+        "*lo = q_lut(t, b + 4, 0), *hi = q_lut(t, b + 4, 1);",
+        "*lo = q_lut(t, b + 4, 1), *hi = q_lut(t, b + 4, 0);",
         ("tests/test_fma16.py::test_kernel_equals_the_c_definition",),
     ),
     Mutation(
