@@ -110,7 +110,7 @@ MUTATIONS = (
         ("tests/test_verifiers.py",),
     ),
     Mutation(
-        "the claim reader ignores a denial of the reference (verifiers/claims._read_exact)",
+        "the claim reader ignores a denial of the reference (verifiers/claims.read_exact)",
         "verifiers/claims.py",
         "        why = problem(toks, m)\n        if why:",
         '        why = problem(toks, m)\n        if why and not why.startswith("denies"):',

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from errors import InvalidInput
 from services import gate
-from verifiers import Verdict, VerifiedItem, claims, judge, validate
+from verifiers import Verdict, VerifiedItem, judge, judging, validate
 
 TZERIN_Q = "What colour is the flag of the free city of Tzerin?"
 TZERIN_A = "The flag of the free city of Tzerin is a plain saffron with no emblem."
@@ -320,7 +320,7 @@ ROWS = [
 
 @pytest.mark.parametrize(("answer", "verifier", "reference", "question", "ok", "why"), ROWS, ids=[r[0][:40] for r in ROWS])
 def test_the_judge_reads_what_the_answer_asserts(answer, verifier, reference, question, ok, why):
-    assert claims.read(answer, verifier, reference, question).why == why
+    assert judging._claim(answer, verifier, reference, question).why == why
     assert judge(answer, verifier, reference, question).ok is ok
 
 
@@ -365,7 +365,7 @@ def test_a_value_read_from_a_sentence_still_meets_the_kinds_contract():
 
 def test_attested_is_not_read_and_a_bad_reference_is_an_input_error():
     with pytest.raises(InvalidInput, match=r"^the attested verifier does not read claims; it judges the answer as given$"):
-        claims.read("Dr. A. Rivera vouches.", "attested", "Dr. A. Rivera")
+        judging._claim("Dr. A. Rivera vouches.", "attested", "Dr. A. Rivera")
     with pytest.raises(InvalidInput, match=r"^reference 'forty-two' is not a number; write e\.g\. "):
         judge("It is 42.", "numeric", "forty-two")
     with pytest.raises(InvalidInput, match=r"^unknown verifier 'fuzzy'; valid kinds are: attested, exact, numeric, sympy$"):

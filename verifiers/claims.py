@@ -1,8 +1,10 @@
-"""What an answer asserts: the claim the judge (verifiers/judging.py) hands a kind, read from an answer's line.
+"""What an answer asserts: the reading rules the judge (verifiers/judging.py) applies to an answer's line.
 
 A model with a fact grafted answers in a sentence ("The flag of the free city of Tzerin is a plain saffron with
-no emblem."); each verifier kind compares one value with its reference. `read` finds the value the sentence
-asserts; `verifiers.judge` picks the line (a worked solution's answer line) and gives the value to the kind.
+no emblem."); each verifier kind compares one value with its reference. `verifiers.judge` picks the line (a
+worked solution's answer line), tokenises it and reads its value with `read_exact` (or quantities.read_number);
+where nothing is asserted it refuses, and otherwise it gives the value to the kind. Nothing here decides a
+verdict: these rules are the judge's, written down once.
 This module knows English answer sentences and the kinds' value shapes, and
 nothing about models, templates or stores.
 
@@ -60,7 +62,7 @@ Reading rules, the same for every kind:
 - Alternatives. A mention is one of several when its clause has 'or', 'either' or 'whether', when a word is
   listed with it ('saffron and crimson', 'red, saffron', 'saffron/crimson'), or when it stands only in an aside
   ('crimson (some say saffron)').
-- Verdict. Refused when any mention of the reference is denied, hedged or one of several; when no mention is
+- Refusal (the judge's). Nothing is asserted when any mention of the reference is denied, hedged or one of several; when no mention is
   asserted; and, for numbers, when the asserted values disagree ('No, 300 metres; 212 metres was the old
   spire.' names two). Otherwise the asserted value goes to the kind's own check.
 """
@@ -68,11 +70,8 @@ Reading rules, the same for every kind:
 from __future__ import annotations
 
 import re
-import unicodedata
 
-from errors import InvalidInput
 from verifiers.judges import normalise_text
-from verifiers.quantities import read_number
 from verifiers.sentences import Mention, Tok, problem, text_of, tokens
 from verifiers.verdict import Claim, _q
 
@@ -87,20 +86,8 @@ def symbol_digits(text: str) -> str:
     return _SYMBOL_DIGITS.sub("", text)
 
 
-def read(answer: str, verifier: str, reference: str, question: str = "") -> Claim:
-    """The value `answer` asserts, read for `verifier` against `reference` (see the module's contract)."""
-    text = unicodedata.normalize("NFKC", answer).replace("\u2212", "-")
-    if verifier == "numeric":
-        text = symbol_digits(text)
-    toks = tokens(text)
-    if verifier == "exact":
-        return _read_exact(toks, reference)
-    if verifier in ("numeric", "sympy"):
-        return read_number(toks, verifier, reference, question)
-    raise InvalidInput(f"the {verifier} verifier does not read claims; it judges the answer as given")
-
-
-def _read_exact(toks: list[Tok], reference: str) -> Claim:
+def read_exact(toks: list[Tok], reference: str) -> Claim:
+    """The mention of `reference`'s words that a line's tokens assert, or None with why none is (the contract above)."""
     ref = [t.low for t in tokens(normalise_text(reference))]
     n = len(ref)
     mentions = [

@@ -40,7 +40,9 @@ import unicodedata
 from errors import InvalidInput
 from verifiers import claims
 from verifiers.judges import VERIFIERS
-from verifiers.verdict import FIELD_BOUNDS, Verdict, _q
+from verifiers.quantities import read_number
+from verifiers.sentences import tokens
+from verifiers.verdict import FIELD_BOUNDS, Claim, Verdict, _q
 
 JUDGE = "kvgraft-judge/4"  # /1: the claim reader beside whole-answer checks; /2: one judge; /3: rule 4d (options), suppositions; /4: the last answer sentence, bare option markers
 KINDS = tuple(sorted(VERIFIERS))
@@ -74,6 +76,19 @@ def answer_line(answer: str) -> tuple[str, str]:
     return (lines[0] if lines else ""), ""
 
 
+def _claim(line: str, verifier: str, reference: str, question: str = "") -> Claim:
+    """The value `line` asserts for `verifier` against `reference` (verifiers/claims.py's rules), or None and why."""
+    text = unicodedata.normalize("NFKC", line).replace("\u2212", "-")
+    if verifier == "numeric":
+        text = claims.symbol_digits(text)
+    toks = tokens(text)
+    if verifier == "exact":
+        return claims.read_exact(toks, reference)
+    if verifier in ("numeric", "sympy"):
+        return read_number(toks, verifier, reference, question)
+    raise InvalidInput(f"the {verifier} verifier does not read claims; it judges the answer as given")
+
+
 def judge(answer: str, verifier: str, reference: str, question: str = "") -> Verdict:
     """The one verdict on `answer` against `reference` for the `verifier` kind (the module's rules). Raises
     InvalidInput for an unknown kind, a malformed reference or an over-long answer; never for a wrong answer."""
@@ -99,7 +114,7 @@ def judge(answer: str, verifier: str, reference: str, question: str = "") -> Ver
         whole = kind.compare(line, reference)
         if whole.ok:
             return Verdict(True, verifier, f"{'read from ' + _q(answer) + ': ' + where if how else ''}{whole.detail}", line)
-    claim = claims.read(line, verifier, reference, question)
+    claim = _claim(line, verifier, reference, question)
     if claim.value is None:
         return Verdict(
             False, verifier, f"answer {_q(answer)}: {where}{claim.why}; nothing is asserted that {verifier} can accept", None
