@@ -124,6 +124,11 @@ static inline int64_t pv_wide_calls(int64_t D) {
     return a;
 }
 
+/* The first value of P.V chunk c: `wide` wide calls of PV_WIDE_VALUES values first, then narrow ones of 16. */
+static inline int64_t pv_chunk_start(int64_t c, int64_t wide) {
+    return c < wide ? c * PV_WIDE_VALUES : wide * PV_WIDE_VALUES + (c - wide) * 16;
+}
+
 /* Query positions [i0, i0 + n) of H heads, D a multiple of 16 (t: H * ATT_PB rows of sk floats; lanes:
    16 * 4 * 4 * 16 floats, the widest P.V tile of any build). The dot products of every row over the union of the rows' ranges R (a
    score outside a row's own R is never read), then each row's softmax over its own R, then P.V per
@@ -242,7 +247,7 @@ static int attend_single(const float *q, int64_t H, int64_t D, int64_t q_hs, con
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < chunks; c++) {
             if (!lanes) continue;
-            const int64_t d0 = c < wide ? c * PV_WIDE_VALUES : wide * PV_WIDE_VALUES + (c - wide) * 16;
+            const int64_t d0 = pv_chunk_start(c, wide);
             for (int64_t h = 0; h < n; h += PV_H) {
                 const int64_t Hh = n - h < PV_H ? n - h : PV_H;
                 (c < wide ? PV_WIDE : PV_ONE)[Hh](pr + h, kv, lo, hi, d0, lanes, yr + h);
@@ -308,7 +313,7 @@ static int attend_step(const float *q, int64_t G, int64_t H, int64_t D, const kv
             const int64_t pt = task / STEP_LANE_SHARES, share = task % STEP_LANE_SHARES;
             const int64_t g = pt / (chunks * hgroups), c = pt / hgroups % chunks, h0 = pt % hgroups * PV_H;
             const int64_t Hh = H - h0 < PV_H ? H - h0 : PV_H;
-            const int64_t d0 = c < wide ? c * PV_WIDE_VALUES : wide * PV_WIDE_VALUES + (c - wide) * 16;
+            const int64_t d0 = pv_chunk_start(c, wide);
             const float *pr[PV_H];
             for (int64_t h = 0; h < Hh; h++) pr[h] = t + (g * H + h0 + h) * n;
             const int L0 = (int)share * (16 / STEP_LANE_SHARES);
@@ -318,7 +323,7 @@ static int attend_step(const float *q, int64_t G, int64_t H, int64_t D, const kv
         for (int64_t pt = 0; pt < pv_tasks; pt++) {
             const int64_t g = pt / (chunks * hgroups), c = pt / hgroups % chunks, h0 = pt % hgroups * PV_H;
             const int64_t Hh = H - h0 < PV_H ? H - h0 : PV_H;
-            const int64_t d0 = c < wide ? c * PV_WIDE_VALUES : wide * PV_WIDE_VALUES + (c - wide) * 16;
+            const int64_t d0 = pv_chunk_start(c, wide);
             float *yr[PV_H];
             for (int64_t h = 0; h < Hh; h++) yr[h] = y + (g * H + h0 + h) * D;
             pv_tree((int)Hh, (int)(c < wide ? PV_WIDE_C : VP_PARTS), lanes + pt * per_lanes, d0, yr);
