@@ -141,7 +141,13 @@ def wait_until_settled(lib, content_sha256: str) -> None:
 
 
 def run_kvgraft(
-    lib, text: str, repeats: int, fresh_ttft: bool = True, answer_repeats: int | None = None, whole_answers: bool = False
+    lib,
+    text: str,
+    repeats: int,
+    fresh_ttft: bool = True,
+    answer_repeats: int | None = None,
+    whole_answers: bool = False,
+    together: bool = True,
 ) -> dict:
     """Deposit `text` (free text; an existing artifact costs nothing), then fresh TTFT (if asked), warm
     grafted TTFT, a 32-token grafted answer and the byte-equality check."""
@@ -177,7 +183,7 @@ def run_kvgraft(
         answers.append(time.perf_counter() - t)
         answer_tokens.add(tuple(out.token_ids))
     whole = answers_alone(lm, lib, d.id, q, repeats) if whole_answers else None
-    together = answers_together(lm, lib, d.id, q, repeats) if whole_answers else None
+    together = answers_together(lm, lib, d.id, q, repeats) if whole_answers and together else None
     # the full check recomputes the prefix: only where a fresh prefill is measured (the portable build's takes
     # minutes; its served logits are compared with the other builds' instead)
     checked = (
@@ -288,6 +294,7 @@ def run_variant(
     answer_repeats: int | None,
     answers: bool = False,
     model: str | None = None,
+    together: bool = True,
 ) -> dict:
     """`run_kvgraft` in a process of its own under KVGRAFT_ISA=`isa` ("native": unset), on the store `home`."""
     env = dict(os.environ)
@@ -298,6 +305,7 @@ def run_variant(
     cmd += [] if fresh_ttft else ["--no-fresh"]
     cmd += [] if answer_repeats is None else ["--answer-repeats", str(answer_repeats)]
     cmd += ["--answers"] if answers else []
+    cmd += [] if together else ["--alone-only"]
     cmd += ["--model", model] if model else []
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if r.returncode != 0:
@@ -434,7 +442,12 @@ def child(args) -> None:
 
     lib = services.Library(home=Path(args.child), embedder=HashEmbedder(), model_name=args.model)
     text = Path(args.child_prefix).read_text(encoding="utf-8")
-    print(json.dumps(run_kvgraft(lib, text, args.repeats, not args.no_fresh, args.answer_repeats, args.answers)), flush=True)
+    print(
+        json.dumps(
+            run_kvgraft(lib, text, args.repeats, not args.no_fresh, args.answer_repeats, args.answers, not args.alone_only)
+        ),
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -467,6 +480,7 @@ def main() -> None:
     ap.add_argument("--no-fresh", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--answer-repeats", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--answers", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--alone-only", action="store_true", help=argparse.SUPPRESS)  # a round: no answers at once
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.child:
@@ -509,7 +523,7 @@ def main() -> None:
             row["rounds"] = [round_rates(peer, row["kvgraft"][0])]
             for _ in range(args.rounds - 1):  # the same pair again, alternating: ratios from neighbouring minutes
                 again = run_peer(args.peer_python, gguf, prefix, args.repeats, peer_formats)
-                ours = run_variant(Path(tmp), isas[0], prefix, args.repeats, False, None, True, args.model)
+                ours = run_variant(Path(tmp), isas[0], prefix, args.repeats, False, None, True, args.model, together=False)
                 row["rounds"].append(round_rates(again, ours))
                 print("round", json.dumps(row["rounds"][-1]), flush=True)
             if not args.no_cli:
