@@ -48,6 +48,22 @@
             for (int c = 0; c < C; c++) t[r][j + c] = reduce16(v_join(part[0][r][c], part[VP_PARTS - 1][r][c])); \
     }
 
+#ifdef KV_REDUCE16X16
+/* R query rows q[r] against 16 keys from k (row stride lk), D a multiple of 16: t[r][j .. j + 15]. Each dot
+   product is qk_*'s, one v16 accumulator over D in the same order and the same tree; the 16 trees of a row are
+   taken at once (reduce16x16), the costliest part of a dot product of 64 values. */
+static void qk16(const float *const *q, int64_t R, const float *k, int64_t lk, int64_t D, float *const *t, int64_t j) {
+    for (int64_t r = 0; r < R; r++) {
+        v16 acc[16];
+        _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++) { /* key by key: the rows read in order */
+            acc[c] = v_zero();
+            for (int64_t d = 0; d < D; d += 16) acc[c] = v_fmadd(v_load(q[r] + d), v_load(k + c * lk + d), acc[c]);
+        }
+        v_store(t[r] + j, reduce16x16(acc));
+    }
+}
+#endif
+
 /* H probability rows p[h] (indexed by key) against the values v over keys [j0, j1), the C parts of VP_LANES
    values from d0: y[h][d0 .. d0 + C VP_LANES). Lane L holds the keys j0 + L + 16i (j0 a multiple of 16: lane
    j mod 16), each lane's fmaf chain in increasing j, then the tree over lanes, value by value: a value's chains
@@ -297,6 +313,14 @@ static int attend_step(const float *q, int64_t G, int64_t H, int64_t D, const kv
                 tr[h] = t + (g * H + h) * n;
             }
             for (int64_t j = j0; j < j1;) {
+#ifdef KV_REDUCE16X16
+                if (segment_left(&kv[g], j, j1) >= 16) { /* no prefetch: the rows are read in order, which the
+                                                            hardware follows (asking ahead measured slower) */
+                    qk16(qr, H, key_row(&kv[g], j), kv[g].ks, D, tr, j);
+                    j += 16;
+                    continue;
+                }
+#endif
                 const int w = segment_left(&kv[g], j, j1) >= QK_C;
                 QK_PREFETCH(&kv[g], j, j1, D);
                 for (int64_t rr = 0; rr < H; rr += QK_R) {

@@ -24,6 +24,27 @@ static inline float reduce16(v16 s) {
     __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
     return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
 }
+/* reduce16 of 16 registers at once: lane i of the result is reduce16(s[i]), by the same additions (each
+   level adds the lanes the tree adds, s[j] + s[j + 8], then + 4, + 2, + 1), two registers' halves per
+   instruction rather than one register's. The pairing leaves register P[i] in lane i. */
+#define KV_REDUCE16X16 1
+#define R16_PAIR(x, y, lo, hi) _mm512_add_ps(_mm512_shuffle_f32x4(x, y, lo), _mm512_shuffle_f32x4(x, y, hi))
+#define R16_QUAD(x, y, lo, hi) _mm512_add_ps(_mm512_shuffle_ps(x, y, lo), _mm512_shuffle_ps(x, y, hi))
+static inline v16 reduce16x16(const v16 *s) {
+    /* + 8: lanes j and j + 8 of two registers, paired so that register i ends in lane i */
+    const v16 c0 = R16_PAIR(s[0], s[4], 0x44, 0xEE), c1 = R16_PAIR(s[2], s[6], 0x44, 0xEE);
+    const v16 c2 = R16_PAIR(s[1], s[5], 0x44, 0xEE), c3 = R16_PAIR(s[3], s[7], 0x44, 0xEE);
+    const v16 c4 = R16_PAIR(s[8], s[12], 0x44, 0xEE), c5 = R16_PAIR(s[10], s[14], 0x44, 0xEE);
+    const v16 c6 = R16_PAIR(s[9], s[13], 0x44, 0xEE), c7 = R16_PAIR(s[11], s[15], 0x44, 0xEE);
+    /* + 4: quarters 0 and 1, 2 and 3 */
+    const v16 d0 = R16_PAIR(c0, c4, 0x88, 0xDD), d1 = R16_PAIR(c1, c5, 0x88, 0xDD);
+    const v16 d2 = R16_PAIR(c2, c6, 0x88, 0xDD), d3 = R16_PAIR(c3, c7, 0x88, 0xDD);
+    /* + 2: lanes 0, 1 and 2, 3 of each quarter; + 1: lanes 0 and 1 */
+    const v16 e0 = R16_QUAD(d0, d2, 0x44, 0xEE), e1 = R16_QUAD(d1, d3, 0x44, 0xEE);
+    return R16_QUAD(e0, e1, 0x88, 0xDD);
+}
+#undef R16_PAIR
+#undef R16_QUAD
 static inline float h2f(const uint8_t *p) { return _cvtsh_ss(rd16(p)); } /* F16C: exact, as half_to_float */
 static inline void v_prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
 
@@ -38,9 +59,9 @@ static inline v16 q_nibbles(const uint8_t *p, int high) {
     return _mm512_cvtepi32_ps(high ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0xF)));
 }
 /* table[nibble j] for lanes j = 0..15: the low (high == 0) or high nibbles of 16 bytes pick lanes of `table` */
-static inline v16 q_lut(v16 table, const uint8_t *p, int high) {
+static inline v16 q_lut(v16 table, const uint8_t *p, int high) { /* vpermps reads bits 0-3 of an index: no mask */
     __m512i v = u8x16(p);
-    return _mm512_permutexvar_ps(high ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0xF)), table);
+    return _mm512_permutexvar_ps(high ? _mm512_srli_epi32(v, 4) : v, table);
 }
 /* Q5_0: (nibble | bit j of `bits` << 4) - 16 for lanes j = 0..15 */
 static inline v16 q_q5(const uint8_t *p, int high, uint32_t bits) {
