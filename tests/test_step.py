@@ -67,6 +67,21 @@ def test_every_build_steps_to_the_same_bytes(tiny_dirs, monkeypatch):
         _step_both_ways(lm, stepper, [7, 3], steps=6)
 
 
+@pytest.mark.parametrize("heads", [3, 2, 1])
+def test_llama_steps_with_wide_heads_are_the_rows_of_forward_chunk(tmp_path, heads):
+    """SmolLM2's shape of attention (64 values a head, a few query heads per kv head) in a tiny Llama: a step's
+    dot products take 16 keys at a time and P.V two lanes a pass (kernels/c/attention.c attend_step), over
+    restored rows and the session's own, with the lanes' odd tails (41 and 22 keys, then one more a step)."""
+    from graft_core import tiny
+
+    folder = tiny.build("llama", tmp_path / "wide", hidden_size=2 * heads * 64, num_attention_heads=2 * heads, head_dim=64)
+    lm = model.load(str(folder))
+    stepper = step.Stepper(lm.model)
+    assert stepper.why == ""
+    _step_both_ways(lm, stepper, [41, 22], steps=7, restored=True)
+    _step_both_ways(lm, stepper, [3], steps=2)
+
+
 def test_torch_products_and_other_caches_take_the_modules_path(tiny_gemma, tiny_gemma_torch):
     assert "fma16" in step.Stepper(tiny_gemma_torch.model).why
     stepper = step.Stepper(tiny_gemma.model)

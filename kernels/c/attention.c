@@ -98,6 +98,44 @@ static void qk16(const float *const *q, int64_t R, const float *k, int64_t lk, i
         pv_tree(H, C, lanes, d0, y);                                                                          \
     }
 
+/* pvl_H_C for lanes [L0, L1) two at a time (L1 - L0 even; H <= PV_PAIR_H, the arch file's: 2 H C accumulators
+   in registers): lanes L and L + 1 read adjacent rows, so a pass reads runs of two rows where pvl_H_C reads one
+   row of every 16, 4 KB apart. Each lane's chain is pvl_H_C's, in the same order, so the same bytes. */
+#define PV2_(H, C)                                                                                            \
+    static void pvl2_##H##_##C(const float *const *p, const kv_rows *kv, int64_t j0, int64_t j1, int64_t d0,  \
+                               int L0, int L1, float *lanes) {                                                \
+        for (int L = L0; L < L1; L += 2) {                                                                    \
+            vp acc[2][H][C];                                                                                  \
+            for (int e = 0; e < 2; e++)                                                                       \
+                for (int h = 0; h < H; h++)                                                                   \
+                    for (int c = 0; c < C; c++) acc[e][h][c] = vp_zero();                                     \
+            int64_t j = j0 + L;                                                                               \
+            for (; j + 1 < j1; j += 16) {                                                                     \
+                if (j + PV_AHEAD < j1) /* both lanes' rows, PV_AHEAD keys on */                              \
+                    for (int c = 0; c < 2 * C * VP_LANES; c += 16) v_prefetch(value_row(kv, j + PV_AHEAD) + d0 + c); \
+                for (int e = 0; e < 2; e++) {                                                                 \
+                    const float *vr = value_row(kv, j + e) + d0;                                              \
+                    vp vv[C];                                                                                 \
+                    for (int c = 0; c < C; c++) vv[c] = vp_load(vr + VP_LANES * c);                           \
+                    for (int h = 0; h < H; h++) {                                                             \
+                        const vp pp = vp_set1(p[h][j + e]);                                                   \
+                        for (int c = 0; c < C; c++) acc[e][h][c] = vp_fmadd(pp, vv[c], acc[e][h][c]);         \
+                    }                                                                                         \
+                }                                                                                             \
+            }                                                                                                 \
+            if (j < j1) { /* lane L's last row, where lane L + 1 has none */                                  \
+                const float *vr = value_row(kv, j) + d0;                                                      \
+                for (int h = 0; h < H; h++) {                                                                 \
+                    const vp pp = vp_set1(p[h][j]);                                                           \
+                    for (int c = 0; c < C; c++) acc[0][h][c] = vp_fmadd(pp, vp_load(vr + VP_LANES * c), acc[0][h][c]); \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int e = 0; e < 2; e++)                                                                       \
+                for (int h = 0; h < H; h++)                                                                   \
+                    for (int c = 0; c < C; c++) vp_store(lanes + (((L + e) * H + h) * C + c) * VP_LANES, acc[e][h][c]); \
+        }                                                                                                     \
+    }
+
 /* The tree over the 16 lanes pvl_* left in `lanes` (H rows, C parts), value by value, into y[h][d0 ..]. */
 static inline void pv_tree(int H, int C, const float *lanes, int64_t d0, float *const *y) {
     for (int h = 0; h < H; h++)
@@ -131,6 +169,12 @@ static const pvl_fn PVL_WIDE[PV_H + 1] = {0, FN(pvl, 1, PV_WIDE_C), FN(pvl, 2, P
                                           FN(pvl, 4, PV_WIDE_C)};
 static const pvl_fn PVL_ONE[PV_H + 1] = {0, FN(pvl, 1, VP_PARTS), FN(pvl, 2, VP_PARTS), FN(pvl, 3, VP_PARTS),
                                          FN(pvl, 4, VP_PARTS)};
+#if PV_PAIR_H > 0
+#define PV2(H, C) PV2_(H, C)
+PV2(1, PV_WIDE_C) PV2(2, PV_WIDE_C) PV2(3, PV_WIDE_C)
+static const pvl_fn PVL2_WIDE[4] = {0, FN(pvl2, 1, PV_WIDE_C), FN(pvl2, 2, PV_WIDE_C), FN(pvl2, 3, PV_WIDE_C)};
+_Static_assert(PV_PAIR_H <= 3, "PVL2_WIDE holds pvl2 tiles of up to 3 rows");
+#endif
 
 /* How many wide P.V calls (PV_WIDE_VALUES values each) cover the start of D values (D a multiple of 16), the
    rest going in narrow calls of 16: the most that leave a multiple of 16. */
@@ -341,6 +385,12 @@ static int attend_step(const float *q, int64_t G, int64_t H, int64_t D, const kv
             const float *pr[PV_H];
             for (int64_t h = 0; h < Hh; h++) pr[h] = t + (g * H + h0 + h) * n;
             const int L0 = (int)share * (16 / STEP_LANE_SHARES);
+#if PV_PAIR_H > 0
+            if (c < wide && Hh <= PV_PAIR_H) { /* two lanes a pass */
+                PVL2_WIDE[Hh](pr, &kv[g], 0, n, d0, L0, L0 + 16 / STEP_LANE_SHARES, lanes + pt * per_lanes);
+                continue;
+            }
+#endif
             (c < wide ? PVL_WIDE : PVL_ONE)[Hh](pr, &kv[g], 0, n, d0, L0, L0 + 16 / STEP_LANE_SHARES, lanes + pt * per_lanes);
         }
 #pragma omp for schedule(static)

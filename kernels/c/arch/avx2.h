@@ -99,3 +99,4 @@ static inline v16 v_join(vp first, vp last) { return v_of(first, last); }
 #define FUSEDM_TOP 4 /* 8 x 2 v16 accumulators would take 32 of AVX2's 16 registers */
 #define QK_C 3       /* keys per tile of dot products (x 4 query rows: 12 accumulators) */
 #define PV_WIDE_C 3  /* parts of 8 values per wide tile of P.V (x 4 probability rows): 24 values */
+#define PV_PAIR_H 0  /* no P.V tile takes two lanes a pass (16 registers) */

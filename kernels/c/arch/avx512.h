@@ -96,3 +96,4 @@ static inline v16 v_join(vp first, vp last) { (void)last; return first; }
 #define FUSEDM_TOP 8 /* rows of x per tile with the weights expanded in registers (8 x 2 accumulators) */
 #define QK_C 4       /* keys per tile of dot products (x 4 query rows) */
 #define PV_WIDE_C 4  /* parts of 16 values per wide tile of P.V (x 4 probability rows): 64 values */
+#define PV_PAIR_H 3  /* rows of a P.V tile that takes two lanes a pass (2 x 3 x 4 accumulators) */

@@ -96,3 +96,4 @@ static inline v16 v_join(vp first, vp last) { (void)last; return first; }
 #define FUSEDM_TOP 8
 #define QK_C 4
 #define PV_WIDE_C 4
+#define PV_PAIR_H 0  /* no P.V tile takes two lanes a pass */
