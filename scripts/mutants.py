@@ -303,8 +303,8 @@ MUTATIONS = (
     Mutation(
         "the softmax's max taken over left-out keys too (kernels/c/reference.c softmax_range)",
         "kernels/c/reference.c",
-        "m = keep[j] && t[j] > m ? t[j] : m;",
-        "m = t[j] > m ? t[j] : m;",
+        "for (int L = 0; L < 16; L++) m16[L] = keep[jm + L] && t[jm + L] > m16[L] ? t[jm + L] : m16[L];",
+        "for (int L = 0; L < 16; L++) m16[L] = t[jm + L] > m16[L] ? t[jm + L] : m16[L];",
         (_ATTENTION,),
     ),
     Mutation(

@@ -252,12 +252,22 @@ static int softmax_range(float *t, const float *add, const uint8_t *keep, int64_
     for (int64_t j = j0; j < j1; j++) t[j] = t[j] * scale;
     if (add)
         for (int64_t j = j0; j < j1; j++) t[j] = t[j] + add[j];
-    float m = -INFINITY;
+    /* the max in 16 lanes (key j in lane j mod 16), then over the lanes: the same value as one scan, but for
+       the sign of a zero max, which changes no t[j] - m below (t - 0 is t; t = +-0 gives +-0, whose e is 1) */
+    float m16[16];
+    for (int L = 0; L < 16; L++) m16[L] = -INFINITY;
+    int64_t jm = j0;
     if (keep) {
-        for (int64_t j = j0; j < j1; j++) m = keep[j] && t[j] > m ? t[j] : m;
+        for (; jm + 16 <= j1; jm += 16)
+            for (int L = 0; L < 16; L++) m16[L] = keep[jm + L] && t[jm + L] > m16[L] ? t[jm + L] : m16[L];
+        for (int L = 0; jm + L < j1; L++) m16[L] = keep[jm + L] && t[jm + L] > m16[L] ? t[jm + L] : m16[L];
     } else {
-        for (int64_t j = j0; j < j1; j++) m = t[j] > m ? t[j] : m;
+        for (; jm + 16 <= j1; jm += 16)
+            for (int L = 0; L < 16; L++) m16[L] = t[jm + L] > m16[L] ? t[jm + L] : m16[L];
+        for (int L = 0; jm + L < j1; L++) m16[L] = t[jm + L] > m16[L] ? t[jm + L] : m16[L];
     }
+    float m = -INFINITY;
+    for (int L = 0; L < 16; L++) m = m16[L] > m ? m16[L] : m;
     if (m == -INFINITY) return 0;
     if (keep) {
         for (int64_t j = j0; j < j1; j++) t[j] = keep[j] ? t[j] - m : -INFINITY; /* e^-inf: +0 */
