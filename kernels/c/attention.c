@@ -69,72 +69,46 @@ static void qk16(const float *const *q, int64_t R, const float *k, int64_t lk, i
    j mod 16), each lane's fmaf chain in increasing j, then the tree over lanes, value by value: a value's chains
    and tree do not depend on how many values a call holds beside it. pvl_H_C computes lanes [L0, L1) into
    `lanes` (so that threads can share one value's lanes), pv_tree the tree over all 16, pv_H_C both. */
-#define PV_(H, C)                                                                                             \
-    static void pvl_##H##_##C(const float *const *p, const kv_rows *kv, int64_t j0, int64_t j1, int64_t d0,   \
-                              int L0, int L1, float *lanes) {                                                 \
-        for (int L = L0; L < L1; L++) {                                                                       \
-            vp acc[H][C];                                                                                     \
-            for (int h = 0; h < H; h++)                                                                       \
-                for (int c = 0; c < C; c++) acc[h][c] = vp_zero();                                            \
-            for (int64_t j = j0 + L; j < j1; j += 16) {                                                       \
-                vp vv[C];                                                                                     \
-                const float *vr = value_row(kv, j) + d0;                                                      \
-                if (j + PV_AHEAD < j1) /* a lane reads every 16th row: rows 4 KB apart, which the hardware      \
-                                          prefetchers do not follow across pages */                           \
-                    for (int c = 0; c < C * VP_LANES; c += 16) v_prefetch(value_row(kv, j + PV_AHEAD) + d0 + c); \
-                for (int c = 0; c < C; c++) vv[c] = vp_load(vr + VP_LANES * c);                               \
-                for (int h = 0; h < H; h++) {                                                                 \
-                    const vp pp = vp_set1(p[h][j]);                                                           \
-                    for (int c = 0; c < C; c++) acc[h][c] = vp_fmadd(pp, vv[c], acc[h][c]);                   \
-                }                                                                                             \
-            }                                                                                                 \
-            for (int h = 0; h < H; h++)                                                                       \
-                for (int c = 0; c < C; c++) vp_store(lanes + ((L * H + h) * C + c) * VP_LANES, acc[h][c]);   \
+/* Lanes [L0, L1) of P.V, E lanes a pass (E = 1, or 2 where the arch file's registers hold 2 H C accumulators,
+   H <= PV_PAIR_H; L1 - L0 a multiple of E): lanes L .. L + E - 1 read adjacent rows, so a pass reads runs of E
+   rows of every 16 (one lane alone reads rows 4 KB apart). Each lane's chain is the same in either shape. */
+#define PVL_ROW(H, C, e) /* lane L + e's row j + e into acc[e] */                                               \
+    do {                                                                                                      \
+        vp vv[C];                                                                                             \
+        const float *vr = value_row(kv, j + (e)) + d0;                                                        \
+        if (j + (e) + PV_AHEAD < j1) /* the hardware prefetchers do not follow rows 4 KB apart across pages */ \
+            for (int c = 0; c < C * VP_LANES; c += 16) v_prefetch(value_row(kv, j + (e) + PV_AHEAD) + d0 + c); \
+        for (int c = 0; c < C; c++) vv[c] = vp_load(vr + VP_LANES * c);                                       \
+        for (int h = 0; h < H; h++) {                                                                         \
+            const vp pp = vp_set1(p[h][j + (e)]);                                                             \
+            for (int c = 0; c < C; c++) acc[e][h][c] = vp_fmadd(pp, vv[c], acc[e][h][c]);                     \
         }                                                                                                     \
-    }                                                                                                         \
+    } while (0)
+#define PVL_(NAME, H, C, E)                                                                                   \
+    static void NAME(const float *const *p, const kv_rows *kv, int64_t j0, int64_t j1, int64_t d0, int L0,    \
+                     int L1, float *lanes) {                                                                  \
+        for (int L = L0; L < L1; L += E) {                                                                    \
+            vp acc[E][H][C];                                                                                  \
+            for (int e = 0; e < E; e++)                                                                       \
+                for (int h = 0; h < H; h++)                                                                   \
+                    for (int c = 0; c < C; c++) acc[e][h][c] = vp_zero();                                     \
+            int64_t j = j0 + L;                                                                               \
+            for (; j + E - 1 < j1; j += 16) /* every lane of the pass has its row */                          \
+                _Pragma("GCC unroll 2") for (int e = 0; e < E; e++) PVL_ROW(H, C, e);                         \
+            for (int e = 0; e < E - 1 && j + e < j1; e++) PVL_ROW(H, C, e); /* the first lanes' last rows */  \
+            for (int e = 0; e < E; e++)                                                                       \
+                for (int h = 0; h < H; h++)                                                                   \
+                    for (int c = 0; c < C; c++) vp_store(lanes + (((L + e) * H + h) * C + c) * VP_LANES, acc[e][h][c]); \
+        }                                                                                                     \
+    }
+#define PV_(H, C)                                                                                             \
+    PVL_(pvl_##H##_##C, H, C, 1)                                                                              \
     static void pv_##H##_##C(const float *const *p, const kv_rows *kv, int64_t j0, int64_t j1, int64_t d0,    \
                              float *lanes, float *const *y) {                                                 \
         pvl_##H##_##C(p, kv, j0, j1, d0, 0, 16, lanes);                                                       \
         pv_tree(H, C, lanes, d0, y);                                                                          \
     }
-
-/* pvl_H_C for lanes [L0, L1) two at a time (L1 - L0 even; H <= PV_PAIR_H, the arch file's: 2 H C accumulators
-   in registers): lanes L and L + 1 read adjacent rows, so a pass reads runs of two rows where pvl_H_C reads one
-   row of every 16, 4 KB apart. Each lane's chain is pvl_H_C's, in the same order, so the same bytes. */
-#define PV2_(H, C)                                                                                            \
-    static void pvl2_##H##_##C(const float *const *p, const kv_rows *kv, int64_t j0, int64_t j1, int64_t d0,  \
-                               int L0, int L1, float *lanes) {                                                \
-        for (int L = L0; L < L1; L += 2) {                                                                    \
-            vp acc[2][H][C];                                                                                  \
-            for (int e = 0; e < 2; e++)                                                                       \
-                for (int h = 0; h < H; h++)                                                                   \
-                    for (int c = 0; c < C; c++) acc[e][h][c] = vp_zero();                                     \
-            int64_t j = j0 + L;                                                                               \
-            for (; j + 1 < j1; j += 16) {                                                                     \
-                if (j + PV_AHEAD < j1) /* both lanes' rows, PV_AHEAD keys on */                              \
-                    for (int c = 0; c < 2 * C * VP_LANES; c += 16) v_prefetch(value_row(kv, j + PV_AHEAD) + d0 + c); \
-                for (int e = 0; e < 2; e++) {                                                                 \
-                    const float *vr = value_row(kv, j + e) + d0;                                              \
-                    vp vv[C];                                                                                 \
-                    for (int c = 0; c < C; c++) vv[c] = vp_load(vr + VP_LANES * c);                           \
-                    for (int h = 0; h < H; h++) {                                                             \
-                        const vp pp = vp_set1(p[h][j + e]);                                                   \
-                        for (int c = 0; c < C; c++) acc[e][h][c] = vp_fmadd(pp, vv[c], acc[e][h][c]);         \
-                    }                                                                                         \
-                }                                                                                             \
-            }                                                                                                 \
-            if (j < j1) { /* lane L's last row, where lane L + 1 has none */                                  \
-                const float *vr = value_row(kv, j) + d0;                                                      \
-                for (int h = 0; h < H; h++) {                                                                 \
-                    const vp pp = vp_set1(p[h][j]);                                                           \
-                    for (int c = 0; c < C; c++) acc[0][h][c] = vp_fmadd(pp, vp_load(vr + VP_LANES * c), acc[0][h][c]); \
-                }                                                                                             \
-            }                                                                                                 \
-            for (int e = 0; e < 2; e++)                                                                       \
-                for (int h = 0; h < H; h++)                                                                   \
-                    for (int c = 0; c < C; c++) vp_store(lanes + (((L + e) * H + h) * C + c) * VP_LANES, acc[e][h][c]); \
-        }                                                                                                     \
-    }
+#define PV2_(H, C) PVL_(pvl2_##H##_##C, H, C, 2)
 
 /* The tree over the 16 lanes pvl_* left in `lanes` (H rows, C parts), value by value, into y[h][d0 ..]. */
 static inline void pv_tree(int H, int C, const float *lanes, int64_t d0, float *const *y) {
