@@ -158,7 +158,8 @@ _DECLARED = (
         "KVGRAFT_MODEL",
         "text",
         None,
-        "a Hugging Face causal LM folder or hub id, a Gemma 3 or Llama-family .gguf file, or packaged:smollm2-135m-instruct",
+        "a Hugging Face causal LM folder or hub id, a Gemma 3 or Llama-family .gguf file, packaged:smollm2-135m-instruct "
+        "or packaged:qwen2.5-coder-1.5b-instruct",
         shown="packaged Gemma 3 270M",
     ),
     Setting(

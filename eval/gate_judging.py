@@ -74,9 +74,9 @@ def _offer(group: str, row: dict, form: str, solution: str, reference: str) -> d
 
 def _generate(lm, chain, question: str) -> dict:
     from graft_core import generate
-    from services.gate import GATE_MAX_NEW_TOKENS
+    from services.gate import budget
 
-    a = generate.answer(lm, chain, question, max_new_tokens=GATE_MAX_NEW_TOKENS, probe=False)
+    a = generate.answer(lm, chain, question, max_new_tokens=budget(lm), probe=False)
     return {"text": a.text, "token_ids": list(a.token_ids), "sha256": generate.tokens_sha256(a.token_ids)}
 
 

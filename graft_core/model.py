@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "packaged:gemma-3-270m"
 SMOLLM2 = "packaged:smollm2-135m-instruct"  # graft_core.packaged.SMOLLM2
-PACKAGED = (DEFAULT_MODEL, SMOLLM2)  # the models kvgraft ships a golden set for (`cli.py selftest` checks each)
+QWEN = "packaged:qwen2.5-coder-1.5b-instruct"  # graft_core.packaged.QWEN: the packaged model that can reason
+PACKAGED = (DEFAULT_MODEL, SMOLLM2, QWEN)  # the models kvgraft ships a golden set for (`cli.py selftest` checks each)
 MACHINE_BOUND = "exact on this machine class only"  # what every answer of a machine-bound model says
 FINGERPRINT_FILE = "kvgraft-fingerprint.json"
 BLOCKS_FILE = "gguf-blocks.safetensors"  # fma16's copy of the packaged GGUF's blocks, beside the float32 folder
@@ -331,6 +332,21 @@ def load(
         except Mismatch as e:
             raise KvgraftError(str(e)) from e
         return _load_gguf(path, name, t0, why)
+    if name == QWEN:  # the third: joined once from its installed parts into the model cache, hash-checked every load
+        from . import packaged
+        from .packaged import Mismatch, qwen_file
+
+        try:
+            path = qwen_file(model_cache_dir() / "qwen2.5-coder-1.5b-instruct")
+        except Mismatch as e:
+            raise KvgraftError(str(e)) from e
+        loaded = _load_gguf(path, name, t0, why)
+        if loaded.info.weights_sha256 != packaged.QWEN_WEIGHTS_SHA256:  # no float32 copy to fall back on: refused
+            raise KvgraftError(
+                f"{name}: its blocks expand to weights {loaded.info.weights_sha256[:12]}... here, not transformers' "
+                f"float32 reading {packaged.QWEN_WEIGHTS_SHA256[:12]}...; this machine cannot serve it exactly"
+            )
+        return loaded
     if str(name).endswith(".gguf") and Path(name).expanduser().is_file():
         return _load_gguf(Path(name).expanduser(), name, t0, why)
     source = resolve_model_dir(name)
@@ -483,9 +499,7 @@ def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
     model.requires_grad_(False)
     taken = fma16.take_over(model, blocks)
     packaged.take_embedding(model, blocks, taken.isa)
-    weights = packaged.weights_sha256(model, blocks, taken.isa)
-    tok = tokenizer_sha256(tokenizer)
-    combined = hashlib.sha256(f"{weights}|{config_sha256(model.config.to_dict())}|{tok}".encode()).hexdigest()
+    weights, tok, combined = _gguf_fingerprints(path, model, tokenizer, blocks, taken.isa)
     info = describe(model, name, weights, tok, combined)
     products = f"{taken.line()}, embedding rows expanded from their blocks; " + numerics.take_over(model, taken.isa)
     log.info("products: %s", products)
@@ -493,6 +507,32 @@ def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
     return LoadedModel(
         model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
     )
+
+
+def _gguf_fingerprints(path: Path, model, tokenizer, blocks: dict, isa: str) -> tuple[str, str, str]:
+    """(weights, tokenizer, combined) of a model read from the GGUF at `path`. The weights' hash expands every
+    tensor (about 6 GB of float32 at 1.5B parameters, seconds): it is kept beside the file's config and
+    tokenizer under a stamp of what it is computed from (the file's path, size and modification time, the
+    expansion's version, the config, transformers), so a warm load reads it."""
+    import transformers
+
+    from kernels import fma16
+
+    from . import packaged
+
+    cfg = config_sha256(model.config.to_dict())
+    st = path.stat()
+    stamp = [str(path.resolve()), st.st_size, st.st_mtime_ns, fma16.VERSION, isa, cfg, transformers.__version__]
+    cache_file = _gguf_stamp_dir(path) / FINGERPRINT_FILE
+    cached = _cached_fingerprints(cache_file, stamp) if cache_file.parent.is_dir() else None
+    if cached is not None and cached[1] == tokenizer_sha256(tokenizer):
+        return cached
+    weights = packaged.weights_sha256(model, blocks, isa)
+    tok = tokenizer_sha256(tokenizer)
+    combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
+    if cache_file.parent.is_dir():
+        _remember_fingerprints(cache_file, stamp, (weights, tok, combined))
+    return weights, tok, combined
 
 
 def _gguf_stamp_dir(path: Path) -> Path:

