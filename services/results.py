@@ -112,6 +112,7 @@ class Retrieved:
     verdict: str
     relevant: bool = True  # the second stage's decision (retrieval/relevance.py); dropped hits are never grafted
     reason: str = ""  # why the second stage kept or dropped the hit (shown in the evidence panel)
+    use: str = "fact"  # "fact": it answers the question; "example": a verified worked example of its shape
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,9 @@ def kvgraft_object(result) -> dict:
     return {
         "tier": result.tier,
         "artifact_ids": list(result.artifact_ids),
-        "retrieved": [{"id": r.id, "score": r.score, "relevant": r.relevant, "reason": r.reason} for r in result.retrieved],
+        "retrieved": [
+            {"id": r.id, "score": r.score, "relevant": r.relevant, "reason": r.reason, "use": r.use} for r in result.retrieved
+        ],
         "state_proof": proof,
         "check": check,
         "grafted_tokens": result.grafted_tokens,

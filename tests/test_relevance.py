@@ -188,3 +188,53 @@ def test_eval_near_miss_cli_prints_json():
     )
     d = json.loads(out.stdout)
     assert d["counts"]["store"] == 28 and d["counts"]["near_misses"] == len(d["near_misses"]) > 0
+
+
+# ---- worked examples: the same shape with other names and numbers ------------------------------------------
+
+ORIGINAL = (
+    "Janet's ducks lay 16 eggs per day. She eats three for breakfast and bakes muffins with four. How many eggs does she sell?"
+)
+SIBLING = "Priya's hens lay 21 eggs per day. She eats two for breakfast and bakes muffins with five. How many eggs does she sell?"
+OTHER = "A train leaves Leeds at 9 and travels 120 miles at 60 miles per hour. When does it arrive in York?"
+WORKED = "She uses 3 + 4 = 7 eggs.\nShe sells 16 - 7 = 9 eggs.\n#### 9"
+
+
+def test_a_sibling_is_a_worked_example_and_another_shape_is_not():
+    from retrieval.relevance import EXAMPLE_SHAPE, decide_example
+
+    assert not decide(SIBLING, ORIGINAL, 0.9).relevant  # as a fact it is a near miss: other numbers and names
+    got = decide_example(SIBLING, ORIGINAL)
+    assert got.relevant and got.use == "example" and got.reason.startswith("a worked example of the same shape: 0.")
+    other = decide_example(OTHER, ORIGINAL)
+    assert not other.relevant and other.reason.endswith(f"(< {EXAMPLE_SHAPE})")
+
+
+def _worked_library(tmp_path, tiny_gemma):
+    import services
+    from retrieval import HashEmbedder
+
+    lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
+    item = lib.deposit_item(ORIGINAL, WORKED, "9", "numeric", "9")
+    fact = lib.deposit_item("How many eggs did Janet's ducks lay on 3 May?", "They laid 16 eggs.", "16", "numeric", "16")
+    return lib, item, fact
+
+
+def test_the_answer_grafts_a_verified_worked_example_for_a_sibling_and_says_so(tmp_path, tiny_gemma):
+    """A question of the item's shape with other names and numbers is offered the verified worked solution (its
+    chain grafted, `use` "example" in the evidence); with examples off, or for a one-line fact, the near miss is
+    still dropped."""
+    from services import AnswerOptions
+
+    lib, item, fact = _worked_library(tmp_path, tiny_gemma)
+    try:
+        r = lib.answer(SIBLING, AnswerOptions(threshold=-1.0, k=2, max_new_tokens=2))
+        kept = [h for h in r.retrieved if h.relevant]
+        assert [(h.id, h.use) for h in kept] == [(item.id, "example")] and r.artifact_ids == (item.id,)
+        assert r.note.startswith("a verified worked example of the question's shape: ")
+        off = lib.answer(SIBLING, AnswerOptions(threshold=-1.0, k=2, max_new_tokens=2, examples=False))
+        assert off.artifact_ids == () and not any(h.relevant for h in off.retrieved)
+        near = lib.answer("How many eggs did Priya's hens lay on 9 May?", AnswerOptions(threshold=-1.0, k=2, max_new_tokens=2))
+        assert fact.id not in near.artifact_ids  # a fact is never offered as an example
+    finally:
+        lib.close()

@@ -154,7 +154,7 @@ def evidence_html(r: services.AnswerResult) -> str:
         trs = "".join(
             f"<tr><td>{'●' if h.id in grafted else '○'}</td><td>{esc(h.title)}</td><td>{h.score:.3f}</td><td>{h.tokens}</td>"
             f"<td>{esc(h.verifier)}: {esc(h.verdict)}</td>"
-            f"<td>{'kept' if h.relevant else 'dropped'}: {esc(h.reason)}</td></tr>"
+            f"<td>{('kept as a worked example' if h.use == 'example' else 'kept') if h.relevant else 'dropped'}: {esc(h.reason)}</td></tr>"
             for h in r.retrieved
         )
         parts.append(
@@ -177,7 +177,11 @@ def evidence_summary(r: services.AnswerResult) -> tuple[str, str]:
     verdict = _verdict(r)[1].lower() if _verdict(r)[0] == "kv-nocheck" else _verdict(r)[1]
     title = f"Evidence · {verdict} · tier {r.tier} · {r.grafted_tokens} grafted / {r.computed_tokens} computed / {r.decode_tokens} decoded"
     title += f" · {r.scope}" if r.scope else ""
-    lines = [f"- {h.title} (similarity {h.score:.3f}, {h.tokens} tokens, {h.verifier}: {h.verdict})" for h in r.retrieved]
+    lines = [
+        f"- {h.title} (similarity {h.score:.3f}, {h.tokens} tokens, {h.verifier}: {h.verdict}"
+        + (", a worked example of the question's shape)" if h.use == "example" and h.relevant else ")")
+        for h in r.retrieved
+    ]
     if r.proof is not None and r.proof.passed is not None:
         lines.append(f"- {r.proof.kind} proof: expected `{r.proof.expected[:16]}…` vs served `{r.proof.observed[:16]}…`")
     if r.check is not None:
