@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run serve test test-fast mutants lint bench bench-verify eval eval-gsm demo seed-library screenshots install install-eval install-dev install-bench system-deps clean
+.PHONY: run serve test test-fast mutants lint bench bench-verify eval eval-gsm eval-transfer demo seed-library screenshots install install-eval install-dev install-bench system-deps clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -111,6 +111,15 @@ eval-gsm: install-dev
 	$(BIN)/python -m eval.gsm_run graft --work $(GSM_WORK) --sets original,numbers,names --n $(GSM_N)
 	$(BIN)/python -m eval.gsm_run recurring --work $(GSM_WORK) --budget $(GSM_BUDGET) --problems 2
 	$(BIN)/python -m eval.gsm_report $(GSM_WORK) --budget $(GSM_BUDGET)
+
+# Held-out transfer on the model that reasons (docs/eval/transfer-*.md): the library through the gate, then each
+# condition on a new instance of every template, resumable under TRANSFER_WORK (hours on 2 cores), then the page.
+TRANSFER_WORK ?= .transfer-work
+TRANSFER_MODEL ?= packaged:qwen2.5-coder-1.5b-instruct
+eval-transfer: install-dev
+	KVGRAFT_MODEL=$(TRANSFER_MODEL) $(BIN)/python -m eval.gsm_run deposit --work $(TRANSFER_WORK) --n $(GSM_N)
+	for c in zero-shot few-shot transfer control; do KVGRAFT_MODEL=$(TRANSFER_MODEL) $(BIN)/python -m eval.transfer_run $$c --work $(TRANSFER_WORK) --n $(GSM_N) || exit 1; done
+	$(BIN)/python -m eval.transfer_report $(TRANSFER_WORK)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
