@@ -234,3 +234,16 @@ def test_a_bare_option_marker_line_carries_nothing():
     assert not judge(
         "50 minutes.\nA) 40 minutes", "numeric", "50", "How long, in minutes?"
     ).ok  # an option with content is still read
+
+
+def test_a_boxed_value_is_the_answers_claim():
+    """Rule 4a': a model that closes its working with LaTeX's \\boxed{} (Qwen2.5 does) asserts that value, read as
+    Minerva's and Qwen's math evaluations read it; the same sentence unboxed reads as an aside."""
+    fog = "Thus, it will take \\(\\boxed{140}\\) minutes for the fog bank to cover the whole city."
+    got = judge(fog, "numeric", "140")
+    assert got.ok and got.value == "140" and "its last \\boxed{} value '140': answer '140' matches" in got.detail
+    assert not judge(fog.replace("\\boxed{140}", "140"), "numeric", "140").ok  # as an aside it asserts nothing
+    assert not judge(fog, "numeric", "141").ok
+    assert answer_line("First \\boxed{3}, then \\boxed{\\frac{7}{2}}.") == ("7/2", "its last \\boxed{} value")
+    assert answer_line("So \\[\\boxed{\\$1{,}200 \\text{ in all}}\\]")[0] == "$1{,}200 in all"
+    assert answer_line("#### 12\nso \\boxed{13}") == ("12", "its '####' line")  # the strict line first

@@ -13,6 +13,9 @@ The rules, in the order they apply:
 4. The answer's line: `<<a op b=c>>` calculator annotations are removed first (they are working). Then, as
    lm-evaluation-harness reads gsm8k (its strict match, then its flexible one):
    a. the first line that starts with `####`: the text after it;
+   a'. else the last `\\boxed{...}` (the LaTeX mark with which a model trained on math, Qwen2.5 among them, closes its
+      working, as Minerva's and Qwen's own math evaluations read it): its content, LaTeX's `\\text{}`, `\\$`, `\\%`
+      and spacing commands unwrapped, `\\frac{a}{b}` written a/b;
    b. else the last sentence that says "the answer is" (any case), from its start to its end (. ! ? before a
       space, or the line's end): the answer's final statement, an earlier one superseded by it;
    c. else the last non-empty line (a one-line answer is its own last line), where a line that is only an
@@ -44,7 +47,7 @@ from verifiers.quantities import read_number
 from verifiers.sentences import tokens
 from verifiers.verdict import FIELD_BOUNDS, Claim, Verdict, _q
 
-JUDGE = "kvgraft-judge/4"  # /1: the claim reader beside whole-answer checks; /2: one judge; /3: rule 4d (options), suppositions; /4: the last answer sentence, bare option markers
+JUDGE = "kvgraft-judge/5"  # /1: the claim reader beside whole-answer checks; /2: one judge; /3: rule 4d (options), suppositions; /4: the last answer sentence, bare option markers; /5: rule 4a' (a \boxed{} value)
 KINDS = tuple(sorted(VERIFIERS))
 
 _ANNOTATION = re.compile(r"<<[^<>\n]{0,200}>>")
@@ -55,12 +58,41 @@ _OPTION = re.compile(r"^\s*(?:\([A-Ea-e]\)|[A-Ea-e]\)|[A-E][.:])\s*\S")
 _MARKER = re.compile(r"^\s*(?:\(?[A-Ea-e]\)|[A-E][.:]?)\s*$")  # an option marker with nothing after it (`A)`, `(b)`, `C.`, `D`)
 
 
+_BOXED = "\\boxed{"
+_LATEX = (
+    (re.compile(r"\\(?:text|mathrm|textbf|mathbf)\{([^{}]*)\}"), r"\1"),
+    (re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}"), r"\1/\2"),
+    (re.compile(r"\\([$%])"), r"\1"),
+    (re.compile(r"\\[,;:! ]|\\q?quad\b"), " "),
+)
+
+
+def _last_boxed(text: str) -> str | None:
+    """The content of the last `\boxed{...}` in `text` (braces balanced), LaTeX unwrapped; None where there is none or
+    it is never closed."""
+    start = text.rfind(_BOXED)
+    if start < 0:
+        return None
+    depth, i = 1, start + len(_BOXED)
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            inner = text[i:j]
+            for pattern, repl in _LATEX:
+                inner = pattern.sub(repl, inner)
+            return " ".join(inner.split())
+    return None
+
+
 def answer_line(answer: str) -> tuple[str, str]:
     """(the text the judge reads, how it was found) for an answer: rule 4 of the module's contract."""
     text = _ANNOTATION.sub("", unicodedata.normalize("NFKC", answer))
     strict = _STRICT.search(text)
     if strict is not None:
         return strict["rest"].strip(), "its '####' line"
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed, "its last \\boxed{} value"
     found = list(_THE_ANSWER_IS.finditer(text))
     said = found[-1] if found else None  # the last one: the answer's final statement
     if said is not None:  # the whole sentence, so that a hedge or a denial before the words is still read
