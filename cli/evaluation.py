@@ -10,12 +10,14 @@ import json
 
 
 def cmd_replay_eval(args) -> int:
-    from eval import gsm_recheck, recheck
+    from eval import gsm_recheck, recheck, transfer_report
 
     with open(args.file, encoding="utf-8") as f:
         head = f.read(4096)
     if f'"{gsm_recheck.FORMAT}"' in head:
         rep = gsm_recheck.recheck(args.file, rerun_model=args.rerun, sample=args.sample)
+    elif f'"{transfer_report.FORMAT}"' in head:
+        rep = transfer_report.recheck_file(args.file, rerun_model=args.rerun, sample=args.sample)
     else:
         rep = recheck.recheck(args.file, rerun_model=args.rerun)
     if args.json:
@@ -51,7 +53,8 @@ def register(subparsers) -> None:
         type=int,
         default=1,
         metavar="K",
-        help="benchmark file with --rerun: re-run the first K seeded sampling rounds of every recurring problem",
+        help="with --rerun: the benchmark file's first K seeded sampling rounds of every recurring problem; the transfer "
+        "file's first K problems of each condition",
     )
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_replay_eval)

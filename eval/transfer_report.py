@@ -136,6 +136,74 @@ def recheck(results: dict, report) -> None:
         report.fail("the summary recomputed from the stored outputs differs from the stored summary")
 
 
+def rerun(results: dict, report, sample: int) -> None:
+    """With the model the results name: the first `sample` problems of each condition asked again in a fresh store
+    (the exemplars deposited again; a transfer or control graft's original deposited again through the gate from the
+    installed package), every output's token ids compared byte for byte with the record."""
+    import tempfile
+
+    import services
+    from eval import gsm
+
+    by_template = {t.id_shuffled: t for t in gsm.templates()}
+    wanted = results["model"]["model_fingerprint"]
+    with tempfile.TemporaryDirectory(prefix="kvgraft-transfer-rerun-") as home:
+        lib = services.Library(home=Path(home) / "store")
+        if lib.lm.fingerprint != wanted:
+            report.fail(f"the model here has fingerprint {lib.lm.fingerprint[:12]}, the results' is {wanted[:12]}")
+            lib.close()
+            return
+        deposited: dict[str, str] = {}  # the results' artifact id -> the id deposited here (the same bytes: the same id)
+
+        def again(artifact: str, template: int) -> str | None:
+            if artifact not in deposited:
+                o = gsm.original(by_template[template])
+                try:
+                    deposited[artifact] = lib.deposit_item(
+                        o["question"], o["solution"], o["reference"], "numeric", o["reference"]
+                    ).id
+                except Exception as e:  # the gate refuses here what it accepted there: a mismatch, said once
+                    report.fail(f"template {template}'s original is not deposited again here: {e}")
+                    deposited[artifact] = ""
+            return deposited[artifact] or None
+
+        exemplars = lib.deposit_text(transfer.exemplars_text(), title="gsm8k-cot exemplars", admin=True).id
+        library = _library(results["deposits"])
+        by_artifact = {a: t for t, a in library.items()}
+        for c in ("zero-shot", "few-shot", "transfer", "control"):
+            rows = [r for r in results["outputs"] if r["condition"] == c][:sample]
+            for r in rows:
+                artifact = None
+                if c == "few-shot":
+                    artifact = exemplars
+                elif c == "control":
+                    artifact = again(r["artifact_ids"][-1], by_artifact[r["artifact_ids"][-1]])
+                elif c == "transfer":
+                    for a in r["artifact_ids"]:
+                        if a in by_artifact:
+                            again(a, by_artifact[a])
+                got = transfer.ask(lib, r, c, artifact)
+                stored = {(x["condition"]): x for x in results["outputs"] if x["id"] == r["id"]}
+                for g in got:
+                    if g["output_token_ids"] != stored[g["condition"]]["output_token_ids"]:
+                        report.fail(f"{g['condition']} {r['id']}: the model gives other token ids than the record")
+                    report.count("outputs recomputed")
+        lib.close()
+
+
+def recheck_file(path: str | Path, rerun_model: bool = False, sample: int = 1):
+    """`cli.py replay-eval` on a transfer results file: `recheck`, and with `rerun_model` `rerun`."""
+    from eval.recheck import RecheckReport
+
+    path = Path(path)
+    report = RecheckReport(path=str(path))
+    results = json.loads(path.read_text(encoding="utf-8"))
+    recheck(results, report)
+    if rerun_model and report.ok:
+        rerun(results, report, sample)
+    return report
+
+
 def page(results: dict, name: str) -> str:
     """The results page (markdown), generated from the results file alone."""
     s = results["summary"]

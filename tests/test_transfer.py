@@ -116,3 +116,25 @@ def test_few_shot_grafted_is_the_prefilled_answer_at_the_cost_of_the_question(li
     assert prefilled["computed_tokens"] == grafted["computed_tokens"] + ex.tokens
     (zero,) = transfer.ask(lib, item, "zero-shot")
     assert zero["grafted_tokens"] == 0 and zero["artifact_ids"] == []
+
+
+def test_replay_eval_rechecks_a_transfer_results_file_offline(tmp_path, capsys):
+    import json
+
+    import cli
+
+    rows = _records()
+    results = {
+        "format": transfer_report.FORMAT,
+        "judge": {"sha256": "x"},
+        "deposits": [{"template": i, "verdict": "accepted", "artifact": f"lib{i}"} for i in range(4)],
+        "summary": transfer_report.summarise(rows, {i: f"lib{i}" for i in range(4)}),
+        "outputs": rows,
+    }
+    path = tmp_path / "transfer.json"
+    path.write_text(json.dumps(results), encoding="utf-8")
+    assert cli.main(["replay-eval", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"OK: {path}: 20 outputs; checked 20 output hashes, 1 figures re-derived")
+    results["outputs"][3]["answer"] = "The answer is 3."  # transfer on problem 0 now wrong: the stored figures are not its
+    path.write_text(json.dumps(results), encoding="utf-8")
+    assert cli.main(["replay-eval", str(path)]) == 1
