@@ -414,3 +414,16 @@ def test_the_fact_run_grafts_a_one_line_fact_alone_and_a_worked_solution_below_i
     worked = "After the discount the price is 215 × 90/100 = 193.5.\nAdding 5% tax gives 203.175.\nAnswer: 203.175"
     assert templates.fact_run_text(q, worked) == f"Question: {q}\nFact: {worked}\n"
     assert templates.is_worked_solution(worked) and not templates.is_worked_solution(fact)
+
+
+def test_the_gate_budget_follows_the_models_template(lib, tiny_gemma, monkeypatch):
+    """A model asked in the plain form answers an item in a line (24 tokens); one asked through a chat template
+    answers in sentences and one that reasons works first: each gate run decodes up to the chat budget."""
+    seen = []
+    real = generate.answer
+    monkeypatch.setattr(generate, "answer", lambda *a, **k: seen.append(k["max_new_tokens"]) or real(*a, **k))
+    lib.deposit_item("Who built the Varnek lighthouse?", "Osric Pellamy built it.", "Osric Pellamy", "exact", "Osric Pellamy")
+    assert seen == [gate.GATE_MAX_NEW_TOKENS] * 2 == [24, 24]
+    chat = templates.Template(chat=True, turn=("<s>", "</s>\n"), query=("<u>", "</u>\n<a>"), bare=("<u>", "</u>\n<a>"))
+    monkeypatch.setattr(templates, "of", lambda tok: chat)
+    assert gate.budget(tiny_gemma) == gate.GATE_CHAT_MAX_NEW_TOKENS == 384
