@@ -91,6 +91,7 @@ def test_results_are_typed_and_serialise_once(lib):
         "verdict": "verified",  # the record's label: the gate ran here and its token ids hash as recorded
         "relevant": True,
         "reason": "the question has every distinctive term of the item (varnek)",
+        "use": "fact",
     }
     rep = lib.exactness_report(2)
     assert all(s.check.exact for s in rep.rows) and rep.byte_equal == 2
