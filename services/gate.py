@@ -36,9 +36,11 @@ GATE_MAX_NEW_TOKENS = 24  # plain form: an item's answer is short; the decode st
 GATE_CHAT_MAX_NEW_TOKENS = 384
 
 
-def budget(lm: LoadedModel) -> int:
-    """The gate's decode budget for this model: the plain form's or the chat form's (graft_core.templates.of)."""
-    return GATE_CHAT_MAX_NEW_TOKENS if templates.of(lm.tokenizer).chat else GATE_MAX_NEW_TOKENS
+def budget(lm: LoadedModel, used: int = 0) -> int:
+    """The gate's decode budget for this model: the plain form's or the chat form's (graft_core.templates.of), at
+    most what the model's context leaves after `used` positions (the graft and the question; at least 1)."""
+    want = GATE_CHAT_MAX_NEW_TOKENS if templates.of(lm.tokenizer).chat else GATE_MAX_NEW_TOKENS
+    return max(1, min(want, lm.info.max_positions - used))
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ def _run(lm: LoadedModel, chain: list[KVArtifact], run: str, item: tuple[str, st
 
     question, solution, verifier, reference = item
     t0 = time.perf_counter()
-    ans = generate.answer(lm, chain, question, max_new_tokens=budget(lm))
+    used = (chain[-1].end if chain else 0) + len(generate.encode_prompt(lm, question, grafted=bool(chain)))
+    ans = generate.answer(lm, chain, question, max_new_tokens=budget(lm, used))
     verdict = judge(ans.text, verifier, reference, question)  # the item was validated by the pipeline
     answer = claimed(ans.text, question, verifier, reference) if run == "fact" and verdict.ok else ans.text
     return GateRun(
