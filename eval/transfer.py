@@ -14,7 +14,7 @@ seeded: eval/gsm.py's `numbers` set), never deposited. Every condition asks the 
   as `few-shot`, so the same answer byte for byte (checked per problem), at the cost of the question alone;
 - `transfer`: whatever the product's own retrieval grafts (services.Library.answer with worked examples on): the
   sibling's verified solution where it is routed there, nothing where it is not;
-- `control`: an unrelated template's verified solution grafted (a fixed derangement of the accepted deposits):
+- `control`: an unrelated template's verified solution grafted (another template's accepted deposit, seeded):
   does any worked example help, or the related one?
 
 Talks to the product through `services.Library` only (`answer`, `deposit_text`). Records carry what
@@ -45,18 +45,16 @@ def exemplars_text() -> str:
     return "\n\n".join(f"Q: {q}\nA: {a}" for q, a in templates.COT_EXEMPLARS)
 
 
-def controls(accepted: dict[int, str], seed: int) -> dict[int, str]:
-    """template -> the artifact of another template's accepted deposit: a seeded derangement (no template is
-    given its own), so each control example is unrelated and used once."""
-    keys = sorted(accepted)
-    if len(keys) < 2:
-        return {}
-    rng = Random(seed)
-    while True:
-        perm = keys[:]
-        rng.shuffle(perm)
-        if all(a != b for a, b in zip(keys, perm, strict=True)):
-            return {k: accepted[p] for k, p in zip(keys, perm, strict=True)}
+def controls(accepted: dict[int, str], templates: list[int], seed: int) -> dict[int, str]:
+    """template -> the artifact of another template's accepted deposit, for every held-out template (whether its own
+    original was accepted or not): drawn by a generator seeded with the seed and the template alone, so a template's
+    control does not depend on the order problems are asked in. A template gets none where no other was accepted."""
+    out = {}
+    for t in templates:
+        others = sorted(k for k in accepted if k != t)
+        if others:
+            out[t] = accepted[others[Random(seed * 1000 + t).randrange(len(others))]]
+    return out
 
 
 def _row(item: dict, condition: str, r, seconds: float) -> dict:

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         art = exemplars_artifact(lib, args.work)
         artifacts = {it["template"]: art for it in held_out}
     elif args.phase == "control":
-        artifacts = transfer.controls(accepted(args.work), args.seed)
+        artifacts = transfer.controls(accepted(args.work), [it["template"] for it in held_out], args.seed)
     transfer.run(lib, held_out, args.phase, out, artifacts, log)
     lib.close()
     return 0

@@ -11,13 +11,14 @@ import pytest
 from eval import transfer, transfer_report
 
 
-def test_the_control_is_a_seeded_derangement_of_the_accepted_deposits():
+def test_the_control_is_another_templates_accepted_deposit_for_every_problem():
     accepted = {t: f"art{t}" for t in (1, 2, 3, 5, 8, 13)}
-    got = transfer.controls(accepted, seed=0)
-    assert sorted(got) == sorted(accepted) and sorted(got.values()) == sorted(accepted.values())
-    assert all(got[t] != accepted[t] for t in accepted)
-    assert got == transfer.controls(accepted, seed=0) and got != transfer.controls(accepted, seed=1)
-    assert transfer.controls({4: "only"}, seed=0) == {}
+    got = transfer.controls(accepted, list(range(15)), seed=0)
+    assert sorted(got) == list(range(15)) and all(got[t] != accepted.get(t) for t in got)
+    assert set(got.values()) <= set(accepted.values())
+    assert got == transfer.controls(accepted, list(reversed(range(15))), seed=0)  # the order asked does not matter
+    assert got != transfer.controls(accepted, list(range(15)), seed=1)
+    assert transfer.controls({4: "only"}, [4, 5], seed=0) == {5: "only"}
 
 
 def _row(i: int, condition: str, answer: str, ids: list[int], artifacts: list[str], computed: int, decode: int) -> dict:
