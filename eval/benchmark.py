@@ -98,22 +98,29 @@ def key(row: dict) -> tuple[str, str]:
 
 def run(lib, items: list[dict], condition: str, out: Path, log: Callable[[str], None] = print) -> list[dict]:
     """Answer every item not yet in `out` (THREADS at once), appending each record as it finishes."""
-    import threading
 
     done = {key(r) for r in read_jsonl(out)}
     todo = [it for it in items if (condition, it["id"]) not in done]
+    return together(lib, todo, lambda it: [ask(lib, it, condition)], out, log)
+
+
+def together(lib, todo: list[dict], records: Callable[[dict], list[dict]], out: Path, log: Callable[[str], None]) -> list[dict]:
+    """`records(item)` for every item, THREADS at once through the product's StepGroup, each record appended to
+    `out` and logged with the judge's verdict as it finishes."""
+    import threading
+
     lock, rows = threading.Lock(), []
 
     def one(it: dict) -> None:
-        row = ask(lib, it, condition)
-        v = verifiers.judge(row["answer"], row["verifier"], row["reference"], row["question"])
+        got = records(it)
         with lock:
-            append_jsonl(out, row)
-            rows.append(row)
-            log(
-                f"{condition} {it['id']}: {'ok' if v.ok else 'wrong'} ({row['decode_tokens']} decode, "
-                f"{row['computed_tokens']} computed, {row['grafted_tokens']} grafted, {row['seconds']} s) {row['note']}"
-            )
+            for row in got:
+                append_jsonl(out, row)
+                rows.append(row)
+                log(
+                    f"{row['condition']} {it['id']}: {'ok' if score(row)['ok'] else 'wrong'} ({row['decode_tokens']} decode, "
+                    f"{row['computed_tokens']} computed, {row['grafted_tokens']} grafted, {row['seconds']} s) {row['note']}"
+                )
 
     lib.start_decoding_together()
     with ThreadPoolExecutor(max_workers=THREADS) as pool:

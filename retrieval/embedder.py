@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from errors import InvalidInput
+from files import sha256_file
 
 log = logging.getLogger("kvgraft.embedder")
 
@@ -59,14 +60,6 @@ def _check_texts(texts: list[str]) -> None:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise InvalidInput(f"embed_batch expects a list of str; item {i} is {type(text).__name__}")
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class SentenceEmbedder(Embedder):
@@ -112,7 +105,7 @@ class SentenceEmbedder(Embedder):
                         raise InvalidInput(
                             f"{self.model_dir} has no {WEIGHTS_FILE}; pass a sentence-transformers folder saved with safetensors"
                         )
-                    digest = _sha256_file(weights)[:16]
+                    digest = sha256_file(weights)[:16]
                     from sentence_transformers import SentenceTransformer
 
                     model = SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
