@@ -32,47 +32,52 @@ def _per_answer(rows: list[dict], key: str) -> float:
 
 
 def summarise(outputs: list[dict], library: dict[int, str]) -> dict:
-    """Per condition over the problems every condition present answered: accuracy (Wilson 95%), tokens computed per
-    answer (prompt prefill and decode), grafted tokens read, median seconds; the differences (Newcombe 95%); how
-    often the grafted few-shot answer is the prefilled one byte for byte; where the transfer condition's graft came
-    from (`library`: template -> its accepted deposit's artifact)."""
+    """Per condition over the problems it answered: accuracy (Wilson 95%), tokens computed per answer (prompt
+    prefill and decode), grafted tokens read, median seconds, answers cut at the budget; each difference over the
+    problems both of its conditions answered (Newcombe 95%); how often the grafted few-shot answer is the prefilled
+    one byte for byte; where the transfer condition's graft came from (`library`: template -> its accepted
+    deposit's artifact)."""
     by = {benchmark.key(r): r for r in outputs}
+    ok = {k: benchmark.score(r)["ok"] for k, r in by.items()}
     present = [c for c in transfer.CONDITIONS if any(r["condition"] == c for r in outputs)]
-    ids = sorted({r["id"] for r in outputs})
-    both = [i for i in ids if all((c, i) in by for c in present)]
+    answered = {c: sorted(i for (cc, i) in by if cc == c) for c in present}
     cells = {}
     for c in present:
-        rows = [by[(c, i)] for i in both]
-        k = sum(1 for r in rows if benchmark.score(r)["ok"])
+        rows = [by[(c, i)] for i in answered[c]]
+        k = sum(1 for i in answered[c] if ok[(c, i)])
         cells[c] = {
             "answered": len(rows),
             "correct": k,
-            "accuracy": round(k / len(rows), 4) if rows else None,
+            "accuracy": round(k / len(rows), 4),
             "wilson95": benchmark._listed(benchmark.wilson(k, len(rows))),
             "prompt_tokens_computed_per_answer": _per_answer(rows, "computed_tokens"),
             "decode_tokens_per_answer": _per_answer(rows, "decode_tokens"),
             "grafted_tokens_per_answer": _per_answer(rows, "grafted_tokens"),
-            "median_seconds": round(statistics.median(r["seconds"] for r in rows), 2) if rows else None,
+            "median_seconds": round(statistics.median(r["seconds"] for r in rows), 2),
             "at_budget": sum(1 for r in rows if r["decode_tokens"] >= transfer.MAX_NEW_TOKENS),
         }
     diffs = {}
     for name, a, b in DIFFERENCES:
-        if a in cells and b in cells and both:
-            ka, kb, n = cells[a]["correct"], cells[b]["correct"], len(both)
+        both = sorted(set(answered.get(a, ())) & set(answered.get(b, ())))
+        if both:
+            ka, kb, n = sum(ok[(a, i)] for i in both), sum(ok[(b, i)] for i in both), len(both)
             ci = benchmark.newcombe(ka, n, kb, n)
             diffs[name] = {
                 "of": [a, b],
+                "problems": n,
+                "correct": [ka, kb],
                 "value": round((ka - kb) / n, 4),
                 "newcombe95": benchmark._listed(ci),
                 "interval_excludes_0": ci is not None and (ci[0] > 0 or ci[1] < 0),
             }
-    out = {"problems": len(both), "conditions": cells, "differences": diffs}
-    if "few-shot" in cells and "few-shot-grafted" in cells:
-        same = sum(1 for i in both if by[("few-shot", i)]["output_token_ids"] == by[("few-shot-grafted", i)]["output_token_ids"])
-        out["few_shot_identical_outputs"] = same
+    out = {"problems": len(set().union(*answered.values())) if answered else 0, "conditions": cells, "differences": diffs}
+    pairs = sorted(set(answered.get("few-shot", ())) & set(answered.get("few-shot-grafted", ())))
+    if pairs:
+        same = sum(1 for i in pairs if by[("few-shot", i)]["output_token_ids"] == by[("few-shot-grafted", i)]["output_token_ids"])
+        out["few_shot_identical_outputs"] = [same, len(pairs)]
     if "transfer" in cells:
         routed = {"sibling": 0, "another": 0, "nothing": 0}
-        for i in both:
+        for i in answered["transfer"]:
             r = by[("transfer", i)]
             grafted = r["artifact_ids"]
             routed["nothing" if not grafted else "sibling" if library.get(r["template"]) in grafted else "another"] += 1
@@ -217,7 +222,7 @@ def page(results: dict, name: str) -> str:
         f"held-out = {results['benchmark']['held_out']}. Prompt: {results['config']['prompt']}. Greedy, "
         f"{results['config']['max_new_tokens']} new tokens at most in every condition, one judge (`verifiers.judge`).",
         "",
-        f"Problems answered in every condition so far: **{s['problems']}**. "
+        f"Held-out problems answered so far: **{s['problems']}** (each condition's count in its row). "
         f"Deposits accepted by the gate: {sum(1 for d in results['deposits'] if d['verdict'] == 'accepted')} of "
         f"{len(results['deposits'])} offered.",
         "",

@@ -62,11 +62,15 @@ def test_the_summary_is_computed_from_the_records():
     assert s["conditions"]["few-shot"]["prompt_tokens_computed_per_answer"] == 930.0
     assert s["conditions"]["few-shot-grafted"]["grafted_tokens_per_answer"] == 40.0
     assert s["differences"]["transfer lift"]["value"] == 0.75 and s["differences"]["control lift"]["value"] == -0.25
-    assert s["few_shot_identical_outputs"] == 3
+    assert s["few_shot_identical_outputs"] == [3, 4]
     assert s["transfer_grafted"] == {"sibling": 3, "another": 1, "nothing": 0}
     changed = copy.deepcopy(_records())
     changed[0]["answer"] = "The answer is 3."  # zero-shot on problem 0 now wrong: the figures follow the answer
     assert transfer_report.summarise(changed, library)["conditions"]["zero-shot"]["correct"] == 0
+    partial = [r for r in _records() if not (r["condition"] == "control" and r["template"] > 1)]
+    p = transfer_report.summarise(partial, library)  # a condition still running: each figure over what it answered
+    assert p["conditions"]["control"]["answered"] == 2 and p["conditions"]["transfer"]["answered"] == 4
+    assert p["differences"]["transfer over control"]["problems"] == 2 and p["differences"]["transfer lift"]["problems"] == 4
 
 
 def test_the_offline_recheck_finds_an_edited_figure_and_a_forged_hash():
