@@ -87,6 +87,17 @@ def test_the_offline_recheck_finds_an_edited_figure_and_a_forged_hash():
     rep = RecheckReport(path="t")
     transfer_report.recheck(results, rep)
     assert rep.ok, rep.problems
+    page = transfer_report.page(
+        results
+        | {
+            "model": {"model": "m"},
+            "benchmark": {"package": "p", "version": "v", "library": "l", "held_out": "h"},
+            "config": {"prompt": "q", "max_new_tokens": 4},
+        },
+        "m",
+    )
+    assert "| transfer lift (transfer - zero-shot) | 4 | 4 vs 1 | 0.75 |" in page
+    assert "Grafted few-shot answers byte-identical to the prefilled ones: 3 of 4." in page
     results["summary"]["conditions"]["transfer"]["correct"] = 1
     results["outputs"][1]["output_sha256"] = "0" * 64
     rep = RecheckReport(path="t")
