@@ -2,7 +2,7 @@
 each member's contract; `AnswerOptions`, how one question is to be answered.
 
 Three classes serve those callers: `services.Library` (the store and the model in this process),
-`web.remote.RemoteLibrary` (a deployment over HTTP) and `web.startup.StartingLibrary` (a library seen
+`serving.remote.RemoteLibrary` (a deployment over HTTP) and `web.startup.StartingLibrary` (a library seen
 through the app's start-up). Each declares every member below with the signature written here (the same
 names, kinds and defaults: tests/test_door.py), doing nothing or raising with a message where it has
 nothing to do; callers never ask `hasattr`. Every value a member returns is a torch-free dataclass from

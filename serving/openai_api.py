@@ -1,9 +1,9 @@
 """The OpenAI-compatible API over one library: `/v1/models`, `/v1/completions`, `/v1/chat/completions`
 (whole or streamed as server-sent events ending `data: [DONE]`), `/v1/kvgraft/deposits` (the admin's) and
-`/metrics` (Prometheus). The web app serves it on the page's own port (`web.app.serve`), a Ray replica on its
+`/metrics` (Prometheus). The web app serves it on the page's own port (`server.serve` mounts it beside the page), a Ray replica on its
 routes (`serving.replica`); both hand it their library, guard and admission, so an API request is admitted,
-bounded and turned exactly as a chat is (`web.admission.Admission` at arrival, `web.bounds.answer_options`,
-`web.guard.FairTurns`). It admits, runs and streams; what requests and responses look like is
+bounded and turned exactly as a chat is (`access.admission.Admission` at arrival, `access.bounds.answer_options`,
+`access.guard.FairTurns`). It admits, runs and streams; what requests and responses look like is
 `serving.openai_shapes`'s, the answer and its proof `LibraryDoor.answer`'s.
 
 Who asks: the address (as the server resolved it) is the caller; each request is its own session, so one
@@ -31,10 +31,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from access.bounds import answer_options
+from access.guard import Client, Refused
 from errors import KvgraftError, VerificationFailed
 from graft_core import templates  # torch-free: text rules only
-from web.bounds import answer_options
-from web.guard import Client, Refused
 
 from . import openai_shapes as shapes
 from .metrics import Metrics
@@ -54,7 +54,7 @@ class OpenAIServer:
     # ---- who asks ----------------------------------------------------------------------------------
 
     def _caller(self, request: Request) -> SimpleNamespace:
-        """What `web.guard` reads of a request: the address the server resolved, and a session of its own."""
+        """What `access.guard` reads of a request: the address the server resolved, and a session of its own."""
         host = request.client.host if request.client else "unknown"
         return SimpleNamespace(client=SimpleNamespace(host=host), session_hash=f"api-{uuid.uuid4().hex}")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from starlette.responses import JSONResponse
 
 import settings
+from access.guard import Refused
 from errors import ArtifactNotFound, InputTooLong, IntegrityError, InvalidInput, KvgraftError, NotReady, VerificationFailed
 from services.limits import MAX_QUESTION_CHARS, MAX_TEXT_CHARS
-from web.guard import Refused
 
 ANONYMOUS_KEYS = frozenset({"", "anonymous", "none", "EMPTY"})  # what clients that must send a key send for none
 MAX_BODY = 256 * 1024  # bytes of a completion's JSON body

@@ -20,6 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 
 import services
+from access.admission import Admission
+from access.guard import FairTurns, Guard, address_depth, per_address
 from errors import ArtifactNotFound, InputTooLong, IntegrityError, InvalidInput, KvgraftError, VerificationFailed
 from retrieval.embedder import HashEmbedder, SentenceEmbedder
 from services import AnswerOptions
@@ -34,8 +36,6 @@ from services.limits import (
     warm_proofs_limit,
     whole,
 )
-from web.admission import Admission
-from web.guard import FairTurns, Guard, address_depth, per_address
 
 from . import health as health_mod
 from . import openai_api

@@ -1,4 +1,4 @@
-"""The library door: `services.Library`, `web.remote.RemoteLibrary` and `web.startup.StartingLibrary` each
+"""The library door: `services.Library`, `serving.remote.RemoteLibrary` and `web.startup.StartingLibrary` each
 declare every member of `services.LibraryDoor` with a signature its callers can use (no `__getattr__`
 fallback counts), and the members with nothing to do say so."""
 

@@ -11,11 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 import services
+from access.admission import Admission
+from access.guard import FairTurns, Guard
 from retrieval import HashEmbedder
 from serving.openai_api import OpenAIServer, app
 from serving.openai_shapes import model_id
-from web.admission import Admission
-from web.guard import FairTurns, Guard
 
 TOKEN = "s3cret-admin-token"
 FACT = "The Varnek lighthouse was built by Osric Pellamy in 1874."
@@ -183,7 +183,7 @@ def test_graft_false_answers_without_a_graft(served):
 
 def test_an_address_over_its_depth_is_refused_at_arrival(served):
     client, server, *_ = served
-    from web.guard import Client
+    from access.guard import Client
 
     held = [server.admission.reserve(Client(f"other-{i}", "10.0.0.7")) for i in range(4)]
     try:

@@ -1,5 +1,5 @@
 """The official `openai` client against the web app's OpenAI-compatible API on the real default model: a real
-server on a free loopback port (`web.app.serve`, the product's launch), chat and completions, whole and
+server on a free loopback port (`server.serve`, the product's launch), chat and completions, whole and
 streamed; the deposit over HTTP through the real gate; the proof and cached tokens in every response."""
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ TOKEN = "integration-admin-token"
 
 @pytest.fixture(scope="module")
 def server(real_lm, tmp_path_factory):
+    import server
     import services
     from retrieval import HashEmbedder
     from services import seed
     from serving.openai_shapes import model_id
-    from web import app
 
     lib = services.Library(home=tmp_path_factory.mktemp("openai-real"), lm=real_lm, embedder=HashEmbedder())
-    demo = app.build_app(lib, admin_token=TOKEN)
+    demo = server.build(lib, admin_token=TOKEN)
     serve(demo)
     item = seed.seed_items()[0][0]
     base = demo.local_url.rstrip("/") + "/v1"

@@ -6,9 +6,9 @@ Gradio-free, so the Ray replicas' API applies the same function.
 from __future__ import annotations
 
 import services
+from access.guard import Guard, Refused
 from errors import InvalidInput, KvgraftError
 from services.limits import ANON_MAX_NEW_TOKENS, MAX_NEW_TOKENS, anon_prompt_tokens, whole
-from web.guard import Guard, Refused
 
 ADMIN_ONLY_ANSWER = (
     "{what} needs the admin token: {why}. Anonymous answers carry the cheap probe proof. Untick it, give the "

@@ -1,17 +1,16 @@
-"""The web app as the front end of a deployment (KVGRAFT_BACKEND_URL): `RemoteLibrary` is the part of
-`services.Library` the app calls, served over HTTP by the replicas through `client.Client` (its retries),
-with the replica JSON rebuilt into the same result types (`from_json`). It imports no torch and opens no store.
+"""A deployment seen as a library: `RemoteLibrary` is the library door (`services.LibraryDoor`) served over HTTP by
+the replicas through `client.Client` (its retries), with the replica JSON rebuilt into the same result types
+(`from_json`). It imports no torch and opens no store; the app fronts a deployment with it (KVGRAFT_BACKEND_URL).
 
 What has no route on the deployment (solve, delete, export/import, the dashboard) raises `NotAvailable`
-naming the command to use on a machine with the store. `RemoteStartup` is the app's start-up as one
-stage: connecting to the deployment (GET /health until it is healthy).
+naming the command to use on a machine with the store. The page's start-up while it connects is the page's
+(`web.connecting`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,8 +21,8 @@ import errors
 from errors import KvgraftError
 from services.door import DEFAULT_ANSWER, AnswerOptions, Progress
 from services.results import AnswerResult, Deposited, ExactnessReport, LibraryEntry, ShowReport
-from serving.client import BackendRefused, Client
-from web.startup import Stage, Startup
+
+from .client import BackendRefused, Client
 
 log = logging.getLogger("kvgraft.remote")
 
@@ -252,47 +251,3 @@ class RemoteLibrary:
 
     def close(self) -> None:
         pass
-
-
-class RemoteStartup(Startup):
-    """The start-up of an app that fronts a deployment: one stage, "connecting to the deployment" (keyed
-    "load": a deployment that never becomes healthy reads as a model that is not there)."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        self._stages = {"load": Stage("load", "connecting to the deployment")}
-        self.expected = {"load": 2.0}
-        self.basis = "typical figure"
-
-    def note(self, key: str, detail: str) -> None:
-        """Show `detail` on a running stage (what the last poll returned) without claiming progress."""
-        with self._lock:
-            self._stages[key].detail = detail
-
-
-def connect(remote: RemoteLibrary, tracker: RemoteStartup, poll_s: float = 1.0, stop: threading.Event | None = None) -> None:
-    """Poll GET /health until the deployment answers healthy, showing each reply in the stage's detail.
-    It never gives up (a deployment that comes up later is found); every request is refused until then."""
-    stop = stop or threading.Event()
-    tracker.begin("load", f"GET {remote.base_url}/health")
-    polls = 0
-    while True:
-        polls += 1
-        status, payload = remote.health()
-        if status == 200 and payload.get("healthy"):
-            tracker.finish(
-                "load",
-                f"healthy: replica {payload.get('replica', '?')}, {payload.get('store_artifacts')} artifacts, "
-                f"catalog version {payload.get('catalog_version')}, model {str(payload.get('model_fingerprint', ''))[:16]}",
-            )
-            return
-        shown = f"HTTP {status}" if status else "no answer"
-        tracker.note("load", f"poll {polls}: {shown}: {'; '.join(payload.get('problems') or ['not healthy'])}")
-        if stop.wait(poll_s):
-            return
-
-
-def start_connecting(remote: RemoteLibrary, tracker: RemoteStartup, poll_s: float = 1.0) -> threading.Thread:
-    t = threading.Thread(target=connect, args=(remote, tracker, poll_s), name="kvgraft-connect", daemon=True)
-    t.start()
-    return t
