@@ -3,9 +3,10 @@ each member's contract; `AnswerOptions`, how one question is to be answered.
 
 Three classes serve those callers: `services.Library` (the store and the model in this process),
 `serving.remote.RemoteLibrary` (a deployment over HTTP) and `web.startup.StartingLibrary` (a library seen
-through the app's start-up). Each declares every member below with the signature written here (the same
-names, kinds and defaults: tests/test_door.py), doing nothing or raising with a message where it has
-nothing to do; callers never ask `hasattr`. Every value a member returns is a torch-free dataclass from
+through the app's start-up). The Library implements each member with the signature written here (the same
+names, kinds and defaults: tests/test_door.py); the two stand-ins write none of them out: `services.forwarding`
+generates each from this declaration and hands the call to the stand-in, so no member is forgotten and no other
+name passes. Callers never ask `hasattr`. Every value a member returns is a torch-free dataclass from
 `services.results` (or a catalog row). Every error a member raises for a reason the caller can act on is
 a `KvgraftError` (errors.py) whose message says what to do; the remote library raises `NotAvailable` for
 what has no route, the start-up proxy `NotReady` (stage, time left) for what needs the model before it is up.

@@ -14,12 +14,13 @@ import logging
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import errors
 from errors import KvgraftError
-from services.door import DEFAULT_ANSWER, AnswerOptions, Progress
+from services.door import AnswerOptions
+from services.forwarding import DoorCall, forwarding
 from services.results import AnswerResult, Deposited, ExactnessReport, LibraryEntry, ShowReport
 
 from .client import BackendRefused, Client
@@ -52,9 +53,12 @@ def _refused(e: BackendRefused) -> KvgraftError:
     return e
 
 
+@forwarding
 class RemoteLibrary:
     """The library door (`services.LibraryDoor`) over a deployment: each member one HTTP request to `base_url`,
-    or a `NotAvailable` saying what to use instead.
+    or a `NotAvailable` saying what to use instead. The members are the door's, generated from its declaration
+    (`services.forwarding`): `ROUTES` names the method that serves each one here, `UNAVAILABLE` what to use for
+    those without a route, and a member the door gains later is `NotAvailable` until it has a route.
 
     `admin_token` (the app's own KVGRAFT_ADMIN_TOKEN) is forwarded in X-Kvgraft-Admin for deposits the app
     made as admin (it checked its caller's token first) and for answers and verifies, which the app has
@@ -62,6 +66,35 @@ class RemoteLibrary:
 
     model_loaded = True  # the replicas hold the model; nothing loads here
     model_name = "the deployment's model"
+    home: Path  # the deployment's URL, what the app prints as its store
+
+    # the door's members without a route: (what, the command to use instead)
+    UNAVAILABLE = {
+        "store": ("the store itself (catalog, blobs)", ""),
+        "lm": ("The model (it lives in the replicas; a relocate offset is bounded there)", "kvgraft verify --relocate"),
+        "solve": ("Solve and learn", COMMANDS["solve"]),
+        "delete": ("Deleting an artifact", COMMANDS["delete"]),
+        "artifact_ids": ("Exporting a bundle", COMMANDS["export"]),
+        "stats": ("The dashboard", COMMANDS["dashboard"]),
+        "flywheel": ("The dashboard", COMMANDS["dashboard"]),
+        "ledger": ("The answer ledger", COMMANDS["ledger"]),
+        "index": ("The retrieval index (each replica builds its own)", COMMANDS["warm"]),
+        "warm_proofs": ("Warming the proofs (each replica warms its own)", COMMANDS["warm"]),
+        "prove_chain": ("Proving a chain ahead of its question", COMMANDS["ask"]),
+        "warm_answer": ("A warm-up answer", COMMANDS["ask"]),
+    }
+    ROUTES = {  # the door's member -> the method here that serves it, handed the call's arguments by name
+        "count": "_count",
+        "holds_own": "_holds_own",
+        "answer": "_answer",
+        "deposit_text": "_deposit_text",
+        "deposit_item": "_deposit_item",
+        "exactness_report": "_exactness_report",
+        "entries": "_entries",
+        "show": "_show",
+        "start_decoding_together": "_start_decoding_together",
+        "close": "_close",
+    }
 
     def __init__(self, base_url: str, admin_token: str = "", timeout_s: float = 300.0, retries: int = 2):
         self.base_url = base_url.rstrip("/")
@@ -69,6 +102,13 @@ class RemoteLibrary:
         self._anon = Client(self.base_url, timeout_s=timeout_s, retries=retries)
         self._admin = Client(self.base_url, admin_token=admin_token, timeout_s=timeout_s, retries=retries)
         self._last_count = 0
+
+    def _forward(self, call: DoorCall):
+        route = self.ROUTES.get(call.member)
+        if route is not None:
+            return getattr(self, route)(call.arguments)
+        what, command = self.UNAVAILABLE.get(call.member, (f"`{call.member}`", ""))
+        raise self._unavailable(what, command)
 
     def _call(self, client: Client, method: str, path: str, body: dict | None = None, parse: Callable = lambda x: x):
         """One request; the reply rebuilt by `parse` (a from_json). A reply of another shape (a deployment
@@ -91,63 +131,7 @@ class RemoteLibrary:
             f"use `{command or 'kvgraft export|import|fsck|...'}` on a machine with the store"
         )
 
-    # ---- no route: each says what to use instead (called, so the app's handlers show the message) ----
-
-    @property
-    def store(self):
-        """The store is the deployment's (what export, import and fsck work on): not here."""
-        raise self._unavailable("the store itself (catalog, blobs)")
-
-    def solve(
-        self,
-        question: str,
-        verifier: str,
-        reference: str,
-        budget: int = 4096,
-        attempts: int | None = None,
-        seed: int = 0,
-        temperature: float = 0.8,
-        max_new_tokens: int = 32,
-        admin: bool = False,
-        library: bool = True,
-        between: Callable[[], None] | None = None,
-    ):
-        raise self._unavailable("Solve and learn", COMMANDS["solve"])
-
-    def delete(self, ref: str):
-        raise self._unavailable("Deleting an artifact", COMMANDS["delete"])
-
-    def artifact_ids(self) -> list[str]:
-        raise self._unavailable("Exporting a bundle", COMMANDS["export"])
-
-    def stats(self, recent: int = 60):
-        raise self._unavailable("The dashboard", COMMANDS["dashboard"])
-
-    def flywheel(self):
-        raise self._unavailable("The dashboard", COMMANDS["dashboard"])
-
-    def ledger(self, last: int | None = None):
-        raise self._unavailable("The answer ledger", COMMANDS["ledger"])
-
-    def index(self):
-        raise self._unavailable("The retrieval index (each replica builds its own)", COMMANDS["warm"])
-
-    def warm_proofs(self, limit: int):
-        raise self._unavailable("Warming the proofs (each replica warms its own)", COMMANDS["warm"])
-
-    def prove_chain(self, artifact_id: str) -> float:
-        raise self._unavailable("Proving a chain ahead of its question", COMMANDS["ask"])
-
-    def warm_answer(self, artifact_id: str) -> float:
-        raise self._unavailable("A warm-up answer", COMMANDS["ask"])
-
-    # ---- nothing to do here ----------------------------------------------------------------------
-
-    def start_decoding_together(self) -> str:
-        """The replicas decode their answers together (or not) themselves; nothing to build in the app."""
-        return "answers decode in the deployment's replicas"
-
-    # ---- the routes ----------------------------------------------------------------------------
+    # ---- the routes (each handed the door call's arguments by name) --------------------------------------
 
     def health(self) -> tuple[int, dict]:
         """GET /health once, no retry: (HTTP status, the JSON it returned); status 0 when nothing answered."""
@@ -168,86 +152,54 @@ class RemoteLibrary:
             self._last_count = payload["store_artifacts"]
         return status, payload
 
-    def count(self) -> int:
+    def _count(self, a: Mapping) -> int:
         """Artifacts in the shared store (GET /health); the last count seen when no replica answers now."""
         self.health()
         return self._last_count
 
-    def holds_own(self) -> bool:
+    def _holds_own(self, a: Mapping) -> bool:
         """The deployment's replicas serve one model and seed its store themselves: whether it holds anything."""
-        return self.count() > 0
+        return self._count(a) > 0
 
-    def answer(
-        self, question: str, options: AnswerOptions = DEFAULT_ANSWER, on_token: Callable[[str], None] | None = None
-    ) -> AnswerResult:
+    def _start_decoding_together(self, a: Mapping) -> str:
+        """The replicas decode their answers together (or not) themselves; nothing to build in the app."""
+        return "answers decode in the deployment's replicas"
+
+    def _answer(self, a: Mapping) -> AnswerResult:
         """POST /answer with the replica's fields; `on_token` is not called (the answer arrives whole). The
         replica bounds the prompt itself; `threshold` and `record` are its own (retrieval's default, recorded)."""
-        o = options
-        body = {"question": question, "k": o.k, "artifact": o.artifact, "no_graft": not o.graft}
+        o: AnswerOptions = a["options"]
+        body = {"question": a["question"], "k": o.k, "artifact": o.artifact, "no_graft": not o.graft}
         body |= {"max_new_tokens": o.max_new_tokens, "raw": o.raw, "check": o.check, "compare": o.compare}
         body |= {"relocated": o.relocated, "compose": o.compose}
         body |= {"temperature": o.temperature, "top_p": o.top_p, "seed": o.seed, "stop": list(o.stop)}
         return self._call(self._admin, "POST", "/answer", body, AnswerResult.from_json)
 
-    def deposit_text(
-        self,
-        text: str,
-        parent: str | None = None,
-        title: str = "",
-        attested_by: str | None = None,
-        admin: bool = False,
-        on_progress: Progress | None = None,
-    ) -> Deposited:
-        body = {"text": text, "parent": parent, "title": title, "attested_by": attested_by}
-        return self._call(self._admin if admin else self._anon, "POST", "/deposit", body, Deposited.from_json)
+    def _deposit_text(self, a: Mapping) -> Deposited:
+        body = {k: a[k] for k in ("text", "parent", "title", "attested_by")}
+        return self._call(self._admin if a["admin"] else self._anon, "POST", "/deposit", body, Deposited.from_json)
 
-    def deposit_item(
-        self,
-        question: str,
-        solution: str,
-        answer: str | None,
-        verifier: str,
-        reference: str,
-        parent: str | None = None,
-        title: str = "",
-        admin: bool = False,
-        on_progress: Progress | None = None,
-    ) -> Deposited:
-        body = {"question": question, "solution": solution, "answer": answer or None, "verifier": verifier}
-        body |= {"reference": reference, "parent": parent, "title": title}
-        return self._call(self._admin if admin else self._anon, "POST", "/deposit", body, Deposited.from_json)
+    def _deposit_item(self, a: Mapping) -> Deposited:
+        body = {k: a[k] for k in ("question", "solution", "verifier", "reference", "parent", "title")}
+        body["answer"] = a["answer"] or None
+        return self._call(self._admin if a["admin"] else self._anon, "POST", "/deposit", body, Deposited.from_json)
 
-    def exactness_report(
-        self,
-        samples: int = 10,
-        relocate: int | None = None,
-        seed: int = 0,
-        on_progress: Progress | None = None,
-        decode_steps: int = 4,
-        monolithic: bool = True,
-        max_tokens: int | None = None,
-    ) -> ExactnessReport:
+    def _exactness_report(self, a: Mapping) -> ExactnessReport:
         """POST /verify. A `max_tokens` bound (the app's anonymous limits, services.limits.report_bounds) means
         an anonymous caller: no admin token is sent, so the deployment applies its own anonymous bounds too."""
-        client = self._anon if max_tokens is not None else self._admin
-        body = {"samples": samples, "relocate": relocate, "seed": seed}
+        client = self._anon if a["max_tokens"] is not None else self._admin
+        body = {k: a[k] for k in ("samples", "relocate", "seed")}
         return self._call(client, "POST", "/verify", body, ExactnessReport.from_json)
 
-    def entries(
-        self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0, model: str | None = None
-    ) -> list[LibraryEntry]:
+    def _entries(self, a: Mapping) -> list[LibraryEntry]:
+        kind, model = a["kind"], a["model"]
         extra = ({"kind": kind} if kind else {}) | ({"model": model} if model else {})
-        q = urllib.parse.urlencode({"query": query, "limit": limit, "offset": offset} | extra)
+        q = urllib.parse.urlencode({"query": a["query"], "limit": a["limit"], "offset": a["offset"]} | extra)
         return self._call(self._anon, "GET", f"/library?{q}", parse=lambda rows: [LibraryEntry.from_json(e) for e in rows])
 
-    def show(self, ref: str) -> ShowReport:
+    def _show(self, a: Mapping) -> ShowReport:
+        ref = a["ref"]
         return self._call(self._anon, "GET", f"/library/{urllib.parse.quote(ref, safe='')}", parse=ShowReport.from_json)
 
-    @property
-    def lm(self):
-        raise self._unavailable(
-            "The model (it lives in the replicas; a relocate offset is bounded there)", "kvgraft verify --relocate"
-        )
-
-    def close(self) -> None:
+    def _close(self, a: Mapping) -> None:
         pass
