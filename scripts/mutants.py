@@ -44,7 +44,7 @@ _MKL_BATCHING = (
 
 
 # A build's own kernels run only where the CPU has its instructions (measured in the copy).
-_BUILD = "from kernels import fma16; print('' if '{isa}' in fma16.runnable() else 'no {isa} on this CPU')"
+_BUILD = "from kernels import build; print('' if '{isa}' in build.runnable() else 'no {isa} on this CPU')"
 _ATTENTION = "tests/test_numerics.py::test_attention_is_its_written_definition_in_every_build"
 _PROOF = "tests/test_proof.py::"
 _WRONG_CACHE = _PROOF + "test_an_answer_served_from_a_wrong_cache_fails_the_proof_and_the_full_check"
