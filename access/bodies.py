@@ -1,6 +1,8 @@
-"""What a request body may hold before any handler reads it: `text_problem` (text that cannot be encoded, NULs),
-`remote_file` (a file named by URL, which Gradio would download), and `TextGate`, the ASGI middleware that refuses
-either (400), or a body over MAX_BODY (413), before the page parses it. Gradio-free: the page and the API share it.
+"""What a request body may hold before any handler reads it: `read_json` (JSON whose nesting is bounded and whose
+every string and key is valid Unicode, a refusal naming the field otherwise), `text_problem` (text that cannot be
+encoded, NULs), `remote_file` (a file named by URL, which Gradio would download), and `TextGate`, the ASGI middleware
+that refuses any of them (400), or a body over MAX_BODY (413), before the page parses it. Gradio-free: the page and
+the API share it.
 """
 
 from __future__ import annotations
@@ -8,7 +10,73 @@ from __future__ import annotations
 import json
 import logging
 
+from errors import InvalidInput
+
 log = logging.getLogger("kvgraft.refused")
+
+MAX_DEPTH = 32  # nesting levels of a request's JSON: an OpenAI chat is 5 deep (body, messages, [i], content, [j])
+
+
+class BodyRefused(InvalidInput):
+    """A request body refused before any handler reads it; `field` names where (a JSON path such as
+    `messages[0].content`, or "body" for the whole)."""
+
+    def __init__(self, message: str, field: str = "body"):
+        super().__init__(message)
+        self.field = field
+
+
+def _shown(key: str) -> str:
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")[:80]
+
+
+def json_problem(value: object, max_depth: int = MAX_DEPTH) -> BodyRefused | None:
+    """Why a parsed JSON value is refused, or None: nested past `max_depth` levels, or a string or key holding a
+    lone surrogate (U+D800-U+DFFF: a `\\ud800` escape without its pair), which no tokenizer, log line or reply can
+    encode. Iterative: no value makes it recurse."""
+    stack: list[tuple[object, str, int]] = [(value, "", 1)]
+    while stack:
+        v, path, depth = stack.pop()
+        if depth > max_depth:
+            return BodyRefused(
+                f"the JSON body is nested deeper than {max_depth} levels (at {path or 'its top'}): send a flatter body",
+                path or "body",
+            )
+        if isinstance(v, str):
+            if not v.isascii() and any("\ud800" <= c <= "\udfff" for c in v):
+                where = path or "body"
+                return BodyRefused(
+                    f"{where} holds a lone surrogate (U+D800-U+DFFF), which is not valid Unicode text: send valid UTF-8 "
+                    "(an escaped surrogate must be one half of a pair)",
+                    where,
+                )
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                here = f"{path}.{_shown(k)}" if path else _shown(k)
+                if not k.isascii() and any("\ud800" <= c <= "\udfff" for c in k):
+                    return BodyRefused(
+                        f"a key of {path or 'the body'} ({here!r}) holds a lone surrogate: send valid UTF-8", path or "body"
+                    )
+                stack.append((x, here, depth + 1))
+        elif isinstance(v, list):
+            stack.extend((x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
+    return None
+
+
+def read_json(data: bytes, max_depth: int = MAX_DEPTH) -> object:
+    """The JSON value of a request body, or BodyRefused saying what to send: bytes that are not UTF-8 JSON, JSON
+    nested past `max_depth` (refused whatever its depth: the parser's own recursion limit is a refusal too, never
+    an internal error), or text that is not valid Unicode, naming the field."""
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise BodyRefused(f"the JSON body is nested deeper than {max_depth} levels: send a flatter body") from None
+    except (ValueError, UnicodeDecodeError):
+        raise BodyRefused("the request body must be JSON (UTF-8)") from None
+    problem = json_problem(value, max_depth)
+    if problem is not None:
+        raise problem
+    return value
 
 
 def text_problem(*values: object, nul: bool = True) -> str | None:
@@ -89,7 +157,10 @@ class TextGate:
         body = b"".join(chunks)
         try:
             value = json.loads(body) if body else None
-            problem = (text_problem(value, nul=False) or remote_file(value)) if body else None  # NUL: the handlers' call
+            deep = json_problem(value) if body else None
+            problem = (str(deep) if deep else None) or (text_problem(value, nul=False) or remote_file(value) if body else None)
+        except RecursionError:  # nested past the parser's own limit
+            problem = f"The JSON body is nested deeper than {MAX_DEPTH} levels: send a flatter body."
         except ValueError:  # not JSON (or not UTF-8): Gradio answers it as it would
             problem = None
         if problem:

@@ -21,7 +21,8 @@ _LIMITED = (
     "/kvgraft/admin-session",  # token guesses
     "/v1/",  # the OpenAI-compatible API (serving.openai_api): completions, deposits
 )
-_NOT_LIMITED = ("/gradio_api/upload_progress",)  # an upload's progress stream (it writes nothing)
+_NOT_LIMITED = ("/gradio_api/upload_progress",)
+API_PREFIX = "/v1/"  # an upload's progress stream (it writes nothing)
 
 
 class JoinLimiter:
@@ -79,7 +80,12 @@ class JoinLimiter:
             return await self.app(scope, receive, send)
         self.refused += 1
         await self._sleep(self.hold_s)  # held, not answered at once: a client that retries on a refusal slows down
-        body = json.dumps({"detail": RATE_REFUSAL.format(rate=self.rate, wait=wait)}).encode()
+        message = RATE_REFUSAL.format(rate=self.rate, wait=wait)
+        if API_PREFIX in path:  # the OpenAI API's clients read OpenAI's error shape
+            value = {"error": {"message": message, "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}}
+        else:
+            value = {"detail": message}
+        body = json.dumps(value).encode()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

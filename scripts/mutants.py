@@ -401,8 +401,8 @@ MUTATIONS = (
     Mutation(
         "a stream sends the start of a stop string it later takes back (streamed text not the answer's)",
         "graft_core/templates.py",
-        "    return text[: len(text) - held].rstrip()",
-        "    return text.rstrip()",
+        "    return text[: len(text) - held] if raw else text[: len(text) - held].rstrip()",
+        "    return text if raw else text.rstrip()",
         ("tests/test_answer_sampling.py::test_settled_holds_back_what_later_tokens_may_change",),
     ),
     Mutation(

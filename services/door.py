@@ -64,9 +64,12 @@ class AnswerOptions:
     top_p: float = 1.0  # sampling only: draw within the most likely tokens whose probability reaches top_p
     seed: int | None = None  # sampling only: the generator's seed (None: one is drawn and reported)
     stop: tuple[str, ...] = ()  # decoding also ends at the first of these strings, which the answer leaves out
+    logprobs: int | None = None  # each generated token's log-probability, with this many alternatives (0..20)
+    echo: bool = False  # also each prompt token's log-probability (raw only); max_new_tokens may then be 0
+    prompt_ids: tuple[int, ...] = ()  # raw only: the prompt as these token ids, used as given (the question names it)
 
     def to_json(self) -> dict:
-        return asdict(self) | {"stop": list(self.stop)}
+        return asdict(self) | {"stop": list(self.stop), "prompt_ids": list(self.prompt_ids)}
 
     @classmethod
     def from_json(cls, data: dict) -> AnswerOptions:
@@ -76,7 +79,8 @@ class AnswerOptions:
             raise InvalidInput(
                 f"unknown answer option(s) {', '.join(sorted(unknown))}: use {', '.join(f.name for f in fields(cls))}"
             )
-        return cls(**data | ({"stop": tuple(data["stop"])} if isinstance(data.get("stop"), list) else {}))
+        lists = {k: tuple(data[k]) for k in ("stop", "prompt_ids") if isinstance(data.get(k), list)}
+        return cls(**data | lists)
 
 
 DEFAULT_ANSWER = AnswerOptions()

@@ -169,6 +169,8 @@ class RemoteLibrary:
         """POST /answer with the replica's fields; `on_token` is not called (the answer arrives whole). The
         replica bounds the prompt itself; `threshold` and `record` are its own (retrieval's default, recorded)."""
         o: AnswerOptions = a["options"]
+        if o.logprobs is not None or o.echo or o.prompt_ids:  # the replica's /answer carries none of them
+            raise self._unavailable("Log-probabilities, echo and token-id prompts", "the replicas' own /v1 (kvgraft serve)")
         body = {"question": a["question"], "k": o.k, "artifact": o.artifact, "no_graft": not o.graft}
         body |= {"max_new_tokens": o.max_new_tokens, "raw": o.raw, "check": o.check, "compare": o.compare}
         body |= {"relocated": o.relocated, "compose": o.compose}

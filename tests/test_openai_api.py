@@ -123,7 +123,8 @@ def test_the_stop_string_holds_the_stream_back_until_it_is_decided(served):
     "extra, param",
     [
         ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": 3}, "logprobs"),
+        ({"echo": True}, "echo"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"frobnicate": 1}, "frobnicate"),

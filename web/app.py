@@ -36,6 +36,7 @@ import services  # noqa: E402
 import settings  # noqa: E402
 from access import uploads  # noqa: E402
 from access.admission import Admission  # noqa: E402
+from access.arrivals import BodyDeadline  # noqa: E402
 from access.bodies import TextGate, text_problem  # noqa: E402
 from access.guard import ADMIN_HELP, FairTurns, Guard, address_depth, per_address  # noqa: E402
 from access.limiter import JoinLimiter  # noqa: E402
@@ -479,7 +480,8 @@ def serve(demo: gr.Blocks, where: Hosting, joins: tuple[float, int] | None = Non
     `launch` makes it: it is set here, to exactly the configured proxies ("" trusts no peer). Every request
     body passes `TextGate` first, after the per-address `JoinLimiter` (`joins`: its rate a second and burst,
     KVGRAFT_JOINS_PER_S / KVGRAFT_JOINS_BURST unless given) and the upload door (`access.uploads.UploadGate`: an
-    upload is the admin's, refused before its body is read otherwise, and bounded while it streams). `mounts`
+    upload is the admin's, refused before its body is read otherwise, and bounded while it streams), and every body
+    within `access.arrivals.BodyDeadline`'s time and per-address count of bodies arriving. `mounts`
     (starlette Middleware) sit right after the limiter: other front ends on this port (the entry's /v1 and
     /metrics), rate-limited as the page is and with their own bounds."""
     os.environ["FORWARDED_ALLOW_IPS"] = ",".join(where.proxies)
@@ -487,10 +489,10 @@ def serve(demo: gr.Blocks, where: Hosting, joins: tuple[float, int] | None = Non
     limiter = Middleware(JoinLimiter, rate=rate, burst=burst)
     door = getattr(demo, "upload_door", None)  # a Blocks not made by build_app has none: every upload is refused
     gate = Middleware(uploads.UploadGate, door=door, secure=where.root.startswith("https://"))
-    # outermost the per-address rate of work requests and uploads, then what is mounted beside the page (its own
-    # bounds), then the upload door (the admin's only, before a byte is read), then text that cannot be encoded or
+    # outermost the per-address rate of work requests and uploads, then the deadline of a body's arrival (and how
+    # many may be arriving per address), then what is mounted beside the page (its own bounds), then the upload door (the admin's only, before a byte is read), then text that cannot be encoded or
     # files by URL, before Gradio parses them
-    edge = {"middleware": [limiter, *mounts, gate, Middleware(TextGate)]}
+    edge = {"middleware": [limiter, Middleware(BodyDeadline), *mounts, gate, Middleware(TextGate)]}
     launch = {"server_name": where.host, "server_port": where.port, "root_path": where.root, "app_kwargs": edge, **launch}
     demo.launch(**launch)
 
