@@ -30,10 +30,11 @@ def _shown(key: str) -> str:
     return key.encode("utf-8", "backslashreplace").decode("utf-8")[:80]
 
 
-def json_problem(value: object, max_depth: int = MAX_DEPTH) -> BodyRefused | None:
+def json_problem(value: object, max_depth: int = MAX_DEPTH, surrogates: bool = True) -> BodyRefused | None:
     """Why a parsed JSON value is refused, or None: nested past `max_depth` levels, or a string or key holding a
     lone surrogate (U+D800-U+DFFF: a `\\ud800` escape without its pair), which no tokenizer, log line or reply can
-    encode. Iterative: no value makes it recurse."""
+    encode (unless `surrogates` is False: the page words that refusal itself, `text_problem`). Iterative: no value
+    makes it recurse."""
     stack: list[tuple[object, str, int]] = [(value, "", 1)]
     while stack:
         v, path, depth = stack.pop()
@@ -43,7 +44,7 @@ def json_problem(value: object, max_depth: int = MAX_DEPTH) -> BodyRefused | Non
                 path or "body",
             )
         if isinstance(v, str):
-            if not v.isascii() and any("\ud800" <= c <= "\udfff" for c in v):
+            if surrogates and not v.isascii() and any("\ud800" <= c <= "\udfff" for c in v):
                 where = path or "body"
                 return BodyRefused(
                     f"{where} holds a lone surrogate (U+D800-U+DFFF), which is not valid Unicode text: send valid UTF-8 "
@@ -53,7 +54,7 @@ def json_problem(value: object, max_depth: int = MAX_DEPTH) -> BodyRefused | Non
         elif isinstance(v, dict):
             for k, x in v.items():
                 here = f"{path}.{_shown(k)}" if path else _shown(k)
-                if not k.isascii() and any("\ud800" <= c <= "\udfff" for c in k):
+                if surrogates and not k.isascii() and any("\ud800" <= c <= "\udfff" for c in k):
                     return BodyRefused(
                         f"a key of {path or 'the body'} ({here!r}) holds a lone surrogate: send valid UTF-8", path or "body"
                     )
@@ -157,7 +158,7 @@ class TextGate:
         body = b"".join(chunks)
         try:
             value = json.loads(body) if body else None
-            deep = json_problem(value) if body else None
+            deep = json_problem(value, surrogates=False) if body else None
             problem = (str(deep) if deep else None) or (text_problem(value, nul=False) or remote_file(value) if body else None)
         except RecursionError:  # nested past the parser's own limit
             problem = f"The JSON body is nested deeper than {MAX_DEPTH} levels: send a flatter body."

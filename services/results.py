@@ -206,10 +206,9 @@ class AnswerResult:
         }
         if self.baseline is not None:
             d["baseline"] = asdict(self.baseline) | {"ttft_speedup": self.ttft_speedup, "measured": True}
-        if self.output_logprobs or self.prompt_logprobs:  # only when asked: the usual answer's JSON is unchanged
-            d["output_logprobs"] = [lp.to_json() for lp in self.output_logprobs]
-            d["prompt_logprobs"] = [lp.to_json() for lp in self.prompt_logprobs]
-            d["prompt_token_ids"], d["prompt_text"] = list(self.prompt_token_ids), self.prompt_text
+        d["output_logprobs"] = [lp.to_json() for lp in self.output_logprobs]  # empty unless asked
+        d["prompt_logprobs"] = [lp.to_json() for lp in self.prompt_logprobs]
+        d["prompt_token_ids"], d["prompt_text"] = list(self.prompt_token_ids), self.prompt_text
         return d
 
     @classmethod
