@@ -15,7 +15,7 @@ _LIMITED = (
     "/gradio_api/call/",
     "/gradio_api/run/",
     "/gradio_api/api/",
-    "/gradio_api/upload",  # uploads (web.uploads refuses anyone's but the admin's)
+    "/gradio_api/upload",  # uploads (access.uploads refuses anyone's but the admin's)
     "/gradio_api/component_server",
     "/gradio_api/process_recording",
     "/kvgraft/admin-session",  # token guesses

@@ -1,4 +1,4 @@
-"""The web app as the front end of a deployment (web/remote.py), without Ray: `RemoteLibrary` against a
+"""The web app as the front end of a deployment (serving/remote.py, web/connecting.py), without Ray: `RemoteLibrary` against a
 stdlib HTTP stub on loopback (request shapes, the admin header, error mapping, the connecting stage), and the
 `from_json` inverses of the result types on real results of the tiny model. The Ray end-to-end test is in
 tests/test_serving_ray.py.

@@ -86,7 +86,7 @@ VERIFIERS = ["exact", "numeric", "sympy", "attested"]
 _DONE = object()
 
 
-# Uploads are the admin's only (web.uploads, at the edge: Gradio's routes have no per-route auth) and bounded
+# Uploads are the admin's only (access.uploads, at the edge: Gradio's routes have no per-route auth) and bounded
 # per file, per caller, in all and by the disk's free space; Gradio's copies of exports and anything left are
 # deleted after an hour. Larger bundles go through `cli.py import`.
 MAX_UPLOAD = settings.get("KVGRAFT_MAX_UPLOAD")
