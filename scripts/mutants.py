@@ -412,6 +412,27 @@ MUTATIONS = (
         "    seed = secrets.randbelow(MAX_SEED + 1)",
         ("tests/test_answer_sampling.py::test_a_seed_draws_the_same_tokens_and_seeds_differ",),
     ),
+    Mutation(
+        "Q6_K's 8-row product scales each chunk of 16 by its neighbour's scale (kernels/c/linear.c k256_q6_k)",
+        "kernels/c/linear.c",
+        "        acc = v_fmadd(v_load(xb + 16 * c), v_mul(v_set1(d * (float)sc[c]), q), acc);",
+        "        acc = v_fmadd(v_load(xb + 16 * c), v_mul(v_set1(d * (float)sc[c ^ 1]), q), acc);",
+        ("tests/test_fma16.py::test_kernel_equals_the_c_definition",),
+    ),
+    Mutation(
+        "a stand-in forwards a call without the door's defaults (the library sees fewer arguments than declared)",
+        "services/forwarding.py",
+        "        bound.apply_defaults()",
+        "        pass",
+        ("tests/test_door.py::test_the_stand_ins_write_out_no_member_and_forward_each_call_exactly",),
+    ),
+    Mutation(
+        "a body nested past the bound or holding a lone surrogate reaches the API's handlers (a 500 from the body)",
+        "access/bodies.py",
+        "    problem = json_problem(value, max_depth)\n    if problem is not None:\n        raise problem\n",
+        "",
+        ("tests/test_api_inputs.py::test_a_lone_surrogate_is_a_400_naming_its_field_before_the_tokenizer",),
+    ),
 )
 
 
