@@ -1,4 +1,4 @@
-"""`python app.py`: the web app's entry point, what `make run` and a Hugging Face Space start (the app is in web/).
+"""`python app.py`: the app's entry point, what `make run` and a Hugging Face Space start (server.py: the page, /v1, /metrics).
 
 A placeholder page answers on the app's port at once, while Gradio and the app import (~5 s); then the
 app takes the port over and its start-up stages run behind the page.
@@ -12,6 +12,6 @@ if __name__ == "__main__":
     from web.placeholder import serve_while_starting
 
     boot = serve_while_starting(T0)
-    from web.app import main
+    from server import main
 
     main(boot, T0)

@@ -413,9 +413,10 @@ def main() -> None:
     tempfile.tempdir = str(scratch / "tmp")
     (scratch / "tmp").mkdir()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import server
     import services
     from services import seed
-    from web import app, hosting, memory
+    from web import hosting, memory
 
     if args.tiny:
         from graft_core import model as model_mod
@@ -429,10 +430,10 @@ def main() -> None:
         lib = services.Library(home=args.home or scratch / "home")
         if not lib.count():
             seed.seed_library(lib)
-    memory.start_trimmer()  # as web.app.main does: freed activations go back to the OS
-    demo = app.build_app(lib, admin_token="abuse-admin")  # the app's own guard: its slots, per-address share and depth
+    memory.start_trimmer()  # as server.main does: freed activations go back to the OS
+    demo = server.build(lib, admin_token="abuse-admin")  # the app's own guard: its slots, per-address share and depth
     where = replace(hosting.detect({}), port=free_port(), proxies=("127.0.0.1/32",))  # a proxy on loopback
-    app.serve(demo, where, prevent_thread_lock=True, quiet=True)
+    server.serve(demo, where, prevent_thread_lock=True, quiet=True)
     runs, idle = [], None
     try:
         load = os.getloadavg()[0]

@@ -128,17 +128,18 @@ def _wait(url: str, seconds: float) -> None:
 
 
 def run_kvgraft(document: str, counts: list[int], requests: int, scratch: Path) -> dict:
-    """The web app (`web.app.serve`, loopback believed as a proxy: each client its own address), the document
+    """The web app (`server.serve`, loopback believed as a proxy: each client its own address), the document
     deposited through `/v1/kvgraft/deposits` (attested, the admin token), grafted by id in every request."""
     import httpx
 
+    import server
     import services
-    from web import app, hosting
+    from web import hosting
 
     lib = services.Library(home=scratch / "kvgraft-home")
-    demo = app.build_app(lib, admin_token="bench-api-admin")
+    demo = server.build(lib, admin_token="bench-api-admin")
     where = dataclasses.replace(hosting.detect({}), host="127.0.0.1", port=free_port(), proxies=("127.0.0.1/32",))
-    app.serve(demo, where, prevent_thread_lock=True, quiet=True)
+    server.serve(demo, where, prevent_thread_lock=True, quiet=True)
     base = demo.local_url.rstrip("/") + "/v1"
     try:
         r = httpx.post(

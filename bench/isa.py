@@ -25,7 +25,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from graft_core import model
-    from kernels import fma16
+    from kernels import build, fma16
 
     lm = model.load()
     ops = [fma16.product_of(m) for m in lm.model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
@@ -36,7 +36,7 @@ def main() -> None:
     for rows in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(rows, k, generator=gen) for k in {op.k for op in ops} | {vocab.k}}
         per = {}
-        for isa in fma16.runnable():
+        for isa in build.runnable():
 
             def layers(isa=isa, xs=xs):
                 return [fma16.linear(xs[op.k], op.source, op.fmt, op.n, isa=isa) for op in ops]

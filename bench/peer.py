@@ -96,7 +96,7 @@ def model_tokenizer(gguf: Path):
 
     from graft_core import model
 
-    kept = model._gguf_metadata_dir(gguf)
+    kept = model.gguf_metadata_dir(gguf)
     return AutoTokenizer.from_pretrained(kept) if kept else AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
 
 
@@ -492,7 +492,7 @@ def main() -> None:
             "(~15 min on 2 cores) or point --peer-python / KVGRAFT_PEER_PYTHON at a python with llama-cpp-python"
         )
         return
-    import kernels.fma16 as fma16
+    from kernels import build
 
     gguf = model_gguf(args.model) if args.model else gguf_file(args.gguf)
     tokenizer = model_tokenizer(gguf) if args.model else None
@@ -500,7 +500,7 @@ def main() -> None:
     peer_formats += ["--no-extra-bufts"] if args.peer_no_extra_bufts else []
     slug = args.model.removeprefix("packaged:").replace("/", "_").removesuffix(".gguf") if args.model else ""
     out = Path(args.out) if args.out else ROOT / "docs" / "bench" / (f"peer-{Path(slug).name}.json" if slug else "peer.json")
-    isas = [i for i in args.isas.split(",") if i == "native" or i in fma16.runnable()]
+    isas = [i for i in args.isas.split(",") if i == "native" or i in build.runnable()]
     fresh_isas, slow = set(args.fresh_isas.split(",")), set(args.slow_isas.split(","))
     rows = []
     with tempfile.TemporaryDirectory(prefix="kvgraft-peer-") as tmp:

@@ -108,7 +108,7 @@ def _users(url: str, questions: list[str], users: int, per_user: int, timeout_s:
 def gradio_main(args) -> None:
     from gradio_client import Client
 
-    from web.guard import FairTurns, Guard, per_address
+    from access.guard import FairTurns, Guard, per_address
 
     args.users = args.users or "1,4,8"
     questions = [it["question"] for it in seed.seed_items()[0]]

@@ -111,7 +111,7 @@ def _gguf_tokenizer_dir(name: str, report: RecheckReport) -> Path | None:
     except packaged.Mismatch as e:
         report.notes.append(f"{e}: token ids not decoded (stored text re-scored instead)")
         return None
-    folder = model_mod._gguf_metadata_dir(path) if path.is_file() else None
+    folder = model_mod.gguf_metadata_dir(path) if path.is_file() else None
     if folder is None:
         report.notes.append(
             f"the tokenizer of {name} has not been read from its GGUF on this machine (load the model once): "

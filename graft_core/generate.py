@@ -22,6 +22,7 @@ from .errors import InputTooLong, InvalidInput
 from .exactness import ExactnessCheck
 from .forward import new_cache
 from .graft import restore, restore_relocated
+from .logprobs import TokenLogprob, of_prompt, of_rows
 from .model import LoadedModel
 from .probe import logits_sha256
 from .proof import Proof, ProvenState, full_check, no_proof, prove, why_no_proof
@@ -48,6 +49,8 @@ class Answer:
     stopped: str
     check: ExactnessCheck | None = None  # the full recomputation of the served rows, when asked
     proof: Proof | None = None  # the cheap proof of the served state
+    output_logprobs: tuple[TokenLogprob, ...] = ()  # each generated token's, from the row that chose it (when asked)
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # each prompt token's, from the prompt's own rows (echo)
 
     @property
     def grafted_tokens(self) -> int:
@@ -78,9 +81,9 @@ def encode_prompt(lm: LoadedModel, question: str, grafted: bool, raw: bool = Fal
     return templates.encode_prompt(lm.tokenizer, question, grafted, raw, form)
 
 
-def _bound(lm: LoadedModel, start: int, prompt: int, max_new_tokens: int) -> None:
-    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
-        raise InvalidInput(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens}")
+def _bound(lm: LoadedModel, start: int, prompt: int, max_new_tokens: int, least: int = 1) -> None:
+    if not least <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+        raise InvalidInput(f"max_new_tokens must be between {least} and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens}")
     limit = lm.info.max_positions
     if start + prompt + max_new_tokens > limit:
         raise InputTooLong(
@@ -127,6 +130,9 @@ def answer(
     form: str = "answer",
     sampling: Sampling | None = None,
     stop: tuple[str, ...] = (),
+    given_ids: list[int] | None = None,
+    logprobs: int | None = None,
+    echo: bool = False,
 ) -> Answer:
     """Graft `chain` (own position; or, with `relocated`, independent roots re-rotated), then answer.
 
@@ -138,9 +144,12 @@ def answer(
     `steps` (a graft_core.stepgroup.StepGroup) decodes together with concurrent answers: the same bytes.
     `form` is the query form (templates.FORMS): how the question is rendered and where its answer ends.
     `sampling` draws each token (seeded: the same seed, the same tokens) instead of the greedy choice; decoding
-    also ends at the first of the `stop` strings, which the text leaves out.
+    also ends at the first of the `stop` strings, which the text leaves out. `given_ids` is the prompt as token ids
+    (raw: used as given, `question` only names it). `logprobs` (0..20 alternatives) reads each generated token's
+    log-probability off the row that chose it; `echo` keeps the prompt's rows as well (one forward of the prompt,
+    every row kept: the same bytes) and reads each prompt token's, and lets `max_new_tokens` be 0.
     """
-    prompt_ids = encode_prompt(lm, question, grafted=bool(chain), raw=raw, form=form)
+    prompt_ids = list(given_ids) if given_ids else encode_prompt(lm, question, grafted=bool(chain), raw=raw, form=form)
     t0 = time.perf_counter()
     if not chain:
         cache, start, tier = new_cache(lm.model), 0, "none"
@@ -150,7 +159,7 @@ def answer(
     else:
         cache, start, tier = restore(lm, chain), chain[-1].end, "exact"
     restore_s = time.perf_counter() - t0
-    _bound(lm, start, len(prompt_ids), max_new_tokens)
+    _bound(lm, start, len(prompt_ids), max_new_tokens, least=0 if echo else 1)
     provable = probe and tier == "exact" and bool(chain[-1].probe_sha256)
     proof = prove(lm, chain, cache, proven) if provable else None
     if proof is not None and on_proof is not None:
@@ -166,8 +175,13 @@ def answer(
         on_token=on_token,
         steps=steps,
         choose=None if sampling is None else chooser(sampling),
+        keep_prompt_rows=echo,
     )
     completion = lm.tokenizer.decode(dec.token_ids, skip_special_tokens=True)
+    top = logprobs or 0
+    read = logprobs is not None or echo
+    out_lp = tuple(of_rows(dec.step_rows, dec.token_ids, top)) if read else ()
+    prompt_lp = tuple(of_prompt(dec.prompt_rows, prompt_ids, top)) if echo else ()
     if proof is None:
         proof = no_proof(why_no_proof(chain, relocated) if probe else "proof turned off by the caller")
     served = (lm, chain, prompt_ids, dec.token_ids, dec.step_rows)
@@ -190,6 +204,8 @@ def answer(
         stopped=dec.stopped,
         check=exactness,
         proof=proof,
+        output_logprobs=out_lp,
+        prompt_logprobs=prompt_lp,
     )
 
 
@@ -223,7 +239,7 @@ def baseline(
         decode_tokens=len(dec.token_ids),
         ttft_s=dec.first_token_s,
         total_s=dec.total_s,
-        text=completion.strip() if raw else templates.cut_answer(completion, form, templates.of(lm.tokenizer)),
+        text=completion if raw else templates.cut_answer(completion, form, templates.of(lm.tokenizer)),
         output_sha256=tokens_sha256(dec.token_ids),
         token_ids=tuple(dec.token_ids),
     )

@@ -472,7 +472,7 @@ def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
 
     if why:
         raise KvgraftError(f"KVGRAFT_MODEL {name}: a GGUF file is read by kvgraft's kernels, which cannot run here ({why})")
-    read = _gguf_metadata_dir(path)
+    read = gguf_metadata_dir(path)
     if read is not None:
         hf_config, tokenizer = AutoConfig.from_pretrained(read), AutoTokenizer.from_pretrained(read)
     else:
@@ -545,7 +545,7 @@ def _gguf_stamp_dir(path: Path) -> Path:
     return model_cache_dir() / "gguf-metadata" / hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-def _gguf_metadata_dir(path: Path) -> Path | None:
+def gguf_metadata_dir(path: Path) -> Path | None:
     """The kept config and tokenizer of the GGUF at `path` (reading them from the file's metadata took minutes
     here), or None. They enter the fingerprint as read, so a changed folder gives another fingerprint."""
     folder = _gguf_stamp_dir(path)

@@ -31,7 +31,7 @@ import decimal
 import numpy as np
 import torch
 
-from kernels import fma16, ops
+from kernels import build, ops
 
 VERSION = "kvgraft-f32-v2"  # the definition's name: change it when any order here or in fma16 (fma16.VERSION) changes
 NAME = "kvgraft"  # the attention implementation's name in transformers' registries
@@ -200,7 +200,7 @@ class Norm:
     def __init__(self, module, isa: str | None = None):
         self.module = module
         self.plain = module.forward
-        self.isa = isa  # the build the model was loaded on (None: fma16.variant())
+        self.isa = isa  # the build the model was loaded on (None: build.variant())
         self.plus_one = plus_one(module)
         self.eps = norm_eps(module)
 
@@ -227,7 +227,7 @@ class _Elementwise:
     def __init__(self, module, isa: str | None = None):
         self.module = module
         self.plain = module.forward
-        self.isa = isa  # the build the model was loaded on (None: fma16.variant())
+        self.isa = isa  # the build the model was loaded on (None: build.variant())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not ops.ours(x):
@@ -297,7 +297,7 @@ def outside(name: str, lack: str) -> str:
 
 def take_over(model, isa: str | None = None) -> str:
     """Route a loaded model's rotary tables, RMSNorms and activations (Gemma 3's tanh GELU, the Llama family's
-    SiLU) through this definition on fma16's build `isa` (default `fma16.variant()`), and tell its attention
+    SiLU) through this definition on fma16's build `isa` (default `build.variant()`), and tell its attention
     modules that build (its attention is chosen at load: attn_implementation=NAME, after `register()`);
     returns a line for the log."""
     from torch import nn
@@ -306,7 +306,7 @@ def take_over(model, isa: str | None = None) -> str:
     why = why_not(model.config)
     if why:
         raise ValueError(f"{why} is outside {VERSION}")
-    isa = fma16.variant(isa)
+    isa = build.variant(isa)
     ops.lib(isa)
     counts = {"rotary": 0, "norms": 0, "gelu": 0, "silu": 0}
     for m in model.modules():

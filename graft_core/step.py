@@ -21,7 +21,7 @@ import ctypes
 
 import torch
 
-from kernels import fma16
+from kernels import build, fma16
 
 from .layers import commit_rows, is_sliding, reserve_rows
 
@@ -108,7 +108,7 @@ class Stepper:
             self.why = "the products run on more than one build"
             return
         self.isa = isas.pop()
-        self.lib = fma16.lib(self.isa)
+        self.lib = build.lib(self.isa)
         _declare(self.lib)
         assert self.lib.kv_layer_size() == ctypes.sizeof(_Layer), "kv_layer's layout differs between C and Python"
         self.keep = []  # every tensor a table points into, alive as long as the table

@@ -244,13 +244,22 @@ def deposit_text(template: Template, body: str) -> str:
     return before + _checked(template, body.strip(), "deposit") + after
 
 
+def text_ids(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    """Token ids of text a caller wrote, as text: a control token's name written in it (`<eos>`,
+    `<start_of_turn>`) is split into the ordinary pieces of its characters, never read as the control token; text
+    without one tokenises exactly as before. The tokenizer's own special tokens (BOS) come from
+    `add_special_tokens` only."""
+    return list(tokenizer(text, add_special_tokens=add_special_tokens, split_special_tokens=True)["input_ids"])
+
+
 def deposit_ids(tokenizer, body: str, root: bool) -> list[int]:
     """Token ids of a deposit body as capture prefills them. Plain form: the tokenizer's own special tokens
-    (BOS) only on a chain's root. Chat form: the template's text carries every control token it has, so the
-    tokenizer adds none (as transformers' apply_chat_template tokenises)."""
+    (BOS) only on a chain's root, the body as text (`text_ids`). Chat form: the template's text carries every
+    control token it has, so the tokenizer adds none (as transformers' apply_chat_template tokenises), and a body
+    holding a control token is refused (`_checked`)."""
     template = of(tokenizer)
     if not template.chat:
-        return list(tokenizer(body, add_special_tokens=root)["input_ids"])
+        return text_ids(tokenizer, body, add_special_tokens=root)
     return list(tokenizer(deposit_text(template, body), add_special_tokens=False)["input_ids"])
 
 
@@ -269,7 +278,9 @@ def prompt_ids(tokenizer, question: str, form: str = "answer", grafted: bool = T
     """Token ids of a question's prompt (`query_text`): plain form with BOS only when nothing is grafted."""
     template = of(tokenizer)
     text = query_text(template, question, form, grafted)
-    return list(tokenizer(text, add_special_tokens=not grafted and not template.chat)["input_ids"])
+    if not template.chat:  # the plain form's prompt is the caller's text and fixed words: all of it text
+        return text_ids(tokenizer, text, add_special_tokens=not grafted)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def encode_prompt(tokenizer, question: str, grafted: bool, raw: bool = False, form: str = "answer") -> list[int]:
@@ -279,7 +290,7 @@ def encode_prompt(tokenizer, question: str, grafted: bool, raw: bool = False, fo
     if not question or not question.strip():
         raise InvalidInput("the question is empty; type a question")
     if raw:
-        ids = tokenizer(question, add_special_tokens=not grafted)["input_ids"]
+        ids = text_ids(tokenizer, question, add_special_tokens=not grafted)
     else:
         ids = prompt_ids(tokenizer, question, form, grafted)
     if not ids:
@@ -316,16 +327,19 @@ def cut_stop(completion: str, stop: tuple[str, ...]) -> str:
 
 
 def answer_text(completion: str, raw: bool, form: str = "answer", stop: tuple[str, ...] = (), template: Template = PLAIN) -> str:
-    """What an answer shows of its `completion`: cut at the first `stop` string, then stripped (raw) or cut at
-    the template's end of answer. The streamed text and the finished answer are both this."""
+    """What an answer shows of its `completion`: cut at the first `stop` string, then as decoded (raw: the
+    continuation exactly, its spaces and newlines kept, as OpenAI's and llama.cpp's completions return it) or cut
+    at the template's end of answer. The streamed text and the finished answer are both this."""
     completion = cut_stop(completion, stop)
-    return completion.strip() if raw else cut_answer(completion, form, template)
+    return completion if raw else cut_answer(completion, form, template)
 
 
-def settled(text: str, stop: tuple[str, ...] = ()) -> str:
+def settled(text: str, stop: tuple[str, ...] = (), raw: bool = False) -> str:
     """The part of a growing answer text (`answer_text` of the tokens so far) that later tokens cannot change,
     for a streaming caller: without a trailing half character (U+FFFD while its bytes are still arriving),
-    trailing whitespace (stripped unless more text follows) or the start of a stop string."""
-    text = text.rstrip("\ufffd").rstrip()
+    trailing whitespace (stripped unless more text follows; kept in a `raw` continuation, which keeps it) or the
+    start of a stop string."""
+    text = text.rstrip("\ufffd")
+    text = text if raw else text.rstrip()
     held = max((k for s in stop for k in range(1, min(len(s) - 1, len(text)) + 1) if text.endswith(s[:k])), default=0)
-    return text[: len(text) - held].rstrip()
+    return text[: len(text) - held] if raw else text[: len(text) - held].rstrip()

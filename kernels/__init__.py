@@ -3,7 +3,7 @@ their Python bindings. The floor below `graft_core` and `retrieval`: both comput
 through the other.
 
 It owns the numerical definition's order of operations (products, attention, norms, exp, sin/cos,
-GELU), its builds per instruction set (`fma16.VARIANTS`, KVGRAFT_ISA) and the kernel cache; it knows
+GELU), its builds per instruction set (`build.VARIANTS`, KVGRAFT_ISA; build.py) and the kernel cache; it knows
 nothing about models, artifacts, indexes or the store. It is the one door through which torch reaches
 `retrieval` (the embedder's forward in retrieval/encoder.py runs on these kernels).
 """

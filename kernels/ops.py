@@ -1,5 +1,5 @@
-"""The Python side of the kernels besides the products (fma16.py): the library handle with an error a user
-can act on, one key/value head's attention call (`attend`, kv_attention in c/attention.c) and its mask rows, and
+"""The Python side of the kernels besides the products (fma16.py) and the build (build.py): the library handle
+with an error a user can act on, one key/value head's attention call (`attend`, kv_attention in c/attention.c) and its mask rows, and
 transformers' boolean mask without its causal shortcut. Shared by graft_core.numerics (the language
 model's forward) and retrieval.encoder (the embedder's); it knows neither model.
 """
@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import torch
 
-from . import fma16
+from . import build
 
 
 def lib(isa: str | None = None):
-    """fma16's library (variant `isa`, default `fma16.variant()`): this module's entry points live in c/
-    and are declared where the library is loaded (fma16.lib)."""
-    handle = fma16.lib(isa)
+    """The kernels' library (variant `isa`, default `build.variant()`): this module's entry points live in c/
+    and are declared where the library is loaded (build.lib)."""
+    name = isa or build.variant()
+    handle = build.lib(name)
     if handle is None:
-        raise RuntimeError(f"kvgraft's kernels are unavailable: {fma16.why_not() or 'kernels/c/kernels.c did not build'}")
+        raise RuntimeError(f"kvgraft's kernels are unavailable: {build.failure(name) or 'kernels/c/kernels.c did not build'}")
     return handle
 
 
@@ -58,7 +59,7 @@ def attend(
     """One key/value head's attention (kv_attention in c/attention.c): q [H, Sq, D] (any head and position
     strides, D contiguous), k and v [Sk, D] (rows contiguous), `keep` uint8 or `add` float32 [Sq, >= Sk]
     mask rows (or neither: every key), into out [H, Sq, D] (a strided view). `reference` computes it one
-    operation at a time (the definition; slow); `isa` names the build (default: fma16.variant())."""
+    operation at a time (the definition; slow); `isa` names the build (default: build.variant())."""
     h, sq, d = q.shape
     sk = k.shape[0]
     for t in (q, k, v, out):

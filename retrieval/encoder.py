@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels import fma16, ops
+from kernels import build, fma16, ops
 
 VERSION = "kvgraft-enc-v1"  # the definition's name: change it when an order here or in its kernels changes
 NAME = "kvgraft-encoder"  # the attention implementation's name in transformers' registries
@@ -136,14 +136,14 @@ class Gelu:
 
 def take_over(model, isa: str | None = None) -> str:
     """Route a loaded SentenceTransformer's BERT through this definition on fma16's build `isa` (default
-    `fma16.variant()`); raises ValueError where `why_not` says it cannot. Returns a line for the log."""
+    `build.variant()`); raises ValueError where `why_not` says it cannot. Returns a line for the log."""
     from transformers.activations import GELUActivation
     from transformers.models.bert.modeling_bert import BertSelfAttention
 
     why = why_not(model)
     if why:
         raise ValueError(why)
-    isa = fma16.variant(isa)
+    isa = build.variant(isa)
     bert = model[0].auto_model
     register()
     bert.set_attn_implementation(NAME)

@@ -44,7 +44,7 @@ _MKL_BATCHING = (
 
 
 # A build's own kernels run only where the CPU has its instructions (measured in the copy).
-_BUILD = "from kernels import fma16; print('' if '{isa}' in fma16.runnable() else 'no {isa} on this CPU')"
+_BUILD = "from kernels import build; print('' if '{isa}' in build.runnable() else 'no {isa} on this CPU')"
 _ATTENTION = "tests/test_numerics.py::test_attention_is_its_written_definition_in_every_build"
 _PROOF = "tests/test_proof.py::"
 _WRONG_CACHE = _PROOF + "test_an_answer_served_from_a_wrong_cache_fails_the_proof_and_the_full_check"
@@ -358,28 +358,28 @@ MUTATIONS = (
     ),
     Mutation(
         "an upload without the admin's token or session is let through (anonymous bytes reach the disk)",
-        "web/uploads.py",
+        "access/uploads.py",
         "        return 403, ANONYMOUS",
         "        return None",
         ("tests/test_uploads.py::test_anonymous_uploads_are_refused_on_every_route_and_write_nothing",),
     ),
     Mutation(
         "an upload session cookie is believed without its signature",
-        "web/uploads.py",
+        "access/uploads.py",
         "        if not hmac.compare_digest(parts[3].encode(), self._sign(body).encode()):",
         "        if False:",
         ("tests/test_uploads.py::test_a_forged_or_expired_session_cookie_and_a_wrong_token_are_refused",),
     ),
     Mutation(
         "an upload's bytes are not counted as they stream (a body that declares nothing passes every budget)",
-        "web/uploads.py",
+        "access/uploads.py",
         '                    budget.add(ticket, len(message.get("body", b"")))',
         "                    pass",
         ("tests/test_uploads.py::test_the_per_caller_budget_refuses_with_its_message_declared_or_streamed",),
     ),
     Mutation(
         "an upload cut off past its budget leaves its partial file (Gradio's parser cleans up only its own exception)",
-        "web/uploads.py",
+        "access/uploads.py",
         "class OverBudget(MultiPartException):",
         "class OverBudget(Exception):",
         ("tests/test_uploads.py::test_the_per_caller_budget_refuses_with_its_message_declared_or_streamed",),
@@ -401,8 +401,8 @@ MUTATIONS = (
     Mutation(
         "a stream sends the start of a stop string it later takes back (streamed text not the answer's)",
         "graft_core/templates.py",
-        "    return text[: len(text) - held].rstrip()",
-        "    return text.rstrip()",
+        "    return text[: len(text) - held] if raw else text[: len(text) - held].rstrip()",
+        "    return text if raw else text.rstrip()",
         ("tests/test_answer_sampling.py::test_settled_holds_back_what_later_tokens_may_change",),
     ),
     Mutation(
@@ -411,6 +411,27 @@ MUTATIONS = (
         "    seed = secrets.randbelow(MAX_SEED + 1) if o.seed is None else int(o.seed)",
         "    seed = secrets.randbelow(MAX_SEED + 1)",
         ("tests/test_answer_sampling.py::test_a_seed_draws_the_same_tokens_and_seeds_differ",),
+    ),
+    Mutation(
+        "Q6_K's 8-row product scales each chunk of 16 by its neighbour's scale (kernels/c/linear.c k256_q6_k)",
+        "kernels/c/linear.c",
+        "        acc = v_fmadd(v_load(xb + 16 * c), v_mul(v_set1(d * (float)sc[c]), q), acc);",
+        "        acc = v_fmadd(v_load(xb + 16 * c), v_mul(v_set1(d * (float)sc[c ^ 1]), q), acc);",
+        ("tests/test_fma16.py::test_kernel_equals_the_c_definition",),
+    ),
+    Mutation(
+        "a stand-in forwards a call without the door's defaults (the library sees fewer arguments than declared)",
+        "services/forwarding.py",
+        "        bound.apply_defaults()",
+        "        pass",
+        ("tests/test_door.py::test_the_stand_ins_write_out_no_member_and_forward_each_call_exactly",),
+    ),
+    Mutation(
+        "a body nested past the bound or holding a lone surrogate reaches the API's handlers (a 500 from the body)",
+        "access/bodies.py",
+        "    problem = json_problem(value, max_depth)\n    if problem is not None:\n        raise problem\n",
+        "",
+        ("tests/test_api_inputs.py::test_a_lone_surrogate_is_a_400_naming_its_field_before_the_tokenizer",),
     ),
 )
 

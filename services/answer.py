@@ -59,6 +59,45 @@ def _sampling(o: AnswerOptions) -> Sampling | None:
     return Sampling(temperature=float(o.temperature), seed=seed, top_p=float(o.top_p))
 
 
+def _given_ids(o: AnswerOptions, vocab: int) -> list[int] | None:
+    """The prompt's token ids when the options give them (raw only, each a token of the model's vocabulary), else
+    None; InvalidInput saying what to send otherwise."""
+    if not o.prompt_ids:
+        return None
+    if not o.raw:
+        raise InvalidInput("a prompt given as token ids is a raw prompt: set raw (the completions route does)")
+    bad = [i for i in o.prompt_ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab]
+    if bad:
+        raise InvalidInput(f"prompt token ids must be integers from 0 to {vocab - 1} (the model's vocabulary), got {bad[0]!r}")
+    return list(o.prompt_ids)
+
+
+def _logprobs(tokenizer, ans, echo: bool) -> dict:
+    """The answer's log-probabilities as `AnswerResult` fields (none unless asked), each token with its text."""
+    from .results import Logprob
+
+    if not ans.output_logprobs and not ans.prompt_logprobs:
+        return {}
+    texts: dict[int, str] = {}
+
+    def text(i: int) -> str:
+        if i not in texts:
+            texts[i] = tokenizer.decode([i])
+        return texts[i]
+
+    def one(lp) -> Logprob:
+        return Logprob(lp.token_id, text(lp.token_id), lp.logprob, tuple((i, text(i), v) for i, v in lp.top))
+
+    out = {"output_logprobs": tuple(one(x) for x in ans.output_logprobs)}
+    if echo:
+        out |= {
+            "prompt_logprobs": tuple(one(x) for x in ans.prompt_logprobs),
+            "prompt_token_ids": tuple(ans.prompt_ids),
+            "prompt_text": tokenizer.decode(list(ans.prompt_ids)),
+        }
+    return out
+
+
 def _threshold(threshold: float | None) -> float:
     from retrieval import DEFAULT_THRESHOLD
 
@@ -285,11 +324,13 @@ class AnswerPipeline:
         from graft_core.exactness import check_composed
 
         o = options
+        given = _given_ids(o, self._lm().info.vocab_size if o.prompt_ids else 0)
+        if given and not question.strip():  # the ids' text names the prompt for retrieval and the ledger
+            question = self._lm().tokenizer.decode(given)[:MAX_QUESTION_CHARS].strip() or f"({len(given)} token ids)"
         question = bounded("question", question, MAX_QUESTION_CHARS)
         if o.max_prompt_tokens is not None:  # before retrieval: a refused question costs one tokenisation
-            prompt_bounded(
-                len(generate.encode_prompt(self._lm(), question, grafted=False, raw=o.raw, form=o.form)), o.max_prompt_tokens
-            )
+            n = len(given) if given else len(generate.encode_prompt(self._lm(), question, grafted=False, raw=o.raw, form=o.form))
+            prompt_bounded(n, o.max_prompt_tokens)
         sampling = _sampling(o)
         retrieved, chain_ids, note = self._plan(
             question, o.k, o.artifact, o.graft, o.relocated, _threshold(o.threshold), o.compose, o.examples
@@ -318,6 +359,9 @@ class AnswerPipeline:
                 form=o.form,
                 sampling=sampling,
                 stop=o.stop,
+                given_ids=given,
+                logprobs=o.logprobs,
+                echo=o.echo,
             )
             exactness = ans.check
             if o.check and o.relocated and chain:
@@ -347,4 +391,5 @@ class AnswerPipeline:
             model=lm.info.name,
             stopped=ans.stopped,
             **({} if sampling is None else sampling.as_dict()),
+            **_logprobs(lm.tokenizer, ans, o.echo),
         )

@@ -2,10 +2,11 @@
 each member's contract; `AnswerOptions`, how one question is to be answered.
 
 Three classes serve those callers: `services.Library` (the store and the model in this process),
-`web.remote.RemoteLibrary` (a deployment over HTTP) and `web.startup.StartingLibrary` (a library seen
-through the app's start-up). Each declares every member below with the signature written here (the same
-names, kinds and defaults: tests/test_door.py), doing nothing or raising with a message where it has
-nothing to do; callers never ask `hasattr`. Every value a member returns is a torch-free dataclass from
+`serving.remote.RemoteLibrary` (a deployment over HTTP) and `web.startup.StartingLibrary` (a library seen
+through the app's start-up). The Library implements each member with the signature written here (the same
+names, kinds and defaults: tests/test_door.py); the two stand-ins write none of them out: `services.forwarding`
+generates each from this declaration and hands the call to the stand-in, so no member is forgotten and no other
+name passes. Callers never ask `hasattr`. Every value a member returns is a torch-free dataclass from
 `services.results` (or a catalog row). Every error a member raises for a reason the caller can act on is
 a `KvgraftError` (errors.py) whose message says what to do; the remote library raises `NotAvailable` for
 what has no route, the start-up proxy `NotReady` (stage, time left) for what needs the model before it is up.
@@ -64,9 +65,12 @@ class AnswerOptions:
     seed: int | None = None  # sampling only: the generator's seed (None: one is drawn and reported)
     stop: tuple[str, ...] = ()  # decoding also ends at the first of these strings, which the answer leaves out
     examples: bool = True  # offer a verified worked solution to a question of its shape with other names and numbers
+    logprobs: int | None = None  # each generated token's log-probability, with this many alternatives (0..20)
+    echo: bool = False  # also each prompt token's log-probability (raw only); max_new_tokens may then be 0
+    prompt_ids: tuple[int, ...] = ()  # raw only: the prompt as these token ids, used as given (the question names it)
 
     def to_json(self) -> dict:
-        return asdict(self) | {"stop": list(self.stop)}
+        return asdict(self) | {"stop": list(self.stop), "prompt_ids": list(self.prompt_ids)}
 
     @classmethod
     def from_json(cls, data: dict) -> AnswerOptions:
@@ -76,7 +80,8 @@ class AnswerOptions:
             raise InvalidInput(
                 f"unknown answer option(s) {', '.join(sorted(unknown))}: use {', '.join(f.name for f in fields(cls))}"
             )
-        return cls(**data | ({"stop": tuple(data["stop"])} if isinstance(data.get("stop"), list) else {}))
+        lists = {k: tuple(data[k]) for k in ("stop", "prompt_ids") if isinstance(data.get(k), list)}
+        return cls(**data | lists)
 
 
 DEFAULT_ANSWER = AnswerOptions()

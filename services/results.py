@@ -116,6 +116,24 @@ class Retrieved:
 
 
 @dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability as an answer reports it: its id and text, the value (None for a prompt's first
+    token), and the most likely tokens at its position as (id, text, log-probability)."""
+
+    token_id: int
+    token: str
+    logprob: float | None
+    top: tuple[tuple[int, str, float], ...] = ()
+
+    def to_json(self) -> dict:
+        return {"token_id": self.token_id, "token": self.token, "logprob": self.logprob, "top": [list(t) for t in self.top]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Logprob:
+        return cls(d["token_id"], d["token"], d["logprob"], tuple((int(i), str(s), float(v)) for i, s, v in d["top"]))
+
+
+@dataclass(frozen=True)
 class AnswerResult:
     answer: str
     tier: str
@@ -142,6 +160,10 @@ class AnswerResult:
     temperature: float = 0.0  # 0: greedy; else the tokens were drawn (seeded) at this temperature
     top_p: float = 1.0
     seed: int | None = None  # the sampling generator's seed (None: greedy)
+    output_logprobs: tuple[Logprob, ...] = ()  # when asked (AnswerOptions.logprobs): one per generated token
+    prompt_logprobs: tuple[Logprob, ...] = ()  # with echo: one per prompt token, the first without a value
+    prompt_token_ids: tuple[int, ...] = ()  # with echo: the prompt's tokens as computed
+    prompt_text: str = ""  # with echo: those tokens decoded
 
     @property
     def scope(self) -> str:
@@ -185,6 +207,9 @@ class AnswerResult:
         }
         if self.baseline is not None:
             d["baseline"] = asdict(self.baseline) | {"ttft_speedup": self.ttft_speedup, "measured": True}
+        d["output_logprobs"] = [lp.to_json() for lp in self.output_logprobs]  # empty unless asked
+        d["prompt_logprobs"] = [lp.to_json() for lp in self.prompt_logprobs]
+        d["prompt_token_ids"], d["prompt_text"] = list(self.prompt_token_ids), self.prompt_text
         return d
 
     @classmethod
@@ -208,6 +233,10 @@ class AnswerResult:
             model=str(d.get("model", "")),
             stopped=d.get("stopped", ""),
             **{k: d[k] for k in ("temperature", "top_p", "seed") if k in d},
+            output_logprobs=tuple(Logprob.from_json(x) for x in d.get("output_logprobs", ())),
+            prompt_logprobs=tuple(Logprob.from_json(x) for x in d.get("prompt_logprobs", ())),
+            prompt_token_ids=tuple(d.get("prompt_token_ids", ())),
+            prompt_text=d.get("prompt_text", ""),
         )
 
 

@@ -1,9 +1,9 @@
 """The OpenAI-compatible API over one library: `/v1/models`, `/v1/completions`, `/v1/chat/completions`
 (whole or streamed as server-sent events ending `data: [DONE]`), `/v1/kvgraft/deposits` (the admin's) and
-`/metrics` (Prometheus). The web app serves it on the page's own port (`web.app.serve`), a Ray replica on its
+`/metrics` (Prometheus). The web app serves it on the page's own port (`server.serve` mounts it beside the page), a Ray replica on its
 routes (`serving.replica`); both hand it their library, guard and admission, so an API request is admitted,
-bounded and turned exactly as a chat is (`web.admission.Admission` at arrival, `web.bounds.answer_options`,
-`web.guard.FairTurns`). It admits, runs and streams; what requests and responses look like is
+bounded and turned exactly as a chat is (`access.admission.Admission` at arrival, `access.bounds.answer_options`,
+`access.guard.FairTurns`). It admits, runs and streams; what requests and responses look like is
 `serving.openai_shapes`'s, the answer and its proof `LibraryDoor.answer`'s.
 
 Who asks: the address (as the server resolved it) is the caller; each request is its own session, so one
@@ -27,14 +27,16 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from access.bodies import BodyRefused, read_json
+from access.bounds import answer_options
+from access.guard import Client, Refused
 from errors import KvgraftError, VerificationFailed
 from graft_core import templates  # torch-free: text rules only
-from web.bounds import answer_options
-from web.guard import Client, Refused
 
 from . import openai_shapes as shapes
 from .metrics import Metrics
@@ -54,7 +56,7 @@ class OpenAIServer:
     # ---- who asks ----------------------------------------------------------------------------------
 
     def _caller(self, request: Request) -> SimpleNamespace:
-        """What `web.guard` reads of a request: the address the server resolved, and a session of its own."""
+        """What `access.guard` reads of a request: the address the server resolved, and a session of its own."""
         host = request.client.host if request.client else "unknown"
         return SimpleNamespace(client=SimpleNamespace(host=host), session_hash=f"api-{uuid.uuid4().hex}")
 
@@ -73,25 +75,45 @@ class OpenAIServer:
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             raise shapes.ApiError(413, f"the request body is larger than {limit:,} bytes", code="body_too_large")
         data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > limit:
-                raise shapes.ApiError(413, f"the request body is larger than {limit:,} bytes", code="body_too_large")
         try:
-            body = json.loads(bytes(data))
-        except (ValueError, UnicodeDecodeError):
-            raise shapes.ApiError(400, "the request body must be a JSON object") from None
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > limit:
+                    raise shapes.ApiError(413, f"the request body is larger than {limit:,} bytes", code="body_too_large")
+        except ClientDisconnect:  # gone before its body was whole (access.arrivals logs it): nothing to answer
+            raise shapes.ApiError(400, "the client went away before its request body arrived", code="client_gone") from None
+        try:  # nesting bounded, every string valid Unicode: refused here, naming the field, before any use
+            body = read_json(bytes(data))
+        except BodyRefused as exc:
+            raise shapes.ApiError(400, str(exc), param=exc.field) from None
         if not isinstance(body, dict):
             raise shapes.ApiError(400, "the request body must be a JSON object")
         return body
 
     # ---- routes ------------------------------------------------------------------------------------
 
+    def _model(self) -> dict:
+        return {"id": shapes.model_id(self.library), "object": "model", "created": 0, "owned_by": "kvgraft"}
+
     async def models(self, request: Request) -> Response:
-        mid = shapes.model_id(self.library)
         with self.metrics.request("/v1/models") as outcome:
             outcome("ok")
-            return JSONResponse({"object": "list", "data": [{"id": mid, "object": "model", "created": 0, "owned_by": "kvgraft"}]})
+            return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        """GET /v1/models/{id}: the one model (under its id or "kvgraft"), else a 404 in OpenAI's shape."""
+        with self.metrics.request("/v1/models/{id}") as outcome:
+            asked, model = request.path_params["model_id"], self._model()
+            if asked not in (model["id"], "kvgraft"):
+                outcome("error_404")
+                return shapes.ApiError(
+                    404,
+                    f"The model `{asked[:80]}` does not exist: this server serves `{model['id']}`",
+                    param="model",
+                    code="model_not_found",
+                ).response()
+            outcome("ok")
+            return JSONResponse(model)
 
     async def completions(self, request: Request) -> Response:
         return await self._complete(request, chat=False)
@@ -184,7 +206,7 @@ class OpenAIServer:
         except Refused as exc:
             raise shapes.ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded") from None
 
-    def _options(self, body: dict, caller, key: str, question_chat: bool):
+    def _options(self, body: dict, caller, key: str, question_chat: bool, ask: shapes.LogprobAsk = shapes.LogprobAsk()):
         unknown = set(body) - shapes.ACCEPTED - set(shapes.UNSUPPORTED)
         if unknown:
             raise shapes.ApiError(400, f"unsupported parameter(s): {', '.join(sorted(unknown))}", param=sorted(unknown)[0])
@@ -211,8 +233,9 @@ class OpenAIServer:
                 raise shapes.ApiError(400, f"kvgraft.{flag} must be true or false", param=f"kvgraft.{flag}")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         max_tokens = shapes.DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+        least = 0 if ask.echo else 1  # an echo with max_tokens 0 asks only for the prompt's log-probabilities
         base = answer_options(
-            self.guard, caller, ext.get("k", 3), ext.get("graft", True), max_tokens, ext.get("check", False), False, key
+            self.guard, caller, ext.get("k", 3), ext.get("graft", True), max_tokens, ext.get("check", False), False, key, least
         )
         seed = body.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
@@ -225,6 +248,8 @@ class OpenAIServer:
             top_p=shapes.number(body, "top_p", 1.0, 0, 1, low_open=True),
             seed=seed,
             stop=shapes.stops(body),
+            logprobs=ask.top,
+            echo=ask.echo,
         )
 
     def _artifact(self, artifacts) -> str | None:
@@ -260,11 +285,18 @@ class OpenAIServer:
             caller = self._caller(request)
             key = self._key(request)
             body = await self._body(request, shapes.MAX_BODY)
-            question = shapes.question(body, chat)
-            options = self._options(body, caller, key, chat)
+            ask = shapes.logprob_ask(body, chat)
+            asked = [shapes.Prompt(shapes.chat_question(body))] if chat else shapes.prompts(body)
+            options = self._options(body, caller, key, chat, ask)
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise shapes.ApiError(400, "stream must be true or false", param="stream")
+            if stream and (len(asked) > 1 or ask.top is not None or ask.echo):
+                raise shapes.ApiError(
+                    400,
+                    "stream one prompt without logprobs or echo: batches and log-probabilities come whole (stream: false)",
+                    param="stream",
+                )
             ticket = self._reserve(self.guard.client(caller))
         except (shapes.ApiError, KvgraftError) as exc:
             err = exc if isinstance(exc, shapes.ApiError) else shapes.api_error(exc)
@@ -276,13 +308,15 @@ class OpenAIServer:
             raise
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         created, mid = int(self._clock()), shapes.model_id(self.library)
-        job = _Job(self, caller, question, options, ticket, t0, lambda result, exc: self._account(result, exc, outcome, ctx))
+        work = [(a.text, dataclasses.replace(options, prompt_ids=a.ids)) for a in asked]
+        job = _Job(self, caller, work, ticket, t0, lambda results, exc: self._account(results, exc, outcome, ctx))
         if not stream:
             try:
-                result = await asyncio.to_thread(job.run)
+                results = await asyncio.to_thread(job.run)
             except KvgraftError as exc:
                 return shapes.api_error(exc).response()
-            return JSONResponse(shapes.whole_response(result, rid, created, mid, chat))
+            echoed = [a.text or r.prompt_text for a, r in zip(asked, results, strict=True)]
+            return JSONResponse(shapes.whole_response(results, rid, created, mid, chat, ask, echoed))
         # the work starts now, whatever becomes of the stream: it frees its admission place and counts itself
         # when it ends, even when the client goes away before the first event is read
         loop, q = asyncio.get_running_loop(), asyncio.Queue()
@@ -299,10 +333,11 @@ class OpenAIServer:
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
 
-    def _account(self, result, exc: Exception | None, outcome: Callable[[str], None], ctx) -> None:
-        """An answer's end, in its worker thread: its figures, or why it failed, and its request counted."""
+    def _account(self, results: list, exc: Exception | None, outcome: Callable[[str], None], ctx) -> None:
+        """A request's end, in its worker thread: its answers' figures, or why it failed, and the request counted."""
         if exc is None:
-            self.metrics.answered(result)
+            for result in results:
+                self.metrics.answered(result)
             outcome("ok")
         elif isinstance(exc, KvgraftError):
             self.metrics.failed(exc)
@@ -335,7 +370,7 @@ class OpenAIServer:
         while True:
             kind, value = await q.get()
             if kind == "text":
-                safe = templates.settled(value, stop)
+                safe = templates.settled(value, stop, raw=not chat)
                 if safe.startswith(sent) and len(safe) > len(sent):
                     yield chunk(safe[len(sent) :])
                     sent = safe
@@ -360,18 +395,12 @@ class OpenAIServer:
 
 
 class _Job:
-    """One admitted answer: run in a worker thread within its fair turn; when it ends its admission place is
-    freed and `done(result, error)` counts it, whoever still reads it."""
+    """One admitted request: its answers (a batch's prompts, each a question and its options) run in order in a
+    worker thread within one fair turn; when it ends its admission place is freed and `done(results, error)` counts
+    it, whoever still reads it."""
 
-    def __init__(self, server: OpenAIServer, caller, question: str, options, ticket: int, t0: float, done: Callable):
-        self.server, self.caller, self.question, self.options, self.ticket, self.t0 = (
-            server,
-            caller,
-            question,
-            options,
-            ticket,
-            t0,
-        )
+    def __init__(self, server: OpenAIServer, caller, work: list, ticket: int, t0: float, done: Callable):
+        self.server, self.caller, self.work, self.ticket, self.t0 = server, caller, work, ticket, t0
         self.on_text: Callable[[str], None] | None = None
         self._done = done
         self._first = False
@@ -383,23 +412,24 @@ class _Job:
         if self.on_text is not None:
             self.on_text(text)
 
-    def run(self):
-        result, error = None, None
+    def run(self) -> list:
+        results, error = [], None
         try:
             with self.server.guard.turn(self.caller):
-                result = self.server.library.answer(self.question, self.options, on_token=self._token)
-            return result
+                for question, options in self.work:
+                    results.append(self.server.library.answer(question, options, on_token=self._token))
+            return results
         except BaseException as exc:
             error = exc
             raise
         finally:
             self.server.admission.release(self.ticket)
-            self._done(result, error)
+            self._done(results, error)
 
     def run_into(self, put: Callable) -> None:
-        """`run`, its result or error handed to `put` (the stream's reader), even when the reader went away."""
+        """`run` (one prompt), its result or error handed to `put` (the stream's reader), even when the reader went away."""
         try:
-            put(("result", self.run()))
+            put(("result", self.run()[0]))
         except Exception as exc:  # handed to the stream, which keeps the server up
             if not isinstance(exc, KvgraftError):
                 log.error("answer failed", exc_info=exc)
@@ -410,6 +440,7 @@ def routes(server: OpenAIServer) -> list[Route]:
     """The API's routes (the web app serves them on its own port)."""
     return [
         Route("/v1/models", server.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", server.model, methods=["GET"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/kvgraft/deposits", server.deposits, methods=["POST"]),
@@ -417,8 +448,23 @@ def routes(server: OpenAIServer) -> list[Route]:
     ]
 
 
+async def _not_here(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own 404 and 405 (no such route, or not that method) in OpenAI's error shape."""
+    if exc.status_code == 405:
+        allowed = next((v for k, v in (exc.headers or {}).items() if k.lower() == "allow"), "")
+        err = shapes.ApiError(
+            405,
+            f"{request.method} is not allowed on {request.url.path}: use {allowed or 'another method'}",
+            code="method_not_allowed",
+        )
+        return JSONResponse(err.body(), status_code=405, headers={"allow": allowed} if allowed else None)
+    routes_ = "GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions, POST /v1/kvgraft/deposits"
+    err = shapes.ApiError(exc.status_code, f"no route {request.url.path}: this server serves {routes_}", code="not_found")
+    return err.response()
+
+
 def app(server: OpenAIServer) -> Starlette:
-    return Starlette(routes=routes(server))
+    return Starlette(routes=routes(server), exception_handlers={404: _not_here, 405: _not_here})
 
 
 PREFIXES = ("/v1/", "/metrics")

@@ -3,14 +3,16 @@ each request field read and bounded, the error shape, and the response bodies wi
 `kvgraft` object). Pure functions of JSON values and `AnswerResult`s: no HTTP, no model, no guard.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.responses import JSONResponse
 
 import settings
+from access.guard import Refused
 from errors import ArtifactNotFound, InputTooLong, IntegrityError, InvalidInput, KvgraftError, NotReady, VerificationFailed
+from graft_core.logprobs import MAX_TOP as MAX_TOP_LOGPROBS  # torch-free: a constant and a dataclass
 from services.limits import MAX_QUESTION_CHARS, MAX_TEXT_CHARS
-from web.guard import Refused
 
 ANONYMOUS_KEYS = frozenset({"", "anonymous", "none", "EMPTY"})  # what clients that must send a key send for none
 MAX_BODY = 256 * 1024  # bytes of a completion's JSON body
@@ -21,9 +23,6 @@ DEFAULT_MAX_TOKENS = 16  # the chat's default answer length
 UNSUPPORTED = {
     "n": lambda v: v not in (None, 1),
     "best_of": lambda v: v not in (None, 1),
-    "logprobs": lambda v: v not in (None, False, 0),
-    "top_logprobs": lambda v: v not in (None, 0),
-    "echo": lambda v: v not in (None, False),
     "suffix": lambda v: v not in (None, ""),
     "logit_bias": lambda v: v not in (None, {}),
     "presence_penalty": lambda v: v not in (None, 0, 0.0),
@@ -41,6 +40,9 @@ UNSUPPORTED = {
 }
 ACCEPTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop"}
 ACCEPTED |= {"stream", "stream_options", "user", "kvgraft", "metadata", "store", "parallel_tool_calls", "service_tier"}
+ACCEPTED |= {"logprobs", "top_logprobs", "echo"}
+MAX_PROMPTS = 16  # prompts in one completions request (a batch); each is answered in turn, one admission place
+MAX_PROMPT_IDS = 8192  # token ids in one prompt given as ids
 EXTENSION_FIELDS = {"artifacts", "graft", "check", "k"}
 
 
@@ -111,40 +113,110 @@ def _text_content(content, where: str) -> str:
     )
 
 
-def question(body: dict, chat: bool) -> str:
-    """The text answered: a completion's prompt, or a chat's last message, which must be the user's. Every
-    message is checked and bounded; earlier turns are not part of the prompt (the base model answers one
-    question, as the web chat does)."""
-    if not chat:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise ApiError(400, "prompt must be one string (batches and token ids are not supported)", param="prompt")
-        text = prompt
-    else:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "messages must be a non-empty list", param="messages")
-        if len(messages) > MAX_MESSAGES:
-            raise ApiError(400, f"at most {MAX_MESSAGES} messages, got {len(messages)}", param="messages")
-        texts = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-                raise ApiError(400, f"messages[{i}] must have a role of system, developer, user or assistant", param="messages")
-            texts.append(_text_content(m.get("content"), f"messages[{i}]"))
-            if len(texts[-1]) > MAX_QUESTION_CHARS:
-                raise ApiError(
-                    400, f"messages[{i}] is {len(texts[-1]):,} characters; the limit is {MAX_QUESTION_CHARS:,}", param="messages"
-                )
-        if messages[-1]["role"] != "user":
-            raise ApiError(400, "the last message must be the user's: it is the question answered", param="messages")
-        text = texts[-1]
-    if not text.strip():
-        raise ApiError(400, "the question is empty", param="prompt" if not chat else "messages")
-    if len(text) > MAX_QUESTION_CHARS:
-        raise ApiError(400, f"the prompt is {len(text):,} characters; the limit is {MAX_QUESTION_CHARS:,}", param="prompt")
-    return text
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of a completions request: its text, and its token ids when it came as ids (then the text is theirs,
+    decoded by the caller of `prompts`, and only names it for retrieval and the ledger)."""
+
+    text: str
+    ids: tuple[int, ...] = ()
+
+
+def _id_list(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+
+
+def prompts(body: dict) -> list[Prompt]:
+    """A completions request's prompts: one string, a list of strings (a batch), one list of token ids, or a list
+    of such lists (a batch), as OpenAI's legacy completions and lm-evaluation-harness send them. Ids are bounded
+    here and checked against the vocabulary by the library; a string is bounded as a question is."""
+    p = body.get("prompt")
+    if isinstance(p, str) or _id_list(p):
+        p = [p]
+    shape = "prompt must be a string, a list of strings, a list of token ids or a list of such lists"
+    if not isinstance(p, list) or not p or not all(isinstance(x, str) or _id_list(x) for x in p):
+        raise ApiError(400, shape, param="prompt")
+    if len(p) > MAX_PROMPTS:
+        raise ApiError(400, f"at most {MAX_PROMPTS} prompts in one request, got {len(p)}: send several requests", param="prompt")
+    out = []
+    for i, x in enumerate(p):
+        where = "prompt" if len(p) == 1 else f"prompt[{i}]"
+        if isinstance(x, str):
+            if not x.strip():
+                raise ApiError(400, f"{where} is empty", param="prompt")
+            if len(x) > MAX_QUESTION_CHARS:
+                raise ApiError(400, f"{where} is {len(x):,} characters; the limit is {MAX_QUESTION_CHARS:,}", param="prompt")
+            out.append(Prompt(x))
+        else:
+            if len(x) > MAX_PROMPT_IDS:
+                raise ApiError(400, f"{where} holds {len(x):,} token ids; the limit is {MAX_PROMPT_IDS:,}", param="prompt")
+            out.append(Prompt("", tuple(x)))
+    return out
+
+
+@dataclass(frozen=True)
+class LogprobAsk:
+    """What a request asks of log-probabilities: none (`top` None), or each token's with `top` alternatives; `echo`
+    (completions) the prompt's tokens too, its text before the completion's."""
+
+    top: int | None = None
+    echo: bool = False
+
+
+def logprob_ask(body: dict, chat: bool) -> LogprobAsk:
+    """Chat: `logprobs` true/false and `top_logprobs` 0..20 (which needs logprobs); completions: `logprobs` 0..20
+    (the alternatives per token, as the legacy API's integer) and `echo`."""
+    echo = body.get("echo", False)
+    if echo is None:
+        echo = False
+    if chat:
+        on, top = body.get("logprobs"), body.get("top_logprobs")
+        if on is not None and not isinstance(on, bool):
+            raise ApiError(400, "logprobs must be true or false", param="logprobs")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
+            raise ApiError(400, f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}", param="top_logprobs")
+        if top and not on:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if "echo" in body:
+            raise ApiError(400, "echo is a completions parameter: chat answers do not repeat the prompt", param="echo")
+        return LogprobAsk((top or 0) if on else None)
+    n = body.get("logprobs")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP_LOGPROBS):
+        raise ApiError(
+            400, f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS} (alternatives per token)", param="logprobs"
+        )
+    if not isinstance(echo, bool):
+        raise ApiError(400, "echo must be true or false", param="echo")
+    if body.get("top_logprobs") is not None:
+        raise ApiError(
+            400, "top_logprobs is a chat parameter: completions take logprobs as the number of alternatives", param="top_logprobs"
+        )
+    return LogprobAsk(n, echo)
+
+
+def chat_question(body: dict) -> str:
+    """The text a chat answers: its last message, which must be the user's. Every message is checked and bounded;
+    earlier turns are not part of the prompt (the base model answers one question, as the web chat does). A
+    completion's prompts are `prompts`'."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list", param="messages")
+    if len(messages) > MAX_MESSAGES:
+        raise ApiError(400, f"at most {MAX_MESSAGES} messages, got {len(messages)}", param="messages")
+    texts = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
+            raise ApiError(400, f"messages[{i}] must have a role of system, developer, user or assistant", param="messages")
+        texts.append(_text_content(m.get("content"), f"messages[{i}]"))
+        if len(texts[-1]) > MAX_QUESTION_CHARS:
+            raise ApiError(
+                400, f"messages[{i}] is {len(texts[-1]):,} characters; the limit is {MAX_QUESTION_CHARS:,}", param="messages"
+            )
+    if messages[-1]["role"] != "user":
+        raise ApiError(400, "the last message must be the user's: it is the question answered", param="messages")
+    if not texts[-1].strip():
+        raise ApiError(400, "the question is empty", param="messages")
+    return texts[-1]
 
 
 def stops(body: dict) -> tuple[str, ...]:
@@ -203,24 +275,73 @@ def kvgraft_object(result) -> dict:
     }
 
 
-def whole_response(result, rid: str, created: int, mid: str, chat: bool) -> dict:
+def completion_logprobs(result, ask: LogprobAsk, offset: int = 0) -> dict:
+    """The legacy completions' logprobs object: `tokens`, `token_logprobs`, `top_logprobs` (a dict of token text to
+    log-probability per position; None for the prompt's first token) and `text_offset` (each token's start in the
+    returned text, which begins `offset` characters in: after the echoed prompt, or at 0)."""
+    tokens, values, tops, offsets = [], [], [], []
+    at = 0
+    for lp in (*(result.prompt_logprobs if ask.echo else ()), *result.output_logprobs):
+        tokens.append(lp.token)
+        values.append(lp.logprob)
+        # most likely last: where two tokens share a text, the likelier one's value is the one kept
+        tops.append(None if lp.logprob is None else {s: v for _, s, v in reversed(lp.top)})
+        offsets.append(at)
+        at += len(lp.token)
+    if not ask.echo:
+        offsets = [offset + o for o in offsets]
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _bytes(s: str) -> list[int]:
+    return list(s.encode("utf-8", "backslashreplace"))
+
+
+def chat_logprobs(result) -> dict:
+    """Chat's logprobs object: one entry per generated token with its text, bytes, value and `top_logprobs`."""
+    content = [
+        {
+            "token": lp.token,
+            "logprob": lp.logprob,
+            "bytes": _bytes(lp.token),
+            "top_logprobs": [{"token": s, "logprob": v, "bytes": _bytes(s)} for _, s, v in lp.top],
+        }
+        for lp in result.output_logprobs
+    ]
+    return {"content": content, "refusal": None}
+
+
+def _choice(i: int, result, chat: bool, ask: LogprobAsk, echoed: str) -> dict:
     if chat:
-        choice = {
-            "index": 0,
+        lp = chat_logprobs(result) if ask.top is not None else None
+        return {
+            "index": i,
             "message": {"role": "assistant", "content": result.answer},
-            "logprobs": None,
+            "logprobs": lp,
             "finish_reason": finish_reason(result),
         }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": result.answer, "logprobs": None, "finish_reason": finish_reason(result)}
-        obj = "text_completion"
+    text = echoed + result.answer if ask.echo else result.answer
+    lp = completion_logprobs(result, ask) if ask.top is not None else None
+    return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish_reason(result)}
+
+
+def whole_response(results, rid: str, created: int, mid: str, chat: bool, ask: LogprobAsk = LogprobAsk(), echoed=()) -> dict:
+    """The whole response to a request: one choice per result (a batch's prompts in order), the usage summed, and
+    the kvgraft object of each (one object for one answer; a list for a batch). `echoed[i]` is prompt i's text as
+    an echo shows it."""
+    results = list(results) if isinstance(results, list | tuple) else [results]
+    echoed = list(echoed) or [""] * len(results)
+    choices = [_choice(i, r, chat, ask, echoed[i]) for i, r in enumerate(results)]
+    each = [usage(r) for r in results]
+    total = {k: sum(u[k] for u in each) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    total["prompt_tokens_details"] = {"cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in each)}
+    proofs = [kvgraft_object(r) for r in results]
     return {
         "id": rid,
-        "object": obj,
+        "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": mid,
-        "choices": [choice],
-        "usage": usage(result),
-        "kvgraft": kvgraft_object(result),
+        "choices": choices,
+        "usage": total,
+        "kvgraft": proofs[0] if len(proofs) == 1 else proofs,
     }

@@ -20,6 +20,9 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 
 import services
+from access.admission import Admission
+from access.bodies import read_json
+from access.guard import FairTurns, Guard, address_depth, per_address
 from errors import ArtifactNotFound, InputTooLong, IntegrityError, InvalidInput, KvgraftError, VerificationFailed
 from retrieval.embedder import HashEmbedder, SentenceEmbedder
 from services import AnswerOptions
@@ -34,8 +37,6 @@ from services.limits import (
     warm_proofs_limit,
     whole,
 )
-from web.admission import Admission
-from web.guard import FairTurns, Guard, address_depth, per_address
 
 from . import health as health_mod
 from . import openai_api
@@ -145,10 +146,7 @@ class Replica:
         polls are answered while the model computes), and turn
         a kvgraft error into a JSON error with a status code (the message says what to do)."""
         try:
-            try:
-                body = await request.json()
-            except ValueError:
-                raise InvalidInput("the request body must be a JSON object") from None
+            body = read_json(await request.body())  # nesting bounded, valid Unicode: BodyRefused (an InvalidInput) else
             if not isinstance(body, dict):
                 raise InvalidInput("the request body must be a JSON object")
             admin = self._admin(request)
@@ -209,6 +207,10 @@ class Replica:
     @api.get("/v1/models")
     async def v1_models(self, request: Request) -> Response:
         return await self.openai.models(request)
+
+    @api.get("/v1/models/{model_id:path}")
+    async def v1_model(self, request: Request) -> Response:
+        return await self.openai.model(request)
 
     @api.post("/v1/completions")
     async def v1_completions(self, request: Request) -> Response:

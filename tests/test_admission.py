@@ -19,8 +19,8 @@ gradio_client = pytest.importorskip("gradio_client")
 import httpx  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from web.admission import ADDRESS_REFUSAL, SESSION_REFUSAL, Admission  # noqa: E402
-from web.guard import AdminToken, Client, FairTurns, Guard, Refused  # noqa: E402
+from access.admission import ADDRESS_REFUSAL, SESSION_REFUSAL, Admission  # noqa: E402
+from access.guard import AdminToken, Client, FairTurns, Guard, Refused  # noqa: E402
 
 TOKEN = "fair-admin-token"
 FACT = "The lighthouse of Varnek Isle was built by the engineer Talia Brennic in 1871."
@@ -232,8 +232,8 @@ def _first_problem(demo) -> str:
 def test_an_anonymous_solve_is_one_chat_per_turn_with_bounded_attempts(served, library, monkeypatch):
     """Without the token: at most ANON_SOLVE_ATTEMPTS attempts of at most ANON_MAX_NEW_TOKENS decode steps, and
     the model goes to the next waiting client between two attempts (one pause per attempt after the first)."""
+    from access import guard as guard_mod
     from services.limits import ANON_MAX_NEW_TOKENS, ANON_SOLVE_ATTEMPTS
-    from web import guard as guard_mod
 
     pauses, calls, real_pause, real_solve = [], [], guard_mod.Turn.pause, library.solve
     monkeypatch.setattr(guard_mod.Turn, "pause", lambda self: (pauses.append(1), real_pause(self)))
@@ -276,7 +276,7 @@ def test_one_address_past_its_rate_of_work_requests_is_answered_429_before_its_b
     import asyncio
     import json as _json
 
-    from web.admission import JoinLimiter
+    from access.limiter import JoinLimiter
 
     now = [0.0]
     reached = []

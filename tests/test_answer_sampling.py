@@ -127,6 +127,8 @@ def test_settled_holds_back_what_later_tokens_may_change():
     assert settled("one two th", ("three",)) == "one two"  # the start of a stop string
     assert settled("one two t", ("xt", "three")) == "one two"
     assert settled("one two", ("three",)) == "one two"
+    # a raw continuation keeps its spaces: only a half character and the start of a stop string wait
+    assert settled("Paris \ufffd", raw=True) == "Paris " and settled("one two th", ("three",), raw=True) == "one two "
 
 
 @pytest.mark.parametrize("raw", [True, False])
@@ -145,4 +147,7 @@ def test_the_growing_text_is_the_answers_text_even_where_the_completion_opens_on
     for i in range(len(pieces)):
         callback(i)
     assert seen[-1] == templates.answer_text("".join(pieces), raw)  # what the finished answer's text is
-    assert all(s == s.strip() for s in seen)
+    if raw:  # a raw continuation is the decoded text exactly, its spaces and newlines kept
+        assert seen == ["".join(pieces[: i + 1]) for i in range(len(pieces))]
+    else:
+        assert all(s == s.strip() for s in seen)

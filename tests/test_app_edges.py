@@ -16,9 +16,9 @@ from tests.served import attested_store, serve
 gradio_client = pytest.importorskip("gradio_client")
 import httpx  # noqa: E402
 
+from access.guard import AdminToken, Client, FairTurns, Guard, Refused  # noqa: E402
 from errors import InvalidSetting  # noqa: E402
 from web import hosting  # noqa: E402
-from web.guard import AdminToken, Client, FairTurns, Guard, Refused  # noqa: E402
 
 TOKEN = "edge-admin-token"
 FACT = "The bell of Orsk harbour was cast by the founder Mirela Vost in 1902."
@@ -266,7 +266,7 @@ def test_the_chat_handler_refuses_a_surrogate_itself(plain):
 
 
 def test_text_problem_finds_nul_and_surrogates_anywhere():
-    from web.refusal import text_problem
+    from access.bodies import text_problem
 
     assert text_problem("plain", ["ok", {"k": "v"}], None, 3) is None
     assert text_problem({"content": ["a", "\udc80\ud800"]}) == LONE.replace("1 lone", "2 lone")

@@ -23,8 +23,8 @@ gradio_client = pytest.importorskip("gradio_client")
 import httpx  # noqa: E402
 from gradio_client.exceptions import AppError, ValidationError  # noqa: E402
 
+from access.guard import AdminToken, Client, FairTurns, Guard, Refused, backend_slots  # noqa: E402
 from errors import InvalidSetting  # noqa: E402
-from web.guard import AdminToken, Client, FairTurns, Guard, Refused, backend_slots  # noqa: E402
 
 TOKEN = "sec-admin-token"
 FACT = "The lighthouse of Varnek Isle was built by the engineer Talia Brennic in 1871."
@@ -514,14 +514,14 @@ def test_eight_anonymous_clients_of_the_openai_api_and_one_chatting_user(tiny_ge
     """bench.abuse's `api` attack on the tiny model: 8 clients of one address through /v1 (the longest anonymous
     completions, whole and streamed, an over-long question, the admin-only check) beside one chatting user: the
     chat's p95 within 3x of idle, no error on either side, the over-quota and admin-only requests refused."""
+    import server
     import services
     from bench import abuse
     from retrieval import HashEmbedder
-    from web import app
 
     lib = services.Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder())
     abuse.seed_tiny(lib)
-    demo = app.build_app(lib, admin_token=TOKEN, guard=Guard(TOKEN))
+    demo = server.build(lib, admin_token=TOKEN, guard=Guard(TOKEN))
     serve(demo)
     try:
         rep = abuse.run(demo.local_url, chats=12, attackers=8, deadline_s=400, attack="api")

@@ -212,15 +212,21 @@ def test_no_module_edits_sys_path():
 
 GROUND = {"errors", "files", "settings"}  # root modules that import no project package
 PRODUCT_FORBIDS = {"bench", "scripts", "tests"}
-ABOVE_KERNELS = {"graft_core", "db", "retrieval", "verifiers", "services", "web", "cli", "serving", "eval"}
+FRONT_ENDS = {"web", "serving", "cli"}  # siblings: none imports another
+ENTRY = {"server"}  # the one module that puts the page and the API on one port: it alone imports both
+ABOVE_KERNELS = {"graft_core", "db", "retrieval", "verifiers", "services", "access", *FRONT_ENDS, *ENTRY, "eval"}
 FORBIDDEN = {  # top-level package (or root module) -> what it must never import
     **{g: {"kernels", *ABOVE_KERNELS} for g in GROUND},
     "kernels": ABOVE_KERNELS,  # the floor below graft_core and retrieval: both compute through it
-    "graft_core": {"db", "retrieval", "services", "web", "cli", "serving", "verifiers", "eval"},
-    "db": {"services", "web", "cli", "serving", "eval"},
-    "retrieval": {"graft_core", "services", "web", "cli", "serving", "eval"},  # the engine's neighbour, not its tenant
-    "verifiers": {"services", "web", "cli", "serving", "eval"},
-    "services": {"web", "cli", "serving"},
+    "graft_core": {"db", "retrieval", "services", "access", *FRONT_ENDS, *ENTRY, "verifiers", "eval"},
+    "db": {"services", "access", *FRONT_ENDS, *ENTRY, "eval"},
+    "retrieval": {"graft_core", "services", "access", *FRONT_ENDS, *ENTRY, "eval"},  # the engine's neighbour, not its tenant
+    "verifiers": {"services", "access", *FRONT_ENDS, *ENTRY, "eval"},
+    "services": {"access", *FRONT_ENDS, *ENTRY},
+    "access": {*FRONT_ENDS, *ENTRY, "eval"},  # the edge, below both front ends: it imports neither
+    "web": {"serving", "cli", *ENTRY},  # the page and the API are siblings: neither imports the other
+    "serving": {"web", "cli", *ENTRY},
+    "cli": {"web", *ENTRY},  # the command line starts a deployment (`cli.py serve`: serving.launch), never the page
 }
 NOT_PRODUCT = {"bench", "scripts", "tests"}
 SKIP_DIRS = {"tests", "__pycache__", "node_modules", "venv"}
@@ -276,10 +282,21 @@ def test_layers_import_only_downward(tmp_path, monkeypatch):
     (tmp_path / "graft_core" / "bad.py").write_text("def f():\n    from services import Library\n")
     (tmp_path / "graft_core" / "sub" / "worse.py").write_text("from ...web import app\nfrom .. import model\n")
     (tmp_path / "errors.py").write_text("import db\n")
+    # and the siblings: the page reaching for the API, the API for the page, the edge for either
+    for name, line in (
+        ("web", "from serving import openai_api"),
+        ("serving", "from ..web import guard"),
+        ("access", "import web"),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "lean.py").write_text(f"def f():\n    {line}\n")
     assert layer_breaks(_source_files()) == [
+        "access/lean.py:2 imports web",
         "errors.py:1 imports db",
         "graft_core/bad.py:2 imports services",
         "graft_core/sub/worse.py:1 imports web",
+        "serving/lean.py:2 imports web",
+        "web/lean.py:2 imports serving",
     ]
 
 

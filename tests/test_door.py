@@ -1,10 +1,12 @@
-"""The library door: `services.Library`, `web.remote.RemoteLibrary` and `web.startup.StartingLibrary` each
+"""The library door: `services.Library`, `serving.remote.RemoteLibrary` and `web.startup.StartingLibrary` each
 declare every member of `services.LibraryDoor` with a signature its callers can use (no `__getattr__`
-fallback counts), and the members with nothing to do say so."""
+fallback counts), and the members with nothing to do say so. The two stand-ins write none of them out: each is
+generated from the declaration (`services.forwarding`), forwards exactly its arguments, and nothing else passes."""
 
 from __future__ import annotations
 
 import inspect
+from typing import Protocol
 
 import pytest
 
@@ -12,7 +14,9 @@ import services
 from errors import KvgraftError, NotReady
 from retrieval import HashEmbedder
 from services.door import LibraryDoor
-from web import remote, startup
+from services.forwarding import MARK, DoorCall, forwarding, members
+from serving import remote
+from web import startup
 
 EMPTY = inspect.Parameter.empty
 POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -159,3 +163,90 @@ def test_answer_options_cross_the_door_as_one_value():
     assert services.AnswerOptions.from_json(o.to_json()) == o and o.to_json()["graft"] is True
     with pytest.raises(KvgraftError, match="unknown answer option.s. kk: use k, artifact"):
         services.AnswerOptions.from_json({"kk": 2})
+
+
+def _arguments(declared) -> tuple[list, dict]:
+    """A distinct object for each parameter of a declared method: the required ones by position, the rest by name."""
+    params = list(inspect.signature(declared).parameters.values())[1:]
+    args = [object() for p in params if p.default is EMPTY]
+    kwargs = {p.name: object() for p in params if p.default is not EMPTY}
+    return args, kwargs
+
+
+class _Recorder:
+    """A library that answers every use with what it was: (member, arguments by name) for a call, the name for a read."""
+
+    def __getattr__(self, name):
+        if name in members()[1]:
+            return lambda **kw: (name, kw)
+        return ("read", name)
+
+
+def test_the_stand_ins_write_out_no_member_and_forward_each_call_exactly():
+    """Every door member of StartingLibrary and RemoteLibrary is generated (none written by hand), and each call on
+    the start-up's stand-in reaches the library with exactly the arguments given, by name: a member dropped, an
+    argument lost or swapped, or a default changed on the way fails here."""
+    data, methods = members()
+    assert set(methods) == set(door_members()[1]) and set(data) == set(door_members()[0])
+    for cls in (startup.StartingLibrary, remote.RemoteLibrary):
+        hand = [n for n in methods if not getattr(vars(cls)[n], MARK, False)]
+        assert hand == [], f"{cls.__name__} writes out {hand}"
+    ready = startup.Startup.already_done()
+    gate = startup.StartingLibrary(_Recorder(), ready)
+    for name, declared in methods.items():
+        args, kwargs = _arguments(declared)
+        params = [p.name for p in list(inspect.signature(declared).parameters.values())[1:]]
+        got = getattr(gate, name)(*args, **kwargs)
+        assert got == (name, dict(zip(params, args, strict=False)) | kwargs), name
+        defaults = {p.name: p.default for p in list(inspect.signature(declared).parameters.values())[1:]}
+        assert getattr(gate, name)(*args)[1] == dict(zip(params, args, strict=False)) | {
+            k: v for k, v in defaults.items() if v is not EMPTY
+        }
+    for name in data:
+        assert getattr(gate, name) == ("read", name), name
+    with pytest.raises(TypeError):  # a call the door's signature refuses never reaches the library
+        gate.answer("q", bogus=1)
+    with pytest.raises(AttributeError):
+        gate.health  # noqa: B018  (a name of the recorder's, not of the door)
+
+
+def test_a_member_the_door_gains_is_forwarded_and_one_written_by_hand_is_refused():
+    """A fifth member declared on the door reaches a stand-in without a line written for it; a stand-in that
+    writes a door member out is refused when its class is made; private and undeclared names stay errors."""
+
+    class Wider(LibraryDoor, Protocol):
+        limit: int
+
+        def fifth(self, ref: str, depth: int = 2) -> str:
+            """A member the door did not have."""
+            ...
+
+    @forwarding(door=Wider)
+    class Stand:
+        def __init__(self):
+            self.calls: list[DoorCall] = []
+
+        def _forward(self, call: DoorCall):
+            self.calls.append(call)
+            return call.member
+
+    s = Stand()
+    assert s.fifth("x") == "fifth" and dict(s.calls[-1].arguments) == {"ref": "x", "depth": 2} and s.calls[-1].method
+    assert s.limit == "limit" and s.calls[-1] == DoorCall("limit", False, s.calls[-1].arguments)
+    assert inspect.signature(Stand.fifth) == inspect.signature(Wider.fifth)
+    for name in ("_catalog", "nope", "_library"):
+        with pytest.raises(AttributeError):
+            getattr(s, name)
+    with pytest.raises(TypeError, match="writes out the door's answer: handle them in _forward"):
+
+        @forwarding
+        class ByHand:
+            def _forward(self, call): ...
+
+            def answer(self, question, options=None, on_token=None): ...
+
+    far = remote.RemoteLibrary("http://127.0.0.1:9")
+    with pytest.raises(KvgraftError, match="is not available when the app fronts a deployment"):
+        forwarding(door=Wider)(type("Far", (remote.RemoteLibrary,), {}))("http://127.0.0.1:9").fifth("x")
+    with pytest.raises(AttributeError):
+        far._catalog  # noqa: B018

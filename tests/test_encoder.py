@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import fma16
+from kernels import build
 from retrieval import SentenceEmbedder
 
 TEXTS = [
@@ -59,7 +59,7 @@ def test_no_mkl_or_onednn_call_when_embedding_depositing_or_answering(tiny_dirs,
 
 
 def test_vectors_are_the_same_bytes_on_every_variant_and_thread_count(monkeypatch):
-    runnable = fma16.runnable()
+    runnable = build.runnable()
     assert "portable" in runnable
     vectors = {}
     threads = torch.get_num_threads()
@@ -97,7 +97,7 @@ def test_erf_gelu_is_within_one_ulp_of_correctly_rounded():
     sweep = np.linspace(-8, 8, 40_001, dtype=np.float32)
     specials = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan])
     xs = np.concatenate([sweep, specials])
-    one = fma16.lib("portable").kv_gelu_erf_one
+    one = build.lib("portable").kv_gelu_erf_one
     ours = np.array([one(float(x)) for x in xs], dtype=np.float32)
     got, tail = ours[: sweep.size], ours[sweep.size :]
     exact = np.array([x * 0.5 * (1 + math.erf(x / math.sqrt(2))) for x in sweep.astype(np.float64)], dtype=np.float32)
@@ -109,9 +109,9 @@ def test_erf_gelu_is_within_one_ulp_of_correctly_rounded():
     assert tail[:4].tobytes() == np.float32([0.0, -0.0, np.inf, -0.0]).tobytes()
     assert tail[4:].tobytes() == specials[4:].tobytes()  # sign and payload
     x = torch.from_numpy(xs)
-    for isa in fma16.runnable():
+    for isa in build.runnable():
         y = torch.empty_like(x)
-        assert fma16.lib(isa).kv_gelu_erf(x.data_ptr(), x.numel(), y.data_ptr(), 2) == 0
+        assert build.lib(isa).kv_gelu_erf(x.data_ptr(), x.numel(), y.data_ptr(), 2) == 0
         assert y.numpy().tobytes() == ours.tobytes(), isa
 
 
@@ -158,8 +158,8 @@ def test_layernorm_is_the_written_order(rows):
             q = (row.astype(np.float64) * row + q).astype(np.float32)
         r = np.float32(1) / np.sqrt(tree(q) / np.float32(n) + np.float32(1e-12))
         want[i] = ((x[i] - mean) * r) * w + b
-    for isa in fma16.runnable():
+    for isa in build.runnable():
         xt, y = torch.from_numpy(x), torch.empty(rows, n)
         wt, bt = torch.from_numpy(w), torch.from_numpy(b)
-        assert fma16.lib(isa).kv_layernorm(xt.data_ptr(), rows, n, wt.data_ptr(), bt.data_ptr(), 1e-12, y.data_ptr(), 2) == 0
+        assert build.lib(isa).kv_layernorm(xt.data_ptr(), rows, n, wt.data_ptr(), bt.data_ptr(), 1e-12, y.data_ptr(), 2) == 0
         assert y.numpy().tobytes() == want.tobytes(), (isa, np.abs(y.numpy() - want).max())

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from errors import InvalidSetting
-from kernels import fma16
+from kernels import build, fma16
 
 pytestmark = pytest.mark.skipif(bool(fma16.why_not()), reason=f"fma16 unavailable here: {fma16.why_not()}")
 
-ISAS = fma16.runnable()  # on an AVX-512 machine all three
+ISAS = build.runnable()  # on an AVX-512 machine all three
 
 # values per block, bytes per block (ggml's layouts)
 BLOCK = {
@@ -307,7 +307,7 @@ def test_a_call_that_would_read_past_the_weight_is_refused():
 def test_the_builds_differ_in_their_instructions_not_their_bits():
     """Each variant loads its own build (it says which it is), and the three are different files: a
     loader that handed every variant the same library would make the comparisons above vacuous."""
-    libs = {isa: fma16.lib(isa) for isa in ISAS}
+    libs = {isa: build.lib(isa) for isa in ISAS}
     for isa, handle in libs.items():
         assert handle.kv_isa().decode() == isa
     assert len({h._name for h in libs.values()}) == len(ISAS)
@@ -316,12 +316,12 @@ def test_the_builds_differ_in_their_instructions_not_their_bits():
 
 def test_the_best_variant_is_the_default_and_a_missing_one_is_named(monkeypatch):
     monkeypatch.delenv("KVGRAFT_ISA", raising=False)
-    monkeypatch.setattr(fma16, "_cpu_flags", lambda: {"avx2", "fma", "f16c", "sse2"})
-    assert fma16.runnable() == ["avx2", "portable"]
-    assert fma16.variant() == "avx2"
+    monkeypatch.setattr(build, "_cpu_flags", lambda: {"avx2", "fma", "f16c", "sse2"})
+    assert build.runnable() == ["avx2", "portable"]
+    assert build.variant() == "avx2"
     monkeypatch.setenv("KVGRAFT_ISA", "avx512")
     with pytest.raises(InvalidSetting) as e:
-        fma16.variant()
+        build.variant()
     assert str(e.value) == (
         "KVGRAFT_ISA=avx512 needs a CPU with AVX-512 F/BW/VL/DQ, FMA and F16C; this one has avx2, fma, f16c "
         "(unset KVGRAFT_ISA to use the best it has: avx2)"
@@ -329,16 +329,16 @@ def test_the_best_variant_is_the_default_and_a_missing_one_is_named(monkeypatch)
     with pytest.raises(InvalidSetting, match="KVGRAFT_ISA=avx512 needs"):
         fma16.why_not()  # a named build the CPU lacks is an error, not a quiet fall back to MKL's bits
     monkeypatch.setenv("KVGRAFT_ISA", "portable")
-    assert fma16.variant() == "portable"
-    monkeypatch.setattr(fma16, "_cpu_flags", set)
+    assert build.variant() == "portable"
+    monkeypatch.setattr(build, "_cpu_flags", set)
     monkeypatch.delenv("KVGRAFT_ISA")
-    assert fma16.variant() == "portable"  # any CPU with a C compiler
+    assert build.variant() == "portable"  # any CPU with a C compiler
     monkeypatch.setenv("KVGRAFT_ISA", "avx2")
     with pytest.raises(InvalidSetting, match="this one has none of them"):
-        fma16.variant()
+        build.variant()
     monkeypatch.setenv("KVGRAFT_ISA", "neon")
     with pytest.raises(InvalidSetting, match="KVGRAFT_ISA must be avx512, avx2, portable or unset, got 'neon'"):
-        fma16.variant()
+        build.variant()
 
 
 def test_the_tiny_model_computes_the_same_bytes_under_every_variant(tiny_dirs, monkeypatch):

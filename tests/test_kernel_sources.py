@@ -7,7 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
-from kernels import fma16
+from kernels import build
 
 
 def _included(path: Path, seen: set[Path]) -> set[Path]:
@@ -22,22 +22,22 @@ def _included(path: Path, seen: set[Path]) -> set[Path]:
 
 
 def test_the_cache_key_covers_every_file_the_build_reads():
-    read = _included(fma16.SOURCE.resolve(), set())
-    assert {p.resolve() for p in fma16.sources()} == read, "kernels/c/ holds a file the build does not read, or the reverse"
+    read = _included(build.SOURCE.resolve(), set())
+    assert {p.resolve() for p in build.sources()} == read, "kernels/c/ holds a file the build does not read, or the reverse"
     assert {p.name for p in read} >= {"kernels.c", "reference.c", "simd.h", "avx512.h", "avx2.h", "portable.h", "linear.c"}
 
 
 def test_a_change_to_any_source_file_changes_the_key(tmp_path, monkeypatch):
     copy = tmp_path / "c"
-    shutil.copytree(fma16.SOURCE_DIR, copy)
-    monkeypatch.setattr(fma16, "SOURCE_DIR", copy)
-    before = fma16.source_bytes()
-    assert before == fma16.source_bytes()
-    for p in fma16.sources():
+    shutil.copytree(build.SOURCE_DIR, copy)
+    monkeypatch.setattr(build, "SOURCE_DIR", copy)
+    before = build.source_bytes()
+    assert before == build.source_bytes()
+    for p in build.sources():
         data = p.read_bytes()
         p.write_bytes(data + b"\n")
-        assert fma16.source_bytes() != before, f"{p.relative_to(copy)} is not in the kernel cache's key"
+        assert build.source_bytes() != before, f"{p.relative_to(copy)} is not in the kernel cache's key"
         p.write_bytes(data)
-    assert fma16.source_bytes() == before
+    assert build.source_bytes() == before
     (copy / "arch" / "avx2.h").rename(copy / "arch" / "avx2x.h")  # a renamed file is another source
-    assert fma16.source_bytes() != before
+    assert build.source_bytes() != before

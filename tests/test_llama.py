@@ -17,7 +17,7 @@ from transformers import DynamicCache
 from graft_core import batch, exactness, layers, model, numerics, step, tiny
 from graft_core.capture import capture
 from graft_core.forward import forward_chunk, new_cache
-from kernels import fma16, ops
+from kernels import build, fma16, ops
 from tests.test_batch import _decode_both_ways, _prefill_both_ways
 from tests.test_step import _step_both_ways
 
@@ -69,7 +69,7 @@ def test_the_vectorised_silu_gives_the_bytes_of_its_plain_form_under_every_build
     bad = [x for x, w in zip(xs, want) if _bits(ref.kv_silu_one(x)) != w]
     assert not bad, f"{len(bad)} differ, first {bad[:5]}"
     y = torch.tensor(xs, dtype=torch.float32)
-    for isa in fma16.runnable():
+    for isa in build.runnable():
         got = numerics.Silu(torch.nn.SiLU(), isa=isa)(y)  # the vectorised loop of that build
         bad = [float(x) for x, g, w in zip(y, got, want) if _bits(float(g)) != w]
         assert not bad, f"{isa}: {len(bad)} differ, first {bad[:5]}"
@@ -288,12 +288,12 @@ def _hashes(lm) -> dict:
 @pytest.mark.parametrize("name", ["llama", "llama3", "qwen2"])
 def test_every_build_computes_the_same_bytes(shape_dirs, name, monkeypatch):
     seen = {}
-    for isa in fma16.runnable():
+    for isa in build.runnable():
         monkeypatch.setenv("KVGRAFT_ISA", isa)
         lm = model.load(str(shape_dirs[name]))
         assert step.Stepper(lm.model).isa == isa
         seen[isa] = _hashes(lm)
-    assert len(seen) >= 2 and all(v == seen[fma16.runnable()[0]] for v in seen.values()), seen
+    assert len(seen) >= 2 and all(v == seen[build.runnable()[0]] for v in seen.values()), seen
 
 
 # ---- the second packaged model: SmolLM2-135M-Instruct from its GGUF (integration) ----------------------------
@@ -418,7 +418,7 @@ def test_smollm2_computes_the_same_bytes_under_every_build(monkeypatch):
     from graft_core import codec
 
     seen = {}
-    for isa in fma16.runnable():
+    for isa in build.runnable():
         monkeypatch.setenv("KVGRAFT_ISA", isa)
         lm = model.load("packaged:smollm2-135m-instruct")
         assert f"({isa})" in lm.products
@@ -436,7 +436,7 @@ def test_smollm2_matches_its_golden_set_under_the_vector_builds():
     build the CPU has (portable C computes the set in many minutes: the test above compares it on a prompt)."""
     from tests.test_selftest import _selftest_under
 
-    for isa in [v for v in fma16.runnable() if v != "portable"]:
+    for isa in [v for v in build.runnable() if v != "portable"]:
         out = _selftest_under("packaged:smollm2-135m-instruct", isa, None, 2)
         assert out["match"] is True and out["ran_on"]["fma16_build"] == isa, [
             c for c in out["cases"] if not c["expected"] == c["got"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from graft_core import numerics
-from kernels import fma16, ops
+from kernels import build, fma16, ops
 
 pytestmark = pytest.mark.skipif(bool(fma16.why_not("fma16")), reason="fma16 cannot run on this machine")
 
@@ -156,7 +156,7 @@ def test_attention_is_its_written_definition_in_every_build(h, sq, sk, d, mask):
     which the vector builds split over threads by keys and by values."""
     q, k, v, keep, add = _case(h, sq, sk, d, mask, seed=sq * sk + d)
     want = _definition(q, k, v, keep, add, 0.125)
-    for isa in fma16.runnable():
+    for isa in build.runnable():
         for reference in (False, True):
             got = _attend(q, k, v, keep, add, 0.125, isa=isa, reference=reference)
             assert torch.equal(got, want), f"{isa} reference={reference}: max difference {(got - want).abs().max()}"
@@ -181,7 +181,7 @@ def _same_over_builds_and_threads(sq: int) -> None:
         want = _attend(q, k, v, mask, None, 0.0625, reference=True)
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            for isa in fma16.runnable():
+            for isa in build.runnable():
                 got = _attend(q, k, v, mask, None, 0.0625, isa=isa)
                 assert torch.equal(got, want), f"{isa}, {threads} threads: {(got - want).abs().max()}"
 

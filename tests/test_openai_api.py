@@ -11,11 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 import services
+from access.admission import Admission
+from access.guard import FairTurns, Guard
 from retrieval import HashEmbedder
 from serving.openai_api import OpenAIServer, app
 from serving.openai_shapes import model_id
-from web.admission import Admission
-from web.guard import FairTurns, Guard
 
 TOKEN = "s3cret-admin-token"
 FACT = "The Varnek lighthouse was built by Osric Pellamy in 1874."
@@ -123,7 +123,8 @@ def test_the_stop_string_holds_the_stream_back_until_it_is_decided(served):
     "extra, param",
     [
         ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": 3}, "logprobs"),
+        ({"echo": True}, "echo"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"frobnicate": 1}, "frobnicate"),
@@ -183,7 +184,7 @@ def test_graft_false_answers_without_a_graft(served):
 
 def test_an_address_over_its_depth_is_refused_at_arrival(served):
     client, server, *_ = served
-    from web.guard import Client
+    from access.guard import Client
 
     held = [server.admission.reserve(Client(f"other-{i}", "10.0.0.7")) for i in range(4)]
     try:

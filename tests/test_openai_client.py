@@ -1,5 +1,5 @@
 """The official `openai` client against the web app's OpenAI-compatible API on the real default model: a real
-server on a free loopback port (`web.app.serve`, the product's launch), chat and completions, whole and
+server on a free loopback port (`server.serve`, the product's launch), chat and completions, whole and
 streamed; the deposit over HTTP through the real gate; the proof and cached tokens in every response."""
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ TOKEN = "integration-admin-token"
 
 @pytest.fixture(scope="module")
 def server(real_lm, tmp_path_factory):
+    import server
     import services
     from retrieval import HashEmbedder
     from services import seed
     from serving.openai_shapes import model_id
-    from web import app
 
     lib = services.Library(home=tmp_path_factory.mktemp("openai-real"), lm=real_lm, embedder=HashEmbedder())
-    demo = app.build_app(lib, admin_token=TOKEN)
+    demo = server.build(lib, admin_token=TOKEN)
     serve(demo)
     item = seed.seed_items()[0][0]
     base = demo.local_url.rstrip("/") + "/v1"
@@ -72,7 +72,7 @@ def test_models_and_chat_whole_and_streamed_are_the_same_bytes(server, deposited
 
 
 def test_completions_whole_and_streamed_with_sampling_and_the_admin_check(server, deposited):
-    base, mid, item, _ = server
+    base, mid, item, lib = server
     admin = _client(base, TOKEN)
     args = dict(model=mid, prompt=f"Question: {item['question']}\nAnswer:", max_tokens=12, temperature=0.7, seed=3, stop=["\n"])
     ext = {"kvgraft": {"artifacts": [deposited], "check": True}}
@@ -87,6 +87,31 @@ def test_completions_whole_and_streamed_with_sampling_and_the_admin_check(server
     whole = _client(base).completions.create(**plain)
     streamed = list(_client(base).completions.create(**plain, stream=True))
     assert "".join(c.choices[0].text for c in streamed).encode() == whole.choices[0].text.encode()
+    decoded = lib.lm.tokenizer.decode(whole.model_extra["kvgraft"]["output_token_ids"], skip_special_tokens=True)
+    assert whole.choices[0].text == decoded and decoded.startswith(" ")  # the continuation exactly, its space kept
+
+
+def test_logprobs_and_an_echoed_prompt_through_the_client(server):
+    """The client's own types read what the legacy completions and chat return: the prompt scored (echo,
+    max_tokens 0) with each value the row's, the same twice; chat's per-token entries."""
+    base, mid, item, _ = server
+    client = _client(base)
+    prompt = f"Question: {item['question']}\nAnswer:"
+    one = client.completions.create(
+        model=mid, prompt=prompt, max_tokens=0, echo=True, logprobs=1, extra_body={"kvgraft": {"graft": False}}
+    )
+    two = client.completions.create(
+        model=mid, prompt=prompt, max_tokens=0, echo=True, logprobs=1, extra_body={"kvgraft": {"graft": False}}
+    )
+    lp = one.choices[0].logprobs
+    assert one.choices[0].text == prompt and lp.token_logprobs[0] is None and len(lp.tokens) == one.usage.prompt_tokens
+    assert lp.token_logprobs == two.choices[0].logprobs.token_logprobs and all(v < 0 for v in lp.token_logprobs[1:])
+    chat = client.chat.completions.create(
+        model=mid, messages=[{"role": "user", "content": item["question"]}], max_tokens=4, logprobs=True, top_logprobs=2
+    )
+    entries = chat.choices[0].logprobs.content
+    assert len(entries) == chat.usage.completion_tokens and all(e.logprob == e.top_logprobs[0].logprob for e in entries)
+    assert client.models.retrieve(mid).id == mid
 
 
 def test_what_is_not_supported_raises_the_clients_bad_request(server):

@@ -171,7 +171,7 @@ def test_a_gemma3_gguf_given_by_path_loads_directly_with_the_packaged_models_ide
     path = packaged.gguf_file(model._packaged_gguf_dir())
     monkeypatch.setenv("KVGRAFT_MODEL_CACHE", str(tmp_path / "models"))  # the config and tokenizer kept there
     lm = model.load(str(path))
-    assert model._gguf_metadata_dir(path) is not None
+    assert model.gguf_metadata_dir(path) is not None
     again = model.load(str(path))  # from the kept config and tokenizer: the same identity
     assert (again.info.tokenizer_sha256, again.fingerprint) == (lm.info.tokenizer_sha256, lm.fingerprint)
     assert lm.info.weights_sha256 == packaged.WEIGHTS_SHA256 and not lm.machine_bound

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from graft_core import selftest
-from kernels import fma16
+from kernels import build
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [f"{c}.{k}" for c in ("short", "long", "chain") for k in ("artifact", "grafted_logits", "fresh_logits")]
@@ -82,7 +82,7 @@ def _selftest_under(model: str | None, isa: str, aten: str | None, threads: int)
 
 # Each build this CPU has, each beside another ATen capability and thread count: ATen still computes the
 # elementwise rest of a forward (adds, products, the embedding), whose bits must not follow its vector code.
-_RUNS = list(zip(fma16.runnable(), ("default", "avx2", None), (1, 2, 2)))
+_RUNS = list(zip(build.runnable(), ("default", "avx2", None), (1, 2, 2)))
 
 
 def test_cli_selftest_matches_one_golden_set_under_every_build_and_aten_capability(tiny_dirs):
@@ -138,7 +138,7 @@ def test_selftest_checks_each_packaged_model_against_its_own_set_under_every_bui
     """Both families in one command, under each build the CPU has (KVGRAFT_ISA picks it): each model matches the
     one golden set filed under its own fingerprint, and says so on a line of its own."""
     names = [str(tiny_dirs["gemma3"]), str(tiny_dirs["llama"])]
-    for isa in fma16.runnable():
+    for isa in build.runnable():
         done = _each(names, "--json", isa=isa)
         assert done.returncode == 0, done.stdout + done.stderr[-2000:]
         out = json.loads(done.stdout)

@@ -1,4 +1,4 @@
-"""The web app as the front end of a deployment (web/remote.py), without Ray: `RemoteLibrary` against a
+"""The web app as the front end of a deployment (serving/remote.py, web/connecting.py), without Ray: `RemoteLibrary` against a
 stdlib HTTP stub on loopback (request shapes, the admin header, error mapping, the connecting stage), and the
 `from_json` inverses of the result types on real results of the tiny model. The Ray end-to-end test is in
 tests/test_serving_ray.py.
@@ -21,7 +21,8 @@ from errors import ArtifactNotFound, KvgraftError, VerificationFailed
 from retrieval import HashEmbedder
 from services import AnswerOptions
 from serving.client import ADMIN_HEADER, BackendRefused, BackendUnavailable
-from web.remote import NotAvailable, RemoteLibrary, RemoteStartup, connect
+from serving.remote import NotAvailable, RemoteLibrary
+from web.connecting import RemoteStartup, connect
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "front-admin-token"
@@ -243,10 +244,10 @@ def test_connecting_stage_shows_what_health_returned_until_healthy(stub):
 
 
 def test_front_end_app_builds_without_torch():
-    """`build_app` over a RemoteLibrary imports neither torch nor transformers (nothing of the engine)."""
+    """The page and the API (`server.build`) over a RemoteLibrary import neither torch nor transformers (nothing of the engine)."""
     code = (
-        "import sys; from web import app, remote; "
-        "lib = remote.RemoteLibrary('http://127.0.0.1:9'); app.build_app(lib, admin_token='t', startup=remote.RemoteStartup()); "
+        "import sys, server; from serving import remote; from web import connecting; "
+        "lib = remote.RemoteLibrary('http://127.0.0.1:9'); server.build(lib, admin_token='t', startup=connecting.RemoteStartup()); "
         "print(sorted(m for m in ('torch', 'transformers', 'faiss') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -381,7 +381,7 @@ def test_app_started_as_a_space_serves_at_once_as_a_read_only_demo(tiny_dirs, tm
             client.predict("Who founded the town of Velmora?", api_name="/answer")
         with pytest.raises(Exception, match="KVGRAFT_ADMIN_TOKEN"):
             client.predict("guess", question="q", solution="s", answer="a", reference="a", api_name="/deposit")
-        from web import uploads  # a public demo takes no upload from anyone, the token header neither
+        from access import uploads  # a public demo takes no upload from anyone, the token header neither
 
         files = lambda: sorted((tmp_path / "gradio").rglob("*"))  # noqa: E731
         before = files()

@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 from graft_core import layers, model, step
 from graft_core.forward import forward_chunk, new_cache
-from kernels import fma16
+from kernels import build
 
 TEXT = "Fact: the lighthouse of Varnek Isle was built by Osric Pellamy in 1874.\n"
 
@@ -59,7 +59,7 @@ def test_steps_on_restored_caches_past_the_window_never_write_the_restored_tenso
 
 
 def test_every_build_steps_to_the_same_bytes(tiny_dirs, monkeypatch):
-    for isa in fma16.runnable():
+    for isa in build.runnable():
         monkeypatch.setenv("KVGRAFT_ISA", isa)
         lm = model.load(str(tiny_dirs["gemma3"]))
         stepper = step.Stepper(lm.model)

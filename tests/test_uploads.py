@@ -20,8 +20,8 @@ from tests.served import attested_store, serve
 
 httpx = pytest.importorskip("httpx")
 
-from web import uploads  # noqa: E402
-from web.guard import AdminToken, Guard  # noqa: E402
+from access import uploads  # noqa: E402
+from access.guard import AdminToken, Guard  # noqa: E402
 
 TOKEN = "upload-admin-token"
 FACT = "The observatory of Quellmoor was founded by the astronomer Ines Varga in 1902."
@@ -327,10 +327,10 @@ def test_sessions_unit():
 def test_the_rate_limiter_counts_uploads_and_session_attempts(tiny_gemma, tmp_path, monkeypatch):
     """At one request a second (a burst of 2) per address, an address's third upload in a row is answered 429
     (the admin's too), and so is its third session attempt; another address is not held back."""
+    from access.limiter import RATE_REFUSAL
     from retrieval import HashEmbedder
     from services import Library
     from web import app
-    from web.admission import RATE_REFUSAL
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
     demo = app.build_app(Library(home=tmp_path / "home", lm=tiny_gemma, embedder=HashEmbedder()), admin_token=TOKEN)

@@ -3,15 +3,14 @@
 `build_app` assembles one small builder per tab; each callback calls one `Library` (or `services`)
 function and formats its result (HTML, tables, matplotlib figures); it knows nothing about torch or SQL. Every
 model handler checks its caller's authority and bounds first and then holds the model through
-`web.guard` (one request at a time, fairly between sessions and addresses; reads of the catalog run
-beside it). Named API endpoints for `gradio_client`: `/answer`, `/deposit`, `/verify`, `/export`, `/import`, `/delete`;
-the OpenAI-compatible API (`serving.openai_api`: `/v1/...`, `/metrics`) on the same port, under the same bounds.
-Uploads (the import's bundle) are the admin's only, decided at the edge before a byte is read (`web.uploads`).
+`access.guard` (one request at a time, fairly between sessions and addresses; reads of the catalog run
+beside it). Named API endpoints for `gradio_client`: `/answer`, `/deposit`, `/verify`, `/export`, `/import`,
+`/delete`. Who may ask and how much is the edge's (`access`): the admin token, the fair turns, the admission at
+the queue's join, the per-address rate, the upload gate and the body checks, which `serve` puts in front.
 
-Run `python app.py` (host/port from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, store from
-KVGRAFT_HOME, deposits enabled by KVGRAFT_ADMIN_TOKEN; on a Hugging Face Space see `hosting`). The page
-is served first; the model conversion/loading, the seeding of an empty store with the built-in library
-in `library_seed/` and the index build follow in the background (`startup`), shown in the status area.
+It knows nothing about the OpenAI-compatible API: the entry (`server.py`, what `python app.py` runs) mounts that
+on the same port through `serve`'s `mounts`, over the same library, guard and admission (`PageParts`), and starts
+the model behind the page.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ import logging
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,29 +34,29 @@ from starlette.middleware import Middleware  # noqa: E402
 
 import services  # noqa: E402
 import settings  # noqa: E402
+from access import uploads  # noqa: E402
+from access.admission import Admission  # noqa: E402
+from access.arrivals import BodyDeadline  # noqa: E402
+from access.bodies import TextGate, text_problem  # noqa: E402
+from access.guard import ADMIN_HELP, FairTurns, Guard, address_depth, per_address  # noqa: E402
+from access.limiter import JoinLimiter  # noqa: E402
 from errors import KvgraftError, VerificationFailed  # noqa: E402  (types, not the engine)
-from services import seed  # noqa: E402
-from services.limits import (  # noqa: E402
-    ANON_MAX_NEW_TOKENS,
-    ANON_REPORT_SAMPLES,
-    decode_together,
-    warm_proofs_limit,
+from services.limits import ANON_MAX_NEW_TOKENS, ANON_REPORT_SAMPLES, decode_together  # noqa: E402
+from web import (
+    hosting,  # noqa: E402
+    joins,  # noqa: E402
 )
-from serving import openai_api  # noqa: E402  (starlette and the bounds only: no ray)
-from web import admission as admission_mod  # noqa: E402
-from web import hosting, memory, placeholder, uploads  # noqa: E402  (placeholder: stdlib only)
 from web.dashboard_tab import dashboard_tab  # noqa: E402
-from web.guard import ADMIN_HELP, FairTurns, Guard, address_depth, backend_slots, per_address  # noqa: E402
 from web.handlers import MODEL_WORKERS  # noqa: E402
 from web.handlers import answer_options as _answer_options  # noqa: E402
 from web.handlers import call as _call  # noqa: E402
 from web.handlers import exactness_report as _exactness_report  # noqa: E402
 from web.handlers import model_turn as _model  # noqa: E402
+from web.hosting import Hosting  # noqa: E402
 from web.library_tab import library_tab, table_rows  # noqa: E402
-from web.refusal import Refusal, TextGate, quiet_checks, require_text, text_problem  # noqa: E402
+from web.refusal import Refusal, quiet_checks, require_text  # noqa: E402
 from web.solve_tab import solve_tab  # noqa: E402
-from web.startup import StartingLibrary, Startup, TerminalProgress, model_cache, status_html  # noqa: E402
-from web.startup import start as start_up  # noqa: E402
+from web.startup import StartingLibrary, Startup, status_html  # noqa: E402
 from web.views import (  # noqa: E402
     evidence_html,
     evidence_summary,
@@ -87,7 +86,7 @@ VERIFIERS = ["exact", "numeric", "sympy", "attested"]
 _DONE = object()
 
 
-# Uploads are the admin's only (web.uploads, at the edge: Gradio's routes have no per-route auth) and bounded
+# Uploads are the admin's only (access.uploads, at the edge: Gradio's routes have no per-route auth) and bounded
 # per file, per caller, in all and by the disk's free space; Gradio's copies of exports and anything left are
 # deleted after an hour. Larger bundles go through `cli.py import`.
 MAX_UPLOAD = settings.get("KVGRAFT_MAX_UPLOAD")
@@ -400,9 +399,9 @@ def build_app(
     library: services.LibraryDoor,
     admin_token: str | None = None,
     startup: Startup | None = None,
-    where: hosting.Hosting | None = None,
+    where: Hosting | None = None,
     guard: Guard | None = None,
-    admission: admission_mod.Admission | None = None,
+    admission: Admission | None = None,
 ) -> gr.Blocks:
     """The Blocks app over one Library. `admin_token` defaults to $KVGRAFT_ADMIN_TOKEN (read now);
     `guard` (the admin gate and the fair model turns) defaults to one over that token; `admission` (the model
@@ -456,34 +455,44 @@ def build_app(
 
     quiet_checks(demo)  # a value Gradio's own checks refuse is one log line, not a traceback
     demo.queue(default_concurrency_limit=MODEL_WORKERS, max_size=QUEUE_MAX)
-    admission = admission or admission_mod.Admission(per_session=guard.turns.per_session, depth=guard.turns.depth)
-    admission_mod.install(demo._queue, admission, guard.client, counted=lambda fn: fn.concurrency_id == "model")
+    admission = admission or Admission(per_session=guard.turns.per_session, depth=guard.turns.depth)
+    joins.install(demo._queue, admission, guard.client, counted=lambda fn: fn.concurrency_id == "model")
     demo.upload_door = uploads.UploadDoor(guard.tokens)  # `serve` puts it in front: the admin's uploads only
-    # the OpenAI-compatible API under /v1 on the page's port (`serve` routes to it): the same library, guard and admission
-    demo.openai = openai_api.OpenAIServer(gated, guard, admission)
+    demo.parts = PageParts(gated, guard, admission)  # what another front end on the same port shares (server.py)
     return demo
 
 
-def serve(demo: gr.Blocks, where: hosting.Hosting, joins: tuple[float, int] | None = None, **launch) -> None:
+@dataclass(frozen=True)
+class PageParts:
+    """What a page shares with a front end served beside it on its port: the library as the page sees it (through
+    the start-up), the guard (admin token, fair turns) and the admission counting requests at arrival."""
+
+    library: services.LibraryDoor
+    guard: Guard
+    admission: Admission
+
+
+def serve(demo: gr.Blocks, where: Hosting, joins: tuple[float, int] | None = None, mounts: list = (), **launch) -> None:
     """Launch `demo` where `hosting` says: the client address of a request is its socket's peer, unless that
     peer is one of `where.proxies` (then uvicorn takes the nearest X-Forwarded-For hop that is not a proxy),
     and every page's root is `where.root`, never the Host header a request claims. Gradio builds uvicorn's
     Config without forwarded_allow_ips, so uvicorn reads FORWARDED_ALLOW_IPS (default: trust 127.0.0.1) as
     `launch` makes it: it is set here, to exactly the configured proxies ("" trusts no peer). Every request
     body passes `TextGate` first, after the per-address `JoinLimiter` (`joins`: its rate a second and burst,
-    KVGRAFT_JOINS_PER_S / KVGRAFT_JOINS_BURST unless given) and the upload door (`web.uploads.UploadGate`: an
-    upload is the admin's, refused before its body is read otherwise, and bounded while it streams)."""
+    KVGRAFT_JOINS_PER_S / KVGRAFT_JOINS_BURST unless given) and the upload door (`access.uploads.UploadGate`: an
+    upload is the admin's, refused before its body is read otherwise, and bounded while it streams), and every body
+    within `access.arrivals.BodyDeadline`'s time and per-address count of bodies arriving. `mounts`
+    (starlette Middleware) sit right after the limiter: other front ends on this port (the entry's /v1 and
+    /metrics), rate-limited as the page is and with their own bounds."""
     os.environ["FORWARDED_ALLOW_IPS"] = ",".join(where.proxies)
     rate, burst = joins or (settings.get("KVGRAFT_JOINS_PER_S"), settings.get("KVGRAFT_JOINS_BURST"))
-    limiter = Middleware(admission_mod.JoinLimiter, rate=rate, burst=burst)
+    limiter = Middleware(JoinLimiter, rate=rate, burst=burst)
     door = getattr(demo, "upload_door", None)  # a Blocks not made by build_app has none: every upload is refused
     gate = Middleware(uploads.UploadGate, door=door, secure=where.root.startswith("https://"))
-    api = getattr(demo, "openai", None)  # a Blocks not made by build_app serves no API
-    api = [Middleware(openai_api.OpenAIDoor, server=api)] if api is not None else []
-    # outermost the per-address rate of work requests and uploads, then the OpenAI-compatible API (/v1, /metrics:
-    # its own bounds), then the upload door (the admin's only, before a byte is read), then text that cannot be
-    # encoded or files by URL, before Gradio parses them
-    edge = {"middleware": [limiter, *api, gate, Middleware(TextGate)]}
+    # outermost the per-address rate of work requests and uploads, then the deadline of a body's arrival (and how
+    # many may be arriving per address), then what is mounted beside the page (its own bounds), then the upload door (the admin's only, before a byte is read), then text that cannot be encoded or
+    # files by URL, before Gradio parses them
+    edge = {"middleware": [limiter, Middleware(BodyDeadline), *mounts, gate, Middleware(TextGate)]}
     launch = {"server_name": where.host, "server_port": where.port, "root_path": where.root, "app_kwargs": edge, **launch}
     demo.launch(**launch)
 
@@ -492,38 +501,3 @@ def server_address() -> tuple[str, int]:
     """Host and port from Gradio's own variables; loopback unless the operator (or a Space) says otherwise."""
     where = hosting.detect()
     return where.host, where.port
-
-
-def main(boot: placeholder.Placeholder | placeholder._NotServing = placeholder.NOT_SERVING, t0: float | None = None) -> None:
-    """Serve the app; `boot` is the placeholder page the entry point (app.py) started before Gradio imported,
-    `t0` the moment that entry point started ("page served after N s" counts from it)."""
-    t0 = time.perf_counter() if t0 is None else t0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    where = hosting.detect()
-    hosting.apply(where)
-    memory.start_trimmer()  # long prompts' freed activations go back to the OS, not kept by glibc's arenas
-    if boot is placeholder.NOT_SERVING:
-        print(placeholder.url_line(where), flush=True)
-    boot.stage("building the page")
-    backend = settings.get("KVGRAFT_BACKEND_URL")  # without a trailing slash; the front end of a deployment (docs/SCALING.md)
-    warm = 0 if backend else warm_proofs_limit()  # a bad KVGRAFT_WARM_PROOFS stops the start here, before the page
-    if backend:
-        from web import remote  # no torch, no store: every call goes to the replicas over HTTP
-
-        library, tracker = remote.RemoteLibrary(backend, admin_token=where.admin_token), remote.RemoteStartup()
-        turns = FairTurns(per_address=per_address(), slots=backend_slots(), depth=address_depth())
-        guard = Guard(where.admin_token or "", turns=turns)
-    else:
-        library, tracker, guard = services.Library(), Startup.remembered(model_cache()), None
-    demo = build_app(library, admin_token=where.admin_token, startup=tracker, where=where, guard=guard)
-    launch = dict(prevent_thread_lock=True, quiet=True, **launch_kwargs())
-    log.info("client addresses: the socket's peer; X-Forwarded-For believed from %s", ", ".join(where.proxies) or "no proxy")
-    placeholder.hand_over(boot, where, lambda: serve(demo, where, **launch))
-    wall, cpu = time.perf_counter() - t0, time.process_time()  # CPU seconds: the part a busy machine does not inflate
-    print(f"kvgraft: page served at {where.url} after {wall:.1f} s ({cpu:.1f} s of CPU); store {library.home}", flush=True)
-    if backend:
-        remote.start_connecting(library, tracker)
-    else:
-        start_up(library, tracker, seed=seed.bring_in, remember_in=model_cache(), warm=warm)
-    TerminalProgress(tracker).start()
-    demo.block_thread()

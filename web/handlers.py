@@ -1,4 +1,4 @@
-"""The web app's handlers' glue to `web.guard`: the bounds of one answer or exactness report by who asks, the fair
+"""The web app's handlers' glue to `access.guard`: the bounds of one answer or exactness report by who asks, the fair
 model turn, and the Library tab's admin handlers (export, import, delete).
 
 Each handler checks the admin token itself (Gradio's API visibility is not access control), then holds
@@ -19,6 +19,8 @@ from pathlib import Path
 import gradio as gr
 
 import services
+from access.bounds import ADMIN_ONLY_ANSWER, answer_options  # noqa: F401  (the handlers' names, kept where they were)
+from access.guard import Guard
 from errors import KvgraftError
 from services.limits import (
     ANON_REPORT_SAMPLES,
@@ -26,8 +28,6 @@ from services.limits import (
     report_bounds,
     whole,
 )
-from web.bounds import ADMIN_ONLY_ANSWER, answer_options  # noqa: F401  (the handlers' names, kept where they were)
-from web.guard import Guard
 from web.refusal import Refusal, require_text
 
 EXPORT_TTL_S = 600.0  # our own export file is removed this long after the handler returned it

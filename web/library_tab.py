@@ -1,6 +1,6 @@
 """The web app's Library tab: the store's artifacts listed and searched (catalog reads, beside the model), one
 artifact's text and manifest, and the admin's export, import and delete (web.handlers.upkeep, the admin token
-checked per call; uploads are the admin's only, decided at the edge by web.uploads, and the token once entered
+checked per call; uploads are the admin's only, decided at the edge by access.uploads, and the token once entered
 opens this browser's upload session). Formatting lives in web/views.py; the work in services.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import gradio as gr
 
 import services
-from web import uploads
-from web.guard import Guard
+from access import uploads
+from access.guard import Guard
 from web.handlers import MODEL_WORKERS, call, upkeep
 from web.refusal import require_text
 from web.views import LIBRARY_HEADERS, library_table
@@ -76,7 +76,7 @@ def library_tab(library: services.LibraryDoor, guard: Guard, reads: dict, writab
     return tab, tbl
 
 
-# The page posts the token to web.uploads' session route, which answers with an HttpOnly cookie that the page's
+# The page posts the token to access.uploads' session route, which answers with an HttpOnly cookie that the page's
 # uploads carry; the same value is not sent twice (a wrong one counts as a failed guess of the address).
 UPLOAD_SESSION_JS = f"""async (token) => {{
   token = (token || "").trim();

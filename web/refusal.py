@@ -1,15 +1,17 @@
 """A refusal is the caller's doing, not the app's: a wrong token, a value over a bound, a quota, input the
 app cannot take. `Refusal` is the Gradio error every handler raises for one: the user sees its message,
 the log gets one line (no traceback: ~3,000 refused guesses once wrote 6.8 MB of them). A real error
-(any other exception) still reaches Gradio, which logs its traceback.
+(any other exception) still reaches Gradio, which logs its traceback. What text is refused is the edge's
+(`access.bodies.text_problem`), the same for the page and the API.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 
 import gradio as gr
+
+from access.bodies import text_problem
 
 log = logging.getLogger("kvgraft.refused")
 
@@ -49,111 +51,8 @@ def quiet_checks(demo: gr.Blocks) -> int:
     return wrapped
 
 
-def text_problem(*values: object, nul: bool = True) -> str | None:
-    """A clear message when some text among `values` (strings, also inside lists and dicts, as a chat's
-    history) cannot be encoded as UTF-8 (a lone surrogate such as U+D800: echoed, it breaks the reply's
-    JSON and the stream with it) or, with `nul`, holds a NUL (binary data, nothing for the model); else None."""
-    lone = nuls = 0
-    stack = list(values)
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            nuls += v.count("\x00")
-            if not v.isascii():
-                lone += sum(1 for c in v if "\ud800" <= c <= "\udfff")
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-    if lone:
-        return f"The text holds {lone} lone surrogate character(s) (U+D800-U+DFFF), which cannot be encoded: send valid Unicode text."
-    if nul and nuls:
-        return f"The text holds {nuls} NUL bytes (binary data?): send plain text."
-    return None
-
-
 def require_text(*values: object) -> None:
     """Refuse (before any work) text that `text_problem` finds wrong."""
     problem = text_problem(*values)
     if problem:
         raise Refusal(problem)
-
-
-REMOTE_FILE = (
-    "A file given by URL ({url}) is not fetched by this app: Gradio would download it onto the server's disk "
-    "before any handler runs. Upload the file instead (the admin's)."
-)
-
-
-def remote_file(value: object) -> str | None:
-    """A clear message when `value` (a request's JSON) names a file by an http(s) URL, which Gradio's
-    preprocessing downloads into its cache for any input component before the handler can refuse anything
-    (Gradio's FileData: a dict with a `path` and `meta._type` "gradio.FileData"); else None."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
-            path, meta = v.get("path"), v.get("meta")
-            if isinstance(path, str) and isinstance(meta, dict) and path.startswith(("http://", "https://")):
-                return REMOTE_FILE.format(url=path[:80])
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return None
-
-
-MAX_BODY = 16 * 1024 * 1024  # a JSON request (not an upload) larger than this is refused: no question or deposit needs it
-
-
-class TextGate:
-    """ASGI middleware at the edge: a request body that is not an upload is read (at most MAX_BODY bytes,
-    else 413) and, where it is JSON holding text `text_problem` refuses, answered 400 with that message
-    before Gradio parses it: Gradio's own checks (a dropdown's "not in the list of choices") echo the
-    value, and the echo breaks the reply. JSON naming a file by URL (`remote_file`) is refused the same way:
-    Gradio would download it into its cache, for anyone. Anything else passes through unchanged."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        if any(k == b"content-type" and b"multipart" in v.lower() for k, v in scope.get("headers") or []):
-            return await self.app(scope, receive, send)  # an upload: web.uploads.UploadGate admitted it (the admin's)
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
-            if size > MAX_BODY:
-                return await _answer(send, 413, f"The request is over {MAX_BODY // 2**20} MiB: send less.")
-        body = b"".join(chunks)
-        try:
-            value = json.loads(body) if body else None
-            problem = (text_problem(value, nul=False) or remote_file(value)) if body else None  # NUL: the handlers' call
-        except ValueError:  # not JSON (or not UTF-8): Gradio answers it as it would
-            problem = None
-        if problem:
-            log.info("refused: %s", problem)
-            return await _answer(send, 400, problem)
-        given = False
-
-        async def replay():
-            nonlocal given
-            if not given:
-                given = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return await self.app(scope, replay, send)
-
-
-async def _answer(send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

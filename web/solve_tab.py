@@ -12,9 +12,9 @@ from pathlib import Path
 import gradio as gr
 
 import services
+from access.guard import Guard
 from errors import KvgraftError
 from services.limits import ANON_MAX_NEW_TOKENS, ANON_SOLVE_ATTEMPTS, MAX_SEED, whole
-from web.guard import Guard
 from web.handlers import call, model_turn
 from web.refusal import Refusal, require_text
 from web.views import input_problem, solve_summary

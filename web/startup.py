@@ -23,26 +23,10 @@ from typing import TYPE_CHECKING, TextIO
 
 import settings
 from errors import KvgraftError, NotReady
-from services.door import DEFAULT_ANSWER, AnswerOptions, Progress
+from services.forwarding import DoorCall, forwarding
 
 if TYPE_CHECKING:
-    from db.rows import LedgerRow
-    from graft_core.model import LoadedModel
-    from retrieval import VectorIndex
     from services.door import LibraryDoor
-    from services.results import (
-        AnswerResult,
-        DeleteReport,
-        Deposited,
-        ExactnessReport,
-        Flywheel,
-        LibraryEntry,
-        ShowReport,
-        Solved,
-        StoreStats,
-        WarmReport,
-    )
-    from services.store import Store
 
 log = logging.getLogger("kvgraft.startup")
 
@@ -347,11 +331,15 @@ def start(
 # ---- the gate ------------------------------------------------------------------------------
 
 
+@forwarding
 class StartingLibrary:
     """A library door (`services.LibraryDoor`) seen through the start-up: catalog reads (and the store, which
     is open from the start) pass at once; every other member raises `NotReady` (stage, time left) when called
     before the start-up is done, instead of blocking on the model. Taking a method is not calling it: handlers
-    pass `library.answer` along. Each member has the door's signature; nothing else passes through."""
+    pass `library.answer` along. Every member is the door's, generated from its declaration (`services.forwarding`);
+    nothing else passes through."""
+
+    PASSING = frozenset({"home", "model_name", "model_loaded", "store", "count", "entries", "show", "artifact_ids", "ledger"})
 
     def __init__(self, library: LibraryDoor, tracker: Startup):
         self._library, self._tracker = library, tracker
@@ -362,146 +350,10 @@ class StartingLibrary:
             raise NotReady(self._tracker.not_ready_message())
         return self._library
 
-    # ---- reads pass at once ----
-
-    @property
-    def home(self) -> Path:
-        return self._library.home
-
-    @property
-    def model_name(self) -> str | None:
-        return self._library.model_name
-
-    @property
-    def model_loaded(self) -> bool:
-        return self._library.model_loaded
-
-    @property
-    def store(self) -> Store:
-        return self._library.store
-
-    def count(self) -> int:
-        return self._library.count()
-
-    def entries(
-        self, query: str = "", kind: str | None = None, limit: int = 100, offset: int = 0, model: str | None = None
-    ) -> list[LibraryEntry]:
-        return self._library.entries(query, kind, limit, offset, model)
-
-    def show(self, ref: str) -> ShowReport:
-        return self._library.show(ref)
-
-    def artifact_ids(self) -> list[str]:
-        return self._library.artifact_ids()
-
-    def ledger(self, last: int | None = None) -> list[LedgerRow]:
-        return self._library.ledger(last)
-
-    # ---- the rest waits for the start-up ----
-
-    @property
-    def lm(self) -> LoadedModel:
-        return self._ready().lm  # reading it before would load the model here
-
-    def holds_own(self) -> bool:
-        return self._ready().holds_own()  # it reads the model's fingerprint
-
-    def stats(self, recent: int = 60) -> StoreStats:
-        return self._ready().stats(recent)
-
-    def flywheel(self) -> Flywheel:
-        return self._ready().flywheel()
-
-    def answer(
-        self, question: str, options: AnswerOptions = DEFAULT_ANSWER, on_token: Callable[[str], None] | None = None
-    ) -> AnswerResult:
-        return self._ready().answer(question, options, on_token)
-
-    def deposit_text(
-        self,
-        text: str,
-        parent: str | None = None,
-        title: str = "",
-        attested_by: str | None = None,
-        admin: bool = False,
-        on_progress: Progress | None = None,
-    ) -> Deposited:
-        return self._ready().deposit_text(text, parent, title, attested_by, admin, on_progress)
-
-    def deposit_item(
-        self,
-        question: str,
-        solution: str,
-        answer: str | None,
-        verifier: str,
-        reference: str,
-        parent: str | None = None,
-        title: str = "",
-        admin: bool = False,
-        on_progress: Progress | None = None,
-    ) -> Deposited:
-        return self._ready().deposit_item(question, solution, answer, verifier, reference, parent, title, admin, on_progress)
-
-    def exactness_report(
-        self,
-        samples: int = 10,
-        relocate: int | None = None,
-        seed: int = 0,
-        on_progress: Progress | None = None,
-        decode_steps: int = 4,
-        monolithic: bool = True,
-        max_tokens: int | None = None,
-    ) -> ExactnessReport:
-        return self._ready().exactness_report(samples, relocate, seed, on_progress, decode_steps, monolithic, max_tokens)
-
-    def solve(
-        self,
-        question: str,
-        verifier: str,
-        reference: str,
-        budget: int = 4096,
-        attempts: int | None = None,
-        seed: int = 0,
-        temperature: float = 0.8,
-        max_new_tokens: int = 32,
-        admin: bool = False,
-        library: bool = True,
-        between: Callable[[], None] | None = None,
-    ) -> Solved:
-        return self._ready().solve(
-            question,
-            verifier,
-            reference,
-            budget=budget,
-            attempts=attempts,
-            seed=seed,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            admin=admin,
-            library=library,
-            between=between,
-        )
-
-    def delete(self, ref: str) -> DeleteReport:
-        return self._ready().delete(ref)
-
-    def index(self) -> VectorIndex:
-        return self._ready().index()
-
-    def start_decoding_together(self) -> str:
-        return self._ready().start_decoding_together()
-
-    def warm_proofs(self, limit: int) -> WarmReport:
-        return self._ready().warm_proofs(limit)
-
-    def prove_chain(self, artifact_id: str) -> float:
-        return self._ready().prove_chain(artifact_id)
-
-    def warm_answer(self, artifact_id: str) -> float:
-        return self._ready().warm_answer(artifact_id)
-
-    def close(self) -> None:
-        self._ready().close()
+    def _forward(self, call: DoorCall):
+        """Reads pass at once; the rest (the model's, `lm` itself: reading it before would load the model here,
+        `holds_own`: it reads the model's fingerprint) waits for the start-up."""
+        return call.on(self._library if call.member in self.PASSING else self._ready())
 
 
 # ---- showing it ----------------------------------------------------------------------------

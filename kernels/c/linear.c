@@ -291,52 +291,50 @@ static inline void x32_q5_1(const uint8_t *b, v16 *lo, v16 *hi) {
 FUSED32_8(q8_0, 34) FUSED32_8(q5_0, 22) FUSED32_8(q4_0, 18) FUSED32_8(q4_1, 20) FUSED32_8(q5_1, 24)
 
 /* The 256-value formats against 8 rows, a block at a time: a row's scales decoded once a block, then its 16
-   chunks of 16 in order (each the operations of its w16_*). */
-static void fused_q4_k_8(const float *x, const uint8_t *w, int64_t rb, int64_t K, float *y) {
-    v16 acc[8];
-    for (int r = 0; r < 8; r++) acc[r] = v_zero();
-    for (int64_t k = 0; k < K; k += 256) {
-        const uint8_t *blk = w + (k / 256) * 144;
-        for (int r = 0; r < 8; r++, blk += rb) {
-            for (int l = 0; l < 144; l += 64) v_prefetch(blk + 16 * rb + l);
-            const float d = h2f(blk), dmin = h2f(blk + 2);
-            const uint8_t *qs = blk + 16;
-            for (int c = 0; c < 4; c++) {
-                int sc0, m0, sc1, m1;
-                q4k_scale_min(blk + 4, 2 * c, &sc0, &m0);
-                q4k_scale_min(blk + 4, 2 * c + 1, &sc1, &m1);
-                const v16 d0 = v_set1(d * (float)sc0), dm0 = v_set1(dmin * (float)m0);
-                const v16 d1 = v_set1(d * (float)sc1), dm1 = v_set1(dmin * (float)m1);
-                const float *xc = x + k + 64 * c;
-                const uint8_t *q = qs + 32 * c;
-                acc[r] = v_fmadd(v_load(xc), v_sub(v_mul(d0, q_nibbles(q, 0)), dm0), acc[r]);
-                acc[r] = v_fmadd(v_load(xc + 16), v_sub(v_mul(d0, q_nibbles(q + 16, 0)), dm0), acc[r]);
-                acc[r] = v_fmadd(v_load(xc + 32), v_sub(v_mul(d1, q_nibbles(q, 1)), dm1), acc[r]);
-                acc[r] = v_fmadd(v_load(xc + 48), v_sub(v_mul(d1, q_nibbles(q + 16, 1)), dm1), acc[r]);
-            }
-        }
+   chunks of 16 in order (each the operations of its w16_*). K256_* adds one row's block to that row's sum; the
+   loop around it, FUSED256_8, is written once for both. */
+static inline v16 k256_q4_k(const uint8_t *blk, const float *xb, v16 acc) {
+    const float d = h2f(blk), dmin = h2f(blk + 2);
+    const uint8_t *qs = blk + 16;
+    for (int c = 0; c < 4; c++) {
+        int sc0, m0, sc1, m1;
+        q4k_scale_min(blk + 4, 2 * c, &sc0, &m0);
+        q4k_scale_min(blk + 4, 2 * c + 1, &sc1, &m1);
+        const v16 d0 = v_set1(d * (float)sc0), dm0 = v_set1(dmin * (float)m0);
+        const v16 d1 = v_set1(d * (float)sc1), dm1 = v_set1(dmin * (float)m1);
+        const float *xc = xb + 64 * c;
+        const uint8_t *q = qs + 32 * c;
+        acc = v_fmadd(v_load(xc), v_sub(v_mul(d0, q_nibbles(q, 0)), dm0), acc);
+        acc = v_fmadd(v_load(xc + 16), v_sub(v_mul(d0, q_nibbles(q + 16, 0)), dm0), acc);
+        acc = v_fmadd(v_load(xc + 32), v_sub(v_mul(d1, q_nibbles(q, 1)), dm1), acc);
+        acc = v_fmadd(v_load(xc + 48), v_sub(v_mul(d1, q_nibbles(q + 16, 1)), dm1), acc);
     }
-    for (int r = 0; r < 8; r++) y[r] = reduce16(acc[r]);
+    return acc;
 }
-
-static void fused_q6_k_8(const float *x, const uint8_t *w, int64_t rb, int64_t K, float *y) {
-    v16 acc[8];
-    for (int r = 0; r < 8; r++) acc[r] = v_zero();
-    for (int64_t k = 0; k < K; k += 256) {
-        const uint8_t *blk = w + (k / 256) * 210;
-        for (int r = 0; r < 8; r++, blk += rb) {
-            for (int l = 0; l < 210; l += 64) v_prefetch(blk + 16 * rb + l);
-            const float d = h2f(blk + 208);
-            const int8_t *sc = (const int8_t *)(blk + 192);
-            for (int c = 0; c < 16; c++) {
-                const int h = c / 8, t = (c % 8) * 16;
-                const v16 q = q_q6(blk + h * 64 + t % 64, 4 * (t / 64), blk + 128 + h * 32 + t % 32, 2 * (t / 32));
-                acc[r] = v_fmadd(v_load(x + k + 16 * c), v_mul(v_set1(d * (float)sc[c]), q), acc[r]);
-            }
-        }
+static inline v16 k256_q6_k(const uint8_t *blk, const float *xb, v16 acc) {
+    const float d = h2f(blk + 208);
+    const int8_t *sc = (const int8_t *)(blk + 192);
+    for (int c = 0; c < 16; c++) {
+        const int h = c / 8, t = (c % 8) * 16;
+        const v16 q = q_q6(blk + h * 64 + t % 64, 4 * (t / 64), blk + 128 + h * 32 + t % 32, 2 * (t / 32));
+        acc = v_fmadd(v_load(xb + 16 * c), v_mul(v_set1(d * (float)sc[c]), q), acc);
     }
-    for (int r = 0; r < 8; r++) y[r] = reduce16(acc[r]);
+    return acc;
 }
+#define FUSED256_8(NAME, BYTES)                                                                               \
+    static void fused_##NAME##_8(const float *x, const uint8_t *w, int64_t rb, int64_t K, float *y) {         \
+        v16 acc[8];                                                                                          \
+        for (int r = 0; r < 8; r++) acc[r] = v_zero();                                                       \
+        for (int64_t k = 0; k < K; k += 256) {                                                               \
+            const uint8_t *blk = w + (k / 256) * (BYTES);                                                    \
+            for (int r = 0; r < 8; r++, blk += rb) {                                                         \
+                for (int l = 0; l < (BYTES); l += 64) v_prefetch(blk + 16 * rb + l);                         \
+                acc[r] = k256_##NAME(blk, x + k, acc[r]);                                                    \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int r = 0; r < 8; r++) y[r] = reduce16(acc[r]);                                                 \
+    }
+FUSED256_8(q4_k, 144) FUSED256_8(q6_k, 210)
 FUSED(q5_k, 8)
 /* MB rows of x against RB weight rows (MB <= FUSEDM_TOP, RB <= 2), the weights expanded in registers: for
    few rows of x, expanding a weight again per block of rows costs less than a round trip through a panel. */

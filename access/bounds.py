@@ -6,9 +6,9 @@ Gradio-free, so the Ray replicas' API applies the same function.
 from __future__ import annotations
 
 import services
+from access.guard import Guard, Refused
 from errors import InvalidInput, KvgraftError
 from services.limits import ANON_MAX_NEW_TOKENS, MAX_NEW_TOKENS, anon_prompt_tokens, whole
-from web.guard import Guard, Refused
 
 ADMIN_ONLY_ANSWER = (
     "{what} needs the admin token: {why}. Anonymous answers carry the cheap probe proof. Untick it, give the "
@@ -16,12 +16,15 @@ ADMIN_ONLY_ANSWER = (
 )
 
 
-def answer_options(guard: Guard, request, k, graft, max_new, check, compare, admin_token=None) -> services.AnswerOptions:
+def answer_options(
+    guard: Guard, request, k, graft, max_new, check, compare, admin_token=None, least: int = 1
+) -> services.AnswerOptions:
     """The bounded options of one answer. Without the admin token the decoding is at most
     ANON_MAX_NEW_TOKENS and neither `check` nor `compare` runs (each recomputes the whole grafted context,
     so either costs about as much again as the answer, with no bound but the context), and its question is
     at most KVGRAFT_ANON_PROMPT_TOKENS prompt tokens: an anonymous answer is one model turn of about one
-    default chat, and carries the cheap probe proof only."""
+    default chat, and carries the cheap probe proof only. `least` is the fewest new tokens asked for (0 where the
+    prompt's own log-probabilities are the answer)."""
     admin = guard.is_admin(admin_token, request)
     check, compare = check is True, compare is True
     if not admin and (check or compare):
@@ -34,7 +37,7 @@ def answer_options(guard: Guard, request, k, graft, max_new, check, compare, adm
         raise Refused(ADMIN_ONLY_ANSWER.format(what=what, why=reason))
     top = MAX_NEW_TOKENS if admin else ANON_MAX_NEW_TOKENS
     try:
-        max_new_tokens = whole("max_new_tokens", max_new, 1, top)
+        max_new_tokens = whole("max_new_tokens", max_new, least, top)
     except KvgraftError as exc:
         raise InvalidInput(f"{exc}{'' if admin else '; larger answers need the admin token'}") from None
     return services.AnswerOptions(

@@ -4,7 +4,7 @@
 a burst of wrong ones; `FairTurns` hands the model's slots out in turns (round robin over addresses, then
 sessions): at most one request in flight per session, a few per address, and fewer model slots per address
 than there are slots. It knows nothing about the store, the model or Gradio's widgets; app.py's handlers call
-it before any work (`web.admission` counts the same requests earlier, when they join Gradio's queue).
+it before any work (`access.admission` counts the same requests earlier, when they join Gradio's queue).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from pathlib import Path
 from starlette.formparsers import MultiPartException
 
 import settings
-from web.guard import AdminToken, Client, Refused, lockout_key
+from access.guard import AdminToken, Client, Refused, lockout_key
 
 log = logging.getLogger("kvgraft.refused")
 
