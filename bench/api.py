@@ -224,6 +224,39 @@ def run_llamacpp(python: str, gguf: Path, document: str, counts: list[int], requ
     }
 
 
+LLAMA_SERVER = Path("/tmp/peer/llama-server/bin/llama-server")  # bench/llamacpp/build.sh --server makes it
+LLAMA_SERVER_PARALLEL = 8
+# llama-server's completions: its per-slot prompt cache asked for explicitly, and no repeat penalty (greedy as kvgraft's)
+LLAMA_SERVER_EXTRA = {"cache_prompt": True, "repeat_penalty": 1.0}
+
+
+def run_llama_server(binary: Path, gguf: Path, document: str, counts: list[int], requests: int, threads: int) -> dict:
+    """llama.cpp's own server (`llama-server`, built from the llama-cpp-python 0.3.36 sdist's vendored source):
+    `--parallel 8` slots with continuous batching, each slot's context room for the document, the question and the
+    answer, its prompt cache on; the document followed by the question in every prompt, as for llama-cpp-python."""
+    import httpx
+
+    port = free_port()
+    ctx = LLAMA_SERVER_PARALLEL * 2560  # per slot: the 2,048-token document, the question, 32 new tokens
+    cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx)]
+    cmd += ["--parallel", str(LLAMA_SERVER_PARALLEL), "--cont-batching", "-t", str(threads), "-tb", str(threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        _wait(f"http://127.0.0.1:{port}/health", 300)
+        model = httpx.get(base + "/models", timeout=30).json()["data"][0]["id"]
+        prompt = document.rstrip("\n") + "\n" + PROMPT
+        load(base, model, prompt, LLAMA_SERVER_EXTRA, 1, 1)  # warm-up: the document's first evaluation, not counted
+        runs = [load(base, model, prompt, LLAMA_SERVER_EXTRA, n, requests) for n in counts]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return {"threads": threads, "parallel": LLAMA_SERVER_PARALLEL, "ctx": ctx, "request_extra": LLAMA_SERVER_EXTRA, "runs": runs}
+
+
 FIGURES = ("ttft_p50_s", "ttft_p95_s", "tokens_per_s")
 
 
@@ -275,7 +308,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2, help="completions each client sends, one after another")
     ap.add_argument("--repeats", type=int, default=1, help="the whole comparison this many times; medians reported")
     ap.add_argument("--peer-python", default="/work/peer-venv/bin/python", help="a Python with llama-cpp-python[server]")
-    ap.add_argument("--only", choices=("kvgraft", "llamacpp"), help="one server only")
+    ap.add_argument("--only", choices=("kvgraft", "llamacpp", "llama_server"), help="one server only")
+    ap.add_argument("--llama-server", default=str(LLAMA_SERVER), help="llama.cpp's llama-server (build.sh --server)")
     ap.add_argument("--write", action="store_true", help="write docs/bench/api.json (after every repeat)")
     args = ap.parse_args()
     counts = [int(n) for n in args.clients.split(",")]
@@ -288,7 +322,7 @@ def main() -> None:
 
     threads = pinned_threads()  # kvgraft's intra-op threads; llama.cpp gets the same count
     gguf = Path(assemble(str(scratch / "gemma-3-270m-q4_k_m.gguf")))
-    mode = {"not_run": "--only kvgraft"} if args.only == "kvgraft" else peer_mode(args.peer_python, gguf)
+    mode = {"not_run": f"--only {args.only}"} if args.only in ("kvgraft", "llama_server") else peer_mode(args.peer_python, gguf)
     print(json.dumps({"llamacpp_mode": mode}), flush=True)
     out: dict = {
         "question": QUESTION,
@@ -310,20 +344,29 @@ def main() -> None:
         if args.only != "llamacpp":
             rep["kvgraft"] = run_kvgraft(document, counts, args.requests, scratch / f"repeat-{i}")
             print(_brief("kvgraft", rep["kvgraft"]), flush=True)
-        if "not_run" in mode:
-            rep["llamacpp"] = {"not_run": mode["not_run"]}
-        else:
-            rep["llamacpp"] = run_llamacpp(args.peer_python, gguf, document, counts, args.requests, threads, mode)
-        print(_brief("llamacpp", rep["llamacpp"]), flush=True)
+        if args.only in (None, "llamacpp"):
+            if "not_run" in mode:
+                rep["llamacpp"] = {"not_run": mode["not_run"]}
+            else:
+                rep["llamacpp"] = run_llamacpp(args.peer_python, gguf, document, counts, args.requests, threads, mode)
+            print(_brief("llamacpp", rep["llamacpp"]), flush=True)
+        if args.only in (None, "llama_server"):
+            binary = Path(args.llama_server)
+            if binary.is_file():
+                rep["llama_server"] = run_llama_server(binary, gguf, document, counts, args.requests, threads)
+            else:
+                rep["llama_server"] = {"not_run": f"no llama-server at {binary} (bench/llamacpp/build.sh --server makes it)"}
+            print(_brief("llama_server", rep["llama_server"]), flush=True)
         rep["load_average_after"] = round(os.getloadavg()[0], 1)
         out["repeats"].append(rep)
-        out["median"] = {s: medians(out["repeats"], s) for s in ("kvgraft", "llamacpp")}
+        out["median"] = {s: medians(out["repeats"], s) for s in ("kvgraft", "llamacpp", "llama_server")}
         out["target"] = verdict(out["median"]["kvgraft"], out["median"]["llamacpp"])
+        out["target_llama_server"] = verdict(out["median"]["kvgraft"], out["median"]["llama_server"])
         out["complete"] = i + 1 == args.repeats
         if args.write:
             (ROOT / "docs" / "bench").mkdir(parents=True, exist_ok=True)
             (ROOT / "docs" / "bench" / "api.json").write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: out[k] for k in ("median", "target")}, indent=1))
+    print(json.dumps({k: out[k] for k in ("median", "target", "target_llama_server")}, indent=1))
 
 
 if __name__ == "__main__":
