@@ -15,7 +15,7 @@ from errors import KvgraftError
 from graft_core import batch, exactness, model, numerics, packaged
 from graft_core.capture import capture
 from graft_core.forward import forward_chunk, new_cache
-from kernels import fma16
+from kernels import build
 from tests.test_batch import _decode_both_ways
 
 QWEN = "packaged:qwen2.5-coder-1.5b-instruct"
@@ -140,7 +140,7 @@ def test_qwen_matches_its_golden_set_under_the_other_vector_build():
     was checked once and recorded (docs/DETERMINISM.md): at 1.5B it computes the set in many minutes."""
     from tests.test_selftest import _selftest_under
 
-    builds = [v for v in fma16.runnable()[1:] if v != "portable"] or [fma16.runnable()[0]]
+    builds = [v for v in build.runnable()[1:] if v != "portable"] or [build.runnable()[0]]
     for isa in builds:
         out = _selftest_under(QWEN, isa, None, 2)
         assert out["match"] is True and out["ran_on"]["fma16_build"] == isa, [
