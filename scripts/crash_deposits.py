@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -96,9 +95,9 @@ def _repair_loop(lib, seed: int, tag: str = "") -> None:
         d = lib.deposit_text(f"Repair round {seed}-{i}: {rng.random():.12f} is the number of this note.")
         _say(f"{tag}committed {d.id}")
         data = rng.randbytes(4096)  # a hash-valid blob no row refers to, as a deposit killed before its commit leaves
-        orphan = lib.blob_file(hashlib.sha256(data).hexdigest())
-        orphan.parent.mkdir(parents=True, exist_ok=True)
-        orphan.write_bytes(data)
+        # written the way the blob store writes every blob (files.atomic_file): a kill inside this write must
+        # leave no visible blob, only a .part file; a plain write_bytes left a half blob under its full name
+        orphan = lib.blob_file(lib.store.blobs.put(data))
         partial = orphan.parent / f".tmp-{seed}-{i}.part"
         partial.write_bytes(rng.randbytes(1024))
         for p in (orphan, partial):
