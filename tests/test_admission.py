@@ -122,6 +122,28 @@ def test_admission_counts_per_session_and_address_and_releases_exactly_once():
         Admission(depth=0)
 
 
+def test_a_join_waits_out_a_finished_request_not_yet_dropped_and_refuses_one_still_running():
+    """Gradio answers a client before it drops the finished event: a join in that window is admitted once the
+    place frees (within joins.SETTLE_S); a place still held past it is refused with the session message."""
+    import asyncio
+    import threading
+
+    from web import joins
+
+    a = Admission(per_session=1, depth=4)
+    held = a.reserve(Client("s1", "host"))
+    threading.Timer(0.2, a.release, args=(held,)).start()  # the finished event leaves Gradio's table a moment later
+    t0 = time.monotonic()
+    again = asyncio.run(joins._reserve(a, Client("s1", "host")))
+    assert 0.15 < time.monotonic() - t0 < joins.SETTLE_S and a.joined("host") == 1
+    t0 = time.monotonic()
+    with pytest.raises(Refused, match=f"^{SESSION_REFUSAL}$"):  # never released: still running
+        asyncio.run(joins._reserve(a, Client("s1", "host")))
+    assert time.monotonic() - t0 >= joins.SETTLE_S
+    a.release(again)
+    assert a.joined() == 0
+
+
 def test_an_address_never_holds_every_slot_and_its_next_request_waits_while_others_run():
     """Eight slots, one address: at most seven at once (KVGRAFT_PER_ADDRESS 8 is brought below the slots);
     with the default share of two, its third request waits though slots are free."""

@@ -45,6 +45,27 @@ def refusal(message: str) -> list[dict]:
     return [{"__type__": "validate", "is_valid": False, "message": message, "parameter_name": "request"}]
 
 
+# Gradio tells a client its result before it drops the event from its table (which frees the place), so a
+# client that asks again the moment it is answered can join while its finished request still counts. A refused
+# join is tried again for this long before it is answered; a request still running after it is refused as before.
+SETTLE_S = 1.0
+
+
+async def _reserve(admission: Admission, client: Client) -> int:
+    """`admission.reserve(client)`, retried for SETTLE_S while the refusal may be a finished request not yet dropped."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        try:
+            return admission.reserve(client)
+        except Refused:
+            if time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(0.01)
+
+
 def install(queue, admission: Admission, client_of: Callable[[object], Client], counted: Callable[[object], bool]) -> None:
     """Count `counted` functions' requests of `queue` (a Blocks' `_queue`, after `Blocks.queue()`) at join.
 
@@ -59,7 +80,7 @@ def install(queue, admission: Admission, client_of: Callable[[object], Client], 
         if fn is None or not counted(fn):
             return await original(body=body, request=request, username=username)
         try:
-            ticket = admission.reserve(client_of(gr.Request(request=request, session_hash=body.session_hash)))
+            ticket = await _reserve(admission, client_of(gr.Request(request=request, session_hash=body.session_hash)))
         except Refused as exc:
             return False, refusal(str(exc)), "validator_error"
         try:
