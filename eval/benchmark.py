@@ -104,9 +104,23 @@ def run(lib, items: list[dict], condition: str, out: Path, log: Callable[[str], 
     return together(lib, todo, lambda it: [ask(lib, it, condition)], out, log)
 
 
-def together(lib, todo: list[dict], records: Callable[[dict], list[dict]], out: Path, log: Callable[[str], None]) -> list[dict]:
+def _answered(it: dict, row: dict) -> str:
+    return (
+        f"{row['condition']} {it['id']}: {'ok' if score(row)['ok'] else 'wrong'} ({row['decode_tokens']} decode, "
+        f"{row['computed_tokens']} computed, {row['grafted_tokens']} grafted, {row['seconds']} s) {row['note']}"
+    )
+
+
+def together(
+    lib,
+    todo: list[dict],
+    records: Callable[[dict], list[dict]],
+    out: Path,
+    log: Callable[[str], None],
+    line: Callable[[dict, dict], str] = _answered,
+) -> list[dict]:
     """`records(item)` for every item, THREADS at once through the product's StepGroup, each record appended to
-    `out` and logged with the judge's verdict as it finishes."""
+    `out` and logged (`line(item, record)`: an answer's with the judge's verdict) as it finishes."""
     import threading
 
     lock, rows = threading.Lock(), []
@@ -117,15 +131,26 @@ def together(lib, todo: list[dict], records: Callable[[dict], list[dict]], out: 
             for row in got:
                 append_jsonl(out, row)
                 rows.append(row)
-                log(
-                    f"{row['condition']} {it['id']}: {'ok' if score(row)['ok'] else 'wrong'} ({row['decode_tokens']} decode, "
-                    f"{row['computed_tokens']} computed, {row['grafted_tokens']} grafted, {row['seconds']} s) {row['note']}"
-                )
+                log(line(it, row))
 
     lib.start_decoding_together()
     with ThreadPoolExecutor(max_workers=THREADS) as pool:
         list(pool.map(one, todo))
     return rows
+
+
+def deposit_all(lib, todo: list[dict], out: Path, log: Callable[[str], None]) -> list[dict]:
+    """`deposit` every item, THREADS at once: the gates' answers decode in shared passes (the same tokens as one at
+    a time, services.deposit), each record appended to `out` as its deposit returns. A record's `seconds` is its
+    own wall time, beside the others'."""
+    return together(
+        lib,
+        todo,
+        lambda it: [deposit(lib, it)],
+        out,
+        log,
+        line=lambda it, row: f"deposit {it['id']}: {row['verdict']} ({row['seconds']} s) {row.get('detail', '')[:160]}",
+    )
 
 
 def deposit(lib, item: dict) -> dict:

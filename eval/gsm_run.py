@@ -72,11 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.phase == "deposit":
         out = args.work / "deposits.jsonl"
         done = {r["id"] for r in benchmark.read_jsonl(out)}
-        for it in data["original"][: args.n]:
-            if it["id"] not in done:
-                row = benchmark.deposit(lib, it)
-                benchmark.append_jsonl(out, row)
-                log(f"deposit {it['id']}: {row['verdict']} {row.get('detail', '')[:160]}")
+        benchmark.deposit_all(lib, [it for it in data["original"][: args.n] if it["id"] not in done], out, log)
     elif args.phase == "recurring":
         _recurring(lib, args, log)
     else:

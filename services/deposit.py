@@ -6,7 +6,8 @@ nothing but its recorded verification row. Also `compose`, which deposits retrie
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -25,24 +26,49 @@ from .results import Deposited
 if TYPE_CHECKING:  # the engine (torch) loads at the first deposit, not with the web page
     from graft_core.artifact import KVArtifact
     from graft_core.model import LoadedModel
+    from graft_core.stepgroup import StepGroup
     from retrieval import Embedder
 
     from .artifacts import Artifacts
     from .store import Store
+    from .turns import ModelTurns
 
 Progress = Callable[[float, str], None]
-Gate = Callable[[list["KVArtifact"]], tuple[VerificationRow, float, int]]  # chain -> (row, seconds, tokens)
+# chain, the decode group its gate answers go through (None: alone) -> (row, seconds, tokens)
+Gate = Callable[[list["KVArtifact"], "StepGroup | None"], tuple[VerificationRow, float, int]]
+
+
+@contextlib.contextmanager
+def _locked(lock) -> Iterator[None]:
+    with lock:
+        yield None
 
 
 class DepositPipeline:
     """The deposits of one store and one model. It is handed the store, the artifact reads (a child is
     prefilled after its parent's chain) and accessors of the model and the embedder (loaded at first use)."""
 
-    def __init__(self, store: Store, artifacts: Artifacts, lm: Callable[[], LoadedModel], embedder: Callable[[], Embedder]):
+    def __init__(
+        self,
+        store: Store,
+        artifacts: Artifacts,
+        lm: Callable[[], LoadedModel],
+        embedder: Callable[[], Embedder],
+        turns: ModelTurns | None = None,
+    ):
         self._store = store
         self._artifacts = artifacts
         self._lm = lm
         self._embedder = embedder
+        self._turns = turns
+
+    def _turn(self):
+        """The model's turn for a deposit's prefill and gate runs: a background turn of `turns` (the gate's
+        answers decode in the answers' shared passes once a serving process or a batched eval built the decode
+        group: the same tokens as alone, graft_core.stepgroup), else the model lock alone (yields None)."""
+        if self._turns is not None:
+            return self._turns.background()
+        return _locked(self._store.lock)
 
     def _deposit(
         self,
@@ -82,13 +108,13 @@ class DepositPipeline:
             pass
         progress(0.1, f"prefilling {len(token_ids)} tokens")
         gate_s, gate_tokens = gate_cost
-        with self._store.lock:
+        with self._turn() as steps:
             parents = self._artifacts.chain(parent_row.id)[0] if parent_row else []
             art, stats = capture(lm, token_ids, parents=parents, text_sha256=text_sha256(text))
             assert art.key == key, "capture must name the artifact exactly as artifact_key() predicted"
             if gate_check is not None:  # before the blob write and the catalog transaction
                 progress(0.5, "gate: answering the question with the new artifact grafted")
-                verification, seconds, tokens = gate_check([*parents, art])
+                verification, seconds, tokens = gate_check([*parents, art], steps)
                 gate_s, gate_tokens = gate_s + seconds, gate_tokens + tokens
         data = codec.dumps(art)
         progress(0.8, "embedding and recording")
@@ -243,14 +269,14 @@ class DepositPipeline:
             raise VerificationFailed(f"refused, nothing deposited: {steps.detail}")
         progress = on_progress or (lambda f, m: None)
         progress(0.05, "gate: answering the question with the solution grafted")
-        with self._store.lock:
-            fact = gate.fact_run(self._lm(), question, solution, verifier, reference)
+        with self._turn() as steps:
+            fact = gate.fact_run(self._lm(), question, solution, verifier, reference, steps=steps)
         if not fact.ok:
             self._store.catalog.record_refusal(gate.record(fact, item_sha, verifier, reference))
             raise VerificationFailed(fact.refusal(reference), gate_tokens=fact.tokens)
 
-        def gate_check(chain: list[KVArtifact]) -> tuple[VerificationRow, float, int]:
-            run = self._graft_run(chain, question, solution, verifier, reference, item_sha)
+        def gate_check(chain: list[KVArtifact], steps: StepGroup | None) -> tuple[VerificationRow, float, int]:
+            run = self._graft_run(chain, question, solution, verifier, reference, item_sha, steps)
             if not run.ok:
                 raise VerificationFailed(run.refusal(reference), gate_tokens=fact.tokens + run.tokens)
             detail = f"with the solution grafted the model answered {fact.generated!r}; with the artifact grafted {run.generated!r}; {run.detail}"
@@ -355,9 +381,18 @@ class DepositPipeline:
             leaf = self._store.catalog.get(d.id)
         return leaf.id
 
-    def _graft_run(self, chain: list[KVArtifact], question: str, solution: str, verifier: str, reference: str, item_sha: str):
+    def _graft_run(
+        self,
+        chain: list[KVArtifact],
+        question: str,
+        solution: str,
+        verifier: str,
+        reference: str,
+        item_sha: str,
+        steps: StepGroup | None = None,
+    ):
         """The gate's graft run on `chain`; a refusal is recorded here (the caller decides what it means)."""
-        run = gate.graft_run(self._lm(), chain, question, solution, verifier, reference)
+        run = gate.graft_run(self._lm(), chain, question, solution, verifier, reference, steps=steps)
         if not run.ok:
             self._store.catalog.record_refusal(gate.record(run, item_sha, verifier, reference))
         return run
@@ -367,8 +402,8 @@ class DepositPipeline:
         fresh verification row of the composed artifact; a refusal is recorded and the composed artifact
         is stored unverified (the exact chain is still useful; it is not claimed verified)."""
 
-        def check(chain: list[KVArtifact]) -> tuple[VerificationRow | None, float, int]:
-            run = self._graft_run(chain, src.question, src.solution, v.verifier, v.reference, v.item_sha256)
+        def check(chain: list[KVArtifact], steps: StepGroup | None) -> tuple[VerificationRow | None, float, int]:
+            run = self._graft_run(chain, src.question, src.solution, v.verifier, v.reference, v.item_sha256, steps)
             if not run.ok:
                 return None, run.seconds, run.tokens
             detail = f"composed from {origin}: re-gated after the new parent, the model answered {run.generated!r}; {run.detail}"

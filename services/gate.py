@@ -77,13 +77,15 @@ def claimed(answer: str, question: str, verifier: str, reference: str) -> str:
         return answer.strip()
 
 
-def _run(lm: LoadedModel, chain: list[KVArtifact], run: str, item: tuple[str, str, str, str], prefill: int) -> GateRun:
+def _run(
+    lm: LoadedModel, chain: list[KVArtifact], run: str, item: tuple[str, str, str, str], prefill: int, steps=None
+) -> GateRun:
     from graft_core import generate
 
     question, solution, verifier, reference = item
     t0 = time.perf_counter()
     used = (chain[-1].end if chain else 0) + len(generate.encode_prompt(lm, question, grafted=bool(chain)))
-    ans = generate.answer(lm, chain, question, max_new_tokens=budget(lm, used))
+    ans = generate.answer(lm, chain, question, max_new_tokens=budget(lm, used), steps=steps)
     verdict = judge(ans.text, verifier, reference, question)  # the item was validated by the pipeline
     answer = claimed(ans.text, question, verifier, reference) if run == "fact" and verdict.ok else ans.text
     return GateRun(
@@ -99,9 +101,10 @@ def _run(lm: LoadedModel, chain: list[KVArtifact], run: str, item: tuple[str, st
     )
 
 
-def fact_run(lm: LoadedModel, question: str, solution: str, verifier: str, reference: str) -> GateRun:
+def fact_run(lm: LoadedModel, question: str, solution: str, verifier: str, reference: str, steps=None) -> GateRun:
     """Graft the solution (templates.fact_run_text: a one-line fact alone, a worked solution below its question;
-    never the typed answer; a scratch artifact) and judge the model's answer to the question."""
+    never the typed answer; a scratch artifact) and judge the model's answer to the question. With `steps` (a
+    graft_core.stepgroup.StepGroup) the answer decodes in shared passes with other work's: the same tokens."""
     from graft_core.capture import capture
 
     t0 = time.perf_counter()
@@ -109,13 +112,15 @@ def fact_run(lm: LoadedModel, question: str, solution: str, verifier: str, refer
     if len(ids) + 64 > lm.info.max_positions:
         raise InvalidInput("the solution is too long for the model's context; shorten it")
     art, _ = capture(lm, list(ids))
-    r = _run(lm, [art], "fact", (question, solution, verifier, reference), prefill=len(ids))
+    r = _run(lm, [art], "fact", (question, solution, verifier, reference), prefill=len(ids), steps=steps)
     return GateRun(**{**r.__dict__, "seconds": time.perf_counter() - t0})
 
 
-def graft_run(lm: LoadedModel, chain: list[KVArtifact], question: str, solution: str, verifier: str, reference: str) -> GateRun:
-    """Graft `chain` (the new artifact last, at its own position) and judge the model's answer."""
-    return _run(lm, chain, "graft", (question, solution, verifier, reference), prefill=0)
+def graft_run(
+    lm: LoadedModel, chain: list[KVArtifact], question: str, solution: str, verifier: str, reference: str, steps=None
+) -> GateRun:
+    """Graft `chain` (the new artifact last, at its own position) and judge the model's answer (`steps`: as fact_run)."""
+    return _run(lm, chain, "graft", (question, solution, verifier, reference), prefill=0, steps=steps)
 
 
 def record(run: GateRun, item_sha256: str, verifier: str, reference: str, detail: str = "") -> VerificationRow:

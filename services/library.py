@@ -84,7 +84,7 @@ class Library:
         model, embed = (lambda: self.lm), (lambda: self.embedder)
         self.turns = ModelTurns(self.store.lock, model, limits.ANSWERS_FIRST_S, limits.decode_together)
         self.artifacts = Artifacts(self.store, model)
-        self.deposits = DepositPipeline(self.store, self.artifacts, model, embed)
+        self.deposits = DepositPipeline(self.store, self.artifacts, model, embed, self.turns)
         self.answers = AnswerPipeline(self.store, self.artifacts, self.turns, model, embed, self.deposits.compose)
         self.reports = ExactnessReportPipeline(self.store, self.artifacts, self.turns, model)
         self.solving = SolvePipeline(self.store, self.turns, model, self.answers, self.deposits)

@@ -6,6 +6,7 @@ import contextlib
 import copy
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -451,6 +452,52 @@ def test_other_work_waits_longer_for_a_chat_than_for_background_sessions_and_alw
     with group.after_answers(most_s=30.0) as waited:  # nothing decoding: no wait at all
         assert not group.busy()
     assert waited < 0.1
+
+
+def test_gated_deposits_taken_together_decode_what_each_decodes_alone(tmp_path, tiny_gemma, monkeypatch):
+    """The deposit gate's answers (fact run and graft run) decode in the answers' shared passes once the decode
+    group is built: the same token ids, run by run, as the same deposits made one at a time; every judge says
+    pass here, so that both runs of every deposit are taken (the verdicts are not what is compared)."""
+    import services
+    from retrieval import HashEmbedder
+    from services import gate
+    from verifiers.verdict import Verdict
+
+    b = batch.Batcher(tiny_gemma.model)
+    if not b.widths:
+        pytest.skip(f"no padded width here: {b.why}")
+    runs: dict[str, list] = {"alone": [], "together": []}
+    real_run, where = gate._run, threading.local()
+
+    def spy(lm, chain, run, item, prefill, steps=None):
+        got = real_run(lm, chain, run, item, prefill, steps=steps)
+        runs[where.name].append((item[0], run, got.generated_ids, steps is not None))
+        return got
+
+    monkeypatch.setattr(gate, "_run", spy)
+    monkeypatch.setattr(gate, "judge", lambda answer, verifier, reference, question="": Verdict(True, verifier, "spy"))
+    items = [(f"Who keeps lighthouse number {i}?", f"Lighthouse {i} is kept by Mira Tolland the {i}th.") for i in range(4)]
+
+    def deposit(lib, i: int, name: str) -> str:
+        where.name = name
+        q, s = items[i]
+        return lib.deposit_item(q, s, f"Mira Tolland the {i}th", "exact", f"Mira Tolland the {i}th").id
+
+    alone_lib = services.Library(home=tmp_path / "alone", lm=tiny_gemma, embedder=HashEmbedder())
+    together_lib = services.Library(home=tmp_path / "together", lm=tiny_gemma, embedder=HashEmbedder())
+    try:
+        alone_ids = [deposit(alone_lib, i, "alone") for i in range(len(items))]
+        assert "together" in together_lib.start_decoding_together()
+        with ThreadPoolExecutor(len(items)) as pool:
+            together_ids = list(pool.map(lambda i: deposit(together_lib, i, "together"), range(len(items))))
+        group = together_lib.turns.decode_group()
+    finally:
+        alone_lib.close()
+        together_lib.close()
+    assert together_ids == alone_ids  # the same artifacts (their ids name the bytes)
+    assert sorted(runs["together"]) == sorted((q, r, ids, True) for q, r, ids, _ in runs["alone"])
+    assert {r for _, r, _, _ in runs["alone"]} == {"fact", "graft"} and len(runs["alone"]) == 2 * len(items)
+    assert group.steps > group.passes > 0  # some gate steps were taken in shared passes
 
 
 def test_a_solve_attempt_holds_the_model_lock(tmp_path, tiny_gemma, monkeypatch):

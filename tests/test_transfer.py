@@ -154,3 +154,26 @@ def test_replay_eval_rechecks_a_transfer_results_file_offline(tmp_path, capsys):
     results["outputs"][3]["answer"] = "The answer is 3."  # transfer on problem 0 now wrong: the stored figures are not its
     path.write_text(json.dumps(results), encoding="utf-8")
     assert cli.main(["replay-eval", str(path)]) == 1
+
+
+def test_the_library_phase_deposits_several_at_once(lib, tmp_path):
+    """`eval.gsm_run deposit`'s loop: every item through the real gate, THREADS at once through the decode group, one
+    record each (accepted or refused, as the gate said), and a second run over the same file deposits nothing new."""
+    from eval import benchmark
+
+    items = [
+        {"id": f"t{i}", "set": "original", "template": i, "id_orig": i, "question": f"Who keeps lighthouse {i}?"}
+        | {"solution": f"Lighthouse {i} is kept by Mira Tolland the {i}th.", "verifier": "exact"}
+        | {"reference": f"Mira Tolland the {i}th"}
+        for i in range(3)
+    ]
+    out, lines = tmp_path / "deposits.jsonl", []
+    rows = benchmark.deposit_all(lib, items, out, lines.append)
+    assert sorted(r["id"] for r in benchmark.read_jsonl(out)) == ["t0", "t1", "t2"] == sorted(r["id"] for r in rows)
+    for r in rows:  # what the store says agrees with each record
+        if r["verdict"] == "accepted":
+            assert lib.store.catalog.get(r["artifact"]).id == r["artifact"]
+        else:
+            assert r["verdict"] == "refused" and "nothing deposited" in r["detail"]
+    assert len(lines) == 3 and all(line.startswith("deposit t") for line in lines)
+    assert lib.turns.decode_group() is not None or "one at a time" in lib.start_decoding_together()
