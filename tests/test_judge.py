@@ -247,3 +247,40 @@ def test_a_boxed_value_is_the_answers_claim():
     assert answer_line("First \\boxed{3}, then \\boxed{\\frac{7}{2}}.") == ("7/2", "its last \\boxed{} value")
     assert answer_line("So \\[\\boxed{\\$1{,}200 \\text{ in all}}\\]")[0] == "$1{,}200 in all"
     assert answer_line("#### 12\nso \\boxed{13}") == ("12", "its '####' line")  # the strict line first
+
+
+# ---- kvgraft-judge/6: three false refusals of Qwen2.5's working (issue 52's transfer records) ------------------
+
+REMORAS = (
+    "First, we need to find the total length of the remoras. Since each remora is 90 inches long, and there are 2 "
+    "remoras, the total length of the remoras is 90 inches * 2 = 180 inches. The whale's body length is 30 feet, which "
+    "is equal to 30 * 12 = 360 inches. So, the percentage of the whale's body length that the combined length of the "
+    "remoras represents is (180 inches / 360 inches) * 100 = 50%."
+)
+
+
+def test_a_paragraph_of_working_is_read_at_its_concluding_sentence():
+    """Rule 4c': the paragraph's closing 'So, ...' sentence is its claim (it was refused as naming several values)."""
+    v = judge(REMORAS, "numeric", "50", "What percentage of the whale's body length is the remoras' combined length?")
+    assert v.ok and v.value == "50" and "its concluding sentence" in v.detail and "asserts '50%'" in v.detail
+    assert not judge(REMORAS, "numeric", "180", "What percentage?").ok  # the earlier sentence is working, not the claim
+    assert answer_line(REMORAS[:-1])[1] == ""  # cut off mid-sentence: the line whole, as before
+    assert answer_line(REMORAS)[1] == ""  # a fact's line (exact) is read whole
+    # closed by something other than a conclusion: read whole, several values, refused as before
+    assert not judge("Sanne is 6 years old. Answer: 72 years.", "numeric", "72", "How old is Sanne's father?").ok
+
+
+def test_units_between_factors_are_not_a_contradiction():
+    """'90 inches * 2 = 180 inches' is one chain whose members agree (it was read as the chain '2 = 180')."""
+    v = judge("The total is 90 inches * 2 = 180 inches.", "numeric", "180", "How long, in inches?")
+    assert v.ok and v.value.startswith("180")
+    bad = judge("The total is 90 inches * 2 = 170 inches.", "numeric", "170", "How long, in inches?")
+    assert not bad.ok and "contradicts itself" in bad.detail  # members that disagree still do
+
+
+def test_compared_chances_are_a_quantity_not_a_hedge():
+    q = "What is the percentage likelihood that Oliver rolls a number greater than 7 more than rolls two even numbers?"
+    said = judge("The difference is 50% - 25% = 25%.\nSo, Oliver is 25% more likely to roll it.", "numeric", "25", q)
+    assert "hedges" not in said.detail
+    assert "hedges" in judge("The answer is most likely 25.", "numeric", "25", q).detail  # 'most likely' still hedges
+    assert "hedges" in judge("It is likely 25.", "numeric", "25", q).detail

@@ -19,7 +19,11 @@ The rules, in the order they apply:
    b. else the last sentence that says "the answer is" (any case), from its start to its end (. ! ? before a
       space, or the line's end): the answer's final statement, an earlier one superseded by it;
    c. else the last non-empty line (a one-line answer is its own last line), where a line that is only an
-      option marker (`A)`, `(b)`, `C.`, a lone capital `D`) carries nothing and is passed over.
+      option marker (`A)`, `(b)`, `C.`, a lone capital `D`) carries nothing and is passed over;
+   c'. for numeric and sympy, where that line is several whole sentences (working written as one paragraph) and the
+      last opens with a conclusion word (so, therefore, thus, hence, finally, altogether, overall, in total, in
+      conclusion) and holds a digit: that sentence ('... 90 inches * 2 = 180 inches. So the share is 180 / 360 * 100
+      = 50%.' reads the second); a line cut off mid-sentence, or closed otherwise, is read whole.
    d. A last line that is one entry of a list of lettered options (two or more lines such as `A) 12`, `(B) 13`,
       `C. 14`) asserts nothing: it is one of several offered values, not the answer's claim.
 5. That line is judged as a bare value first: a value the kind accepts whole ('saffron', '212 metres',
@@ -47,12 +51,14 @@ from verifiers.quantities import read_number
 from verifiers.sentences import tokens
 from verifiers.verdict import FIELD_BOUNDS, Claim, Verdict, _q
 
-JUDGE = "kvgraft-judge/5"  # /1: the claim reader beside whole-answer checks; /2: one judge; /3: rule 4d (options), suppositions; /4: the last answer sentence, bare option markers; /5: rule 4a' (a \boxed{} value)
+JUDGE = "kvgraft-judge/6"  # /1: the claim reader beside whole-answer checks; /2: one judge; /3: rule 4d (options), suppositions; /4: the last answer sentence, bare option markers; /5: rule 4a' (a \boxed{} value); /6: rule 4c' (a paragraph's last sentence with a number), compared chances are not hedges, units between factors
 KINDS = tuple(sorted(VERIFIERS))
 
 _ANNOTATION = re.compile(r"<<[^<>\n]{0,200}>>")
 _STRICT = re.compile(r"^[ \t]*####[ \t]*(?P<rest>.*)$", re.MULTILINE)
 _SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
+_NUMBER = re.compile(r"\d")
+_CONCLUSION = re.compile(r"(?:so|therefore|thus|hence|finally|altogether|overall|in total|in conclusion)\b", re.IGNORECASE)
 _THE_ANSWER_IS = re.compile(r"(?<![\w])the answer is\b", re.IGNORECASE)
 _OPTION = re.compile(r"^\s*(?:\([A-Ea-e]\)|[A-Ea-e]\)|[A-E][.:])\s*\S")
 _MARKER = re.compile(r"^\s*(?:\(?[A-Ea-e]\)|[A-E][.:]?)\s*$")  # an option marker with nothing after it (`A)`, `(b)`, `C.`, `D`)
@@ -84,8 +90,9 @@ def _last_boxed(text: str) -> str | None:
     return None
 
 
-def answer_line(answer: str) -> tuple[str, str]:
-    """(the text the judge reads, how it was found) for an answer: rule 4 of the module's contract."""
+def answer_line(answer: str, numeric: bool = False) -> tuple[str, str]:
+    """(the text the judge reads, how it was found) for an answer: rule 4 of the module's contract (4c' for the
+    `numeric` kinds only: a fact's sentence is read whole)."""
     text = _ANNOTATION.sub("", unicodedata.normalize("NFKC", answer))
     strict = _STRICT.search(text)
     if strict is not None:
@@ -103,9 +110,23 @@ def answer_line(answer: str) -> tuple[str, str]:
     lines = [x.strip() for x in text.splitlines() if x.strip() and not _MARKER.match(x)]
     if len(lines) > 1 and _OPTION.match(lines[-1]) and sum(1 for x in lines if _OPTION.match(x)) >= 2:
         return "", f"its last line {lines[-1]!r} is one of the lettered options it lists"
-    if len(lines) > 1:
-        return lines[-1], "its last line"
-    return (lines[0] if lines else ""), ""
+    last, how = (lines[-1], "its last line") if len(lines) > 1 else ((lines[0] if lines else ""), "")
+    final = _final_statement(last) if numeric else None
+    if final is not None:  # a paragraph of working closed by its conclusion (rule 4c')
+        return final, f"{how + ', ' if how else ''}its concluding sentence"
+    return last, how
+
+
+def _final_statement(line: str) -> str | None:
+    """Rule 4c': the last sentence of a paragraph of several, where it is whole (ends the line with . ! or ?), opens
+    with a conclusion word and holds a digit; else None."""
+    if not line.endswith((".", "!", "?")):
+        return None  # cut off (a decode budget's end): no sentence is known to be its last
+    sentences = [x.strip() for x in _SENTENCE_END.split(line) if x.strip()]
+    if len(sentences) < 2:
+        return None
+    final = sentences[-1]
+    return final if _CONCLUSION.match(final) and _NUMBER.search(final) else None
 
 
 def _claim(line: str, verifier: str, reference: str, question: str = "") -> Claim:
@@ -137,7 +158,7 @@ def judge(answer: str, verifier: str, reference: str, question: str = "") -> Ver
         v = kind.compare(answer, reference)
         return Verdict(v.ok, v.verifier, v.detail, answer if v.ok else None)
     kind.compare(reference, reference)  # a malformed reference is an input error before any reading
-    line, how = answer_line(answer)
+    line, how = answer_line(answer, numeric=verifier in ("numeric", "sympy"))
     where = f"{how} {_q(line)}: " if how else ""
     if not line:
         why = f"{how}; nothing is asserted" if how else "it is empty; nothing is asserted"

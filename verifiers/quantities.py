@@ -190,13 +190,25 @@ def _mathy(toks: list[Tok], k: int) -> bool:
     if t.kind == "num" or t.text in _OPS | {"=", "≈", "%", ")"} or t.text in _CURRENCY:
         return True
     if t.kind == "word" and t.low not in FUNCTION and 0 < k < len(toks) - 1 and toks[k - 1].kind == "num":
-        if toks[k + 1].text in ("=", "≈") and not (len(t.text) == 1 and t.start == toks[k - 1].end):  # not '2b ='
+        glued = len(t.text) == 1 and t.start == toks[k - 1].end  # '2b': a term, not a unit
+        if toks[k + 1].text in ("=", "≈") and not glued:
             return True  # a unit inside a chain: '4 × 12 years = 48'
+        if not glued and _unit_then_operand(toks, k):
+            return True  # a unit before the next factor: '90 inches * 2 = 180 inches', '(180 inches / 360 inches)'
     if t.text == "(":
         return k + 1 < len(toks) and (toks[k + 1].kind == "num" or toks[k + 1].text in ("(", "-"))
     if t.low == "x":  # '14 x 1.6'
         return k > 0 and toks[k - 1].kind == "num" and k + 1 < len(toks) and toks[k + 1].kind == "num"
     return False
+
+
+def _unit_then_operand(toks: list[Tok], k: int) -> bool:
+    """After the unit word toks[k] (which follows a number): an operator and then a number or '(', or a ')' that
+    closes the chain's group before an operator or '='."""
+    nxt = toks[k + 1].text
+    if nxt in _OPS and nxt != "-":  # '5 years - 2' reads either way; '-' joins words ('3 years-old')
+        return k + 2 < len(toks) and (toks[k + 2].kind == "num" or toks[k + 2].text == "(")
+    return nxt == ")" and k + 2 < len(toks) and (toks[k + 2].text in _OPS | {"=", "≈"})
 
 
 def _member(toks: list[Tok], s: int, e: int, sign: str) -> tuple[int, int, Fraction | None, str, Fraction]:
@@ -207,7 +219,19 @@ def _member(toks: list[Tok], s: int, e: int, sign: str) -> tuple[int, int, Fract
     v = e
     while v - 1 > s and toks[v - 1].kind == "word" and toks[v - 1].low != "x":
         v -= 1  # a unit inside the chain is not part of the member's arithmetic
-    return s, e, _Expr(toks[s:v]).value(), sign, _rounding(toks[s:v])
+    arithmetic = [t for n, t in enumerate(toks[s:v], s) if not _unit_word(toks, n)]  # '90 inches * 2' is 90 * 2
+    return s, e, _Expr(arithmetic).value(), sign, _rounding(arithmetic)
+
+
+def _unit_word(toks: list[Tok], n: int) -> bool:
+    t = toks[n]
+    return (
+        t.kind == "word"
+        and t.low != "x"
+        and n > 0
+        and toks[n - 1].kind == "num"
+        and not (len(t.text) == 1 and t.start == toks[n - 1].end)
+    )
 
 
 def _members(toks: list[Tok], a: int, b: int) -> list[tuple[int, int, str]]:

@@ -157,10 +157,15 @@ def _reaches(toks: list[Tok], k: int, i: int) -> bool:
     return True
 
 
+# 'likely' after these compares chances ('25% more likely to roll ...', 'equally likely'): a quantity, not a hedge
+_COMPARED_CHANCE = frozenset("more less as equally times twice".split())
+
+
 def hedged(toks: list[Tok], i: int, j: int) -> str | None:
     a, b = sentence(toks, i, j)
-    for t in toks[a:b]:
-        if t.low in HEDGES:
+    for k in range(a, b):
+        t = toks[k]
+        if t.low in HEDGES and not (t.low in ("likely", "unlikely") and k > a and toks[k - 1].low in _COMPARED_CHANCE):
             return f"'{t.text}'"
     for pair in _pairs(toks, a, b):
         if pair in _HEDGE_PAIRS:
