@@ -139,6 +139,13 @@ def together(
     return rows
 
 
+def latest_deposits(rows: list[dict]) -> list[dict]:
+    """One record per offered item, its last: an item refused under an older judge is offered again (gsm_run
+    deposit), and the gate's verdict under the current judge supersedes the earlier record."""
+    last = {r["id"]: r for r in rows}
+    return [r for r in rows if last[r["id"]] is r]
+
+
 def deposit_all(lib, todo: list[dict], out: Path, log: Callable[[str], None]) -> list[dict]:
     """`deposit` every item, THREADS at once: the gates' answers decode in shared passes (the same tokens as one at
     a time, services.deposit), each record appended to `out` as its deposit returns. A record's `seconds` is its
@@ -160,6 +167,7 @@ def deposit(lib, item: dict) -> dict:
 
     t0 = time.perf_counter()
     row = {k: item[k] for k in ("id", "set", "template", "id_orig", "question", "verifier", "reference")}
+    row["judge"] = verifiers.JUDGE  # the gate's verdict is this judge's (a refusal under another is offered again)
     try:
         d = lib.deposit_item(item["question"], item["solution"], item["reference"], item["verifier"], item["reference"])
     except VerificationFailed as e:

@@ -34,7 +34,7 @@ def build(work: Path, budgets: dict[str, int] | None, seed: int = 0) -> dict:
         r["ok"] = benchmark.score(r)["ok"]
         r.pop("seconds", None)  # wall time under a shared machine: not part of the replayable record
     outs.sort(key=lambda r: (r["set"], r["id"], r["condition"]))
-    deposits = benchmark.read_jsonl(work / "deposits.jsonl")
+    deposits = benchmark.latest_deposits(benchmark.read_jsonl(work / "deposits.jsonl"))
     answered = {s: sorted({r["template"] for r in outs if r["set"] == s}) for s in sorted({r["set"] for r in outs})}
     meta = json.loads((work / "model.json").read_text(encoding="utf-8"))
     results = {

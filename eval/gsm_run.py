@@ -20,6 +20,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import retrieval  # noqa: E402,F401  (faiss before torch)
+import verifiers  # noqa: E402
 from eval import benchmark, gsm  # noqa: E402
 from graft_core import templates  # noqa: E402
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda m: print(m, flush=True)  # noqa: E731
     if args.phase == "deposit":
         out = args.work / "deposits.jsonl"
-        done = {r["id"] for r in benchmark.read_jsonl(out)}
+        done = {r["id"] for r in benchmark.read_jsonl(out) if r["verdict"] == "accepted" or r.get("judge") == verifiers.JUDGE}
         benchmark.deposit_all(lib, [it for it in data["original"][: args.n] if it["id"] not in done], out, log)
     elif args.phase == "recurring":
         _recurring(lib, args, log)

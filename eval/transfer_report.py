@@ -92,7 +92,7 @@ def _library(deposits: list[dict]) -> dict[int, str]:
 def build(work: Path, seed: int = 0) -> dict:
     outputs = benchmark.read_jsonl(work / "transfer.jsonl")
     outputs.sort(key=lambda r: (r["id"], transfer.CONDITIONS.index(r["condition"])))
-    deposits = benchmark.read_jsonl(work / "deposits.jsonl")
+    deposits = benchmark.latest_deposits(benchmark.read_jsonl(work / "deposits.jsonl"))
     meta = json.loads((work / "model.json").read_text(encoding="utf-8"))
     library = _library(deposits)
     return {

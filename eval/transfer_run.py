@@ -27,7 +27,8 @@ OUT = "transfer.jsonl"
 
 def accepted(work: Path) -> dict[int, str]:
     """template -> the artifact of its original's accepted deposit (W/deposits.jsonl)."""
-    return {d["template"]: d["artifact"] for d in benchmark.read_jsonl(work / "deposits.jsonl") if d["verdict"] == "accepted"}
+    rows = benchmark.latest_deposits(benchmark.read_jsonl(work / "deposits.jsonl"))
+    return {d["template"]: d["artifact"] for d in rows if d["verdict"] == "accepted"}
 
 
 def exemplars_artifact(lib, work: Path) -> str:

@@ -177,3 +177,14 @@ def test_the_library_phase_deposits_several_at_once(lib, tmp_path):
             assert r["verdict"] == "refused" and "nothing deposited" in r["detail"]
     assert len(lines) == 3 and all(line.startswith("deposit t") for line in lines)
     assert lib.turns.decode_group() is not None or "one at a time" in lib.start_decoding_together()
+
+
+def test_a_refusal_under_an_older_judge_is_superseded_by_the_item_offered_again():
+    from eval import benchmark
+
+    rows = [
+        {"id": "a", "verdict": "refused", "judge": "kvgraft-judge/5"},
+        {"id": "b", "verdict": "accepted", "judge": "kvgraft-judge/5"},
+        {"id": "a", "verdict": "accepted", "judge": "kvgraft-judge/6"},
+    ]
+    assert benchmark.latest_deposits(rows) == rows[1:]
