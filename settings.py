@@ -231,6 +231,14 @@ _DECLARED = (
         "KVGRAFT_ANON_PROMPT_TOKENS", "int", 256, "prompt tokens of one question without the admin token", low=16, high=32_768
     ),
     Setting(
+        "KVGRAFT_ANON_NEW_TOKENS",
+        "int",
+        32,
+        "decode steps of one answer without the admin token, on the page, /v1 and every replica",
+        low=1,
+        high=512,  # services.limits.MAX_NEW_TOKENS, every caller's bound
+    ),
+    Setting(
         "KVGRAFT_TRUST_PROXY",
         "networks",
         None,

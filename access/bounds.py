@@ -8,7 +8,7 @@ from __future__ import annotations
 import services
 from access.guard import Guard, Refused
 from errors import InvalidInput, KvgraftError
-from services.limits import ANON_MAX_NEW_TOKENS, MAX_NEW_TOKENS, anon_prompt_tokens, whole
+from services.limits import MAX_NEW_TOKENS, anon_max_new_tokens, anon_prompt_tokens, whole
 
 ADMIN_ONLY_ANSWER = (
     "{what} needs the admin token: {why}. Anonymous answers carry the cheap probe proof. Untick it, give the "
@@ -20,7 +20,7 @@ def answer_options(
     guard: Guard, request, k, graft, max_new, check, compare, admin_token=None, least: int = 1
 ) -> services.AnswerOptions:
     """The bounded options of one answer. Without the admin token the decoding is at most
-    ANON_MAX_NEW_TOKENS and neither `check` nor `compare` runs (each recomputes the whole grafted context,
+    KVGRAFT_ANON_NEW_TOKENS (services.limits.anon_max_new_tokens) and neither `check` nor `compare` runs (each recomputes the whole grafted context,
     so either costs about as much again as the answer, with no bound but the context), and its question is
     at most KVGRAFT_ANON_PROMPT_TOKENS prompt tokens: an anonymous answer is one model turn of about one
     default chat, and carries the cheap probe proof only. `least` is the fewest new tokens asked for (0 where the
@@ -35,7 +35,7 @@ def answer_options(
         }
         reason = " and ".join(why[n] for n in what.split(" and "))
         raise Refused(ADMIN_ONLY_ANSWER.format(what=what, why=reason))
-    top = MAX_NEW_TOKENS if admin else ANON_MAX_NEW_TOKENS
+    top = MAX_NEW_TOKENS if admin else anon_max_new_tokens()
     try:
         max_new_tokens = whole("max_new_tokens", max_new, least, top)
     except KvgraftError as exc:

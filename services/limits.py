@@ -24,7 +24,6 @@ def bounded(name: str, text: str, limit: int) -> str:
 
 
 MAX_NEW_TOKENS = 512  # any caller: decode steps of one answer
-ANON_MAX_NEW_TOKENS = 32  # without the admin token: decode steps of one answer, the no-graft comparison included
 ANON_SOLVE_ATTEMPTS = 8  # without the admin token: attempts of one solve, each its own model turn of one chat
 ANSWERS_FIRST_S = 2.0  # an exactness-report sample waits at most this long for decoding answers to finish
 MAX_SEED = 2**31 - 1  # a solve's first sampling seed (the attempts use seed, seed + 1, ...)
@@ -33,6 +32,13 @@ ANON_REPORT_SAMPLES = 5  # without the admin token: samples of one exactness rep
 ANON_REPORT_STEPS = 2  # without the admin token: greedy steps compared per sample (admins: 4)
 ANON_REPORT_TOKENS = 256  # without the admin token: only artifacts whose chain holds at most this many tokens
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
+
+
+def anon_max_new_tokens() -> int:
+    """KVGRAFT_ANON_NEW_TOKENS: decode steps of one answer without the admin token, the no-graft comparison included
+    (default 32, a public demo's; a deployment that serves an eval harness anonymously raises it, up to
+    MAX_NEW_TOKENS)."""
+    return settings.get("KVGRAFT_ANON_NEW_TOKENS")
 
 
 def anon_prompt_tokens() -> int:

@@ -27,11 +27,11 @@ from errors import ArtifactNotFound, InputTooLong, IntegrityError, InvalidInput,
 from retrieval.embedder import HashEmbedder, SentenceEmbedder
 from services import AnswerOptions
 from services.limits import (
-    ANON_MAX_NEW_TOKENS,
     ANON_REPORT_SAMPLES,
     MAX_K,
     MAX_NEW_TOKENS,
     MAX_REPORT_SAMPLES,
+    anon_max_new_tokens,
     anon_prompt_tokens,
     report_bounds,
     warm_proofs_limit,
@@ -231,7 +231,7 @@ class Replica:
     # ---- the work, in a worker thread ----------------------------------------------------------
 
     def _answer(self, body: dict, admin: bool) -> dict:
-        cap = MAX_NEW_TOKENS if admin else ANON_MAX_NEW_TOKENS
+        cap = MAX_NEW_TOKENS if admin else anon_max_new_tokens()
         return self.lib.answer(
             _text(body, "question"),
             AnswerOptions(

@@ -252,10 +252,10 @@ def _first_problem(demo) -> str:
 
 
 def test_an_anonymous_solve_is_one_chat_per_turn_with_bounded_attempts(served, library, monkeypatch):
-    """Without the token: at most ANON_SOLVE_ATTEMPTS attempts of at most ANON_MAX_NEW_TOKENS decode steps, and
+    """Without the token: at most ANON_SOLVE_ATTEMPTS attempts of at most KVGRAFT_ANON_NEW_TOKENS decode steps, and
     the model goes to the next waiting client between two attempts (one pause per attempt after the first)."""
     from access import guard as guard_mod
-    from services.limits import ANON_MAX_NEW_TOKENS, ANON_SOLVE_ATTEMPTS
+    from services.limits import ANON_SOLVE_ATTEMPTS, anon_max_new_tokens
 
     pauses, calls, real_pause, real_solve = [], [], guard_mod.Turn.pause, library.solve
     monkeypatch.setattr(guard_mod.Turn, "pause", lambda self: (pauses.append(1), real_pause(self)))
@@ -271,7 +271,7 @@ def test_an_anonymous_solve_is_one_chat_per_turn_with_bounded_attempts(served, l
     msg = _completed(served, session, "10.1.4.1")
     assert msg["success"] is True, msg
     ((kwargs, result),) = calls
-    assert kwargs["attempts"] == ANON_SOLVE_ATTEMPTS and kwargs["max_new_tokens"] == ANON_MAX_NEW_TOKENS
+    assert kwargs["attempts"] == ANON_SOLVE_ATTEMPTS and kwargs["max_new_tokens"] == anon_max_new_tokens() == 32
     assert 1 <= len(result.attempts) <= ANON_SOLVE_ATTEMPTS and len(pauses) == len(result.attempts) - 1
     assert len(msg["output"]["data"][1]["data"]) == len(result.attempts)  # the attempts table
     assert [a.seed for a in result.attempts if a.mode == "sampled"][:1] in ([], [7])

@@ -142,10 +142,16 @@ def test_what_is_not_supported_is_a_400_in_openai_shape(served, extra, param):
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error" and err["param"] == param
 
 
-def test_bounds_are_the_chat_bounds(served):
+def test_bounds_are_the_chat_bounds(served, monkeypatch):
     client, *_ = served
     too_many = client.post("/v1/chat/completions", json=_chat(max_tokens=33)).json()["error"]
     assert "max_new_tokens must be between 1 and 32" in too_many["message"] and "admin token" in too_many["message"]
+    monkeypatch.setenv("KVGRAFT_ANON_NEW_TOKENS", "40")  # the deployment's setting, read per request
+    forty = client.post("/v1/completions", json={"model": "kvgraft", "prompt": "Count:", "max_tokens": 40})
+    assert forty.status_code == 200 and forty.json()["usage"]["completion_tokens"] <= 40
+    over = client.post("/v1/completions", json={"model": "kvgraft", "prompt": "Count:", "max_tokens": 41}).json()["error"]
+    assert "max_new_tokens must be between 1 and 40" in over["message"]
+    monkeypatch.delenv("KVGRAFT_ANON_NEW_TOKENS")
     check = client.post("/v1/chat/completions", json=_chat(kvgraft={"check": True}))
     assert check.status_code == 403 and check.json()["error"]["type"] == "permission_error"
     assert "check needs the admin token" in check.json()["error"]["message"]

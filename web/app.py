@@ -41,7 +41,7 @@ from access.bodies import TextGate, text_problem  # noqa: E402
 from access.guard import ADMIN_HELP, FairTurns, Guard, address_depth, per_address  # noqa: E402
 from access.limiter import JoinLimiter  # noqa: E402
 from errors import KvgraftError, VerificationFailed  # noqa: E402  (types, not the engine)
-from services.limits import ANON_MAX_NEW_TOKENS, ANON_REPORT_SAMPLES, decode_together  # noqa: E402
+from services.limits import ANON_REPORT_SAMPLES, anon_max_new_tokens, decode_together  # noqa: E402
 from web import (
     hosting,  # noqa: E402
     joins,  # noqa: E402
@@ -196,7 +196,7 @@ def _chat_tab(library: services.LibraryDoor, guard: Guard):
                     atok = gr.Textbox(label="admin token (check, compare)", type="password", scale=2)
                 with gr.Row():
                     k = gr.Slider(1, services.MAX_K, 3, step=1, label="k (retrieved)")
-                    max_new = gr.Slider(1, ANON_MAX_NEW_TOKENS, 16, step=1, label="max new tokens")
+                    max_new = gr.Slider(1, anon_max_new_tokens(), min(16, anon_max_new_tokens()), step=1, label="max new tokens")
                 clear = gr.Button("Clear chat", size="sm")
             with gr.Column(scale=2):
                 gr.Markdown("### Evidence")

@@ -14,7 +14,7 @@ import gradio as gr
 import services
 from access.guard import Guard
 from errors import KvgraftError
-from services.limits import ANON_MAX_NEW_TOKENS, ANON_SOLVE_ATTEMPTS, MAX_SEED, whole
+from services.limits import ANON_SOLVE_ATTEMPTS, MAX_SEED, anon_max_new_tokens, whole
 from web.handlers import call, model_turn
 from web.refusal import Refusal, require_text
 from web.views import input_problem, solve_summary
@@ -51,7 +51,7 @@ def solve_tab(library: services.LibraryDoor, guard: Guard, problems_path: Path) 
         if row is None:
             raise Refusal("Pick a problem from the trusted problem set.")
         budget, seed = numbers(budget, seed, PUBLIC_SOLVE_BUDGET)
-        anonymous = {"attempts": ANON_SOLVE_ATTEMPTS, "max_new_tokens": ANON_MAX_NEW_TOKENS}
+        anonymous = {"attempts": ANON_SOLVE_ATTEMPTS, "max_new_tokens": anon_max_new_tokens()}
         return run(request, row["question"], row["verifier"], row["reference"], budget, seed, progress, **anonymous)
 
     def solve_admin(admin_token, question, verifier, reference, budget, seed, request: gr.Request, progress=gr.Progress()):
