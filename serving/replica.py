@@ -21,6 +21,7 @@ from ray import serve
 
 import services
 from access.admission import Admission
+from access.arrivals import BodyDeadline
 from access.bodies import read_json
 from access.guard import FairTurns, Guard, address_depth, per_address
 from errors import ArtifactNotFound, InputTooLong, IntegrityError, InvalidInput, KvgraftError, VerificationFailed
@@ -109,6 +110,10 @@ class Replica:
         turns = FairTurns(per_address=per_address(), slots=1, depth=address_depth())
         guard = Guard(self.settings.admin_token or "", turns=turns)
         self.openai = openai_api.OpenAIServer(self.lib, guard, Admission(per_session=turns.per_session, depth=turns.depth))
+        # slow and broken senders, as on the app's port: Ray's proxy streams the body to the replica, so a client
+        # that sends less than its Content-Length would hold this replica's request slot with no read timeout
+        if not any(m.cls is BodyDeadline for m in api.user_middleware):
+            api.add_middleware(BodyDeadline, read_s=self.settings.body_read_s)
         self.load_s = time.perf_counter() - t0
 
     # ---- Ray's hooks -------------------------------------------------------------------------

@@ -36,6 +36,7 @@ class ServeSettings:
     graceful_shutdown_timeout_s: float = 120.0  # drain: how long a stopping replica may finish what it holds
     health_check_period_s: float = 10.0
     health_check_timeout_s: float = 30.0
+    body_read_s: float = 30.0  # a request's body must arrive whole this long after it began (access.arrivals)
     replica_cpus: float = 1.0  # Ray CPUs reserved per replica
     threads: int | None = None  # KVGRAFT_THREADS inside the replicas; None: inherited (default 2). Part of the
     # model fingerprint: replicas must compute with the thread count the store's artifacts were made with

@@ -62,6 +62,7 @@ def deployment(tmp_path_factory, postgres_url, tiny_dirs, tiny_gemma):
         replica_cpus=0.5,
         health_check_period_s=2.0,
         graceful_shutdown_timeout_s=5.0,
+        body_read_s=3.0,  # short, for the half-sent body below
         port=_free_port(),
     )
     settings.blob_root.mkdir(parents=True)
@@ -331,3 +332,29 @@ def test_the_openai_client_against_kvgraft_serve(deployment):
     with urllib.request.urlopen(client.base_url + "/metrics", timeout=60) as r:
         metrics = r.read().decode()
     assert "kvgraft_requests" in {f.name for f in text_string_to_metric_families(metrics)}
+
+
+@pytest.mark.ray
+@pytest.mark.postgres
+def test_a_half_sent_body_is_cut_at_the_replicas_deadline_and_the_replicas_go_on(deployment):
+    """A client that sends 10 of the 100 bytes its Content-Length promises is answered 408 in OpenAI's shape once
+    body_read_s has passed (Ray's proxy streams the body to the replica, whose BodyDeadline times it), and the
+    replicas answer the next request."""
+    settings, client, _seeded = deployment
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", settings.port), timeout=60) as sock:
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"model": ')
+        got = b""
+        while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    waited = time.monotonic() - t0
+    assert got.startswith(b"HTTP/1.1 408"), got[:300]
+    assert b'"type":"timeout_error"' in got.replace(b" ", b"") and 2.5 < waited < 45, (waited, got[-300:])
+    assert "output_sha256" in client.answer(QUESTION, max_new_tokens=2).payload
