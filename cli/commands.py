@@ -171,7 +171,7 @@ def cmd_seed(args) -> int:
 
     lib = _library(args)
     if args.write_bundle is not None:
-        out = Path(args.write_bundle) if args.write_bundle else seed.BUNDLE
+        out = Path(args.write_bundle) if args.write_bundle else seed.recipe_path(lib.lm.info.name)
         rep = seed.write_bundle(lib, out)
         _emit(
             args,
@@ -306,7 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
         const="",
         default=None,
         metavar="PATH",
-        help="seed this (empty) store through the gate and write the built-in library (default library_seed/library.json)",
+        help=(
+            "seed this (empty) store through the gate and write the built-in library (default library_seed/library.json "
+            "for the default model, library_seed/library-<model>.json for another)"
+        ),
     )
     sd.set_defaults(func=cmd_seed)
 

@@ -106,6 +106,26 @@ def _read(bundle: Path) -> dict | None:
     return doc if isinstance(doc, dict) and doc.get("format") == BUNDLE_FORMAT else None
 
 
+def recipe_path(model_name: str, folder: Path = SEED_DIR) -> Path:
+    """Where the built-in library's recipe for `model_name` is written: library.json for the default packaged
+    model, library-<name>.json for another (`packaged:qwen2.5-coder-1.5b-instruct` -> library-qwen2.5-coder-1.5b-instruct.json)."""
+    from graft_core.model import DEFAULT_MODEL
+
+    if model_name == DEFAULT_MODEL:
+        return folder / BUNDLE.name
+    slug = "".join(c if c.isalnum() or c in ".-_" else "-" for c in model_name.split(":")[-1].rsplit("/", 1)[-1])
+    return folder / f"library-{slug}.json"
+
+
+def recipe_for(identity: str, folder: Path = SEED_DIR) -> Path | None:
+    """The committed recipe whose artifacts this model identity (ModelInfo.fingerprint) made, whichever file holds
+    it (decided by what each file says, never by its name); None where none does."""
+    for path in sorted(folder.glob("library*.json")):
+        if bundle_model(path) == identity:
+            return path
+    return None
+
+
 def bundle_model(bundle: Path = BUNDLE) -> str | None:
     """The model identity (ModelInfo.fingerprint) the built-in library's artifacts were made by, or None (no
     file, another format, or one that does not say)."""
@@ -154,7 +174,7 @@ def _recomputed(library, doc: dict, progress) -> dict[str, bytes]:
 
 
 def bring_in(
-    library, folder: Path = SEED_DIR, on_progress: Callable[[float, str], None] | None = None, bundle: Path = BUNDLE
+    library, folder: Path = SEED_DIR, on_progress: Callable[[float, str], None] | None = None, bundle: Path | None = None
 ) -> int:
     """The built-in library into `library`. Where it was made by this model under this numerical definition,
     each artifact is recomputed here from its text and must hash to the content hash the gate's deposit gave
@@ -170,8 +190,9 @@ def bring_in(
     from .exchange import import_bundle
 
     progress = on_progress or (lambda f, m: None)
-    doc = _read(bundle)
     lm = library.lm
+    bundle = bundle or recipe_for(lm.info.fingerprint, folder) or folder / BUNDLE.name  # this model's recipe, if committed
+    doc = _read(bundle)
     if bundle_model(bundle) != lm.info.fingerprint or lm.fingerprint not in doc["manifest"].get("model_fingerprints", []):
         log.info("the built-in library was made by another model or numerical definition: seeding through the gate")
         return seed_library(library, folder, on_progress)

@@ -69,6 +69,29 @@ def test_bring_in_recomputes_each_artifact_and_imports_it(written, tmp_path, tin
         fresh.close()
 
 
+def test_the_recipe_is_found_by_the_model_it_names_not_by_its_file_name(written, tmp_path, tiny_gemma, monkeypatch):
+    """Several recipes in the seed folder (one per packaged model): bring_in with no bundle named takes the one whose
+    manifest names this model, whatever the file is called; none for this model seeds through the gate."""
+    import shutil
+
+    _, out, _ = written
+    folder = tmp_path / "seed-folder"
+    shutil.copytree(seed.SEED_DIR, folder)
+    (folder / "library.json").write_text(json.dumps({"format": seed.BUNDLE_FORMAT, "manifest": {}, "catalog": {}}))
+    shutil.copy(out, folder / "library-some-other-name.json")
+    assert seed.recipe_for(tiny_gemma.info.fingerprint, folder) == folder / "library-some-other-name.json"
+    assert seed.recipe_path("packaged:qwen2.5-coder-1.5b-instruct", folder).name == "library-qwen2.5-coder-1.5b-instruct.json"
+    assert seed.recipe_path("packaged:gemma-3-270m", folder).name == "library.json"
+    monkeypatch.setattr(seed, "seed_library", lambda *a, **k: pytest.fail("the gate ran"))
+    fresh = _library(tmp_path / "f", tiny_gemma)
+    try:
+        assert seed.bring_in(fresh, folder) == 11
+    finally:
+        fresh.close()
+    (folder / "library-some-other-name.json").unlink()
+    assert seed.recipe_for(tiny_gemma.info.fingerprint, folder) is None
+
+
 def test_an_artifact_that_recomputes_to_other_bytes_is_refused_and_nothing_is_recorded(written, tmp_path, tiny_gemma):
     _, out, _ = written
     doc = json.loads(out.read_bytes())
