@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -88,6 +89,7 @@ def _repair_loop(lib, seed: int, tag: str = "") -> None:
     import shutil
 
     import services
+    from files import write_atomic
 
     rng = random.Random(seed)
     i = 0
@@ -95,9 +97,9 @@ def _repair_loop(lib, seed: int, tag: str = "") -> None:
         d = lib.deposit_text(f"Repair round {seed}-{i}: {rng.random():.12f} is the number of this note.")
         _say(f"{tag}committed {d.id}")
         data = rng.randbytes(4096)  # a hash-valid blob no row refers to, as a deposit killed before its commit leaves
-        # written the way the blob store writes every blob (files.atomic_file): a kill inside this write must
-        # leave no visible blob, only a .part file; a plain write_bytes left a half blob under its full name
-        orphan = lib.blob_file(lib.store.blobs.put(data))
+
+        orphan = lib.blob_file(hashlib.sha256(data).hexdigest())
+        write_atomic(orphan, data)  # as the blob store writes: a kill inside leaves a .part file, never a half blob
         partial = orphan.parent / f".tmp-{seed}-{i}.part"
         partial.write_bytes(rng.randbytes(1024))
         for p in (orphan, partial):
