@@ -317,8 +317,8 @@ MUTATIONS = (
     Mutation(
         "gate that skips the graft (services/gate.graft_run)",
         "services/gate.py",
-        'return _run(lm, chain, "graft", (question, solution, verifier, reference), prefill=0)',
-        'return _run(lm, [], "graft", (question, solution, verifier, reference), prefill=0)',
+        'return _run(lm, chain, "graft", (question, solution, verifier, reference), prefill=0, steps=steps)',
+        'return _run(lm, [], "graft", (question, solution, verifier, reference), prefill=0, steps=steps)',
         ("tests/test_gate.py::test_the_gate_record_replays_token_for_token",),
     ),
     Mutation(
