@@ -23,7 +23,7 @@ the same GGUF. `KVGRAFT_LINEAR=torch` (MKL's products and torch's kernels, anoth
 
     .venv/bin/python -m bench.peer [--repeats 5] [--prefixes 2048,4096] [--isas native,avx2,portable]
 
-`--model packaged:smollm2-135m-instruct` (or a Llama-family .gguf path) runs both engines on that model's GGUF
+`--model packaged:smollm2-135m-instruct` (or `packaged:qwen2.5-coder-1.5b-instruct`, or a .gguf path) runs both engines on that model's GGUF
 instead: kvgraft loads it as KVGRAFT_MODEL does, llama.cpp reads the same file. Each prefix file is cut to at
 most N of that model's tokens as kvgraft deposits it (`prepare_prefix`), and an instruct model is asked through
 its chat template on both sides: the prefix as a system turn, the question as the user turn
@@ -80,14 +80,19 @@ def gguf_file(path: str) -> Path:
 
 
 def model_gguf(model: str) -> Path:
-    """The GGUF file `--model` names: the packaged SmolLM2's (hash-checked) or a .gguf path."""
+    """The GGUF file `--model` names: the packaged SmolLM2's or Qwen's (hash-checked; Qwen's joined into the model
+    cache once) or a .gguf path."""
     from graft_core import packaged
 
     if model == packaged.SMOLLM2:
         return packaged.smollm2_file()
+    if model == packaged.QWEN:
+        from graft_core.model import model_cache_dir
+
+        return packaged.qwen_file(model_cache_dir() / "qwen2.5-coder-1.5b-instruct")
     if model.endswith(".gguf") and Path(model).expanduser().is_file():
         return Path(model).expanduser()
-    raise SystemExit(f"--model must be {packaged.SMOLLM2} or a .gguf file, got {model!r}")
+    raise SystemExit(f"--model must be {packaged.SMOLLM2}, {packaged.QWEN} or a .gguf file, got {model!r}")
 
 
 def model_tokenizer(gguf: Path):
