@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 from errors import InvalidInput
 
@@ -64,12 +65,31 @@ def json_problem(value: object, max_depth: int = MAX_DEPTH, surrogates: bool = T
     return None
 
 
+NOT_FINITE = "the JSON body holds a number that is not finite ({text}): JSON numbers are finite, send one"
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # '1e999' parses to inf, which no reply (nor FastAPI's error echo) can encode
+        raise BodyRefused(NOT_FINITE.format(text=text[:40]))
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise BodyRefused(NOT_FINITE.format(text=text))  # NaN, Infinity, -Infinity: Python's extensions to JSON
+
+
+def loads(data: bytes | str) -> object:
+    """`json.loads` of standard JSON only: a number that is not finite (NaN, Infinity, 1e999) is BodyRefused."""
+    return json.loads(data, parse_float=_finite, parse_constant=_no_constant)
+
+
 def read_json(data: bytes, max_depth: int = MAX_DEPTH) -> object:
     """The JSON value of a request body, or BodyRefused saying what to send: bytes that are not UTF-8 JSON, JSON
     nested past `max_depth` (refused whatever its depth: the parser's own recursion limit is a refusal too, never
     an internal error), or text that is not valid Unicode, naming the field."""
     try:
-        value = json.loads(data)
+        value = loads(data)
     except RecursionError:
         raise BodyRefused(f"the JSON body is nested deeper than {max_depth} levels: send a flatter body") from None
     except (ValueError, UnicodeDecodeError):
@@ -157,11 +177,13 @@ class TextGate:
                 return await _answer(send, 413, f"The request is over {MAX_BODY // 2**20} MiB: send less.")
         body = b"".join(chunks)
         try:
-            value = json.loads(body) if body else None
+            value = loads(body) if body else None
             deep = json_problem(value, surrogates=False) if body else None
             problem = (str(deep) if deep else None) or (text_problem(value, nul=False) or remote_file(value) if body else None)
         except RecursionError:  # nested past the parser's own limit
             problem = f"The JSON body is nested deeper than {MAX_DEPTH} levels: send a flatter body."
+        except BodyRefused as exc:  # a number that is not finite
+            problem = str(exc)
         except ValueError:  # not JSON (or not UTF-8): Gradio answers it as it would
             problem = None
         if problem:
