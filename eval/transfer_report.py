@@ -89,6 +89,22 @@ def _library(deposits: list[dict]) -> dict[int, str]:
     return {d["template"]: d["artifact"] for d in deposits if d["verdict"] == "accepted"}
 
 
+def _superseded(work: Path) -> list[dict]:
+    """Records set aside in W/transfer-superseded-*.jsonl (not counted), each file with its count per condition:
+    the transfer and control answers of templates asked before the library was whole (another store to retrieve
+    from, other controls drawn) were asked again on the whole library."""
+    out = []
+    for f in sorted(work.glob("transfer-superseded-*.jsonl")):
+        rows = benchmark.read_jsonl(f)
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r["condition"]] = counts.get(r["condition"], 0) + 1
+        out.append(
+            {"file": f.name, "outputs": len(rows), "by_condition": counts, "templates": sorted({r["template"] for r in rows})}
+        )
+    return out
+
+
 def build(work: Path, seed: int = 0) -> dict:
     outputs = benchmark.read_jsonl(work / "transfer.jsonl")
     outputs.sort(key=lambda r: (r["id"], transfer.CONDITIONS.index(r["condition"])))
@@ -116,6 +132,7 @@ def build(work: Path, seed: int = 0) -> dict:
             "exemplars_sha256": hashlib.sha256(transfer.exemplars_text().encode()).hexdigest(),
         },
         "deposits": deposits,
+        "superseded": _superseded(work),
         "summary": summarise(outputs, library),
         "outputs": outputs,
     }
@@ -254,6 +271,13 @@ def page(results: dict, name: str) -> str:
             "",
             f"What the product's retrieval grafted in the transfer condition: the sibling's verified solution "
             f"{t['sibling']}, another template's {t['another']}, nothing {t['nothing']}.",
+        ]
+    for x in results.get("superseded", []):
+        lines += [
+            "",
+            f"Set aside and not counted: {x['outputs']} earlier answers ({x['by_condition']}) of templates "
+            f"{x['templates']}, asked while the library held only the first templates' deposits (other stores to "
+            f"retrieve from, other controls drawn); asked again on the whole library (`{x['file']}` in the work folder).",
         ]
     lines += [
         "",
