@@ -7,7 +7,7 @@ no store) and the model cache is an empty temp folder too, so the packaged model
 fresh machine; only the venv (this Python) is reused (and fma16's kernel cache, KVGRAFT_KERNEL_CACHE). `--in-place` runs `--checkout` as it is;
 `--model-cache DIR` reuses a converted model (a warm start). Prints one JSON object.
 
-    python -m scripts.first_page [--checkout DIR] [--in-place] [--model-cache DIR] [--timeout-s 900]
+    python -m scripts.first_page [--checkout DIR] [--in-place] [--model-cache DIR] [--model NAME] [--timeout-s 900]
 
 `stages_s` are the app's start-up stages (convert, load, seed: bringing in the built-in library with its
 proof, index) as it measured them; `app_cpu_s_at_first_answer` the app's CPU seconds until then.
@@ -93,7 +93,7 @@ def _clone(checkout: Path, into: Path) -> str:
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=into, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: bool = True) -> dict:
+def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: bool = True, model: str | None = None) -> dict:
     from gradio_client import Client
 
     with tempfile.TemporaryDirectory(prefix="kvgraft-first-page-") as tmp:
@@ -109,6 +109,8 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: b
         env["KVGRAFT_MODEL_CACHE"] = str(models)
         for var in ("SYSTEM", "SPACE_ID", "KVGRAFT_MODEL", "KVGRAFT_DB_URL"):
             env.pop(var, None)
+        if model:
+            env["KVGRAFT_MODEL"] = model
         url = f"http://127.0.0.1:{port}/"
         log = open(Path(tmp) / "app.log", "w")  # noqa: SIM115  (closed below, after the process)
         t0 = time.perf_counter()
@@ -171,6 +173,7 @@ def measure(checkout: Path, model_cache: Path | None, timeout_s: float, clone: b
             "client_timeouts_while_starting": timeouts,
             "gradio_import": floor,
             "load": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+            "model": model or "packaged:gemma-3-270m (the default)",
             "model_cache": "given: " + str(model_cache) if model_cache else "empty temp folder",
             "checkout": where,
             "python": sys.executable,
@@ -183,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-place", action="store_true", help="run the checkout as it is instead of a fresh clone of its HEAD")
     ap.add_argument("--model-cache", type=Path, default=None)
     ap.add_argument("--timeout-s", type=float, default=900)
+    ap.add_argument("--model", default=None, help="KVGRAFT_MODEL for the app (default: the packaged Gemma)")
     ap.add_argument("--runs", type=int, default=1, help="starts measured one after the other (the median is reported)")
     ap.add_argument("--out", type=Path, default=None, help="also write the runs and their medians to this JSON file")
     args = ap.parse_args(argv)
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--runs must be at least 1")
     runs = []
     for i in range(args.runs):
-        runs.append(measure(args.checkout.resolve(), args.model_cache, args.timeout_s, clone=not args.in_place))
+        runs.append(measure(args.checkout.resolve(), args.model_cache, args.timeout_s, clone=not args.in_place, model=args.model))
         print(f"run {i + 1}/{args.runs}: first answer after {runs[-1]['first_answer_s']} s", file=sys.stderr, flush=True)
     doc = runs[0] if args.runs == 1 else {"runs": runs, **medians(runs)}
     print(json.dumps(doc, indent=2))
