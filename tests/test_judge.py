@@ -249,7 +249,7 @@ def test_a_boxed_value_is_the_answers_claim():
     assert answer_line("#### 12\nso \\boxed{13}") == ("12", "its '####' line")  # the strict line first
 
 
-# ---- kvgraft-judge/6: three false refusals of Qwen2.5's working (issue 52's transfer records) ------------------
+# ---- kvgraft-judge/6: three false refusals of Qwen2.5's working, found in the transfer eval's records -----------
 
 REMORAS = (
     "First, we need to find the total length of the remoras. Since each remora is 90 inches long, and there are 2 "
