@@ -6,8 +6,7 @@ nothing but its recorded verification row. Also `compose`, which deposits retrie
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -38,15 +37,10 @@ Progress = Callable[[float, str], None]
 Gate = Callable[[list["KVArtifact"], "StepGroup | None"], tuple[VerificationRow, float, int]]
 
 
-@contextlib.contextmanager
-def _locked(lock) -> Iterator[None]:
-    with lock:
-        yield None
-
-
 class DepositPipeline:
     """The deposits of one store and one model. It is handed the store, the artifact reads (a child is
-    prefilled after its parent's chain) and accessors of the model and the embedder (loaded at first use)."""
+    prefilled after its parent's chain), accessors of the model and the embedder (loaded at first use) and the
+    model's turns (whose lock is the store's)."""
 
     def __init__(
         self,
@@ -54,7 +48,7 @@ class DepositPipeline:
         artifacts: Artifacts,
         lm: Callable[[], LoadedModel],
         embedder: Callable[[], Embedder],
-        turns: ModelTurns | None = None,
+        turns: ModelTurns,
     ):
         self._store = store
         self._artifacts = artifacts
@@ -63,12 +57,10 @@ class DepositPipeline:
         self._turns = turns
 
     def _turn(self):
-        """The model's turn for a deposit's prefill and gate runs: a background turn of `turns` (the gate's
-        answers decode in the answers' shared passes once a serving process or a batched eval built the decode
-        group: the same tokens as alone, graft_core.stepgroup), else the model lock alone (yields None)."""
-        if self._turns is not None:
-            return self._turns.background()
-        return _locked(self._store.lock)
+        """The model's turn for a deposit's prefill and gate runs: a background turn (ModelTurns.background), so
+        the gate's answers decode in the answers' shared passes once a serving process or a batched eval built the
+        decode group (the same tokens as alone, graft_core.stepgroup); the model lock alone before that (yields None)."""
+        return self._turns.background()
 
     def _deposit(
         self,
