@@ -151,7 +151,7 @@ def rerun(results: dict, report: RecheckReport, sample: int, lm=None) -> None:
 
     items = {benchmark.key(r): r for r in results["outputs"]}
     with tempfile.TemporaryDirectory(prefix="kvgraft-gsm-rerun-") as home:
-        lib = services.Library(home=home, lm=lm)
+        lib = services.Library(home=home, model_name=None if lm is not None else results["model"]["model"], lm=lm)
         solutions = {o["id"]: o["solution"] for o in gsm.load(results["benchmark"]["seed"], sets=("original",))["original"]}
         for d in results["deposits"]:  # the worked solutions from the installed package (never stored in the file)
             got = benchmark.deposit(lib, {**d, "solution": solutions[d["id"]]})

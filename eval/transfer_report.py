@@ -170,7 +170,7 @@ def rerun(results: dict, report, sample: int) -> None:
     by_template = {t.id_shuffled: t for t in gsm.templates()}
     wanted = results["model"]["model_fingerprint"]
     with tempfile.TemporaryDirectory(prefix="kvgraft-transfer-rerun-") as home:
-        lib = services.Library(home=Path(home) / "store")
+        lib = services.Library(home=Path(home) / "store", model_name=results["model"]["model"])
         if lib.lm.fingerprint != wanted:
             report.fail(f"the model here has fingerprint {lib.lm.fingerprint[:12]}, the results' is {wanted[:12]}")
             lib.close()

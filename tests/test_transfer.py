@@ -188,3 +188,28 @@ def test_a_refusal_under_an_older_judge_is_superseded_by_the_item_offered_again(
         {"id": "a", "verdict": "accepted", "judge": "kvgraft-judge/6"},
     ]
     assert benchmark.latest_deposits(rows) == rows[1:]
+
+
+def test_the_rerun_loads_the_model_the_results_name_not_the_default(monkeypatch, tmp_path):
+    """`replay-eval --rerun` on a results file of another model than the default asks for that model by name."""
+    from types import SimpleNamespace
+
+    import services
+    from eval.recheck import RecheckReport
+
+    asked = []
+
+    class Loaded:  # stands in for services.Library: records what it was asked to load
+        def __init__(self, home=None, model_name=None, **kw):
+            asked.append(model_name)
+            self.lm = SimpleNamespace(fingerprint="b" * 64)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(services, "Library", Loaded)
+    results = {"model": {"model": "packaged:some-model", "model_fingerprint": "a" * 64}, "outputs": [], "deposits": []}
+    rep = RecheckReport(path="t")
+    transfer_report.rerun(results, rep, 1)
+    assert asked == ["packaged:some-model"]
+    assert rep.problems == [f"the model here has fingerprint {'b' * 12}, the results' is {'a' * 12}"]
