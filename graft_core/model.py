@@ -444,7 +444,7 @@ def _load_gguf(path: Path, name: str, t0: float, why: str, pinned: tuple[str, st
 
     from kernels import fma16
 
-    from . import numerics, packaged
+    from . import numerics, packaged, tokenizer_cache
     from .determinism import pin
 
     if why:
@@ -460,10 +460,11 @@ def _load_gguf(path: Path, name: str, t0: float, why: str, pinned: tuple[str, st
 
     read = gguf_metadata_dir(path)
     if read is not None:
-        hf_config, tokenizer = AutoConfig.from_pretrained(read), AutoTokenizer.from_pretrained(read)
+        hf_config = AutoConfig.from_pretrained(read)
+        tokenizer, tok_sha = tokenizer_cache.load(read)
     else:
         checked_bytes()  # transformers reads the metadata from the file itself: only once its bytes are the pinned ones
-        hf_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        hf_config, tok_sha = AutoConfig.from_pretrained(path.parent, gguf_file=path.name), None
     lack = numerics.why_not(hf_config)
     if lack:
         raise KvgraftError(
@@ -487,7 +488,7 @@ def _load_gguf(path: Path, name: str, t0: float, why: str, pinned: tuple[str, st
     model.requires_grad_(False)
     taken = fma16.take_over(model, blocks)
     packaged.take_embedding(model, blocks, taken.isa)
-    weights, tok, combined = _gguf_fingerprints(path, model, tokenizer, blocks, taken.isa)
+    weights, tok, combined = _gguf_fingerprints(path, model, tokenizer, blocks, taken.isa, tok_sha)
     info = describe(model, name, weights, tok, combined)
     products = f"{taken.line()}, embedding rows expanded from their blocks; " + numerics.take_over(model, taken.isa)
     log.info("products: %s", products)
@@ -497,11 +498,12 @@ def _load_gguf(path: Path, name: str, t0: float, why: str, pinned: tuple[str, st
     )
 
 
-def _gguf_fingerprints(path: Path, model, tokenizer, blocks: dict, isa: str) -> tuple[str, str, str]:
+def _gguf_fingerprints(path: Path, model, tokenizer, blocks: dict, isa: str, tok: str | None = None) -> tuple[str, str, str]:
     """(weights, tokenizer, combined) of a model read from the GGUF at `path`. The weights' hash expands every
     tensor (about 6 GB of float32 at 1.5B parameters, seconds): it is kept beside the file's config and
     tokenizer under a stamp of what it is computed from (the file's path, size and modification time, the
-    expansion's version, the config, transformers), so a warm load reads it."""
+    expansion's version, the config, transformers), so a warm load reads it. `tok` is the tokenizer's
+    fingerprint where it is already known (graft_core.tokenizer_cache's record); otherwise it is computed."""
     import transformers
 
     from kernels import fma16
@@ -513,10 +515,10 @@ def _gguf_fingerprints(path: Path, model, tokenizer, blocks: dict, isa: str) -> 
     stamp = [str(path.resolve()), st.st_size, st.st_mtime_ns, fma16.VERSION, isa, cfg, transformers.__version__]
     cache_file = _gguf_stamp_dir(path) / FINGERPRINT_FILE
     cached = _cached_fingerprints(cache_file, stamp) if cache_file.parent.is_dir() else None
-    if cached is not None and cached[1] == tokenizer_sha256(tokenizer):
+    tok = tok or tokenizer_sha256(tokenizer)
+    if cached is not None and cached[1] == tok:
         return cached
     weights = packaged.weights_sha256(model, blocks, isa)
-    tok = tokenizer_sha256(tokenizer)
     combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
     if cache_file.parent.is_dir():
         _remember_fingerprints(cache_file, stamp, (weights, tok, combined))
