@@ -12,6 +12,7 @@ reason (`failure`), never retried in the same process.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -86,6 +87,7 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+@functools.cache
 def cpu_identity() -> str:
     """This CPU as /proc/cpuinfo names it (vendor, family, model, stepping, model name, microcode) with its flags:
     part of the key under which a kernel's load-time check is remembered (fma16.take_over)."""

@@ -223,6 +223,7 @@ def check_shape(op: Fma16Linear, rows: int = 9, seed: int = 0) -> str:
 
 CHECKS_FILE = "fma16-shapes-checked.json"  # in the kernel cache: the shape checks passed (`_check_digest`)
 _CHECKS_VERSION = "1"
+_CHECKS_KEPT = 4096  # the newest passes kept (each test's random model adds its own): an older one is checked again
 
 
 def _check_digest(op: Fma16Linear, rows: int = 9, seed: int = 0) -> str:
@@ -262,9 +263,10 @@ def _checks_file() -> Path:
     return kernel_cache_dir() / CHECKS_FILE
 
 
-def _passed_checks() -> set[str]:
-    """The digests of the shape checks that passed on this machine, or nothing where the record is missing, not
-    this version, or does not hash to its own stated SHA-256 (a damaged or edited record: every shape is checked)."""
+def _passed_checks() -> list[str]:
+    """The digests of the shape checks that passed on this machine, oldest first, or none where the record is
+    missing, not this version, or does not hash to its own stated SHA-256 (a damaged or edited record: every shape
+    is checked)."""
     import hashlib
     import json
 
@@ -272,21 +274,23 @@ def _passed_checks() -> set[str]:
         record = json.loads(_checks_file().read_text())
         passed = record["passed"]
         if record.get("version") != _CHECKS_VERSION or not isinstance(passed, list):
-            return set()
+            return []
+        if not all(isinstance(d, str) for d in passed):
+            return []
         if hashlib.sha256("\n".join(passed).encode()).hexdigest() != record.get("sha256"):
-            return set()
-        return {d for d in passed if isinstance(d, str)}
+            return []
+        return passed
     except (OSError, ValueError, KeyError, TypeError):
-        return set()
+        return []
 
 
-def _remember_checks(passed: set[str]) -> None:
-    """Write the passed checks' digests (with the SHA-256 of their list) beside and rename; a cache that cannot be
-    written keeps nothing (the shapes are checked again at the next load)."""
+def _remember_checks(passed: list[str]) -> None:
+    """Write the newest _CHECKS_KEPT passed checks' digests (with the SHA-256 of their list) beside and rename; a
+    cache that cannot be written keeps nothing (the shapes are checked again at the next load)."""
     import hashlib
     import json
 
-    digests = sorted(passed)
+    digests = passed[-_CHECKS_KEPT:]
     record = {"version": _CHECKS_VERSION, "passed": digests, "sha256": hashlib.sha256("\n".join(digests).encode()).hexdigest()}
     target = _checks_file()
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -324,7 +328,8 @@ def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, 
         by_param[id(p)] = (rows, fmt)
     ops: list[tuple[torch.nn.Module, Fma16Linear]] = []
     checked: dict[tuple, str] = {}
-    passed, remembered = _passed_checks(), 0
+    passed = _passed_checks()
+    known, remembered = set(passed), 0
     with torch.inference_mode():
         for _, m in model.named_modules():
             if not (_f32_cpu_linear(m) or (isinstance(m, torch.nn.Linear) and id(m.weight) in by_param)):
@@ -334,11 +339,11 @@ def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, 
             key = (op.n, op.k, op.fmt)
             if key not in checked:  # each shape checked once, or its pass under the same digest remembered
                 digest = _check_digest(op)
-                checked[key] = "" if digest in passed else check_shape(op)
-                if digest in passed:
+                checked[key] = "" if digest in known else check_shape(op)
+                if digest in known:
                     remembered += 1
                 elif not checked[key]:
-                    passed.add(digest)
+                    passed.append(digest)
             if checked[key]:
                 raise RuntimeError(f"fma16 {checked[key]} for {op.n}x{op.k} (format {op.fmt}) on this machine")
             ops.append((m, op))

@@ -332,6 +332,14 @@ def test_a_shape_check_is_remembered_under_its_digest_and_recomputed_under_any_o
         model.a.weight[0, 0] += 1.0  # a compared row changed: its shape is checked again, the other's is not
     assert take(model).shapes_remembered == 1 and calls == [(96, 64)]
 
+    monkeypatch.setattr(fma16, "_CHECKS_KEPT", 1)  # the newest passes only: the other shape is checked again
+    calls.clear()
+    record.unlink()
+    take(model)
+    assert len(json.loads(record.read_text())["passed"]) == 1
+    assert take(model).shapes_remembered == 1 and len(calls) == 3
+    monkeypatch.setattr(fma16, "_CHECKS_KEPT", 4096)
+
     before = record.read_text()
     other = _Two()
     with torch.no_grad():
