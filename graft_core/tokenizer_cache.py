@@ -27,7 +27,10 @@ KEPT_FILE = "kvgraft-tokenizer.json"
 RECORD_FILE = "kvgraft-tokenizer-record.json"
 _RECORD_VERSION = "1"
 _SOURCES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
-_LOADER_KEYS = frozenset({"tokenizer_class", "backend", "is_local", "local_files_only", "auto_map", "chat_template"})
+# what tokenizer_config.json holds for transformers' loader, not for the class (the record gives the template itself)
+_LOADER_KEYS = frozenset(
+    {"tokenizer_class", "backend", "is_local", "local_files_only", "auto_map", "chat_template", "name_or_path"}
+)
 
 
 def load(folder: Path) -> tuple[object, str]:
