@@ -601,10 +601,12 @@ def _packaged_blocks(model, source: Path) -> dict:
         return {}
 
 
-def warm_up(model, tokens: int = 4) -> None:
+def warm_up(model, tokens: int = 2) -> None:
     """One throw-away forward at load (on its own cache): the first forward of a process pays one-off
     costs (thread pool, allocator, kernel selection) that would otherwise land on the first answer's
-    time to first token. It computes nothing that is kept."""
+    time to first token. It computes nothing that is kept. Two tokens take every path a prompt of more
+    than one token takes (a multi-row product, attention over more than one query row) at half the cost of
+    four: the packaged Qwen's warm-up was 1.3 CPU-s of its load at four tokens (bench.load)."""
     from .decoding import prefill_alone, step_alone
     from .forward import forward_chunk, new_cache
 
