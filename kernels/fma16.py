@@ -18,7 +18,10 @@ What is checked at load, not assumed:
 - per tensor, that the blocks expand to the float32 weight's bytes (a tensor whose blocks differ, or are
   missing, is multiplied from its float32 weight instead: the same products, more bytes read);
 - per weight shape, on seeded rows, that the kernel gives the bytes of the plain C reference (one output
-  at a time, written as the definition) and that a row's bytes do not change with the rows beside it.
+  at a time, written as the definition) and that a row's bytes do not change with the rows beside it. A pass is
+  remembered in the kernel cache (CHECKS_FILE) under the SHA-256 of everything the check computes from (the built
+  library, the variant, this CPU, the thread count, the shape, the compared weight rows: `_check_digest`), and the
+  record under the SHA-256 of its list; a later load with the same digest takes the pass, any other recomputes.
 
 One source (c/: the operations written once over named primitives, one file of them per instruction
 set under c/arch/, mapped by c/simd.h), three builds that compute the same bits (build.VARIANTS); the choice
@@ -188,13 +191,15 @@ class Taken:
     blocks_refused: int  # blocks present whose expansion differed from the float32 weight (read as float32)
     shapes_checked: int
     isa: str = ""  # the variant (VARIANTS) the products run on: for the log, not the record (same bits)
+    shapes_remembered: int = 0  # of the shapes checked, those whose pass on this machine was remembered (CHECKS_FILE)
 
     def line(self) -> str:
         blocks = f", {self.over_blocks} over GGUF blocks" if self.over_blocks else ""
         refused = f", {self.blocks_refused} blocks refused (expanded to other bytes)" if self.blocks_refused else ""
+        kept = f", {self.shapes_remembered} of them passed before under the same digest" if self.shapes_remembered else ""
         return (
             f"{VERSION} ({self.isa}): {self.products} products{blocks}{refused} "
-            f"({self.shapes_checked} shapes checked against the C reference and row by row)"
+            f"({self.shapes_checked} shapes checked against the C reference and row by row{kept})"
         )
 
 
@@ -214,6 +219,86 @@ def check_shape(op: Fma16Linear, rows: int = 9, seed: int = 0) -> str:
     if not torch.equal(fast, alone):
         return "a row's bytes changed with the rows beside it"
     return ""
+
+
+CHECKS_FILE = "fma16-shapes-checked.json"  # in the kernel cache: the shape checks passed (`_check_digest`)
+_CHECKS_VERSION = "1"
+_CHECKS_KEPT = 4096  # the newest passes kept (each test's random model adds its own): an older one is checked again
+
+
+def _check_digest(op: Fma16Linear, rows: int = 9, seed: int = 0) -> str:
+    """SHA-256 of everything `check_shape(op, rows, seed)` computes from: the check's version, the built library
+    (its file name holds the build key: sources, compiler, flags), the variant, this CPU (model, microcode, flags),
+    the thread count the products split over, the shape and format, the seeded rows, and the weight rows the C
+    reference is compared on. A check that passed under a digest passes again under it: the kernels compute the
+    same bits for the same inputs on the same machine (what the check itself establishes)."""
+    import hashlib
+    import json
+
+    from .build import cpu_identity, library_file
+
+    library = library_file(op.isa)
+    ref_rows = min(op.n, 64)
+    head = op.source.reshape(op.n, -1)[:ref_rows].contiguous()
+    what = [
+        _CHECKS_VERSION,
+        VERSION,
+        library.name if library is not None else "",
+        op.isa,
+        cpu_identity(),
+        torch.get_num_threads(),
+        op.n,
+        op.k,
+        op.fmt,
+        rows,
+        seed,
+        hashlib.sha256(head.view(torch.uint8).numpy().tobytes()).hexdigest(),
+    ]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()
+
+
+def _checks_file() -> Path:
+    from .build import kernel_cache_dir
+
+    return kernel_cache_dir() / CHECKS_FILE
+
+
+def _passed_checks() -> list[str]:
+    """The digests of the shape checks that passed on this machine, oldest first, or none where the record is
+    missing, not this version, or does not hash to its own stated SHA-256 (a damaged or edited record: every shape
+    is checked)."""
+    import hashlib
+    import json
+
+    try:
+        record = json.loads(_checks_file().read_text())
+        passed = record["passed"]
+        if record.get("version") != _CHECKS_VERSION or not isinstance(passed, list):
+            return []
+        if not all(isinstance(d, str) for d in passed):
+            return []
+        if hashlib.sha256("\n".join(passed).encode()).hexdigest() != record.get("sha256"):
+            return []
+        return passed
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def _remember_checks(passed: list[str]) -> None:
+    """Write the newest _CHECKS_KEPT passed checks' digests (with the SHA-256 of their list) beside and rename; a
+    cache that cannot be written keeps nothing (the shapes are checked again at the next load)."""
+    import hashlib
+    import json
+
+    digests = passed[-_CHECKS_KEPT:]
+    record = {"version": _CHECKS_VERSION, "passed": digests, "sha256": hashlib.sha256("\n".join(digests).encode()).hexdigest()}
+    target = _checks_file()
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, isa: str | None = None) -> Taken:
@@ -243,6 +328,8 @@ def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, 
         by_param[id(p)] = (rows, fmt)
     ops: list[tuple[torch.nn.Module, Fma16Linear]] = []
     checked: dict[tuple, str] = {}
+    passed = _passed_checks()
+    known, remembered = set(passed), 0
     with torch.inference_mode():
         for _, m in model.named_modules():
             if not (_f32_cpu_linear(m) or (isinstance(m, torch.nn.Linear) and id(m.weight) in by_param)):
@@ -250,14 +337,21 @@ def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, 
             found = by_param.get(id(m.weight))
             op = Fma16Linear(m, *found, isa=isa) if found else Fma16Linear(m, isa=isa)
             key = (op.n, op.k, op.fmt)
-            if key not in checked:
-                checked[key] = check_shape(op)
+            if key not in checked:  # each shape checked once, or its pass under the same digest remembered
+                digest = _check_digest(op)
+                checked[key] = "" if digest in known else check_shape(op)
+                if digest in known:
+                    remembered += 1
+                elif not checked[key]:
+                    passed.append(digest)
             if checked[key]:
                 raise RuntimeError(f"fma16 {checked[key]} for {op.n}x{op.k} (format {op.fmt}) on this machine")
             ops.append((m, op))
+    if remembered < len(checked):
+        _remember_checks(passed)
     for m, op in ops:
         m.forward = op
-    return Taken(len(ops), sum(op.blocks is not None for _, op in ops), refused, len(checked), isa)
+    return Taken(len(ops), sum(op.blocks is not None for _, op in ops), refused, len(checked), isa, remembered)
 
 
 def product_of(module) -> Fma16Linear | None:

@@ -224,7 +224,7 @@ MUTATIONS = (
     Mutation(
         "fma16 taken over without checking it against its C definition (fma16.take_over)",
         "kernels/fma16.py",
-        "checked[key] = check_shape(op)",
+        'checked[key] = "" if digest in known else check_shape(op)',
         'checked[key] = ""',
         ("tests/test_fma16.py::test_a_kernel_that_differs_from_its_definition_is_refused",),
     ),

@@ -9,6 +9,7 @@ refusals. Skipped where fma16 cannot run (no compiler)."""
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pytest
@@ -275,9 +276,11 @@ def test_gradients_keep_torchs_product():
         fma16.undo(model)
 
 
-def test_a_kernel_that_differs_from_its_definition_is_refused(monkeypatch):
+def test_a_kernel_that_differs_from_its_definition_is_refused(monkeypatch, tmp_path):
     """take_over checks every weight shape against the C reference before it takes anything over: a
-    kernel one bit off (here: the fast path's first output nudged) is refused and nothing changes."""
+    kernel one bit off (here: the fast path's first output nudged) is refused and nothing changes. (The nudge
+    is not in the kernel's digest, so no remembered pass of the real kernel may stand in: an empty record.)"""
+    monkeypatch.setattr(fma16, "_checks_file", lambda: tmp_path / fma16.CHECKS_FILE)
     real = fma16.linear
 
     def off_by_one_bit(x, w, fmt, n, *, reference=False, isa=None):
@@ -291,6 +294,60 @@ def test_a_kernel_that_differs_from_its_definition_is_refused(monkeypatch):
     with pytest.raises(RuntimeError, match="differs from the C reference"):
         fma16.take_over(model)
     assert fma16.product_of(model.a) is None and fma16.product_of(model.b) is None
+
+
+def test_a_shape_check_is_remembered_under_its_digest_and_recomputed_under_any_other(monkeypatch, tmp_path):
+    """A passed shape check is remembered in the kernel cache under the digest of what it computed from; the next
+    take_over takes it without checking, and a record whose list does not hash to its SHA-256, another thread
+    count or other weight rows check again. A failed check is never remembered."""
+    record = tmp_path / fma16.CHECKS_FILE
+    monkeypatch.setattr(fma16, "_checks_file", lambda: record)
+    real, calls = fma16.check_shape, []
+    monkeypatch.setattr(fma16, "check_shape", lambda op: calls.append((op.n, op.k)) or real(op))
+
+    def take(model) -> fma16.Taken:
+        taken = fma16.take_over(model)
+        fma16.undo(model)
+        return taken
+
+    model = _Two()
+    assert take(model).shapes_remembered == 0 and sorted(calls) == [(32, 96), (96, 64)]
+    calls.clear()
+    again = take(model)
+    assert (again.shapes_checked, again.shapes_remembered, calls) == (2, 2, [])
+    assert "2 of them passed before under the same digest" in again.line()
+
+    kept = json.loads(record.read_text())
+    record.write_text(json.dumps(kept | {"passed": [d[::-1] for d in kept["passed"]]}))  # edited: its hash differs
+    assert take(model).shapes_remembered == 0 and len(calls) == 2
+    calls.clear()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert take(model).shapes_remembered == 0 and len(calls) == 2
+    finally:
+        torch.set_num_threads(threads)
+    calls.clear()
+    with torch.no_grad():
+        model.a.weight[0, 0] += 1.0  # a compared row changed: its shape is checked again, the other's is not
+    assert take(model).shapes_remembered == 1 and calls == [(96, 64)]
+
+    monkeypatch.setattr(fma16, "_CHECKS_KEPT", 1)  # the newest passes only: the other shape is checked again
+    calls.clear()
+    record.unlink()
+    take(model)
+    assert len(json.loads(record.read_text())["passed"]) == 1
+    assert take(model).shapes_remembered == 1 and len(calls) == 3
+    monkeypatch.setattr(fma16, "_CHECKS_KEPT", 4096)
+
+    before = record.read_text()
+    other = _Two()
+    with torch.no_grad():
+        other.b.weight[1, 1] += 1.0
+    monkeypatch.setattr(fma16, "check_shape", lambda op: "differs from the C reference")
+    with pytest.raises(RuntimeError, match="differs from the C reference"):
+        fma16.take_over(other)
+    assert record.read_text() == before
 
 
 def test_a_call_that_would_read_past_the_weight_is_refused():

@@ -91,6 +91,31 @@ def test_a_model_read_from_its_gguf_computes_the_bytes_of_its_float32_twin(tiny_
     assert torch.equal(got, want), f"max |diff| {(got - want).abs().max().item()}"
 
 
+def test_the_blocks_are_views_of_the_bytes_read_and_hashed_not_of_the_file(tiny_gguf, tmp_path):
+    """The loader reads the file once (`Reading`), checks those bytes' SHA-256 and fills the model with views of
+    them: a file changed afterwards changes nothing loaded, and bytes that do not hash to the pinned SHA-256 are
+    refused naming both hashes."""
+    import hashlib
+    import shutil
+
+    ref, src = tiny_gguf
+    path = tmp_path / "m.gguf"
+    shutil.copy2(src, path)
+    want = hashlib.sha256(path.read_bytes()).hexdigest()
+    data = packaged.Reading(path, want).bytes("tiny", "rebuild it")
+    assert torch.equal(data, torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
+    blocks = packaged.fill(packaged.skeleton(ref.config, "eager"), path, data)
+    base, end = data.data_ptr(), data.data_ptr() + data.numel()
+    assert all(base <= rows.data_ptr() and rows.data_ptr() + rows.numel() <= end for rows, _ in blocks.values())
+    before = {n: rows.clone() for n, (rows, _) in blocks.items()}
+    path.write_bytes(bytes(path.stat().st_size))  # the file zeroed after the read: the model keeps what was checked
+    assert all(torch.equal(rows, before[n]) for n, (rows, _) in blocks.items())
+    with pytest.raises(packaged.Mismatch) as e:
+        packaged.Reading(path, want).bytes("tiny", "rebuild it")
+    zeros = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert str(e.value) == f"tiny: {path} has SHA-256 {zeros[:12]}..., not the checked {want[:12]}...; rebuild it"
+
+
 def test_a_file_that_is_not_gguf_is_a_mismatch(tmp_path, tiny_gguf):
     ref, _ = tiny_gguf
     bad = tmp_path / "x.gguf"
