@@ -26,6 +26,9 @@ import settings
 from .allocator import LARGE_BUFFER_BYTES, keep_large_buffers  # noqa: F401 (callers name them here)
 from .errors import KvgraftError
 from .fingerprints import tokenizer_sha256
+from .gguf_metadata import gguf_metadata_dir  # noqa: F401 (callers name it here)
+from .gguf_metadata import remember as _remember_gguf_metadata
+from .gguf_metadata import stamp_dir as _gguf_stamp_dir
 
 if TYPE_CHECKING:  # torch and transformers load in `load` (and the conversion), not at import: the web
     import torch  # page names this module (the model cache, whether to convert) before the engine is in
@@ -523,40 +526,6 @@ def _gguf_fingerprints(path: Path, model, tokenizer, blocks: dict, isa: str, tok
     if cache_file.parent.is_dir():
         _remember_fingerprints(cache_file, stamp, (weights, tok, combined))
     return weights, tok, combined
-
-
-def _gguf_stamp_dir(path: Path) -> Path:
-    """Where the config and tokenizer read from the GGUF at `path` are kept: named by the file's path, size and
-    modification time and transformers' version (what they were read by)."""
-    import transformers
-
-    st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
-    return model_cache_dir() / "gguf-metadata" / hashlib.sha256(key.encode()).hexdigest()[:32]
-
-
-def gguf_metadata_dir(path: Path) -> Path | None:
-    """The kept config and tokenizer of the GGUF at `path` (reading them from the file's metadata took minutes
-    here), or None. They enter the fingerprint as read, so a changed folder gives another fingerprint."""
-    folder = _gguf_stamp_dir(path)
-    return folder if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file() else None
-
-
-def _remember_gguf_metadata(path: Path, hf_config, tokenizer) -> None:
-    """Keep `hf_config` and `tokenizer` (as read from the GGUF at `path`) for the next load, written beside and
-    renamed; a cache that cannot be written keeps nothing (they are read from the file again)."""
-    folder = _gguf_stamp_dir(path)
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".read-") as tmp:
-            out = Path(tmp) / "read"
-            hf_config.save_pretrained(out)
-            tokenizer.save_pretrained(out)
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(out, folder)
-    except OSError as e:
-        log.warning("the GGUF's config and tokenizer could not be kept (%s); they are read from the file at every load", e)
 
 
 def _packaged_fingerprints(model, tokenizer, blocks: dict, isa: str, folder: Path) -> tuple[str, str, str]:
