@@ -303,11 +303,18 @@ static inline void prep256_q4_k(const uint8_t *blk, st_q4_k *st) {
     v_store(st->ds, v_mul(v_set1(h2f(blk)), q));
     v_store(st->dm, v_mul(v_set1(h2f(blk + 2)), q));
 }
-/* chunk c = 4 c4 + 2 hi + h: sub-block s = 2 c4 + hi, the low (hi 0) or high nibbles of bytes 32 c4 + 16 h */
+/* chunk c = 4 c4 + 2 hi + h: sub-block s = 2 c4 + hi, the low (hi 0) or high nibbles of bytes 32 c4 + 16 h. Where
+   q_lut is one permute (KV_LUT16), the 16 values the nibbles stand for, d * sc[s] * j - dmin * m[s], are computed
+   (once for the sub-block's two chunks: the compiler keeps them) and picked; else each lane computes its own. */
 static inline v16 chunk256_q4_k(const st_q4_k *st, const uint8_t *blk, int c) {
     const int s = c / 2;
     const uint8_t *q = blk + 16 + 32 * (c / 4) + 16 * (c % 2);
-    return v_sub(v_mul(v_set1(st->ds[s]), q_nibbles(q, s % 2)), v_set1(st->dm[8 + s]));
+    const v16 ds = v_set1(st->ds[s]), dm = v_set1(st->dm[8 + s]);
+#if KV_LUT16
+    return q_lut(v_sub(v_mul(ds, v_iota16()), dm), q, s % 2);
+#else
+    return v_sub(v_mul(ds, q_nibbles(q, s % 2)), dm);
+#endif
 }
 typedef struct { /* Q6_K: the 256 values q - 32 as signed bytes, and the 16 products d * sc[c] (w16_q6_k's) */
     _Alignas(64) int8_t q[256];

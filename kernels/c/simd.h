@@ -28,7 +28,8 @@
      v_part(a, h)        part h of a;  v_join(first, last): the v16 of its parts (the same one where one part
                          is the whole)
    and the tile shapes PANEL_RB, FUSEDM_TOP, FUSED256_RB, QK_C, PV_WIDE_C (how many outputs a tile holds side by
-   side: never how one output is computed), and KV_ISA_NAME, the build's name (kv_isa). */
+   side: never how one output is computed), KV_LUT16 (whether a format with a choice picks from a q_lut table or
+   computes per lane: the same operations on the same values either way), and KV_ISA_NAME, the build's name (kv_isa). */
 
 #if defined(KV_AVX512)
 #include "arch/avx512.h"

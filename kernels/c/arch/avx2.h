@@ -119,6 +119,9 @@ static inline vp vp_add(vp a, vp b) { return _mm256_add_ps(a, b); }
 static inline vp v_part(v16 a, int h) { return h ? a.hi : a.lo; }
 static inline v16 v_join(vp first, vp last) { return v_of(first, last); }
 
+/* q_lut is two permutes and a blend here: Q4_K's 1-row kernel ran 1.37x slower picking from its tables */
+#define KV_LUT16 0 /* q_lut where a format could compute per lane instead */
+
 /* Tile shapes (16 registers of 8 lanes: a v16 takes two, so its tiles are smaller; larger ones spill their
    accumulators to the stack). They decide which outputs are computed side by side, never how one is. */
 #define PANEL_RB 3   /* weight rows of a panel per tile of products (x 4 rows of x: 12 accumulators, 3 weights) */

@@ -119,6 +119,8 @@ static inline vp vp_add(vp a, vp b) { return _mm512_add_ps(a, b); }
 static inline vp v_part(v16 a, int h) { (void)h; return a; }
 static inline v16 v_join(vp first, vp last) { (void)last; return first; }
 
+#define KV_LUT16 1 /* q_lut where a format could compute per lane instead (vpermps: one instruction) */
+
 /* Tile shapes (32 registers of 16 lanes): they decide which outputs are computed side by side, never how
    one is computed. */
 #define PANEL_RB 4   /* weight rows of a panel per tile of products (x 4 rows of x: 16 accumulators) */

@@ -104,6 +104,8 @@ static inline vp vp_add(vp a, vp b) { return v_add(a, b); }
 static inline vp v_part(v16 a, int h) { (void)h; return a; }
 static inline v16 v_join(vp first, vp last) { (void)last; return first; }
 
+#define KV_LUT16 1 /* q_lut where a format could compute per lane instead (a loop either way) */
+
 /* Tile shapes: AVX-512's (no registers to fit here; the shapes change no byte). */
 #define PANEL_RB 4
 #define FUSEDM_TOP 8
