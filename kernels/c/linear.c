@@ -290,47 +290,63 @@ static inline void x32_q5_1(const uint8_t *b, v16 *lo, v16 *hi) {
     }
 FUSED32_8(q8_0, 34) FUSED32_8(q5_0, 22) FUSED32_8(q4_0, 18) FUSED32_8(q4_1, 20) FUSED32_8(q5_1, 24)
 
-/* The 256-value formats against 8 rows, a block at a time: a row's scales decoded once a block, then its 16
-   chunks of 16 in order (each the operations of its w16_*). K256_* adds one row's block to that row's sum; the
-   loop around it, FUSED256_8, is written once for both. */
-static inline v16 k256_q4_k(const uint8_t *blk, const float *xb, v16 acc) {
-    const float d = h2f(blk), dmin = h2f(blk + 2);
-    const uint8_t *qs = blk + 16;
-    for (int c = 0; c < 4; c++) {
-        int sc0, m0, sc1, m1;
-        q4k_scale_min(blk + 4, 2 * c, &sc0, &m0);
-        q4k_scale_min(blk + 4, 2 * c + 1, &sc1, &m1);
-        const v16 d0 = v_set1(d * (float)sc0), dm0 = v_set1(dmin * (float)m0);
-        const v16 d1 = v_set1(d * (float)sc1), dm1 = v_set1(dmin * (float)m1);
-        const float *xc = xb + 64 * c;
-        const uint8_t *q = qs + 32 * c;
-        acc = v_fmadd(v_load(xc), v_sub(v_mul(d0, q_nibbles(q, 0)), dm0), acc);
-        acc = v_fmadd(v_load(xc + 16), v_sub(v_mul(d0, q_nibbles(q + 16, 0)), dm0), acc);
-        acc = v_fmadd(v_load(xc + 32), v_sub(v_mul(d1, q_nibbles(q, 1)), dm1), acc);
-        acc = v_fmadd(v_load(xc + 48), v_sub(v_mul(d1, q_nibbles(q + 16, 1)), dm1), acc);
-    }
-    return acc;
+/* The 256-value formats against 8 rows, a block at a time: each row's block prepared once (prep256_*: its scales
+   decoded, and what its chunks need written to memory), then chunk c = 0..15 in order (chunk256_*: the operations
+   of its w16_* on the same values) of FUSED256_RB rows side by side, so that their fmaf chains interleave. What
+   the preparation wrote is read back from memory (KV_FROM_MEMORY): a scale is broadcast by a load, bytes are
+   widened as they are loaded. */
+typedef struct { /* Q4_K: d * sc[s] in lanes 0-7 of ds, dmin * m[s] in lanes 8-15 of dm (w16_q4_k's products) */
+    _Alignas(64) float ds[16], dm[16];
+} st_q4_k;
+static inline void prep256_q4_k(const uint8_t *blk, st_q4_k *st) {
+    const v16 q = q_k4scales(blk + 4);
+    v_store(st->ds, v_mul(v_set1(h2f(blk)), q));
+    v_store(st->dm, v_mul(v_set1(h2f(blk + 2)), q));
 }
-static inline v16 k256_q6_k(const uint8_t *blk, const float *xb, v16 acc) {
-    const float d = h2f(blk + 208);
-    const int8_t *sc = (const int8_t *)(blk + 192);
-    for (int c = 0; c < 16; c++) {
-        const int h = c / 8, t = (c % 8) * 16;
-        const v16 q = q_q6(blk + h * 64 + t % 64, 4 * (t / 64), blk + 128 + h * 32 + t % 32, 2 * (t / 32));
-        acc = v_fmadd(v_load(xb + 16 * c), v_mul(v_set1(d * (float)sc[c]), q), acc);
-    }
-    return acc;
+/* chunk c = 4 c4 + 2 hi + h: sub-block s = 2 c4 + hi, the low (hi 0) or high nibbles of bytes 32 c4 + 16 h. Where
+   q_lut is one permute (KV_LUT16), the 16 values the nibbles stand for, d * sc[s] * j - dmin * m[s], are computed
+   (once for the sub-block's two chunks: the compiler keeps them) and picked; else each lane computes its own. */
+static inline v16 chunk256_q4_k(const st_q4_k *st, const uint8_t *blk, int c) {
+    const int s = c / 2;
+    const uint8_t *q = blk + 16 + 32 * (c / 4) + 16 * (c % 2);
+    const v16 ds = v_set1(st->ds[s]), dm = v_set1(st->dm[8 + s]);
+#if KV_LUT16
+    return q_lut(v_sub(v_mul(ds, v_iota16()), dm), q, s % 2);
+#else
+    return v_sub(v_mul(ds, q_nibbles(q, s % 2)), dm);
+#endif
+}
+typedef struct { /* Q6_K: the 256 values q - 32 as signed bytes, and the 16 products d * sc[c] (w16_q6_k's) */
+    _Alignas(64) int8_t q[256];
+    _Alignas(64) float ds[16];
+} st_q6_k;
+static inline void prep256_q6_k(const uint8_t *blk, st_q6_k *st) {
+    q_q6x128(blk, blk + 128, st->q);
+    q_q6x128(blk + 64, blk + 160, st->q + 128);
+    v_store(st->ds, v_mul(v_set1(h2f(blk + 208)), q_i8(blk + 192)));
+}
+static inline v16 chunk256_q6_k(const st_q6_k *st, const uint8_t *blk, int c) {
+    (void)blk;
+    return v_mul(v_set1(st->ds[c]), q_i8((const uint8_t *)st->q + 16 * c));
 }
 #define FUSED256_8(NAME, BYTES)                                                                               \
     static void fused_##NAME##_8(const float *x, const uint8_t *w, int64_t rb, int64_t K, float *y) {         \
         v16 acc[8];                                                                                          \
+        st_##NAME st[8];                                                                                     \
         for (int r = 0; r < 8; r++) acc[r] = v_zero();                                                       \
         for (int64_t k = 0; k < K; k += 256) {                                                               \
             const uint8_t *blk = w + (k / 256) * (BYTES);                                                    \
-            for (int r = 0; r < 8; r++, blk += rb) {                                                         \
-                for (int l = 0; l < (BYTES); l += 64) v_prefetch(blk + 16 * rb + l);                         \
-                acc[r] = k256_##NAME(blk, x + k, acc[r]);                                                    \
+            for (int r = 0; r < 8; r++) {                                                                    \
+                for (int l = 0; l < (BYTES); l += 64) v_prefetch(blk + r * rb + 16 * rb + l);                \
+                prep256_##NAME(blk + r * rb, &st[r]);                                                        \
             }                                                                                                \
+            KV_FROM_MEMORY();                                                                                \
+            for (int r0 = 0; r0 < 8; r0 += FUSED256_RB)                                                      \
+                _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++) {                                      \
+                    const v16 xv = v_load(x + k + 16 * c);                                                   \
+                    _Pragma("GCC unroll 8") for (int r = r0; r < r0 + FUSED256_RB; r++)                      \
+                        acc[r] = v_fmadd(xv, chunk256_##NAME(&st[r], blk + r * rb, c), acc[r]);              \
+                }                                                                                            \
         }                                                                                                    \
         for (int r = 0; r < 8; r++) y[r] = reduce16(acc[r]);                                                 \
     }
@@ -358,9 +374,38 @@ FUSED(q5_k, 8)
         for (int m = 0; m < MB; m++)                                                                           \
             for (int r = 0; r < RB; r++) y[m * ldy + r] = reduce16(acc[m][r]);                                \
     }
-#define FUSEDM_ALL(NAME)                                                                                        \
-    FUSEDM(NAME, 8, 2) FUSEDM(NAME, 4, 2) FUSEDM(NAME, 2, 2) FUSEDM(NAME, 1, 2)                                 \
-    FUSEDM(NAME, 8, 1) FUSEDM(NAME, 4, 1) FUSEDM(NAME, 2, 1) FUSEDM(NAME, 1, 1)                                 \
+/* The same for the 256-value formats, a block at a time: each weight row's block prepared once (prep256_*), then
+   its 16 chunks in order (chunk256_*), as the 1-row kernel. */
+#define FUSEDM256(NAME, MB, RB)                                                                                  \
+    static void fusedm_##NAME##_##MB##_##RB(const float *x, int64_t ldx, const uint8_t *w, int64_t rb,         \
+                                            int64_t K, float *y, int64_t ldy) {                                \
+        v16 acc[MB][RB];                                                                                       \
+        st_##NAME st[RB];                                                                                      \
+        for (int m = 0; m < MB; m++)                                                                           \
+            for (int r = 0; r < RB; r++) acc[m][r] = v_zero();                                                 \
+        for (int64_t k = 0; k < K; k += 256) {                                                                 \
+            const uint8_t *blk = w + off_##NAME(k);                                                            \
+            for (int r = 0; r < RB; r++) {                                                                     \
+                for (int64_t l = 0; l < off_##NAME(256); l += 64) v_prefetch(blk + (r + 2 * RB) * rb + l);     \
+                prep256_##NAME(blk + r * rb, &st[r]);                                                          \
+            }                                                                                                  \
+            KV_FROM_MEMORY();                                                                                  \
+            _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++) {                                            \
+                v16 wv[RB];                                                                                    \
+                for (int r = 0; r < RB; r++) wv[r] = chunk256_##NAME(&st[r], blk + r * rb, c);                \
+                for (int m = 0; m < MB; m++) {                                                                 \
+                    const v16 xv = v_load(x + m * ldx + k + 16 * c);                                           \
+                    for (int r = 0; r < RB; r++) acc[m][r] = v_fmadd(xv, wv[r], acc[m][r]);                    \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int m = 0; m < MB; m++)                                                                           \
+            for (int r = 0; r < RB; r++) y[m * ldy + r] = reduce16(acc[m][r]);                                \
+    }
+/* KERNEL (FUSEDM or FUSEDM256) for every tile, and the loop over tiles */
+#define FUSEDM_ALL_(KERNEL, NAME)                                                                               \
+    KERNEL(NAME, 8, 2) KERNEL(NAME, 4, 2) KERNEL(NAME, 2, 2) KERNEL(NAME, 1, 2)                                 \
+    KERNEL(NAME, 8, 1) KERNEL(NAME, 4, 1) KERNEL(NAME, 2, 1) KERNEL(NAME, 1, 1)                                 \
     static void fusedm_##NAME(const float *x, int64_t M, int64_t ldx, const uint8_t *w, int64_t rb, int64_t K,  \
                               int64_t n0, int64_t n1, float *y, int64_t ldy) {                                  \
         for (int64_t n = n0; n < n1;) {                                                                        \
@@ -387,8 +432,9 @@ FUSED(q5_k, 8)
             n += two ? 2 : 1;                                                                                  \
         }                                                                                                      \
     }
+#define FUSEDM_ALL(NAME) FUSEDM_ALL_(FUSEDM, NAME)
 FUSEDM_ALL(f32) FUSEDM_ALL(q8_0) FUSEDM_ALL(q5_0) FUSEDM_ALL(q4_0) FUSEDM_ALL(q4_1) FUSEDM_ALL(q5_1)
-FUSEDM_ALL(q4_k) FUSEDM_ALL(q5_k) FUSEDM_ALL(q6_k)
+FUSEDM_ALL_(FUSEDM256, q4_k) FUSEDM_ALL(q5_k) FUSEDM_ALL_(FUSEDM256, q6_k)
 
 typedef void (*fusedm_fn)(const float *, int64_t, int64_t, const uint8_t *, int64_t, int64_t, int64_t, int64_t, float *,
                           int64_t);

@@ -17,14 +17,19 @@
      q_lut(t, p, high)   lane j of t picked by the low or high nibble of byte j of p: the 16 values a 4-bit
                          block can hold, computed once, then selected (the same value as computing it per weight)
      q_q5(p, high, bits) Q5_0's values (nibble | bit j of `bits` << 4) - 16
+     q_k4scales(s)       a Q4_K block's 8 scales, then its 8 mins (12 packed bytes at s; reads 16): q4k_scale_min's
+                         values, as floats
      q_q6(ql, ls, qh, hs) Q6_K's values ((ql >> ls) & 15 | ((qh >> hs) & 3) << 4) - 32
+     q_q6x128(ql, qh, o) the same for 128 values of half a Q6_K block (ql 64 bytes, qh 32), as signed bytes:
+                         o[t] = ((ql[t % 64] >> 4 (t / 64)) & 15 | ((qh[t % 32] >> 2 (t / 32)) & 3) << 4) - 32
      vp, VP_LANES,       one part of a v16: its VP_LANES lanes from VP_LANES * h (16: the whole; 8: a half),
      VP_PARTS            VP_PARTS of them (literals, so that tile names can be pasted from them)
      vp_zero vp_set1 vp_load vp_store vp_fmadd vp_add   as above, on a part
      v_part(a, h)        part h of a;  v_join(first, last): the v16 of its parts (the same one where one part
                          is the whole)
-   and the tile shapes PANEL_RB, FUSEDM_TOP, QK_C, PV_WIDE_C (how many outputs a tile holds side by side:
-   never how one output is computed), and KV_ISA_NAME, the build's name (kv_isa). */
+   and the tile shapes PANEL_RB, FUSEDM_TOP, FUSED256_RB, QK_C, PV_WIDE_C (how many outputs a tile holds side by
+   side: never how one output is computed), KV_LUT16 (whether a format with a choice picks from a q_lut table or
+   computes per lane: the same operations on the same values either way), and KV_ISA_NAME, the build's name (kv_isa). */
 
 #if defined(KV_AVX512)
 #include "arch/avx512.h"
@@ -33,5 +38,10 @@
 #else
 #include "arch/portable.h"
 #endif
+
+/* A compiler barrier, no instruction: values the code stored before it are read back from memory after it, so a
+   scalar is broadcast by a load (no shuffle) and bytes widened as they are loaded, where the compiler would
+   otherwise take them out of the registers it stored (an extract or permute per use). */
+#define KV_FROM_MEMORY() __asm__ __volatile__("" ::: "memory")
 
 _Static_assert(VP_LANES * VP_PARTS == 16, "a v16 is VP_PARTS parts of VP_LANES lanes");

@@ -77,6 +77,32 @@ static inline __m256i q6x8(const uint8_t *ql, int ls, const uint8_t *qh, int hs)
 static inline v16 q_q6(const uint8_t *ql, int ls, const uint8_t *qh, int hs) {
     return v_of(_mm256_cvtepi32_ps(q6x8(ql, ls, qh, hs)), _mm256_cvtepi32_ps(q6x8(ql + 8, ls, qh + 8, hs)));
 }
+/* Q4_K's scales and mins: of the packed dwords A, B, C at s, [A & 0x3F.., (C & 0x0F..) | (A >> 2) & 0x30..,
+   B & 0x3F.., (C >> 4) & 0x0F.. | (B >> 2) & 0x30..] as 16 bytes, then as floats (the bits a byte keeps come
+   from that byte) */
+static inline v16 q_k4scales(const uint8_t *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);
+    const __m128i p = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0x98), _mm_setr_epi32(0, 0, 0, 4)); /* A C B C>>4 */
+    const __m128i q = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0x50), _mm_setr_epi32(0, 2, 0, 2));  /* A A>>2 B B>>2 */
+    const __m128i lo = _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F);
+    const __m128i hi = _mm_setr_epi32(0, 0x30303030, 0, 0x30303030);
+    const __m128i b = _mm_or_si128(_mm_and_si128(p, lo), _mm_and_si128(q, hi));
+    const __m256 first = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+    return v_of(first, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))));
+}
+/* Q6_K's 128 values of half a block as bytes, 32 at a time: a nibble of ql and two bits of qh moved to bits 4-5 (a
+   shift of 16-bit words: the bits kept, 0x30 of each byte, come from that byte), minus 32 */
+static inline void q_q6x128(const uint8_t *ql, const uint8_t *qh, int8_t *out) {
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+#define Q6_32(L, H) _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(L, m4), _mm256_and_si256(H, m30)), k32)
+    _mm256_storeu_si256((__m256i *)out, Q6_32(l0, _mm256_slli_epi16(h, 4)));
+    _mm256_storeu_si256((__m256i *)(out + 32), Q6_32(l1, _mm256_slli_epi16(h, 2)));
+    _mm256_storeu_si256((__m256i *)(out + 64), Q6_32(_mm256_srli_epi16(l0, 4), h));
+    _mm256_storeu_si256((__m256i *)(out + 96), Q6_32(_mm256_srli_epi16(l1, 4), _mm256_srli_epi16(h, 2)));
+#undef Q6_32
+}
 
 /* A part is one register of 8 lanes: the tiles accumulate lanes 0-7 of every output over the whole reduction,
    then lanes 8-15 (each lane's fmaf chain is the one a v16 accumulator holds, in the same order, and the
@@ -93,10 +119,14 @@ static inline vp vp_add(vp a, vp b) { return _mm256_add_ps(a, b); }
 static inline vp v_part(v16 a, int h) { return h ? a.hi : a.lo; }
 static inline v16 v_join(vp first, vp last) { return v_of(first, last); }
 
+/* q_lut is two permutes and a blend here: Q4_K's 1-row kernel ran 1.37x slower picking from its tables */
+#define KV_LUT16 0 /* q_lut where a format could compute per lane instead */
+
 /* Tile shapes (16 registers of 8 lanes: a v16 takes two, so its tiles are smaller; larger ones spill their
    accumulators to the stack). They decide which outputs are computed side by side, never how one is. */
 #define PANEL_RB 3   /* weight rows of a panel per tile of products (x 4 rows of x: 12 accumulators, 3 weights) */
 #define FUSEDM_TOP 4 /* 8 x 2 v16 accumulators would take 32 of AVX2's 16 registers */
+#define FUSED256_RB 2 /* 8 (16 registers of sums) spills: Q4_K's per-lane expansion ran 1.3x slower at 4 */
 #define QK_C 3       /* keys per tile of dot products (x 4 query rows: 12 accumulators) */
 #define PV_WIDE_C 3  /* parts of 8 values per wide tile of P.V (x 4 probability rows): 24 values */
 #define PV_PAIR_H 0  /* no P.V tile takes two lanes a pass (16 registers) */

@@ -76,6 +76,35 @@ static inline v16 q_q6(const uint8_t *ql, int ls, const uint8_t *qh, int hs) {
     __m512i h = _mm512_and_si512(_mm512_srli_epi32(u8x16(qh), hs), _mm512_set1_epi32(3));
     return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(l, _mm512_slli_epi32(h, 4)), _mm512_set1_epi32(32)));
 }
+/* Q4_K's scales and mins: of the packed dwords A, B, C at s, [A & 0x3F.., (C & 0x0F..) | (A >> 2) & 0x30..,
+   B & 0x3F.., (C >> 4) & 0x0F.. | (B >> 2) & 0x30..] as 16 bytes, then as floats (the bits a byte keeps come
+   from that byte) */
+static inline __m128i k4scales(const uint8_t *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);
+    const __m128i p = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0x98), _mm_setr_epi32(0, 0, 0, 4)); /* A C B C>>4 */
+    const __m128i q = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0x50), _mm_setr_epi32(0, 2, 0, 2));  /* A A>>2 B B>>2 */
+    const __m128i lo = _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F);
+    const __m128i hi = _mm_setr_epi32(0, 0x30303030, 0, 0x30303030);
+    return _mm_or_si128(_mm_and_si128(p, lo), _mm_and_si128(q, hi));
+}
+static inline v16 q_k4scales(const uint8_t *s) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(k4scales(s))); }
+/* Q6_K's 128 values of half a block as bytes, assembled 64 at a time: ql's low nibbles (t < 64), then its high
+   ones, each with its two bits of qh moved to bits 4-5 (a shift of qh's 16-bit words: the bits kept, 0x30 of each
+   byte, come from that byte), minus 32 */
+static inline void q_q6x128(const uint8_t *ql, const uint8_t *qh, int8_t *out) {
+    const __m512i l = _mm512_loadu_si512(ql), h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+    /* qh's words shifted left 4 (t < 32) or 2 (t < 64); right 0 (t < 96) or 2 */
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i hlo = _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30);
+    const __m512i hhi = _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30);
+    /* (a & b) | c: vpternlog's 0xEA */
+    const __m512i lo = _mm512_ternarylogic_epi32(l, m4, hlo, 0xEA);
+    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l, 4), m4, hhi, 0xEA);
+    _mm512_storeu_si512(out, _mm512_sub_epi8(lo, k32));
+    _mm512_storeu_si512(out + 64, _mm512_sub_epi8(hi, k32));
+}
 
 /* A part is the whole register: the tiles accumulate all 16 lanes at once. */
 #define VP_LANES 16
@@ -90,10 +119,13 @@ static inline vp vp_add(vp a, vp b) { return _mm512_add_ps(a, b); }
 static inline vp v_part(v16 a, int h) { (void)h; return a; }
 static inline v16 v_join(vp first, vp last) { (void)last; return first; }
 
+#define KV_LUT16 1 /* q_lut where a format could compute per lane instead (vpermps: one instruction) */
+
 /* Tile shapes (32 registers of 16 lanes): they decide which outputs are computed side by side, never how
    one is computed. */
 #define PANEL_RB 4   /* weight rows of a panel per tile of products (x 4 rows of x: 16 accumulators) */
 #define FUSEDM_TOP 8 /* rows of x per tile with the weights expanded in registers (8 x 2 accumulators) */
+#define FUSED256_RB 8 /* weight rows side by side, chunk by chunk, in the 256-value formats' 1-row kernel */
 #define QK_C 4       /* keys per tile of dot products (x 4 query rows) */
 #define PV_WIDE_C 4  /* parts of 16 values per wide tile of P.V (x 4 probability rows): 64 values */
 #define PV_PAIR_H 3  /* rows of a P.V tile that takes two lanes a pass (2 x 3 x 4 accumulators) */

@@ -72,10 +72,23 @@ static inline v16 q_q5(const uint8_t *p, int high, uint32_t bits) {
     for (int j = 0; j < 16; j++) r.l[j] = (float)(((high ? p[j] >> 4 : p[j] & 0xF) | (int)(((bits >> j) & 1) << 4)) - 16);
     return r;
 }
+static inline v16 q_k4scales(const uint8_t *s) {
+    v16 r;
+    for (int j = 0; j < 4; j++) {
+        r.l[j] = (float)(s[j] & 63), r.l[8 + j] = (float)(s[j + 4] & 63);
+        r.l[4 + j] = (float)((s[j + 8] & 0xF) | ((s[j] >> 6) << 4));
+        r.l[12 + j] = (float)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
+    }
+    return r;
+}
 static inline v16 q_q6(const uint8_t *ql, int ls, const uint8_t *qh, int hs) {
     v16 r;
     for (int j = 0; j < 16; j++) r.l[j] = (float)((((ql[j] >> ls) & 0xF) | (((qh[j] >> hs) & 3) << 4)) - 32);
     return r;
+}
+static inline void q_q6x128(const uint8_t *ql, const uint8_t *qh, int8_t *out) {
+    for (int t = 0; t < 128; t++)
+        out[t] = (int8_t)((((ql[t % 64] >> 4 * (t / 64)) & 0xF) | (((qh[t % 32] >> 2 * (t / 32)) & 3) << 4)) - 32);
 }
 
 /* A part is the whole v16, as on AVX-512. */
@@ -91,9 +104,12 @@ static inline vp vp_add(vp a, vp b) { return v_add(a, b); }
 static inline vp v_part(v16 a, int h) { (void)h; return a; }
 static inline v16 v_join(vp first, vp last) { (void)last; return first; }
 
+#define KV_LUT16 1 /* q_lut where a format could compute per lane instead (a loop either way) */
+
 /* Tile shapes: AVX-512's (no registers to fit here; the shapes change no byte). */
 #define PANEL_RB 4
 #define FUSEDM_TOP 8
+#define FUSED256_RB 8
 #define QK_C 4
 #define PV_WIDE_C 4
 #define PV_PAIR_H 0  /* no P.V tile takes two lanes a pass */
