@@ -66,7 +66,7 @@ _STAGES = [
     ("graft_core.model", "warm_up", "warm_up (throw-away forward)"),
 ]
 
-_KVGRAFT_CHILD = r"""
+_CHILD_CODE = r"""
 import importlib, json, sys, time
 t = time.perf_counter()
 import torch, transformers  # what a process that serves the model has imported before it loads one
@@ -154,7 +154,7 @@ def _child(python: str, code: str, env: dict | None = None, timeout: float = 360
 
 def kvgraft_code(stages: bool) -> str:
     return (
-        _KVGRAFT_CHILD.replace("STAGES", repr(_STAGES if stages else []))
+        _CHILD_CODE.replace("STAGES", repr(_STAGES if stages else []))
         .replace("MODEL", repr(MODEL))
         .replace("PROMPT", repr(PROMPT))
     )

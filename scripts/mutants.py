@@ -413,10 +413,10 @@ MUTATIONS = (
         ("tests/test_answer_sampling.py::test_a_seed_draws_the_same_tokens_and_seeds_differ",),
     ),
     Mutation(
-        "Q6_K's 8-row product scales each chunk of 16 by its neighbour's scale (kernels/c/linear.c k256_q6_k)",
+        "Q6_K's block products scale each chunk of 16 by its neighbour's scale (kernels/c/linear.c chunk256_q6_k)",
         "kernels/c/linear.c",
-        "        acc = v_fmadd(v_load(xb + 16 * c), v_mul(v_set1(d * (float)sc[c]), q), acc);",
-        "        acc = v_fmadd(v_load(xb + 16 * c), v_mul(v_set1(d * (float)sc[c ^ 1]), q), acc);",
+        "    return v_mul(v_set1(st->ds[c]), q_i8((const uint8_t *)st->q + 16 * c));",
+        "    return v_mul(v_set1(st->ds[c ^ 1]), q_i8((const uint8_t *)st->q + 16 * c));",
         ("tests/test_fma16.py::test_kernel_equals_the_c_definition",),
     ),
     Mutation(
