@@ -297,27 +297,23 @@ def _saved_tokenizer(folder: Path):
 def _save_tokenizer(built, folder: Path) -> None:
     """`built`'s file and record in `folder`, written beside and renamed; kept only where the tokenizer read
     back from the file hashes as `built` does."""
-    import json
+    from transformers import GemmaTokenizer
 
     from .fingerprints import tokenizer_sha256
+    from .tokenizer_cache import keep_checked
 
     data = built.backend_tokenizer.to_str().encode()
     kwargs = {k: getattr(built, k) for k in _TOKENIZER_KWARGS if isinstance(getattr(built, k, None), (str, bool))}
     record = {"made_from": _tokenizer_versions(), "sha256": hashlib.sha256(data).hexdigest(), "kwargs": kwargs}
-    tmp = folder / f".{TOKENIZER_FILE}.{os.getpid()}.tmp"
-    tmp.write_bytes(data)
-    try:
-        from transformers import GemmaTokenizer
-
-        back = GemmaTokenizer(tokenizer_file=str(tmp), **kwargs)
-        if tokenizer_sha256(back) != tokenizer_sha256(built):
-            return
-        os.replace(tmp, folder / TOKENIZER_FILE)
-        rec_tmp = folder / f".{TOKENIZER_RECORD}.{os.getpid()}.tmp"
-        rec_tmp.write_text(json.dumps(record))
-        os.replace(rec_tmp, folder / TOKENIZER_RECORD)
-    finally:
-        tmp.unlink(missing_ok=True)
+    want = tokenizer_sha256(built)
+    keep_checked(
+        folder,
+        TOKENIZER_FILE,
+        TOKENIZER_RECORD,
+        data,
+        record,
+        lambda path: tokenizer_sha256(GemmaTokenizer(tokenizer_file=str(path), **kwargs)) == want,
+    )
 
 
 def skeleton(config, attn_implementation: str) -> torch.nn.Module:

@@ -139,23 +139,33 @@ def _keep(built, fingerprint: str, folder: Path, made_from: dict) -> None:
         "sha256": hashlib.sha256(data).hexdigest(),
         "fingerprint": fingerprint,
     }
-    tmp = folder / f".{KEPT_FILE}.{os.getpid()}.tmp"
-    tmp.write_bytes(data)
-    try:
-        back = _construct(record, str(tmp), folder)
-        same = (
+
+    def same(path: Path) -> bool:
+        back = _construct(record, str(path), folder)
+        return (
             back is not None
             and back.backend_tokenizer.to_str().encode() == data
             and tokenizer_sha256(back) == fingerprint
             and back.special_tokens_map == built.special_tokens_map
             and back.chat_template == built.chat_template
         )
-        if not same:
-            log.info("the tokenizer of %s read back from its file differs from the built one: not kept", folder)
-            return
-        os.replace(tmp, folder / KEPT_FILE)
-        rec_tmp = folder / f".{RECORD_FILE}.{os.getpid()}.tmp"
+
+    if not keep_checked(folder, KEPT_FILE, RECORD_FILE, data, record, same):
+        log.info("the tokenizer of %s read back from its file differs from the built one: not kept", folder)
+
+
+def keep_checked(folder: Path, name: str, record_name: str, data: bytes, record: dict, same) -> bool:
+    """`data` as `folder`/`name` and `record` as `folder`/`record_name`, each written beside and renamed, where
+    `same(path)` says the tokenizer read back from the written file is the built one; False (nothing kept) where not."""
+    tmp = folder / f".{name}.{os.getpid()}.tmp"
+    tmp.write_bytes(data)
+    try:
+        if not same(tmp):
+            return False
+        os.replace(tmp, folder / name)
+        rec_tmp = folder / f".{record_name}.{os.getpid()}.tmp"
         rec_tmp.write_text(json.dumps(record))
-        os.replace(rec_tmp, folder / RECORD_FILE)
+        os.replace(rec_tmp, folder / record_name)
+        return True
     finally:
         tmp.unlink(missing_ok=True)
