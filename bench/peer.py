@@ -42,6 +42,7 @@ import datetime as dt
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -447,12 +448,10 @@ def child(args) -> None:
 
     lib = services.Library(home=Path(args.child), embedder=HashEmbedder(), model_name=args.model)
     text = Path(args.child_prefix).read_text(encoding="utf-8")
-    print(
-        json.dumps(
-            run_kvgraft(lib, text, args.repeats, not args.no_fresh, args.answer_repeats, args.answers, not args.alone_only)
-        ),
-        flush=True,
-    )
+    out = run_kvgraft(lib, text, args.repeats, not args.no_fresh, args.answer_repeats, args.answers, not args.alone_only)
+    # this process's peak resident memory over every measurement (as llama_restore.py reports its own; KiB on Linux)
+    out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps(out), flush=True)
 
 
 def main() -> None:
