@@ -270,19 +270,12 @@ def _saved_tokenizer(folder: Path):
     and these library versions, or where what was read does not hash to the record: the check is on the
     loaded tokenizer's own serialisation (the same bytes as the file, ~0.35 s), so what is used is what was
     checked."""
-    import json
-
     from transformers import GemmaTokenizer
 
-    try:
-        record = json.loads((folder / TOKENIZER_RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-    if (
-        not isinstance(record, dict)
-        or record.get("made_from") != _tokenizer_versions()
-        or not (folder / TOKENIZER_FILE).is_file()
-    ):
+    from .tokenizer_cache import read_record
+
+    record = read_record(folder / TOKENIZER_RECORD)
+    if record is None or record.get("made_from") != _tokenizer_versions() or not (folder / TOKENIZER_FILE).is_file():
         return None
     kwargs = {k: v for k, v in record.get("kwargs", {}).items() if k in _TOKENIZER_KWARGS}
     try:  # `tokenizer_file`: tokenizers reads the file itself, without transformers' deep copy of an object

@@ -88,12 +88,9 @@ def _read_kept(folder: Path, made_from: dict) -> tuple[object, str] | None:
     file's bytes do not hash to the record. tokenizers reads the file through the descriptor whose bytes were hashed
     (/proc/self/fd), so what is used is what was checked; where that path does not exist, the loaded tokenizer's
     own serialisation is hashed instead."""
-    try:
-        record = json.loads((folder / RECORD_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    record = read_record(folder / RECORD_FILE)
     if (
-        not isinstance(record, dict)
+        record is None
         or record.get("version") != _RECORD_VERSION
         or record.get("made_from") != made_from
         or not isinstance(record.get("kwargs"), dict)
@@ -152,6 +149,15 @@ def _keep(built, fingerprint: str, folder: Path, made_from: dict) -> None:
 
     if not keep_checked(folder, KEPT_FILE, RECORD_FILE, data, record, same):
         log.info("the tokenizer of %s read back from its file differs from the built one: not kept", folder)
+
+
+def read_record(path: Path) -> dict | None:
+    """A kept tokenizer's record (a JSON object), or None where it is missing, unreadable or not an object."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def keep_checked(folder: Path, name: str, record_name: str, data: bytes, record: dict, same) -> bool:
