@@ -18,11 +18,11 @@ Usage: .venv/bin/python -m bench.api [--clients 1,8,32] [--requests 2] [--repeat
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -127,38 +127,72 @@ def _wait(url: str, seconds: float) -> None:
     raise RuntimeError(f"{url} did not answer within {seconds:.0f} s")
 
 
-def run_kvgraft(document: str, counts: list[int], requests: int, scratch: Path) -> dict:
-    """The web app (`server.serve`, loopback believed as a proxy: each client its own address), the document
-    deposited through `/v1/kvgraft/deposits` (attested, the admin token), grafted by id in every request."""
+# web/startup.run's last log lines: the newest artifacts' proofs warmed, or that warming failed
+STARTED = ("kvgraft.startup probe-proved", "warming the proofs failed")
+
+
+def run_kvgraft(document: str, counts: list[int], requests: int, scratch: Path, threads: int) -> dict:
+    """The web app as users start it (`python app.py`, its own process, as each llama.cpp server is: the clients'
+    threads do not share its interpreter), on a fresh store under `scratch`, loopback believed as a proxy (each
+    client its own address); the document deposited through `/v1/kvgraft/deposits` (attested, the admin token),
+    grafted by id in every request."""
     import httpx
 
-    import server
-    import services
-    from web import hosting
-
-    lib = services.Library(home=scratch / "kvgraft-home")
-    demo = server.build(lib, admin_token="bench-api-admin")
-    where = dataclasses.replace(hosting.detect({}), host="127.0.0.1", port=free_port(), proxies=("127.0.0.1/32",))
-    server.serve(demo, where, prevent_thread_lock=True, quiet=True)
-    base = demo.local_url.rstrip("/") + "/v1"
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        KVGRAFT_HOME=str(scratch / "kvgraft-home"),
+        KVGRAFT_ADMIN_TOKEN="bench-api-admin",
+        KVGRAFT_TRUST_PROXY="127.0.0.1/32",
+        KVGRAFT_THREADS=str(threads),
+        GRADIO_SERVER_NAME="127.0.0.1",
+        GRADIO_SERVER_PORT=str(port),
+    )
+    scratch.mkdir(parents=True, exist_ok=True)
+    log = scratch / "kvgraft-app.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}/v1"
+    admin = {"authorization": "Bearer bench-api-admin"}
     try:
-        r = httpx.post(
-            base + "/kvgraft/deposits",
-            json={"text": document, "title": "bench.api document", "attested_by": "bench.api"},
-            headers={"authorization": "Bearer bench-api-admin"},
-            timeout=900,
-        )
+        deadline = time.monotonic() + 900
+        # the whole start-up first (model, built-in library, index, the decode group, the proofs warmed: its last
+        # log line), so that no start-up work runs beside the measured load and answers decode together
+        while not any(line in log.read_text(errors="replace") for line in STARTED):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"python app.py did not finish starting: {log.read_text(errors='replace')[-2000:]}")
+            time.sleep(1.0)
+        while True:  # the placeholder answers 405 to a POST, the app 503 not_ready until the model loads
+            if proc.poll() is not None:
+                raise RuntimeError(f"python app.py exited {proc.returncode}: {log.read_text(errors='replace')[-2000:]}")
+            try:
+                r = httpx.post(
+                    base + "/kvgraft/deposits",
+                    json={"text": document, "title": "bench.api document", "attested_by": "bench.api"},
+                    headers=admin,
+                    timeout=900,
+                )
+                if r.status_code not in (404, 405, 502, 503):  # the placeholder page, then not_ready
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{base} did not take the deposit within 900 s")
+            time.sleep(1.0)
         r.raise_for_status()
-        art = r.json()["id"]
+        dep = r.json()
+        art, tokens = dep["id"], dep["deposit"]["start"] + dep["deposit"]["tokens"]  # the artifact's end position
         model = httpx.get(base + "/models", timeout=30).json()["data"][0]["id"]
         extra = {"kvgraft": {"artifacts": [art]}}
         load(base, model, PROMPT, extra, 1, 1)  # warm-up: the artifact's first-use probe, not counted
         runs = [load(base, model, PROMPT, extra, n, requests) for n in counts]
-        tokens = lib.show(art).artifact.end_pos
     finally:
-        demo.close()
-        lib.close()
-    return {"artifact": art, "grafted_tokens": tokens, "runs": runs}
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return {"artifact": art, "grafted_tokens": tokens, "server": "python app.py, its own process", "runs": runs}
 
 
 LAUNCHER = ROOT / "bench" / "llamacpp" / "server.py"
@@ -312,13 +346,24 @@ def _brief(server: str, part: dict) -> str:
     return json.dumps({server: [{k: r[k] for k in keys} for r in part["runs"]]})
 
 
+SERVERS = ("kvgraft", "llamacpp", "llama_server")
+
+
+def _servers(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in SERVERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown server(s) {', '.join(unknown) or '(none)'}: use {', '.join(SERVERS)}")
+    return names
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--requests", type=int, default=2, help="completions each client sends, one after another")
     ap.add_argument("--repeats", type=int, default=1, help="the whole comparison this many times; medians reported")
     ap.add_argument("--peer-python", default="/work/peer-venv/bin/python", help="a Python with llama-cpp-python[server]")
-    ap.add_argument("--only", choices=("kvgraft", "llamacpp", "llama_server"), help="one server only")
+    ap.add_argument("--only", type=_servers, help="these servers only, comma-separated: kvgraft, llamacpp, llama_server")
     ap.add_argument("--llama-server", default=str(LLAMA_SERVER), help="llama.cpp's llama-server (build.sh --server)")
     ap.add_argument("--write", action="store_true", help="write docs/bench/api.json (after every repeat)")
     args = ap.parse_args()
@@ -332,7 +377,8 @@ def main() -> None:
 
     threads = pinned_threads()  # kvgraft's intra-op threads; llama.cpp gets the same count
     gguf = Path(assemble(str(scratch / "gemma-3-270m-q4_k_m.gguf")))
-    mode = {"not_run": f"--only {args.only}"} if args.only in ("kvgraft", "llama_server") else peer_mode(args.peer_python, gguf)
+    run = args.only or SERVERS
+    mode = peer_mode(args.peer_python, gguf) if "llamacpp" in run else {"not_run": f"--only {','.join(run)}"}
     print(json.dumps({"llamacpp_mode": mode}), flush=True)
     out: dict = {
         "question": QUESTION,
@@ -351,16 +397,16 @@ def main() -> None:
     }
     for i in range(args.repeats):
         rep: dict = {"load_average_before": round(os.getloadavg()[0], 1)}
-        if args.only != "llamacpp":
-            rep["kvgraft"] = run_kvgraft(document, counts, args.requests, scratch / f"repeat-{i}")
+        if "kvgraft" in run:
+            rep["kvgraft"] = run_kvgraft(document, counts, args.requests, scratch / f"repeat-{i}", threads)
             print(_brief("kvgraft", rep["kvgraft"]), flush=True)
-        if args.only in (None, "llamacpp"):
+        if "llamacpp" in run:
             if "not_run" in mode:
                 rep["llamacpp"] = {"not_run": mode["not_run"]}
             else:
                 rep["llamacpp"] = run_llamacpp(args.peer_python, gguf, document, counts, args.requests, threads, mode)
             print(_brief("llamacpp", rep["llamacpp"]), flush=True)
-        if args.only in (None, "llama_server"):
+        if "llama_server" in run:
             binary = Path(args.llama_server)
             if binary.is_file():
                 rep["llama_server"] = run_llama_server(binary, gguf, document, counts, args.requests, threads)
