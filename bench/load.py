@@ -3,12 +3,12 @@
 
 Every repeat is a fresh process of each engine (medians of `--repeats`):
 - `load_s`: the engine's load in a process that has already imported it (kvgraft: torch and transformers, its
-  modeling part too, imported, then `graft_core.model.load`, which reads the file, checks its SHA-256, builds the
-  tokenizer and runs its throw-away forward; llama.cpp: `llama_cpp` imported, then `Llama(model_path=...,
+  modeling part too, imported, then `graft_core.model.load`, which reads the file, checks its SHA-256 and builds the
+  tokenizer (a `--before` checkout older than 2026-12-07 also runs a throw-away forward, `warm_up`); llama.cpp: `llama_cpp` imported, then `Llama(model_path=...,
   n_threads=2)`, which maps the file and touches its weights on first use);
 - `first_token_s`: then the first greedy token of a short chat prompt (the same token ids both sides: the prompt as
   kvgraft's tokenizer renders it through the model's chat template), and `load_plus_first_token_s`, the fair
-  comparison, since llama.cpp's load defers what kvgraft's warm-up does;
+  comparison, since llama.cpp's load defers work to its first token (so does kvgraft's now);
 - `load_cpu_s`, `load_plus_first_token_cpu_s`: the same spans in CPU seconds of the process (all its threads): the
   work done, which a machine shared with other jobs inflates less than the wall seconds;
 - `process_wall_s`: the whole `python -c '<import; load>'`, timed from outside;

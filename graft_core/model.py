@@ -425,7 +425,9 @@ def _load_packaged(t0: float) -> LoadedModel:
     else:
         config = replace(config, numerics=tuple(sorted((*config.numerics, ("linear", fma16.VERSION)))))
     log.info("products: %s", products)
-    warm_up(model)
+    # no throw-away forward here (warm_up): with the fma16 kernels built and their shapes checked above, the first
+    # prompt costs the same without one (bench.load, 2026-12-07: the 1.5B's first prompt 0.31 s either way, its load
+    # 0.27-0.4 s shorter; the packaged Gemma's first prompt ~10 ms longer, its load ~0.05 s shorter)
     return LoadedModel(
         model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
     )
@@ -495,7 +497,9 @@ def _load_gguf(path: Path, name: str, t0: float, why: str, pinned: tuple[str, st
     info = describe(model, name, weights, tok, combined)
     products = f"{taken.line()}, embedding rows expanded from their blocks; " + numerics.take_over(model, taken.isa)
     log.info("products: %s", products)
-    warm_up(model)
+    # no throw-away forward here (warm_up): with the fma16 kernels built and their shapes checked above, the first
+    # prompt costs the same without one (bench.load, 2026-12-07: the 1.5B's first prompt 0.31 s either way, its load
+    # 0.27-0.4 s shorter; the packaged Gemma's first prompt ~10 ms longer, its load ~0.05 s shorter)
     return LoadedModel(
         model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
     )
@@ -571,11 +575,11 @@ def _packaged_blocks(model, source: Path) -> dict:
 
 
 def warm_up(model, tokens: int = 2) -> None:
-    """One throw-away forward at load (on its own cache): the first forward of a process pays one-off
-    costs (thread pool, allocator, kernel selection) that would otherwise land on the first answer's
-    time to first token. It computes nothing that is kept. Two tokens take every path a prompt of more
-    than one token takes (a multi-row product, attention over more than one query row) at half the cost of
-    four: the packaged Qwen's warm-up was 1.3 CPU-s of its load at four tokens (bench.load)."""
+    """One throw-away forward at load (on its own cache), for a model on torch's products: the first forward of
+    a process pays one-off costs (MKL's thread pool, allocator, kernel selection) that would otherwise land on
+    the first answer's time to first token. It computes nothing that is kept. Two tokens take every path a prompt
+    of more than one token takes (a multi-row product, attention over more than one query row) at half the cost
+    of four. The fma16 loads skip it: measured, it bought them nothing."""
     from .decoding import prefill_alone, step_alone
     from .forward import forward_chunk, new_cache
 

