@@ -8,6 +8,7 @@ as such) and `StartingLibrary`, the Library seen through the start-up. It knows 
 
 from __future__ import annotations
 
+import gc
 import html
 import json
 import logging
@@ -317,6 +318,11 @@ def run(
                 log.info("warm-up passed over %s", why)
         except Exception:  # answers prove their artifacts themselves
             log.exception("warming the proofs failed")
+    # what start-up built (the model's modules, the library, the index) lives as long as the process: out of the
+    # collector's generations, so that the full collections answers trigger do not walk it again and again (its
+    # garbage collected first, so that none of it is kept for good)
+    gc.collect()
+    gc.freeze()
 
 
 def start(
