@@ -4,8 +4,9 @@
 Every repeat is a fresh process of each engine (medians of `--repeats`):
 - `load_s`: the engine's load in a process that has already imported it (kvgraft: torch and transformers, its
   modeling part too, imported, then `graft_core.model.load`, which reads the file, checks its SHA-256 and builds the
-  tokenizer (a `--before` checkout older than 2026-12-07 also runs a throw-away forward, `warm_up`); llama.cpp: `llama_cpp` imported, then `Llama(model_path=...,
-  n_threads=2)`, which maps the file and touches its weights on first use);
+  tokenizer (a `--before` checkout older than 2026-12-07 also runs a throw-away forward, `warm_up`); llama.cpp:
+  `llama_cpp` imported, then `Llama(model_path=..., n_threads=2)`, which maps the file and touches its weights on
+  first use);
 - `first_token_s`: then the first greedy token of a short chat prompt (the same token ids both sides: the prompt as
   kvgraft's tokenizer renders it through the model's chat template), and `load_plus_first_token_s`, the fair
   comparison, since llama.cpp's load defers work to its first token (so does kvgraft's now);

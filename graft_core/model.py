@@ -425,9 +425,7 @@ def _load_packaged(t0: float) -> LoadedModel:
     else:
         config = replace(config, numerics=tuple(sorted((*config.numerics, ("linear", fma16.VERSION)))))
     log.info("products: %s", products)
-    # no throw-away forward here (warm_up): with the fma16 kernels built and their shapes checked above, the first
-    # prompt costs the same without one (bench.load, 2026-12-07: the 1.5B's first prompt 0.31 s either way, its load
-    # 0.27-0.4 s shorter; the packaged Gemma's first prompt ~10 ms longer, its load ~0.05 s shorter)
+    # no throw-away forward (warm_up's docstring says why)
     return LoadedModel(
         model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
     )
@@ -497,9 +495,7 @@ def _load_gguf(path: Path, name: str, t0: float, why: str, pinned: tuple[str, st
     info = describe(model, name, weights, tok, combined)
     products = f"{taken.line()}, embedding rows expanded from their blocks; " + numerics.take_over(model, taken.isa)
     log.info("products: %s", products)
-    # no throw-away forward here (warm_up): with the fma16 kernels built and their shapes checked above, the first
-    # prompt costs the same without one (bench.load, 2026-12-07: the 1.5B's first prompt 0.31 s either way, its load
-    # 0.27-0.4 s shorter; the packaged Gemma's first prompt ~10 ms longer, its load ~0.05 s shorter)
+    # no throw-away forward (warm_up's docstring says why)
     return LoadedModel(
         model=model, tokenizer=tokenizer, info=info, config=config, load_s=time.perf_counter() - t0, products=products
     )
@@ -579,7 +575,9 @@ def warm_up(model, tokens: int = 2) -> None:
     a process pays one-off costs (MKL's thread pool, allocator, kernel selection) that would otherwise land on
     the first answer's time to first token. It computes nothing that is kept. Two tokens take every path a prompt
     of more than one token takes (a multi-row product, attention over more than one query row) at half the cost
-    of four. The fma16 loads skip it: measured, it bought them nothing."""
+    of four. The fma16 loads skip it: with their kernels built and shapes checked at load, the first prompt costs
+    the same without it (2026-12-07: the 1.5B's first prompt 0.31 s either way and its load 0.27-0.4 s shorter; the
+    packaged Gemma's first prompt ~10 ms longer, its load ~0.05 s shorter)."""
     from .decoding import prefill_alone, step_alone
     from .forward import forward_chunk, new_cache
 
