@@ -116,6 +116,22 @@ def test_the_blocks_are_views_of_the_bytes_read_and_hashed_not_of_the_file(tiny_
     assert str(e.value) == f"tiny: {path} has SHA-256 {zeros[:12]}..., not the checked {want[:12]}...; rebuild it"
 
 
+def test_the_hash_beside_the_read_covers_every_chunk_in_order(tmp_path, monkeypatch):
+    """The SHA-256 runs in its own thread over the chunks the read hands it: over many chunks it is still the file's
+    hash, and a file whose chunks are the same bytes in another order is refused."""
+    import hashlib
+
+    monkeypatch.setattr(packaged.Reading, "_CHUNK", 7)
+    body = bytes(range(256)) * 5 + b"tail"
+    path = tmp_path / "f.bin"
+    path.write_bytes(body)
+    want = hashlib.sha256(body).hexdigest()
+    assert bytes(packaged.Reading(path, want).bytes("f", "fix it").numpy()) == body
+    path.write_bytes(body[7:14] + body[:7] + body[14:])  # two chunks swapped: the same bytes, another order
+    with pytest.raises(packaged.Mismatch, match="not the checked"):
+        packaged.Reading(path, want).bytes("f", "fix it")
+
+
 def test_a_file_that_is_not_gguf_is_a_mismatch(tmp_path, tiny_gguf):
     ref, _ = tiny_gguf
     bad = tmp_path / "x.gguf"
