@@ -241,6 +241,31 @@ def test_run_records_each_stage_and_seeds_only_an_empty_store(monkeypatch, tmp_p
     assert seeded == [lib, other]
 
 
+def test_run_ends_by_collecting_then_freezing_what_start_up_built(monkeypatch, tmp_path):
+    """What start-up built leaves the collector's generations (gc.freeze), after its garbage is collected: a cycle
+    nothing refers to is freed, not kept for good."""
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    monkeypatch.setenv("KVGRAFT_MODEL", str(tmp_path))
+    gc.unfreeze()  # what earlier tests froze goes back to the generations
+    assert gc.get_freeze_count() == 0
+    gc.disable()  # no automatic collection: only start-up's own can free the cycle
+    try:
+        cycle = Node()
+        cycle.me = cycle
+        gone = weakref.ref(cycle)
+        del cycle
+        startup.run(FakeLibrary(), startup.Startup(), seed=lambda library, on_progress: 0)
+        assert gc.get_freeze_count() > 0 and gone() is None
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
 def test_a_failed_load_keeps_the_app_up_and_says_so(monkeypatch, tmp_path):
     monkeypatch.setenv("KVGRAFT_MODEL", str(tmp_path))
     tr = startup.Startup()
