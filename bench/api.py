@@ -1,5 +1,5 @@
-"""One `openai`-client load against two OpenAI-compatible servers on the same GGUF: kvgraft's (the web app's
-`/v1`, the 2,048-token document deposited once and grafted into every answer) and llama.cpp's
+"""One `openai`-client load against two OpenAI-compatible servers on the same GGUF: kvgraft's (`python app.py`
+in its own process, its `/v1`, the 2,048-token document deposited once and grafted into every answer) and llama.cpp's
 (`llama-cpp-python[server]`, its prompt cache on, the document in every prompt so that it reuses its cached
 state). C clients (1, 8, 32), each its own address, send R completions one after another: the document's
 question, greedy, `max_tokens` answer tokens, no stop, streamed. Reported per server and C: time to first
@@ -12,7 +12,8 @@ bench/llamacpp/server.py: the default first, its weights without the extra buffe
 default crashes (recorded).
 
 Usage: .venv/bin/python -m bench.api [--clients 1,8,32] [--requests 2] [--repeats 2]
-[--peer-python /work/peer-venv/bin/python] [--write]   (writes docs/bench/api.json after every repeat)
+[--only kvgraft,llama_server] [--peer-python /work/peer-venv/bin/python] [--write]
+(writes docs/bench/api.json after every repeat)
 """
 
 from __future__ import annotations
