@@ -370,6 +370,7 @@ def load(
             products += "; " + numerics.take_over(model, taken.isa)
         else:  # fma16's products under torch's attention: artifacts made with torch's products are refused
             config = replace(config, numerics=tuple(sorted((*config.numerics, ("linear", fma16.VERSION)))))
+        config = with_int8(config, taken)
     elif settings.get("KVGRAFT_PRODUCTS") == "plain":  # the before side of an A/B, or a doubt
         products = "plain (KVGRAFT_PRODUCTS=plain)"
     else:
@@ -380,6 +381,16 @@ def load(
         log.warning("%s: outside %s, %s (its record names this machine's kernel path)", name, numerics.VERSION, MACHINE_BOUND)
     warm_up(model)
     return replace(loaded, load_s=time.perf_counter() - t0)
+
+
+def with_int8(config, taken):
+    """The record with ("linear", fma16.I8_VERSION) where some products run under the integer definition: its
+    artifacts are then another definition's, refused by a float32 load as incompatible (and the other way)."""
+    from kernels import fma16
+
+    if not taken.int8:
+        return config
+    return replace(config, numerics=tuple(sorted((*config.numerics, ("linear", fma16.I8_VERSION)))))
 
 
 def _packaged_gguf_dir() -> Path:
@@ -424,6 +435,7 @@ def _load_packaged(t0: float) -> LoadedModel:
         products += "; " + numerics.take_over(model, taken.isa)
     else:
         config = replace(config, numerics=tuple(sorted((*config.numerics, ("linear", fma16.VERSION)))))
+    config = with_int8(config, taken)
     log.info("products: %s", products)
     # no throw-away forward (warm_up's docstring says why)
     return LoadedModel(
@@ -494,6 +506,7 @@ def _load_gguf(path: Path, name: str, t0: float, why: str, pinned: tuple[str, st
     weights, tok, combined = _gguf_fingerprints(path, model, tokenizer, blocks, taken.isa, tok_sha)
     info = describe(model, name, weights, tok, combined)
     products = f"{taken.line()}, embedding rows expanded from their blocks; " + numerics.take_over(model, taken.isa)
+    config = with_int8(config, taken)
     log.info("products: %s", products)
     # no throw-away forward (warm_up's docstring says why)
     return LoadedModel(

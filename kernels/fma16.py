@@ -54,6 +54,11 @@ from .build import failure, lib, variant
 log = logging.getLogger("kvgraft.fma16")
 
 VERSION = "fma16-v1"  # the operation order of c/reference.c's products; change it when that order changes
+# The integer definition (c/int8ref.c): a row of x quantised to int8 per block, integer sums, the scales applied in a
+# fixed order. A product over blocks of I8_FORMATS runs it where KVGRAFT_LINEAR=int8; it enters the record as
+# ("linear", I8_VERSION) beside the rest, so artifacts of one definition are refused by the other as incompatible.
+I8_VERSION = "i8dot-v1"
+I8_FLAG = 0x100  # c/reference.c's FMT_I8: the format's blocks, multiplied under the integer definition
 
 # ggml's type numbers, as c/reference.c names them
 FORMATS = {
@@ -69,11 +74,12 @@ FORMATS = {
     "Q6_K": 14,
     "BF16": 30,
 }
+I8_FORMATS = (FORMATS["Q8_0"], FORMATS["Q4_K"], FORMATS["Q6_K"])
 
 
 def why_not(choice: str | None = None) -> str:
     """ "" where fma16 can run in this process, else the reason it cannot (or is switched off). `choice`
-    ("fma16" or "torch") stands in for KVGRAFT_LINEAR, which is read when it is None. Raises
+    ("fma16", "int8" or "torch") stands in for KVGRAFT_LINEAR, which is read when it is None. Raises
     InvalidSetting where KVGRAFT_ISA names a variant this CPU lacks."""
     try:
         choice = settings.get("KVGRAFT_LINEAR", {"KVGRAFT_LINEAR": choice} if choice is not None else None)
@@ -192,9 +198,12 @@ class Taken:
     shapes_checked: int
     isa: str = ""  # the variant (VARIANTS) the products run on: for the log, not the record (same bits)
     shapes_remembered: int = 0  # of the shapes checked, those whose pass on this machine was remembered (CHECKS_FILE)
+    int8: int = 0  # of the products over blocks, those under the integer definition (I8_VERSION)
 
     def line(self) -> str:
         blocks = f", {self.over_blocks} over GGUF blocks" if self.over_blocks else ""
+        if self.int8:
+            blocks += f" ({self.int8} of them under {I8_VERSION}: int8 rows of x, integer sums)"
         refused = f", {self.blocks_refused} blocks refused (expanded to other bytes)" if self.blocks_refused else ""
         kept = f", {self.shapes_remembered} of them passed before under the same digest" if self.shapes_remembered else ""
         return (
@@ -301,12 +310,18 @@ def _remember_checks(passed: list[str]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, isa: str | None = None) -> Taken:
+def take_over(
+    model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, isa: str | None = None, int8: bool | None = None
+) -> Taken:
     """Route every float32 CPU linear layer of `model` through fma16 (module doc) on variant `isa` (default
     `variant()`). `blocks` maps parameter names to (uint8 rows, format); each is used only where it expands to
     that parameter's bytes, or where the parameter has no bytes (the meta device: the caller proves the
-    blocks, as graft_core.packaged does). Raises RuntimeError if a check fails (nothing is taken over then)."""
+    blocks, as graft_core.packaged does). `int8` (default: KVGRAFT_LINEAR=int8) multiplies the blocks of
+    I8_FORMATS under the integer definition (I8_VERSION); the caller puts it in the record where Taken.int8 says
+    it was used. Raises RuntimeError if a check fails (nothing is taken over then)."""
     isa = variant(isa)
+    if int8 is None:
+        int8 = settings.get("KVGRAFT_LINEAR") == "int8"
     params = dict(model.named_parameters(remove_duplicate=False))
     by_param: dict[int, tuple[torch.Tensor, int]] = {}
     refused = 0
@@ -335,6 +350,8 @@ def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, 
             if not (_f32_cpu_linear(m) or (isinstance(m, torch.nn.Linear) and id(m.weight) in by_param)):
                 continue
             found = by_param.get(id(m.weight))
+            if found and int8 and found[1] in I8_FORMATS:
+                found = (found[0], found[1] | I8_FLAG)
             op = Fma16Linear(m, *found, isa=isa) if found else Fma16Linear(m, isa=isa)
             key = (op.n, op.k, op.fmt)
             if key not in checked:  # each shape checked once, or its pass under the same digest remembered
@@ -351,7 +368,8 @@ def take_over(model, blocks: dict[str, tuple[torch.Tensor, int]] | None = None, 
         _remember_checks(passed)
     for m, op in ops:
         m.forward = op
-    return Taken(len(ops), sum(op.blocks is not None for _, op in ops), refused, len(checked), isa, remembered)
+    int8_ops = sum(bool(op.fmt & I8_FLAG) for _, op in ops)
+    return Taken(len(ops), sum(op.blocks is not None for _, op in ops), refused, len(checked), isa, remembered, int8_ops)
 
 
 def product_of(module) -> Fma16Linear | None:

@@ -176,7 +176,7 @@ BAD = [
         "the proxies' addresses or networks, comma-separated (like 127.0.0.1 or 10.0.0.0/8), or 0 for none",
     ),
     ("KVGRAFT_PUBLIC_URL", "kv.example", "a http:// or https:// URL"),
-    ("KVGRAFT_LINEAR", "mkl", "fma16 or torch"),
+    ("KVGRAFT_LINEAR", "mkl", "fma16, int8 or torch"),
     ("KVGRAFT_SERVE_EMBEDDER", "bert", "minilm or hash"),
     ("KVGRAFT_PRODUCTS", "fast", "plain or unset"),
     ("KVGRAFT_BENCH_LINEAR", "mkl", "openblas or unset"),

@@ -3,10 +3,12 @@
 
      reference.c   the definition in plain C, one operation at a time: the formats, the product's 16 lanes and
                    fixed tree, attention's rows (the written definition of fma16 and of kv_attention)
+     int8ref.c     the integer definition (i8dot-v1) in plain C: rows of x to int8, integer sums, the scales' order
      scalar.c      exp, sin/cos and the GELUs of one value (double, rounded once)
      rows.c        rotary tables, RMSNorm, LayerNorm, the GELUs over rows
      simd.h        the mapping header: the named primitives, from arch/avx512.h, arch/avx2.h or arch/portable.h
      linear.c      the products (kv_linear), written once over the primitives
+     int8.c        the integer products (kv_linear_i8: kv_linear dispatches a format with FMT_I8 to it)
      attention.c   attention (kv_attention), written once over the primitives
      step.c        a decode step's decoder layers in one call (kv_decode_layers)
 
@@ -29,9 +31,11 @@
 
 #include "scalar.c"
 #include "reference.c"
+#include "int8ref.c"
 #include "rows.c"
 #include "simd.h"
 #include "linear.c"
+#include "int8.c"
 #include "attention.c"
 #include "step.c"
 

@@ -471,8 +471,11 @@ static int64_t panel_rows(int64_t Kp) {
 static int64_t panel_end(int64_t p, int64_t P, int64_t N) { return N - p * P < P ? N : p * P + P; }
 
 /* y[M][N] (row stride ldy) = x[M][K] (row stride ldx) @ W^T, W given as N rows of row_bytes in `fmt`. */
+int kv_linear_i8(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int fmt, int64_t N, float *y,
+                 int64_t ldy, int threads);
 int kv_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int fmt, int64_t N,
               float *y, int64_t ldy, int threads) {
+    if (fmt & FMT_I8) return kv_linear_i8(x, M, K, ldx, w, fmt & ~FMT_I8, N, y, ldy, threads);
     int64_t rb = kv_row_bytes(fmt, K);
     if (rb < 0 || M < 0 || N < 0 || K <= 0) return -1;
     const int64_t Kp = pad16(K), P = panel_rows(Kp), panels = (N + P - 1) / P;
@@ -538,6 +541,7 @@ int kv_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *
 
 /* W as float32 [N][K]: `vector` 1 uses the expansion this build's products use, 0 the plain C one. */
 int kv_dequant(const uint8_t *w, int fmt, int64_t N, int64_t K, float *out, int vector) {
+    fmt &= ~FMT_I8; /* the same blocks */
     int64_t rb = kv_row_bytes(fmt, K);
     if (rb < 0) return -1;
     for (int64_t n = 0; n < N; n++) (vector ? dequant_row : dequant_row_ref)(fmt, w + n * rb, K, out + n * K);

@@ -45,7 +45,15 @@ static float half_to_float(uint16_t h) { /* exact, in plain C (the AVX builds us
 
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
+/* A format with FMT_I8 set: the same blocks, multiplied under the integer definition (int8ref.c, int8.c) where the
+   format is one it covers (kv_i8_block); the entry points below dispatch on it. */
+#define FMT_I8 0x100
+static int kv_i8_block(int fmt);
+int kv_linear_i8_ref(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int fmt, int64_t N, float *y,
+                     int64_t ldy);
+
 int64_t kv_row_bytes(int fmt, int64_t K) {
+    if (fmt & FMT_I8) return kv_i8_block(fmt & ~FMT_I8) ? kv_row_bytes(fmt & ~FMT_I8, K) : -1;
     switch (fmt) {
     case FMT_F32: return K * 4;
     case FMT_F16: return K * 2;
@@ -196,6 +204,7 @@ static void outputs_ref(const float *x, int64_t M, int64_t K, int64_t ldx, const
 /* The same products in plain C, one output at a time: the definition, for tests and for the record. */
 int kv_linear_ref(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int fmt, int64_t N,
                   float *y, int64_t ldy) {
+    if (fmt & FMT_I8) return kv_linear_i8_ref(x, M, K, ldx, w, fmt & ~FMT_I8, N, y, ldy);
     int64_t rb = kv_row_bytes(fmt, K);
     if (rb < 0 || M < 0 || N < 0 || K <= 0) return -1;
     float *row = calloc((size_t)pad16(K), 4);

@@ -27,6 +27,18 @@
      vp_zero vp_set1 vp_load vp_store vp_fmadd vp_add   as above, on a part
      v_part(a, h)        part h of a;  v_join(first, last): the v16 of its parts (the same one where one part
                          is the whole)
+   and for the integer products (int8.c), where every build computes the same integers (exact) and floats:
+     vb, vs, vi          64 bytes, 32 int16, 16 int32 (lane L of a vi: bytes 4L..4L+3 of a vb, int16 lanes 2L, 2L+1)
+     vb_load vb_load2    64 bytes from p / 32 from p0 then 32 from p1;  vb_nib(v, high): each byte's low or high nibble
+     vb_abs vb_sign      |w| per byte (-128 read as the unsigned 128) / what vi_dot_sg needs of w's signs (a vsg)
+     vi_dot(w, x, s)     lane L: s[2L] (w x summed over bytes 4L, 4L+1) + s[2L+1] (over 4L+2, 4L+3), w unsigned, x signed
+                         (maddubs then madd: the int16 pair sums saturate, which int8.c's ranges never reach)
+     vi_dot_sg           the same with |w| and x negated where w was negative: signed w
+     vi_zero vi_add v_from_vi vs_ones v_two(a, b)   zeros, int32 adds, (float) per lane, int16 ones, a in lanes 0-7 and b in 8-15
+     k4_prep q6_scales   Q4_K's / Q6_K's scales as the vs each 64 bytes of its values take (int8.c), Q4_K's mins as a vm
+     v4 v4_zero v4_mins v4_sum   4 float lanes; am[i] = fmaf((float)(mn[2i] bs[2i] + mn[2i+1] bs[2i+1]), dm, am[i]);
+                         (a0 + a2) + (a1 + a3)
+     q8_round q8_amax_bits    int8ref.c's rounding of n floats / the largest |x| of n floats by its bits
    and the tile shapes PANEL_RB, FUSEDM_TOP, FUSED256_RB, QK_C, PV_WIDE_C (how many outputs a tile holds side by
    side: never how one output is computed), KV_LUT16 (whether a format with a choice picks from a q_lut table or
    computes per lane: the same operations on the same values either way), and KV_ISA_NAME, the build's name (kv_isa). */

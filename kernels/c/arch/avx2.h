@@ -80,13 +80,16 @@ static inline v16 q_q6(const uint8_t *ql, int ls, const uint8_t *qh, int hs) {
 /* Q4_K's scales and mins: of the packed dwords A, B, C at s, [A & 0x3F.., (C & 0x0F..) | (A >> 2) & 0x30..,
    B & 0x3F.., (C >> 4) & 0x0F.. | (B >> 2) & 0x30..] as 16 bytes, then as floats (the bits a byte keeps come
    from that byte) */
-static inline v16 q_k4scales(const uint8_t *s) {
+static inline __m128i k4scales(const uint8_t *s) {
     const __m128i v = _mm_loadu_si128((const __m128i *)s);
     const __m128i p = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0x98), _mm_setr_epi32(0, 0, 0, 4)); /* A C B C>>4 */
     const __m128i q = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0x50), _mm_setr_epi32(0, 2, 0, 2));  /* A A>>2 B B>>2 */
     const __m128i lo = _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F);
     const __m128i hi = _mm_setr_epi32(0, 0x30303030, 0, 0x30303030);
-    const __m128i b = _mm_or_si128(_mm_and_si128(p, lo), _mm_and_si128(q, hi));
+    return _mm_or_si128(_mm_and_si128(p, lo), _mm_and_si128(q, hi));
+}
+static inline v16 q_k4scales(const uint8_t *s) {
+    const __m128i b = k4scales(s);
     const __m256 first = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
     return v_of(first, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))));
 }
@@ -130,3 +133,92 @@ static inline v16 v_join(vp first, vp last) { return v_of(first, last); }
 #define QK_C 3       /* keys per tile of dot products (x 4 query rows: 12 accumulators) */
 #define PV_WIDE_C 3  /* parts of 8 values per wide tile of P.V (x 4 probability rows): 24 values */
 #define PV_PAIR_H 0  /* no P.V tile takes two lanes a pass (16 registers) */
+
+/* ---- the integer products (int8.c): 64 bytes (vb), 32 int16 (vs) or 16 int32 (vi) in two registers, bytes
+   0-31 (int16 lanes 0-15, int32 lanes 0-7) in lo; vsg the signs of 64 bytes (the bytes), vm 8 int16, v4 4 floats ---- */
+typedef struct {
+    __m256i lo, hi;
+} vb;
+typedef vb vs;
+typedef vb vi;
+typedef vb vsg;
+typedef __m128i vm;
+typedef __m128 v4;
+static inline vb vb_of(__m256i lo, __m256i hi) {
+    vb r = {lo, hi};
+    return r;
+}
+static inline vb vb_load(const void *p) {
+    return vb_of(_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)((const uint8_t *)p + 32)));
+}
+static inline vb vb_load2(const void *p0, const void *p1) {
+    return vb_of(_mm256_loadu_si256((const __m256i *)p0), _mm256_loadu_si256((const __m256i *)p1));
+}
+static inline vb vb_nib(vb v, int high) {
+    const __m256i m = _mm256_set1_epi8(0xF);
+    return high ? vb_of(_mm256_and_si256(_mm256_srli_epi16(v.lo, 4), m), _mm256_and_si256(_mm256_srli_epi16(v.hi, 4), m))
+                : vb_of(_mm256_and_si256(v.lo, m), _mm256_and_si256(v.hi, m));
+}
+static inline vb vb_abs(vb w) { return vb_of(_mm256_sign_epi8(w.lo, w.lo), _mm256_sign_epi8(w.hi, w.hi)); }
+static inline vsg vb_sign(vb w) { return w; }
+static inline vi vi_zero(void) { return vb_of(_mm256_setzero_si256(), _mm256_setzero_si256()); }
+static inline vi vi_add(vi a, vi b) { return vb_of(_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)); }
+static inline vi vi_dot(vb w, vb x, vs s) {
+    return vb_of(_mm256_madd_epi16(_mm256_maddubs_epi16(w.lo, x.lo), s.lo), _mm256_madd_epi16(_mm256_maddubs_epi16(w.hi, x.hi), s.hi));
+}
+static inline vi vi_dot_sg(vb aw, vsg sg, vb x, vs s) {
+    return vi_dot(aw, vb_of(_mm256_sign_epi8(x.lo, sg.lo), _mm256_sign_epi8(x.hi, sg.hi)), s);
+}
+static inline v16 v_from_vi(vi a) { return v_of(_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)); }
+static inline vs vs_ones(void) { return vb_of(_mm256_set1_epi16(1), _mm256_set1_epi16(1)); }
+static inline v16 v_two(float a, float b) { return v_of(_mm256_set1_ps(a), _mm256_set1_ps(b)); }
+/* 16 int16 lanes: 0-7 word a of t, 8-15 word b (t: 8 int16 in both 128-bit lanes) */
+static inline __m256i w16_pick(__m256i t, int a, int b) {
+    return _mm256_shuffle_epi8(t, _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * a)), _mm_set1_epi16((short)(0x0100 + 0x0202 * b))));
+}
+static inline void k4_prep(const uint8_t *scales, vs *s, vm *mn) {
+    const __m128i b = k4scales(scales);
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(b));
+    for (int k = 0; k < 4; k++) {
+        const int j = 4 * (k / 2) + k % 2;
+        s[k] = vb_of(w16_pick(t, j, j), w16_pick(t, j + 2, j + 2));
+    }
+    *mn = _mm_cvtepu8_epi16(_mm_srli_si128(b, 8));
+}
+static inline void q6_scales(const int8_t *sc, vs *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)sc);
+    const __m256i t0 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(v)), t1 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(v, 8)));
+    for (int c = 0; c < 4; c++) {
+        const __m256i t = c < 2 ? t0 : t1;
+        const int j = (4 * c) % 8;
+        s[c] = vb_of(w16_pick(t, j, j + 1), w16_pick(t, j + 2, j + 3));
+    }
+}
+static inline v4 v4_zero(void) { return _mm_setzero_ps(); }
+static inline v4 v4_mins(v4 am, vm mn, const int16_t *bs, float dm) {
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)bs))), _mm_set1_ps(dm), am);
+}
+static inline float v4_sum(v4 a) {
+    const __m128 t = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+static inline void q8_round(const float *x, int64_t n, float id, int8_t *q) {
+    const __m256 s = _mm256_set1_ps(id);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m256i a = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), s)), lo), hi);
+        const __m256i b = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), s)), lo), hi);
+        const __m256i w = _mm256_packs_epi32(a, b); /* a0-3 b0-3 | a4-7 b4-7 as int16 (exact: within int8) */
+        const __m128i p = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        _mm_storeu_si128((__m128i *)(q + i), _mm_shuffle_epi32(p, 0xD8)); /* a0-3 a4-7 b0-3 b4-7 */
+    }
+}
+static inline uint32_t q8_amax_bits(const float *x, int64_t n) {
+    __m256i m = _mm256_setzero_si256();
+    const __m256i abs = _mm256_set1_epi32(0x7FFFFFFF);
+    for (int64_t i = 0; i < n; i += 8) m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), abs));
+    uint32_t t[8], r = 0;
+    _mm256_storeu_si256((__m256i *)t, m);
+    for (int j = 0; j < 8; j++) r = t[j] > r ? t[j] : r;
+    return r;
+}

@@ -129,3 +129,78 @@ static inline v16 v_join(vp first, vp last) { (void)last; return first; }
 #define QK_C 4       /* keys per tile of dot products (x 4 query rows) */
 #define PV_WIDE_C 4  /* parts of 16 values per wide tile of P.V (x 4 probability rows): 64 values */
 #define PV_PAIR_H 3  /* rows of a P.V tile that takes two lanes a pass (2 x 3 x 4 accumulators) */
+
+/* ---- the integer products (int8.c): 64 bytes (vb), 32 int16 (vs) or 16 int32 (vi) in one register; vsg the
+   signs of 64 bytes, vm 8 int16, v4 4 floats ---- */
+typedef __m512i vb;
+typedef __m512i vs;
+typedef __m512i vi;
+typedef __mmask64 vsg;
+typedef __m128i vm;
+typedef __m128 v4;
+static inline vb vb_load(const void *p) { return _mm512_loadu_si512(p); }
+static inline vb vb_load2(const void *p0, const void *p1) { /* 32 bytes from p0, then 32 from p1 */
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                              _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+static inline vb vb_nib(vb v, int high) { return _mm512_and_si512(high ? _mm512_srli_epi16(v, 4) : v, _mm512_set1_epi8(0xF)); }
+static inline vb vb_abs(vb w) { return _mm512_abs_epi8(w); } /* -128 stays 0x80: 128 read unsigned */
+static inline vsg vb_sign(vb w) { return _mm512_movepi8_mask(w); }
+static inline vi vi_zero(void) { return _mm512_setzero_si512(); }
+static inline vi vi_add(vi a, vi b) { return _mm512_add_epi32(a, b); }
+/* lane L: s[2L] (w[4L] x[4L] + w[4L+1] x[4L+1]) + s[2L+1] (w[4L+2] x[4L+2] + w[4L+3] x[4L+3]); w unsigned, x signed,
+   the pair sums saturated to int16 (int8.c's ranges never reach it) */
+static inline vi vi_dot(vb w, vb x, vs s) { return _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), s); }
+/* the same with |w| and x negated where w was negative (the sign from vb_sign) */
+static inline vi vi_dot_sg(vb aw, vsg sg, vb x, vs s) {
+    return vi_dot(aw, _mm512_mask_sub_epi8(x, sg, _mm512_setzero_si512(), x), s);
+}
+static inline v16 v_from_vi(vi a) { return _mm512_cvtepi32_ps(a); }
+static inline vs vs_ones(void) { return _mm512_set1_epi16(1); }
+static inline v16 v_two(float a, float b) { return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1); }
+/* int16 lane l of vs k: Q4_K's sub-block (k = 2 c + nibble: lanes 0-15 sub-block 4 c + nibble, 16-31 that + 2), or
+   Q6_K's (lanes 8 i .. 8 i + 7 of vs c: sub-block 4 c + i) */
+#define K4_IDX(j) {j, j, j, j, j, j, j, j, j, j, j, j, j, j, j, j, j + 2, j + 2, j + 2, j + 2, j + 2, j + 2, j + 2, j + 2, \
+                   j + 2, j + 2, j + 2, j + 2, j + 2, j + 2, j + 2, j + 2}
+#define Q6_IDX(c) {4 * c, 4 * c, 4 * c, 4 * c, 4 * c, 4 * c, 4 * c, 4 * c, 4 * c + 1, 4 * c + 1, 4 * c + 1, 4 * c + 1,  \
+                   4 * c + 1, 4 * c + 1, 4 * c + 1, 4 * c + 1, 4 * c + 2, 4 * c + 2, 4 * c + 2, 4 * c + 2, 4 * c + 2,     \
+                   4 * c + 2, 4 * c + 2, 4 * c + 2, 4 * c + 3, 4 * c + 3, 4 * c + 3, 4 * c + 3, 4 * c + 3, 4 * c + 3,     \
+                   4 * c + 3, 4 * c + 3}
+static const int16_t K4_PICK[4][32] __attribute__((aligned(64))) = {K4_IDX(0), K4_IDX(1), K4_IDX(4), K4_IDX(5)};
+static const int16_t Q6_PICK[4][32] __attribute__((aligned(64))) = {Q6_IDX(0), Q6_IDX(1), Q6_IDX(2), Q6_IDX(3)};
+static inline void k4_prep(const uint8_t *scales, vs *s, vm *mn) {
+    const __m128i b = k4scales(scales);
+    const __m512i t = _mm512_castsi128_si512(_mm_cvtepu8_epi16(b));
+    for (int k = 0; k < 4; k++) s[k] = _mm512_permutexvar_epi16(_mm512_load_si512(K4_PICK[k]), t);
+    *mn = _mm_cvtepu8_epi16(_mm_srli_si128(b, 8));
+}
+static inline void q6_scales(const int8_t *sc, vs *s) {
+    const __m512i t = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)));
+    for (int c = 0; c < 4; c++) s[c] = _mm512_permutexvar_epi16(_mm512_load_si512(Q6_PICK[c]), t);
+}
+static inline v4 v4_zero(void) { return _mm_setzero_ps(); }
+/* am[i] = fmaf((float)(mn[2i] bs[2i] + mn[2i+1] bs[2i+1]), dm, am[i]) */
+static inline v4 v4_mins(v4 am, vm mn, const int16_t *bs, float dm) {
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)bs))), _mm_set1_ps(dm), am);
+}
+static inline float v4_sum(v4 a) { /* (a0 + a2) + (a1 + a3) */
+    const __m128 t = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+/* n floats (a multiple of 16) to int8: round to nearest even, the int32 minimum for NaN or out of range
+   (cvtps's "indefinite"), then clamped to [-127, 127] */
+static inline void q8_round(const float *x, int64_t n, float id, int8_t *q) {
+    const __m512 s = _mm512_set1_ps(id);
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), s));
+        _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(v, lo), hi)));
+    }
+}
+/* the largest |x| of n floats (a multiple of 16) by its bits: NaN above infinity, so any order gives it */
+static inline uint32_t q8_amax_bits(const float *x, int64_t n) {
+    __m512i m = _mm512_setzero_si512();
+    for (int64_t i = 0; i < n; i += 16)
+        m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_loadu_si512(x + i), _mm512_set1_epi32(0x7FFFFFFF)));
+    return (uint32_t)_mm512_reduce_max_epu32(m);
+}

@@ -113,3 +113,117 @@ static inline v16 v_join(vp first, vp last) { (void)last; return first; }
 #define QK_C 4
 #define PV_WIDE_C 4
 #define PV_PAIR_H 0  /* no P.V tile takes two lanes a pass */
+
+/* ---- the integer products (int8.c): loops over the bytes, int16 pairs and int32 lanes of the AVX builds ---- */
+typedef struct {
+    int8_t b[64];
+} vb;
+typedef struct {
+    int16_t s[32];
+} vs;
+typedef struct {
+    int32_t i[16];
+} vi;
+typedef vb vsg;
+typedef struct {
+    int16_t s[8];
+} vm;
+typedef struct {
+    float l[4];
+} v4;
+static inline vb vb_load(const void *p) {
+    vb r;
+    memcpy(r.b, p, 64);
+    return r;
+}
+static inline vb vb_load2(const void *p0, const void *p1) {
+    vb r;
+    memcpy(r.b, p0, 32);
+    memcpy(r.b + 32, p1, 32);
+    return r;
+}
+static inline vb vb_nib(vb v, int high) {
+    for (int j = 0; j < 64; j++) v.b[j] = (int8_t)(high ? (uint8_t)v.b[j] >> 4 : v.b[j] & 0xF);
+    return v;
+}
+static inline vb vb_abs(vb w) { /* -128 stays 0x80: 128 read unsigned */
+    for (int j = 0; j < 64; j++) w.b[j] = (int8_t)(uint8_t)(w.b[j] < 0 ? 0u - (uint8_t)w.b[j] : (uint8_t)w.b[j]);
+    return w;
+}
+static inline vsg vb_sign(vb w) { return w; }
+static inline vi vi_zero(void) {
+    vi r;
+    memset(&r, 0, sizeof r);
+    return r;
+}
+static inline vi vi_add(vi a, vi b) {
+    for (int j = 0; j < 16; j++) a.i[j] += b.i[j];
+    return a;
+}
+static inline int32_t sat16(int32_t v) { return v > 32767 ? 32767 : v < -32768 ? -32768 : v; }
+static inline vi vi_dot(vb w, vb x, vs s) { /* maddubs (w unsigned, x signed, saturated pair sums), then madd */
+    vi r;
+    for (int L = 0; L < 16; L++) {
+        int32_t t = 0;
+        for (int h = 0; h < 2; h++) {
+            const int j = 4 * L + 2 * h;
+            t += sat16((uint8_t)w.b[j] * x.b[j] + (uint8_t)w.b[j + 1] * x.b[j + 1]) * s.s[2 * L + h];
+        }
+        r.i[L] = t;
+    }
+    return r;
+}
+static inline vi vi_dot_sg(vb aw, vsg sg, vb x, vs s) {
+    for (int j = 0; j < 64; j++)
+        if (sg.b[j] < 0) x.b[j] = (int8_t)(uint8_t)(0u - (uint8_t)x.b[j]);
+    return vi_dot(aw, x, s);
+}
+static inline v16 v_from_vi(vi a) {
+    v16 r;
+    for (int j = 0; j < 16; j++) r.l[j] = (float)a.i[j];
+    return r;
+}
+static inline vs vs_ones(void) {
+    vs r;
+    for (int j = 0; j < 32; j++) r.s[j] = 1;
+    return r;
+}
+static inline v16 v_two(float a, float b) {
+    v16 r;
+    for (int j = 0; j < 16; j++) r.l[j] = j < 8 ? a : b;
+    return r;
+}
+static inline void k4_prep(const uint8_t *scales, vs *s, vm *mn) {
+    int sc[8], m[8];
+    for (int j = 0; j < 8; j++) q4k_scale_min(scales, j, &sc[j], &m[j]), mn->s[j] = (int16_t)m[j];
+    for (int k = 0; k < 4; k++) {
+        const int j = 4 * (k / 2) + k % 2;
+        for (int l = 0; l < 32; l++) s[k].s[l] = (int16_t)sc[l < 16 ? j : j + 2];
+    }
+}
+static inline void q6_scales(const int8_t *sc, vs *s) {
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) s[c].s[l] = sc[4 * c + l / 8];
+}
+static inline v4 v4_zero(void) {
+    v4 r = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    return r;
+}
+static inline v4 v4_mins(v4 am, vm mn, const int16_t *bs, float dm) {
+    for (int i = 0; i < 4; i++) am.l[i] = fmaf((float)(mn.s[2 * i] * bs[2 * i] + mn.s[2 * i + 1] * bs[2 * i + 1]), dm, am.l[i]);
+    return am;
+}
+static inline float v4_sum(v4 a) { return (a.l[0] + a.l[2]) + (a.l[1] + a.l[3]); }
+static inline void q8_round(const float *x, int64_t n, float id, int8_t *q) {
+    for (int64_t i = 0; i < n; i++) q[i] = q8_round1(x[i], id);
+}
+static inline uint32_t q8_amax_bits(const float *x, int64_t n) {
+    uint32_t r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, x + i, 4);
+        b &= 0x7FFFFFFFu;
+        r = b > r ? b : r;
+    }
+    return r;
+}
