@@ -184,7 +184,7 @@ _DECLARED = (
         "choice",
         "fma16",
         "matrix products: kvgraft's fma16 kernel (float32); int8: the same, with each row of x quantised to int8 per block "
-        "where a weight's GGUF blocks are Q8_0, Q4_K or Q6_K (integer sums, i8dot-v1, a record of its own); or torch's (MKL)",
+        "where a weight's GGUF blocks are Q8_0, Q5_0, Q4_K or Q6_K (integer sums, i8dot-v1, a record of its own); or torch's (MKL)",
         choices=("fma16", "int8", "torch"),
     ),
     Setting(

@@ -74,7 +74,7 @@ FORMATS = {
     "Q6_K": 14,
     "BF16": 30,
 }
-I8_FORMATS = (FORMATS["Q8_0"], FORMATS["Q4_K"], FORMATS["Q6_K"])
+I8_FORMATS = (FORMATS["Q8_0"], FORMATS["Q5_0"], FORMATS["Q4_K"], FORMATS["Q6_K"])
 
 
 def why_not(choice: str | None = None) -> str:

@@ -16,7 +16,7 @@ from tests.test_fma16 import ISAS, blocks
 
 pytestmark = pytest.mark.skipif(bool(fma16.why_not()), reason=f"fma16 unavailable here: {fma16.why_not()}")
 
-COVERED = {"Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
+COVERED = {"Q8_0": 32, "Q5_0": 32, "Q4_K": 256, "Q6_K": 256}
 
 
 def _rows(m: int, k: int, seed: int) -> torch.Tensor:
@@ -103,13 +103,19 @@ def _definition(fmt: str, x: np.ndarray, row: np.ndarray) -> np.float32:
     def fma(a, b, c):
         return _f32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
 
-    if fmt == "Q8_0":
-        nb = x.size // 32
+    if fmt in ("Q8_0", "Q5_0"):
+        nb, size = x.size // 32, 34 if fmt == "Q8_0" else 22
         for b in range(nb + nb % 2):
             real = b < nb
-            blk = row[34 * b : 34 * b + 34] if real else None
+            blk = row[size * b : size * (b + 1)] if real else None
             dd = _f32(Fraction(float(_half(blk[:2]))) * Fraction(float(d[b]))) if real else np.float32(0)
-            w = blk[2:].view(np.int8).astype(np.int64) if real else np.zeros(32, np.int64)
+            if not real:
+                w = np.zeros(32, np.int64)
+            elif fmt == "Q8_0":
+                w = blk[2:].view(np.int8).astype(np.int64)
+            else:  # Q5_0: value j the low nibble of byte j, j + 16 its high one, each with bit j (j + 16) of qh, - 16
+                qh, qs = int(blk[2:6].view(np.uint32)[0]), blk[6:].astype(np.int64)
+                w = np.array([((qs[j % 16] >> (4 * (j // 16))) & 0xF | ((qh >> j) & 1) << 4) - 16 for j in range(32)])
             xs = q[32 * b : 32 * b + 32] if real else np.zeros(32, np.int64)
             for lane in range(8):
                 s = int(np.dot(w[4 * lane : 4 * lane + 4], xs[4 * lane : 4 * lane + 4]))
@@ -157,7 +163,7 @@ def test_the_c_definition_is_the_one_written_in_its_header(fmt):
     """An independent reading of the definition (exact rationals, each float step rounded once) gives the C
     reference's bytes, so the reference is the definition its header states, not merely self-consistent."""
     per = COVERED[fmt]
-    k = 3 * per if fmt == "Q8_0" else 2 * per  # Q8_0: an odd number of blocks
+    k = 3 * per if per == 32 else 2 * per  # the 32-value formats: an odd number of blocks
     w = blocks(fmt, 3, k, seed=11)
     x = _rows(5, k, seed=12)
     ref = _product(x, w, fmt, 3, reference=True).numpy()
@@ -182,9 +188,9 @@ def test_the_integer_products_stay_near_the_float32_ones(fmt):
 
 
 def test_a_flag_on_a_format_the_definition_does_not_cover_is_refused():
-    w = blocks("Q5_0", 4, 64, seed=1)
+    w = blocks("Q4_0", 4, 64, seed=1)
     with pytest.raises(ValueError):
-        fma16.linear(torch.zeros(1, 64), torch.from_numpy(w), fma16.FORMATS["Q5_0"] | fma16.I8_FLAG, 4)
+        fma16.linear(torch.zeros(1, 64), torch.from_numpy(w), fma16.FORMATS["Q4_0"] | fma16.I8_FLAG, 4)
 
 
 @pytest.mark.integration

@@ -114,10 +114,20 @@ static inline float i8_finish(v16 acc, const float *am) { return reduce16(acc) -
         for (int m = 0; m < MB; m++)                                                                           \
             for (int r = 0; r < RB; r++) y[m * ldy + r] = reduce16(acc[m][r]) - v4_sum(am[m][r]);              \
     }
-/* Q8_0 in pairs of blocks (64 values); a last odd block is paired with zeros, whose lanes get fmaf(0, 0, acc) */
-#define I8Q8_TILE(MB, RB)                                                                                      \
-    static void i8t_q8_0_##MB##_##RB(const i8rows *xr, int64_t m0, const uint8_t *w, int64_t rb, float *y,      \
-                                     int64_t ldy) {                                                            \
+/* The 32-value formats in pairs of blocks (64 values); a last odd block is paired with zeros, whose lanes get
+   fmaf(0, 0, acc). w32_* puts a block's 32 signed values at v (Q8_0's bytes read in place) and returns where they
+   are; q32_values (int8ref.c) is the definition's unpacking, the same integers in every build. */
+static inline const int8_t *w32_q8_0(const uint8_t *blk, int8_t *v) {
+    (void)v;
+    return (const int8_t *)blk + 2;
+}
+static inline const int8_t *w32_q5_0(const uint8_t *blk, int8_t *v) {
+    q32_values(FMT_Q5_0, blk, v);
+    return v;
+}
+#define I8B32_TILE(NAME, BYTES, MB, RB)                                                                        \
+    static void i8t_##NAME##_##MB##_##RB(const i8rows *xr, int64_t m0, const uint8_t *w, int64_t rb, float *y,  \
+                                         int64_t ldy) {                                                        \
         v16 acc[MB][RB];                                                                                       \
         const int64_t nb = xr->K / 32;                                                                         \
         for (int m = 0; m < MB; m++)                                                                           \
@@ -125,12 +135,14 @@ static inline float i8_finish(v16 acc, const float *am) { return reduce16(acc) -
         for (int64_t b = 0; b < nb; b += 2) {                                                                  \
             const int two = b + 1 < nb;                                                                        \
             for (int r = 0; r < RB; r++) {                                                                     \
-                const uint8_t *blk = w + r * rb + b * 34;                                                      \
-                v_prefetch(blk + 2 * RB * rb);                                                                 \
-                const vb wv = vb_load2(blk + 2, two ? blk + 36 : (const uint8_t *)ZEROS32);                    \
+                const uint8_t *blk = w + r * rb + b * (BYTES);                                                 \
+                if (RB > 1) v_prefetch(blk + I8_PF * rb);                                                      \
+                _Alignas(64) int8_t v[64];                                                                     \
+                const int8_t *lo = w32_##NAME(blk, v), *hi = two ? w32_##NAME(blk + (BYTES), v + 32) : ZEROS32; \
+                const vb wv = vb_load2(lo, hi);                                                                \
                 const vb aw = vb_abs(wv);                                                                      \
                 const vsg sg = vb_sign(wv);                                                                    \
-                const float d0 = h2f(blk), d1 = two ? h2f(blk + 34) : 0.0f;                                    \
+                const float d0 = h2f(blk), d1 = two ? h2f(blk + (BYTES)) : 0.0f;                               \
                 for (int m = 0; m < MB; m++) {                                                                 \
                     const int8_t *q = xr->q + (m0 + m) * xr->K + 32 * b;                                       \
                     const float *d = xr->d + (m0 + m) * nb + b;                                                \
@@ -140,8 +152,9 @@ static inline float i8_finish(v16 acc, const float *am) { return reduce16(acc) -
             }                                                                                                  \
         }                                                                                                      \
         for (int m = 0; m < MB; m++)                                                                           \
-            for (int r = 0; r < RB; r++) y[m * ldy + r] = reduce16(acc[m][r]); /* - (+0): x */                     \
+            for (int r = 0; r < RB; r++) y[m * ldy + r] = reduce16(acc[m][r]); /* - (+0): x */                 \
     }
+
 /* Tile shapes: up to I8_TM rows of x (16, 8, 4, 2 or 1) against I8_TR weight rows (or 1, at the end of W) */
 #ifndef I8_TM
 #define I8_TM 16
@@ -157,7 +170,7 @@ static inline float i8_finish(v16 acc, const float *am) { return reduce16(acc) -
     T(__VA_ARGS__ 1, TR) T(__VA_ARGS__ 2, TR) T(__VA_ARGS__ 4, TR) T(__VA_ARGS__ 8, TR) T(__VA_ARGS__ 16, TR)
 #endif
 #define I8_TILES(T, ...) I8_TILES_(T, I8_TR, __VA_ARGS__)
-I8_TILES(I8K_TILE, q4_k, 144,) I8_TILES(I8K_TILE, q6_k, 210,) I8_TILES(I8Q8_TILE,)
+I8_TILES(I8K_TILE, q4_k, 144,) I8_TILES(I8K_TILE, q6_k, 210,) I8_TILES(I8B32_TILE, q8_0, 34,) I8_TILES(I8B32_TILE, q5_0, 22,)
 typedef void (*i8t_fn)(const i8rows *, int64_t, const uint8_t *, int64_t, float *, int64_t);
 #define I8_FN_(NAME, MB, RB) i8t_##NAME##_##MB##_##RB
 #define I8_FN(NAME, MB, RB) I8_FN_(NAME, MB, RB)
@@ -165,15 +178,15 @@ typedef void (*i8t_fn)(const i8rows *, int64_t, const uint8_t *, int64_t, float 
     static const i8t_fn I8T_##NAME[2][5] = {                                                                    \
         {I8_FN(NAME, 1, 1), I8_FN(NAME, 2, 1), I8_FN(NAME, 4, 1), I8_FN(NAME, 8, 1), I8_FN(NAME, 16, 1)},       \
         {I8_FN(NAME, 1, I8_TR), I8_FN(NAME, 2, I8_TR), I8_FN(NAME, 4, I8_TR), I8_FN(NAME, 8, I8_TR), I8_FN(NAME, 16, I8_TR)}};
-I8_TABLE(q4_k) I8_TABLE(q6_k) I8_TABLE(q8_0)
+I8_TABLE(q4_k) I8_TABLE(q6_k) I8_TABLE(q8_0) I8_TABLE(q5_0)
 
-/* y[M][N] = x @ W^T under the integer definition (int8ref.c), W in Q8_0, Q4_K or Q6_K. */
+/* y[M][N] = x @ W^T under the integer definition (int8ref.c), W in Q8_0, Q5_0, Q4_K or Q6_K. */
 int kv_linear_i8(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int fmt, int64_t N, float *y,
                  int64_t ldy, int threads) {
     const int qb = kv_i8_block(fmt);
     const int64_t rb = kv_row_bytes(fmt, K);
     if (!qb || rb < 0 || K % qb || M < 0 || N < 0 || K <= 0) return -1;
-    const i8t_fn(*tiles)[5] = fmt == FMT_Q4_K ? I8T_q4_k : fmt == FMT_Q6_K ? I8T_q6_k : I8T_q8_0;
+    const i8t_fn(*tiles)[5] = fmt == FMT_Q4_K ? I8T_q4_k : fmt == FMT_Q6_K ? I8T_q6_k : fmt == FMT_Q5_0 ? I8T_q5_0 : I8T_q8_0;
     int8_t *q = aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64));
     float *d = malloc((size_t)(M * (K / qb)) * 4 + 4);
     int16_t *bs = malloc((size_t)(M * (K / 32)) * 2 + 2);

@@ -1,8 +1,8 @@
 /* The integer products' definition (linear VERSION i8dot-v1), in plain C, one operation at a time; int8.c computes
    the same operations on tiles of outputs, and the tests and the loader compare the two byte for byte.
 
-   A product y = x @ W^T over blocks of a covered format (Q8_0, Q4_K, Q6_K) quantises each row of x first, in
-   blocks of QB values (32 for Q8_0, 256 for the K formats: the weight's own block):
+   A product y = x @ W^T over blocks of a covered format (Q8_0, Q5_0, Q4_K, Q6_K) quantises each row of x first,
+   in blocks of QB values (32 for Q8_0 and Q5_0, 256 for the K formats: the weight's own block):
      amax  = the largest |x_i| of the block, taken on the bits (a NaN above infinity: any order gives it)
      d     = amax / 127;  id = 127 / amax (both 0 where amax < 2^-100: such a block is zeros)
      q_i   = round-to-nearest-even(x_i * id) as an int32 (the int32 minimum for a NaN or a value out of range),
@@ -16,9 +16,26 @@
      y = reduce16(acc) - ((am[0] + am[2]) + (am[1] + am[3])).
    An integer sum is exact in any order, so the vector builds may add its products as they like; every float
    operation is one correctly rounded IEEE-754 operation in the order written, so a row's bytes depend on the
-   row of x and the row of W only, as in fma16. Formats outside the three keep fma16's float32 products. */
+   row of x and the row of W only, as in fma16. Formats outside the four keep fma16's float32 products. */
 
-static int kv_i8_block(int fmt) { return fmt == FMT_Q8_0 ? 32 : fmt == FMT_Q4_K || fmt == FMT_Q6_K ? 256 : 0; }
+static int kv_i8_block(int fmt) {
+    return fmt == FMT_Q8_0 || fmt == FMT_Q5_0 ? 32 : fmt == FMT_Q4_K || fmt == FMT_Q6_K ? 256 : 0;
+}
+
+/* A 32-value block's signed values: Q8_0's bytes, or Q5_0's (nibble | its bit of qh << 4) - 16 (values j and j + 16
+   from byte j's low and high nibbles, as the expansion reads them). */
+static void q32_values(int fmt, const uint8_t *blk, int8_t *v) {
+    if (fmt == FMT_Q8_0) {
+        memcpy(v, blk + 2, 32);
+        return;
+    }
+    const uint32_t qh = (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) | ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24);
+    const uint8_t *qs = blk + 6;
+    for (int j = 0; j < 16; j++) {
+        v[j] = (int8_t)(((qs[j] & 0xF) | (int)(((qh >> j) & 1) << 4)) - 16);
+        v[j + 16] = (int8_t)(((qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) - 16);
+    }
+}
 
 static inline int8_t q8_round1(float x, float id) {
     const float v = nearbyintf(x * id); /* the default rounding: to nearest, ties to even */
@@ -56,8 +73,8 @@ static void q8_row_ref(const float *x, int64_t K, int qb, int8_t *q, float *d, i
 }
 
 /* One output: the quantised row (q, d, bs) against one weight row w, the definition above. Lanes:
-   - Q8_0: blocks in pairs (a last odd block paired with a block of zeros, whose lanes get fmaf(0, 0, acc)):
-     block b's values 4L..4L+3 in lane 8 (b % 2) + L, dw its scale;
+   - Q8_0, Q5_0: blocks in pairs (a last odd block paired with a block of zeros, whose lanes get fmaf(0, 0, acc)):
+     block b's signed values 4L..4L+3 (q32_values) in lane 8 (b % 2) + L, dw its scale;
    - Q4_K: byte p (0-127) of the 4-bit values holds value 64 (p / 32) + p % 32 (low nibble, sub-block
      2 (p / 32)) and that + 32 (high nibble, sub-block 2 (p / 32) + 1): both in lane (p % 64) / 4, each times
      its sub-block's 6-bit scale; dw = d, and the mins as above;
@@ -65,14 +82,16 @@ static void q8_row_ref(const float *x, int64_t K, int qb, int8_t *q, float *d, i
 static float dot_i8_ref(int fmt, const int8_t *q, const float *d, const int16_t *bs, const uint8_t *w, int64_t K) {
     float acc[16] = {0}, am[4] = {0};
     int32_t is[16];
-    if (fmt == FMT_Q8_0) {
-        const int64_t nb = K / 32;
+    if (fmt == FMT_Q8_0 || fmt == FMT_Q5_0) {
+        const int64_t nb = K / 32, bytes = fmt == FMT_Q8_0 ? 34 : 22;
         for (int64_t b = 0; b < nb + (nb & 1); b++) {
             const int base = 8 * (int)(b & 1);
-            const float dd = b < nb ? half_to_float(rd16(w + 34 * b)) * d[b] : 0.0f;
+            int8_t v[32] = {0};
+            if (b < nb) q32_values(fmt, w + bytes * b, v);
+            const float dd = b < nb ? half_to_float(rd16(w + bytes * b)) * d[b] : 0.0f;
             for (int L = 0; L < 8; L++) {
                 int32_t s = 0;
-                for (int j = 0; b < nb && j < 4; j++) s += (int8_t)w[34 * b + 2 + 4 * L + j] * q[32 * b + 4 * L + j];
+                for (int j = 0; b < nb && j < 4; j++) s += v[4 * L + j] * q[32 * b + 4 * L + j];
                 acc[base + L] = fmaf((float)s, dd, acc[base + L]);
             }
         }
