@@ -283,7 +283,9 @@ def page(results: dict, name: str) -> str:
         "",
         "Seconds are wall time on a shared 2-core machine with up to 8 answers decoded together; a few-shot-grafted "
         "answer's call first computes its prefilled baseline (the few-shot row), so its seconds include that wait: the "
-        "cost to compare is the tokens computed. Answers cut at the budget are counted in the last column.",
+        "cost to compare is the tokens computed. The run was also held (stopped, then continued) while benchmarks needed "
+        "the machine quiet, and an answer in flight then counts the hold in its seconds. Answers cut at the budget are "
+        "counted in the last column.",
         "",
         "A lift is claimed only where its interval excludes 0; every other difference is stated as measured.",
         "",
