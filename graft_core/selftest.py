@@ -143,6 +143,8 @@ class ModelCheck:
         rep = self.report
         bad = [c.name for c in rep.cases if not c.match]
         said = f"all {len(rep.cases)} golden hashes match" if rep.match else f"MISMATCH in {', '.join(bad)}"
+        if all(c.expected is None for c in rep.cases):  # nothing recorded under this fingerprint: not a mismatch of bits
+            said = f"NO GOLDEN SET for this model under this definition (record one: python -m graft_core.selftest {self.model})"
         return (
             f"selftest {self.model}: {said} (kernel path {rep.numerics}; build {rep.ran_on.get('fma16_build')}; "
             f"sessions batch {rep.ran_on.get('batching')})"

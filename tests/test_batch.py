@@ -71,6 +71,20 @@ def _decode_both_ways(lm, b: batch.Batcher, lengths: list[int], steps: int) -> t
     return equal, passes
 
 
+def assert_grafts_exactly_and_batches(lm) -> None:
+    """A real model's two promises on one short fact: grafted equals fresh (bytes and tokens), and sessions decoded
+    together equal each decoded alone."""
+    from graft_core import exactness
+    from graft_core.capture import capture
+
+    fact = lm.tokenizer("Fact: the lighthouse of Varnek Isle was built by Osric Pellamy in 1874.\n")["input_ids"]
+    art, _ = capture(lm, list(fact))
+    got = exactness.check(lm, [art], [7, 8, 9], decode_steps=3)
+    assert got.exact and got.tokens_equal, got
+    equal, passes = _decode_both_ways(lm, batch.Batcher(lm.model), [5, 9, 3], steps=2)
+    assert equal and passes == 2
+
+
 @BOTH
 @pytest.mark.parametrize("lengths", [[5, 9], [3, 12, 7], [6, 2, 11, 4, 9], [3, 5, 7, 9, 11, 13, 15, 17, 19, 21]])
 def test_tiny_sessions_decoded_together_match_each_alone(request, which, lengths):

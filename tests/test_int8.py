@@ -198,9 +198,8 @@ def test_the_packaged_model_under_int8_names_it_in_its_record_and_grafts_exactly
     """KVGRAFT_LINEAR=int8: the covered products run under it, the record says so (another fingerprint than the
     float32 load's, so neither's artifacts are taken for the other's), a graft is still byte-identical to the
     fresh computation, and steps taken together equal steps taken alone."""
-    from graft_core import batch, exactness, model
-    from graft_core.capture import capture
-    from tests.test_batch import _decode_both_ways
+    from graft_core import model
+    from tests.test_batch import assert_grafts_exactly_and_batches
 
     monkeypatch.setenv("KVGRAFT_LINEAR", "fma16")
     f32 = model.load()
@@ -209,9 +208,4 @@ def test_the_packaged_model_under_int8_names_it_in_its_record_and_grafts_exactly
     assert ("linear", fma16.I8_VERSION) in lm.config.numerics and ("linear", fma16.I8_VERSION) not in f32.config.numerics
     assert fma16.I8_VERSION in lm.products
     assert lm.fingerprint != f32.fingerprint
-    fact = lm.tokenizer("Fact: the lighthouse of Varnek Isle was built by Osric Pellamy in 1874.\n")["input_ids"]
-    art, _ = capture(lm, list(fact))
-    got = exactness.check(lm, [art], [7, 8, 9], decode_steps=3)
-    assert got.exact and got.tokens_equal, got
-    equal, passes = _decode_both_ways(lm, batch.Batcher(lm.model), [5, 9, 3], steps=2)
-    assert equal and passes == 2
+    assert_grafts_exactly_and_batches(lm)

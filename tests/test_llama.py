@@ -18,7 +18,7 @@ from graft_core import batch, exactness, layers, model, numerics, step, tiny
 from graft_core.capture import capture
 from graft_core.forward import forward_chunk, new_cache
 from kernels import build, fma16, ops
-from tests.test_batch import _decode_both_ways, _prefill_both_ways
+from tests.test_batch import _decode_both_ways, _prefill_both_ways, assert_grafts_exactly_and_batches
 from tests.test_step import _step_both_ways
 
 LLAMA3 = {
@@ -340,12 +340,7 @@ def test_smollm2_loads_from_its_gguf_under_the_definition_with_transformers_weig
 @pytest.mark.integration
 def test_smollm2_grafted_equals_fresh_and_batched_equals_alone(smollm2):
     lm = smollm2
-    fact = lm.tokenizer("Fact: the lighthouse of Varnek Isle was built by Osric Pellamy in 1874.\n")["input_ids"]
-    art, _ = capture(lm, list(fact))
-    got = exactness.check(lm, [art], [7, 8, 9], decode_steps=3)
-    assert got.exact and got.tokens_equal, got
-    equal, passes = _decode_both_ways(lm, batch.Batcher(lm.model), [5, 9, 3], steps=2)
-    assert equal and passes == 2
+    assert_grafts_exactly_and_batches(lm)
 
 
 def _gguf_chat_template() -> str:

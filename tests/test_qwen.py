@@ -12,11 +12,10 @@ import pytest
 import torch
 
 from errors import KvgraftError
-from graft_core import batch, exactness, model, numerics, packaged
-from graft_core.capture import capture
+from graft_core import model, numerics, packaged
 from graft_core.forward import forward_chunk, new_cache
 from kernels import build
-from tests.test_batch import _decode_both_ways
+from tests.test_batch import assert_grafts_exactly_and_batches
 
 QWEN = "packaged:qwen2.5-coder-1.5b-instruct"
 PROMPT = [{"role": "user", "content": "A crate holds 12 jars and a shop orders 7 crates. How many jars is that?"}]
@@ -98,12 +97,7 @@ def test_qwen_weights_are_transformers_float32_reading_and_its_logits_agree(qwen
 @pytest.mark.integration
 def test_qwen_grafted_equals_fresh_and_batched_equals_alone(qwen):
     lm = qwen
-    fact = lm.tokenizer("Fact: the lighthouse of Varnek Isle was built by Osric Pellamy in 1874.\n")["input_ids"]
-    art, _ = capture(lm, list(fact))
-    got = exactness.check(lm, [art], [7, 8, 9], decode_steps=3)
-    assert got.exact and got.tokens_equal, got
-    equal, passes = _decode_both_ways(lm, batch.Batcher(lm.model), [5, 9, 3], steps=2)
-    assert equal and passes == 2
+    assert_grafts_exactly_and_batches(lm)
 
 
 @pytest.mark.integration

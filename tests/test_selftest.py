@@ -155,7 +155,8 @@ def test_selftest_checks_each_packaged_model_against_its_own_set_under_every_bui
 
 
 def test_selftest_fails_when_one_model_misses_its_set(tiny_dirs, tmp_path):
-    """A golden file with the Gemma's set only: the Llama's line names every case and the command exits 1."""
+    """A golden file with the Gemma's set only: the Llama's line says it has no set (not a mismatch of bits) and the
+    command exits 1; a set with one altered hash names that case as the mismatch."""
     from graft_core import model
 
     golden = selftest.load_golden()
@@ -167,7 +168,14 @@ def test_selftest_fails_when_one_model_misses_its_set(tiny_dirs, tmp_path):
     lines = done.stdout.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 2, done.stdout + done.stderr[-2000:]
     assert "all 10 golden hashes match" in lines[0]
-    assert lines[1].startswith(f"selftest {names[1]}: MISMATCH in short.artifact, short.grafted_logits, ")
+    assert lines[1].startswith(f"selftest {names[1]}: NO GOLDEN SET for this model under this definition"), lines[1]
+    altered = json.loads(json.dumps(golden["sets"][gemma]))
+    altered["cases"]["long.artifact"] = "0" * 64
+    path.write_text(json.dumps({"sets": {gemma: altered}}))
+    done = _each(names[:1], golden=str(path))
+    assert done.returncode == 1 and done.stdout.strip().startswith(f"selftest {names[0]}: MISMATCH in long.artifact ("), (
+        done.stdout
+    )
 
 
 def test_a_packaged_model_whose_package_is_absent_is_named_not_checked(tiny_dirs, monkeypatch, capsys):
