@@ -8,7 +8,7 @@ typedef struct {
     const int8_t *q;
     const float *d;
     const int16_t *bs;
-    int64_t K, qb;
+    int64_t K;
 } i8rows;
 
 /* One row: its blocks quantised (int8ref.c), the sums of each 32 taken, and for Q4_K (perm) each block's 32-value
@@ -87,8 +87,6 @@ static inline void dot_q6_k(const pk_q6_k *p, const int8_t *q, float d, const in
                         vi_add(vi_dot_sg(p->w[2], p->sg[2], vb_load(q + 128), p->s[2]), vi_dot_sg(p->w[3], p->sg[3], vb_load(q + 192), p->s[3])));
     *acc = v_fmadd(v_from_vi(s), v_set1(p->d * d), *acc);
 }
-
-static inline float i8_finish(v16 acc, const float *am) { return reduce16(acc) - ((am[0] + am[2]) + (am[1] + am[3])); }
 
 /* MB quantised rows (from m0) against RB weight rows: each weight row's block prepared once, then multiplied with
    the MB rows' blocks. */
@@ -197,7 +195,7 @@ int kv_linear_i8(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_
     const int nt = threads > 0 ? threads : 1;
 #pragma omp parallel for num_threads(M * K >= SPLIT_MIN ? nt : 1) schedule(static)
     for (int64_t m = 0; m < M; m++) q8_row(x + m * ldx, K, qb, fmt == FMT_Q4_K, q + m * K, d + m * (K / qb), bs + m * (K / 32));
-    const i8rows xr = {q, d, bs, K, qb};
+    const i8rows xr = {q, d, bs, K};
     /* Rows of x in blocks of MT (their bytes stay in cache while every weight row passes), the weight rows split
        over the threads in groups of 4 */
     /* One or two rows of x (a decode step): each weight row read whole before the next, one sequential stream per
